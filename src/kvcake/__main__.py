@@ -1,0 +1,5 @@
+import sys
+
+from kvcake.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Sub-commands of ``kvcake``: one module each, exposing ``register(subparsers)``."""

@@ -1,0 +1,67 @@
+"""Chained block hashes: the one function that names KV blocks everywhere.
+
+A prompt is cut into full blocks of ``block_tokens`` tokens; block *i*'s hash covers its own
+tokens *and* block *i-1*'s hash, so equal hashes mean equal prefixes (paper §3). The engine, the
+store keys, the proxy, the conductor's index and the simulator all call :func:`block_hashes`.
+
+The hash is BLAKE2b-64 over little-endian bytes, so it is stable across processes, machines and
+runs (it never touches Python's randomised ``hash``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from kvcake.core.ids import BlockHash, ObjectKey
+
+#: Parent hash of the first block. Non-zero so an empty prefix never collides with a real block.
+ROOT_HASH = BlockHash(0x6B7663616B650001)  # "kvcake" + 1
+_MAX_TOKEN = 2**32 - 1
+
+
+def hash_block(parent: BlockHash, tokens: Sequence[int] | np.ndarray) -> BlockHash:
+    """Hash one block of token ids chained onto ``parent``."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise ValueError(f"tokens must be one-dimensional, got shape {arr.shape}")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > _MAX_TOKEN):
+        raise ValueError("token ids must be in [0, 2**32)")
+    h = hashlib.blake2b(digest_size=8)
+    h.update(int(parent).to_bytes(8, "little"))
+    h.update(arr.astype("<u4", copy=False).tobytes())
+    return BlockHash(int.from_bytes(h.digest(), "little"))
+
+
+def block_hashes(
+    tokens: Sequence[int] | np.ndarray,
+    block_tokens: int,
+    parent: BlockHash = ROOT_HASH,
+) -> list[BlockHash]:
+    """Chained hashes of every *full* block of ``tokens``; a trailing partial block is not named
+    (it cannot be shared until it is full)."""
+    if block_tokens <= 0:
+        raise ValueError(f"block_tokens must be positive, got {block_tokens}")
+    arr = np.asarray(tokens)
+    out: list[BlockHash] = []
+    for start in range(0, arr.size - block_tokens + 1, block_tokens):
+        parent = hash_block(parent, arr[start : start + block_tokens])
+        out.append(parent)
+    return out
+
+
+def block_key(model: str, dtype: str, block_tokens: int, h: BlockHash) -> ObjectKey:
+    """Store object key of one KV block (all layers): ``{model}/{dtype}/{block_tokens}/{hash}``."""
+    return ObjectKey(f"{model}/{dtype}/{block_tokens}/{int(h):016x}")
+
+
+def common_prefix_blocks(a: Iterable[BlockHash], b: Iterable[BlockHash]) -> int:
+    """Number of leading blocks two hash chains share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
