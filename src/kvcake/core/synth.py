@@ -104,5 +104,5 @@ def generate(cfg: SynthConfig) -> list[TraceRecord]:
         ids = namer.name(segs, cfg.block_tokens)
         total = sum(n for _, n in segs)
         assert len(ids) == math.ceil(total / cfg.block_tokens)
-        out_records.append(TraceRecord(round(t * 1000.0), total, out, tuple(ids)))
+        out_records.append(TraceRecord(float(round(t * 1000.0)), total, out, tuple(ids)))
     return out_records

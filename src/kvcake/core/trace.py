@@ -33,7 +33,7 @@ class TraceRecord:
 
     def to_json(self) -> str:
         ts: float | int = (
-            int(self.timestamp_ms) if self.timestamp_ms.is_integer() else self.timestamp_ms
+            int(self.timestamp_ms) if float(self.timestamp_ms).is_integer() else self.timestamp_ms
         )
         return json.dumps(
             {
