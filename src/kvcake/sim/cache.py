@@ -1,0 +1,74 @@
+"""A prefill node's local DRAM KV cache: LRU over whole blocks, published to the KV index.
+
+Invariants: ``len(self) <= capacity_blocks``; every block held here is registered in ``index``
+under ``holder`` and removed from it on eviction (the index is the conductor's view, the cache
+is the ground truth). Blocks touched by the request being computed are the most recently used,
+so one request never evicts its own prefix (capacity permitting).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from kvcake.core.api import KVIndex
+from kvcake.core.ids import BlockHash, InstanceId
+
+
+class LRUBlockCache:
+    __slots__ = ("_blocks", "capacity_blocks", "evictions", "holder", "index", "inserted")
+
+    def __init__(self, capacity_blocks: int, holder: InstanceId, index: KVIndex | None) -> None:
+        if capacity_blocks < 0:
+            raise ValueError("capacity_blocks must be >= 0")
+        self.capacity_blocks = capacity_blocks
+        self.holder = holder
+        self.index = index
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self.evictions = 0
+        self.inserted = 0
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._blocks
+
+    def prefix_len(self, blocks: Sequence[int]) -> int:
+        """Leading blocks of ``blocks`` held here."""
+        n = 0
+        for b in blocks:
+            if b not in self._blocks:
+                break
+            n += 1
+        return n
+
+    def touch(self, blocks: Sequence[int]) -> None:
+        """Mark held blocks most recently used, in order (keeps a prefix's tail newest)."""
+        mte = self._blocks.move_to_end
+        for b in blocks:
+            if b in self._blocks:
+                mte(b)
+
+    def insert(self, blocks: Sequence[int]) -> None:
+        """Add (or refresh) ``blocks``; evicts least recently used blocks beyond capacity."""
+        if self.capacity_blocks == 0:
+            return
+        new: list[BlockHash] = []
+        d = self._blocks
+        for b in blocks:
+            if b in d:
+                d.move_to_end(b)
+            else:
+                d[b] = None
+                new.append(BlockHash(b))
+        self.inserted += len(new)
+        evicted: list[BlockHash] = []
+        while len(d) > self.capacity_blocks:
+            evicted.append(BlockHash(d.popitem(last=False)[0]))
+        self.evictions += len(evicted)
+        if self.index is not None:
+            if new:
+                self.index.add(self.holder, new)
+            if evicted:
+                self.index.remove(self.holder, evicted)

@@ -1,0 +1,81 @@
+"""Simulator settings: one frozen, validated dataclass (loadable with ``core.config.load_config``
+from a ``[sim]`` TOML section, ``KVCAKE_SIM_*`` variables or flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvcake.core.config import require
+from kvcake.core.costmodel import PRESETS
+from kvcake.core.trace import TRACE_BLOCK_TOKENS
+
+SYSTEMS = ("mooncake", "vllm", "vllm-prefix", "vllm-chunked")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """A simulated cluster and how the trace is replayed.
+
+    ``system`` picks the cluster model: ``mooncake`` (``prefill_nodes`` + ``decode_nodes``
+    disaggregated instances) or a vLLM-like baseline (``prefill_nodes + decode_nodes`` colocated
+    instances; ``-prefix`` adds local HBM prefix caching, ``-chunked`` chunked prefill).
+    """
+
+    system: str = "mooncake"
+    prefill_nodes: int = 8
+    decode_nodes: int = 8
+    preset: str = "llama3-70b/8xA800"
+    block_tokens: int = TRACE_BLOCK_TOKENS
+    cache_tokens: int = 3_000_000  # DRAM KV cache per prefill node (tokens)
+    link_gbps: float = 800.0  # per-node network bandwidth (4 x 200 Gbps in the paper)
+    prefill_chunk_tokens: int = 4096  # Mooncake: long suffixes are prefilled in chunks
+    decode_kv_tokens: int = 1_300_000  # KV tokens that fit in one instance's HBM after weights
+    # conductor
+    prefill_policy: str = "global-cache-aware"
+    admission_policy: str = "none"
+    kvcache_balancing_threshold: float = 1.2
+    uniform_decode_s: float = 0.0  # prediction admission's t_d (0: expected_output * TBT)
+    ttft_slo_s: float = 30.0
+    tbt_slo_s: float = 0.1
+    expected_output_tokens: int = 256  # what the conductor assumes (it never sees the trace's)
+    # vLLM baselines
+    vllm_batch_tokens: int = 2048  # chunked prefill: tokens per iteration (decode + chunk)
+    # replay
+    speedup: float = 1.0
+    seed: int = 0
+    sample_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        require(self.system in SYSTEMS, f"sim.system must be one of {SYSTEMS}, got {self.system!r}")
+        require(self.prefill_nodes >= 1, "sim.prefill_nodes must be >= 1")
+        require(self.decode_nodes >= 0, "sim.decode_nodes must be >= 0")
+        require(
+            self.system != "mooncake" or self.decode_nodes >= 1,
+            "sim.decode_nodes must be >= 1 for mooncake",
+        )
+        require(self.preset in PRESETS, f"sim.preset must be one of {sorted(PRESETS)}")
+        require(self.block_tokens >= 1, "sim.block_tokens must be >= 1")
+        require(self.cache_tokens >= 0, "sim.cache_tokens must be >= 0")
+        require(self.link_gbps > 0, "sim.link_gbps must be positive")
+        require(self.prefill_chunk_tokens >= 1, "sim.prefill_chunk_tokens must be >= 1")
+        require(self.decode_kv_tokens >= 1, "sim.decode_kv_tokens must be >= 1")
+        require(
+            self.kvcache_balancing_threshold >= 1, "sim.kvcache_balancing_threshold must be >= 1"
+        )
+        require(self.ttft_slo_s > 0 and self.tbt_slo_s > 0, "sim SLOs must be positive")
+        require(self.expected_output_tokens >= 1, "sim.expected_output_tokens must be >= 1")
+        require(self.vllm_batch_tokens >= 16, "sim.vllm_batch_tokens must be >= 16")
+        require(self.speedup > 0, "sim.speedup must be positive")
+        require(self.sample_interval_s > 0, "sim.sample_interval_s must be positive")
+
+    @property
+    def link_bytes_per_s(self) -> float:
+        return self.link_gbps * 1e9 / 8.0
+
+    @property
+    def nodes(self) -> int:
+        return self.prefill_nodes + self.decode_nodes
+
+    def with_(self, **changes: Any) -> SimConfig:
+        return replace(self, **changes)
