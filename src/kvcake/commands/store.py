@@ -1,0 +1,112 @@
+"""``kvcake master`` (the store's control plane) and ``kvcake store-server`` (a storage node)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import sys
+import threading
+from typing import Any
+
+
+def _add_config_flags(p: argparse.ArgumentParser, cls: type) -> None:
+    p.add_argument("--config", help="TOML file (flags override it)")
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
+        p.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            dest=f.name,
+            default=None,
+            metavar=str(kind).split("|")[0].strip().upper(),
+            help=f"(default: {default})",
+        )
+
+
+def register(sub: Any) -> None:
+    from kvcake.store.config import MasterConfig, StoreServerConfig
+
+    m = sub.add_parser(
+        "master",
+        help="run the store master (metadata, allocation, eviction, directory, /metrics)",
+        description="The Mooncake Store master: control plane only (data never passes through "
+        "it). Hosts the Transfer Engine directory so one master starts a pool. Settings come "
+        "from flags, KVCAKE_MASTER_* variables or a TOML file ([master] section).",
+    )
+    _add_config_flags(m, MasterConfig)
+    m.set_defaults(func=_master)
+
+    s = sub.add_parser(
+        "store-server",
+        help="run a storage node: mount a DRAM segment (and optionally an SSD dir) into the pool",
+        description="A storage node: contributes --segment-size bytes of shared memory (and, "
+        "with --ssd-dir, a disk tier of --ssd-quota bytes) to the pool of --master. SIGTERM "
+        "unmounts gracefully. Settings: flags, KVCAKE_STORE_* or TOML ([store] section).",
+    )
+    _add_config_flags(s, StoreServerConfig)
+    s.set_defaults(func=_store_server)
+
+
+def _wait_for_signal() -> None:
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    while not done.wait(0.5):
+        pass
+
+
+def _overrides(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
+
+
+def _master(args: argparse.Namespace) -> int:
+    from kvcake.core.config import load_config
+    from kvcake.store.config import MasterConfig
+    from kvcake.store.master_server import Master
+
+    cfg = load_config(
+        MasterConfig,
+        toml_path=args.config,
+        section="master",
+        overrides=_overrides(args, MasterConfig),
+    )
+    master = Master(cfg)
+    try:
+        master.start()
+    except OSError as exc:
+        print(f"kvcake master: cannot listen: {exc}", file=sys.stderr)
+        master.stop()
+        return 2
+    # One parseable line so launchers (tests, the cluster launcher) learn the bound ports.
+    print(
+        f"master rpc={master.rpc_address} directory={master.directory_address} "
+        f"http={master.http_address}",
+        flush=True,
+    )
+    try:
+        _wait_for_signal()
+    finally:
+        master.stop()
+    return 0
+
+
+def _store_server(args: argparse.Namespace) -> int:
+    from kvcake.core.config import load_config
+    from kvcake.store.config import StoreServerConfig
+    from kvcake.store.server import StoreServer
+
+    cfg = load_config(
+        StoreServerConfig,
+        toml_path=args.config,
+        section="store",
+        overrides=_overrides(args, StoreServerConfig),
+    )
+    server = StoreServer(cfg)
+    server.start()
+    print(f"store-server segment={server.segment_name} disk={server.disk_endpoint}", flush=True)
+    try:
+        _wait_for_signal()
+    finally:
+        server.stop()
+    return 0

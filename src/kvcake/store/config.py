@@ -1,0 +1,83 @@
+"""Settings of the master, the storage node and the client (frozen, validated; loaded with
+:func:`kvcake.core.config.load_config` from flags, ``KVCAKE_<SECTION>_*`` and TOML)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvcake.core.config import require, size_field
+
+
+@dataclass(frozen=True)
+class MasterConfig:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    http_port: int = 9003  # 0 = pick a free port; -1 = no HTTP
+    directory_port: int = 0  # the embedded Transfer Engine DirectoryService; 0 = free port
+    client_ttl_s: float = 10.0
+    lease_ttl_s: float = 10.0
+    put_start_timeout_s: float = 30.0  # an unfinished put_start older than this may be pre-empted
+    put_start_discard_s: float = 30.0  # pre-empted space is reused only after this much longer
+    high_watermark: float = 0.90
+    eviction_ratio: float = 0.05
+    eviction_interval_s: float = 0.01
+    allocation_strategy: str = "random"
+    default_soft_pin_ttl_ms: int = 30 * 60 * 1000
+    max_soft_pin_ttl_ms: int = 24 * 3600 * 1000
+    promote_after_hits: int = 2  # disk-tier hits before an object is copied back to memory
+    offload_on_evict: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from kvcake.store.strategy import STRATEGIES
+
+        require(0 <= self.port < 65536, f"master.port must be in [0, 65535], got {self.port}")
+        require(-1 <= self.http_port < 65536, "master.http_port must be -1, 0 or a port")
+        require(self.client_ttl_s > 0, "master.client_ttl_s must be > 0")
+        require(self.lease_ttl_s > 0, "master.lease_ttl_s must be > 0")
+        require(self.put_start_timeout_s > 0, "master.put_start_timeout_s must be > 0")
+        require(self.put_start_discard_s >= 0, "master.put_start_discard_s must be >= 0")
+        require(0 < self.high_watermark <= 1, "master.high_watermark must be in (0, 1]")
+        require(0 < self.eviction_ratio <= 1, "master.eviction_ratio must be in (0, 1]")
+        require(self.eviction_interval_s > 0, "master.eviction_interval_s must be > 0")
+        require(
+            self.allocation_strategy in STRATEGIES,
+            f"master.allocation_strategy must be one of {sorted(STRATEGIES)}, "
+            f"got {self.allocation_strategy!r}",
+        )
+        require(self.promote_after_hits >= 1, "master.promote_after_hits must be >= 1")
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    master: str = "127.0.0.1:50051"  # host:port of the master's RPC
+    hostname: str = "127.0.0.1"  # this host as peers see it (replica choice, local_first)
+    protocol: str = "auto"  # auto (shared memory on the same host) | tcp | shm
+    segment_size: int = size_field(0)  # DRAM this client contributes; 0 = pure client
+    rpc_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        require(":" in self.master, f"client.master must be host:port, got {self.master!r}")
+        require(
+            self.protocol in ("auto", "tcp", "shm"),
+            f"client.protocol must be auto, tcp or shm, got {self.protocol!r}",
+        )
+        require(self.rpc_timeout_s > 0, "client.rpc_timeout_s must be > 0")
+
+
+@dataclass(frozen=True)
+class StoreServerConfig:
+    master: str = "127.0.0.1:50051"
+    hostname: str = "127.0.0.1"
+    segment_size: int = size_field("1GiB")
+    ssd_dir: Path | None = None
+    ssd_quota: int = size_field("4GiB")
+    name: str = ""  # segment name; default store-<host>-<pid>
+    disk_port: int = 0  # TCP port serving the SSD tier to readers
+
+    def __post_init__(self) -> None:
+        require(":" in self.master, f"store.master must be host:port, got {self.master!r}")
+        require(self.segment_size > 0, "store.segment_size must be > 0")
+        require(self.ssd_quota > 0, "store.ssd_quota must be > 0")
+        require(0 <= self.disk_port < 65536, "store.disk_port must be a port")

@@ -1,0 +1,104 @@
+"""Typed store errors. Each carries the Mooncake error code it corresponds to (``.code``), so the
+Mooncake-compatible shim can turn any of them into Mooncake's integer return value."""
+
+from __future__ import annotations
+
+from kvcake.core.errors import StoreError
+
+OK = 0
+INTERNAL_ERROR = -1
+SEGMENT_NOT_FOUND = -101
+CLIENT_NOT_FOUND = -103
+NO_AVAILABLE_HANDLE = -200
+INVALID_KEY = -400
+INVALID_PARAMS = -600
+REPLICA_IS_NOT_READY = -703
+OBJECT_NOT_FOUND = -704
+OBJECT_ALREADY_EXISTS = -705
+OBJECT_HAS_LEASE = -706
+LEASE_EXPIRED = -707
+TRANSFER_FAIL = -800
+CHECKSUM_MISMATCH = -801
+RPC_FAIL = -900
+RPC_TIMEOUT = -901
+
+
+class InternalError(StoreError):
+    default_code = INTERNAL_ERROR
+
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(message, self.default_code if code is None else code)
+
+
+class SegmentNotFound(InternalError):
+    default_code = SEGMENT_NOT_FOUND
+
+
+class NoSpace(InternalError):
+    """No segment can hold the object even after eviction (everything leased, pinned, busy)."""
+
+    default_code = NO_AVAILABLE_HANDLE
+
+
+class InvalidParams(InternalError):
+    """Empty key or value, mismatched batch lengths, a buffer too small, a bad size."""
+
+    default_code = INVALID_PARAMS
+
+
+class ReplicaNotReady(InternalError):
+    default_code = REPLICA_IS_NOT_READY
+
+
+class ObjectNotFound(InternalError):
+    default_code = OBJECT_NOT_FOUND
+
+
+class ObjectAlreadyExists(InternalError):
+    default_code = OBJECT_ALREADY_EXISTS
+
+
+class ObjectHasLease(InternalError):
+    default_code = OBJECT_HAS_LEASE
+
+
+class LeaseExpired(InternalError):
+    default_code = LEASE_EXPIRED
+
+
+class TransferFailed(InternalError):
+    default_code = TRANSFER_FAIL
+
+
+class ChecksumMismatch(InternalError):
+    default_code = CHECKSUM_MISMATCH
+
+
+class RpcFailed(InternalError):
+    """The master (or a storage node) could not be reached or answered garbage."""
+
+    default_code = RPC_FAIL
+
+
+_BY_CODE: dict[int, type[InternalError]] = {
+    c.default_code: c
+    for c in (
+        InternalError,
+        SegmentNotFound,
+        NoSpace,
+        InvalidParams,
+        ReplicaNotReady,
+        ObjectNotFound,
+        ObjectAlreadyExists,
+        ObjectHasLease,
+        LeaseExpired,
+        TransferFailed,
+        ChecksumMismatch,
+        RpcFailed,
+    )
+}
+
+
+def error_for(code: int, message: str) -> InternalError:
+    """The typed exception for a Mooncake error code received over the wire."""
+    return _BY_CODE.get(code, InternalError)(message, code)

@@ -1,0 +1,254 @@
+"""The master process: RPC over kvcake frames (one thread per connection), a housekeeping thread
+(eviction at the high watermark, client expiry, reclaiming pre-empted space), the embedded
+Transfer Engine DirectoryService and the HTTP endpoints.
+
+A request that cannot be decoded gets an :class:`ErrorReply` and its connection is closed; the
+server keeps serving everyone else. Per-key failures travel as codes inside a normal reply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from kvcake.core import framing
+from kvcake.core.errors import FramingError, StoreError
+from kvcake.core.ids import ClientId, SegmentName
+from kvcake.store import protocol as P
+from kvcake.store.config import MasterConfig
+from kvcake.store.errors import INTERNAL_ERROR, INVALID_PARAMS
+from kvcake.store.master_state import MasterState
+from kvcake.store.metadata import Tier
+from kvcake.store.metrics import MasterMetrics
+from kvcake.transfer.netserver import ThreadedServer
+
+log = logging.getLogger(__name__)
+LIMITS = framing.FrameLimits(max_meta=64 * 1024 * 1024, max_data=0)
+
+
+def _ok(fn: Callable[[str], None]) -> Callable[[str], P.KeyResult]:
+    def call(key: str) -> P.KeyResult:
+        fn(key)
+        return P.KeyResult(0)
+
+    return call
+
+
+def _per_key(keys: list[str], fn: Callable[[str], P.KeyResult]) -> P.Reply:
+    results = []
+    for key in keys:
+        try:
+            results.append(fn(key))
+        except StoreError as exc:
+            results.append(P.KeyResult(exc.code, message=str(exc)))
+    return P.Reply(results=results)
+
+
+class MasterHandlers:
+    """Maps each request type to a handler (a registry, so new calls are one entry)."""
+
+    def __init__(self, state: MasterState, on_client_gone: Callable[[ClientId], None]):
+        self.state = state
+        self.on_client_gone = on_client_gone
+        self.table: dict[type, Callable[[Any], P.Reply]] = {
+            P.Heartbeat: self.heartbeat,
+            P.Mount: self.mount,
+            P.Unmount: self.unmount,
+            P.PutStart: self.put_start,
+            P.PutEnd: self.put_end,
+            P.PutRevoke: self.put_revoke,
+            P.GetReplicas: self.get_replicas,
+            P.Exist: self.exist,
+            P.Remove: self.remove,
+            P.RemoveAll: self.remove_all,
+            P.TakeTasks: self.take_tasks,
+            P.TaskDone: self.task_done,
+        }
+
+    def dispatch(self, msg: msgspec.Struct) -> P.Reply:
+        try:
+            return self.table[type(msg)](msg)
+        except StoreError as exc:
+            return P.Reply(code=exc.code, message=str(exc))
+
+    def heartbeat(self, m: P.Heartbeat) -> P.Reply:
+        known = self.state.touch(ClientId(m.client), m.host)
+        ttl = int(self.state.cfg.client_ttl_s * 1000)
+        return P.Reply(count=0 if known else 1, client_ttl_ms=ttl)
+
+    def mount(self, m: P.Mount) -> P.Reply:
+        if m.tier not in ("memory", "disk"):
+            return P.Reply(code=INVALID_PARAMS, message=f"unknown tier {m.tier!r}")
+        rejected = self.state.mount(
+            ClientId(m.client),
+            m.host,
+            SegmentName(m.segment),
+            m.capacity,
+            Tier(m.tier),
+            m.endpoint,
+            m.existing,
+        )
+        return P.Reply(rejected=rejected, client_ttl_ms=int(self.state.cfg.client_ttl_s * 1000))
+
+    def unmount(self, m: P.Unmount) -> P.Reply:
+        self.state.unmount(ClientId(m.client), SegmentName(m.segment))
+        return P.Reply()
+
+    def put_start(self, m: P.PutStart) -> P.Reply:
+        if len(m.keys) != len(m.sizes):
+            return P.Reply(code=INVALID_PARAMS, message="keys and sizes differ in length")
+        sizes = dict(zip(m.keys, m.sizes, strict=True))
+        cid = ClientId(m.client)
+        return _per_key(
+            m.keys,
+            lambda k: P.KeyResult(
+                0, sizes[k], self.state.put_start(cid, m.host, k, sizes[k], m.options, m.upsert)
+            ),
+        )
+
+    def put_end(self, m: P.PutEnd) -> P.Reply:
+        cid = ClientId(m.client)
+        return _per_key(m.keys, _ok(lambda k: self.state.put_end(cid, k)))
+
+    def put_revoke(self, m: P.PutRevoke) -> P.Reply:
+        cid = ClientId(m.client)
+        return _per_key(m.keys, _ok(lambda k: self.state.put_revoke(cid, k)))
+
+    def get_replicas(self, m: P.GetReplicas) -> P.Reply:
+        cid = ClientId(m.client)
+
+        def one(k: str) -> P.KeyResult:
+            size, reps = self.state.get_replicas(cid, k)
+            return P.KeyResult(0, size, reps)
+
+        reply = _per_key(m.keys, one)
+        reply.lease_ms = int(self.state.cfg.lease_ttl_s * 1000)
+        return reply
+
+    def exist(self, m: P.Exist) -> P.Reply:
+        cid = ClientId(m.client)
+        return _per_key(m.keys, lambda k: P.KeyResult(int(self.state.exist(cid, k))))
+
+    def remove(self, m: P.Remove) -> P.Reply:
+        return _per_key(m.keys, _ok(lambda k: self.state.remove(k, m.force)))
+
+    def remove_all(self, m: P.RemoveAll) -> P.Reply:
+        return P.Reply(count=self.state.remove_all(m.force, m.pattern))
+
+    def take_tasks(self, m: P.TakeTasks) -> P.Reply:
+        self.state.touch(ClientId(m.client), "")
+        tasks = self.state.take_tasks(ClientId(m.client))
+        return P.Reply(tasks=[(t.kind, t.key, t.size, t.mem_offset) for t in tasks])
+
+    def task_done(self, m: P.TaskDone) -> P.Reply:
+        self.state.task_done(ClientId(m.client), m.kind, m.key, m.ok)
+        return P.Reply()
+
+
+class MasterRpcServer(ThreadedServer):
+    def __init__(self, host: str, port: int, handlers: MasterHandlers, metrics: MasterMetrics):
+        super().__init__((host,), port, name="master")
+        self.handlers = handlers
+        self.metrics = metrics
+
+    def handle(self, conn: socket.socket, listen_address: str) -> None:
+        while True:
+            try:
+                frame = framing.read_frame(conn, P.REQUEST_CODEC, LIMITS)
+            except FramingError as exc:
+                self.metrics.bad_frames.inc()
+                with contextlib.suppress(OSError):
+                    err = P.ErrorReply(INVALID_PARAMS, f"bad request: {exc}")
+                    framing.send_frame(conn, P.REPLY_CODEC, 0, err)
+                return
+            if frame is None:
+                return
+            op = type(frame.msg).__name__
+            t0 = time.perf_counter()
+            try:
+                reply: msgspec.Struct = self.handlers.dispatch(frame.msg)
+            except Exception as exc:  # a bug must cost one request, not the master
+                log.exception("master: %s failed", op)
+                reply = P.ErrorReply(INTERNAL_ERROR, f"internal error in {op}: {exc!r}")
+            self.metrics.observe(op, time.perf_counter() - t0)
+            framing.send_frame(conn, P.REPLY_CODEC, frame.header.request_id, reply)
+
+
+class Master:
+    """A whole master: ``m = Master(cfg); m.start(); m.rpc_address; m.stop()``."""
+
+    def __init__(self, config: MasterConfig, with_directory: bool = True):
+        self.cfg = config
+        self.state = MasterState(config)
+        self.metrics = MasterMetrics(self.state)
+        self.directory: Any = None
+        if with_directory:
+            from kvcake.transfer.metadata import DirectoryService
+
+            self.directory = DirectoryService(config.host, config.directory_port)
+        self.rpc = MasterRpcServer(
+            config.host, config.port, MasterHandlers(self.state, self._client_gone), self.metrics
+        )
+        self.http: Any = None
+        self._stop = threading.Event()
+        self._housekeeper = threading.Thread(target=self._housekeep, name="master-housekeeping")
+
+    @property
+    def rpc_address(self) -> str:
+        return self.rpc.addresses[0]
+
+    @property
+    def directory_address(self) -> str:
+        return str(self.directory.address) if self.directory is not None else ""
+
+    @property
+    def http_address(self) -> str:
+        return self.http.address if self.http is not None else ""
+
+    def start(self) -> None:
+        if self.directory is not None:
+            self.directory.start()
+        self.rpc.start()
+        if self.cfg.http_port >= 0:
+            from kvcake.store.http import MasterHttp
+
+            self.http = MasterHttp(self, self.cfg.host, self.cfg.http_port)
+            self.http.start()
+        self._housekeeper.start()
+
+    def _client_gone(self, client: ClientId) -> None:
+        if self.directory is not None:
+            self.directory.drop_owner(client)
+
+    def _housekeep(self) -> None:
+        next_expiry = 0.0
+        while not self._stop.wait(self.cfg.eviction_interval_s):
+            try:
+                self.state.maybe_evict()
+                now = time.monotonic()
+                if now >= next_expiry:
+                    next_expiry = now + min(0.1, self.cfg.client_ttl_s / 4)
+                    for cid in self.state.expire_clients():
+                        log.warning(
+                            "master: client %s silent > %ss, unmounted", cid, self.cfg.client_ttl_s
+                        )
+                        self._client_gone(cid)
+            except Exception:  # keep housekeeping alive whatever one pass hit
+                log.exception("master: housekeeping pass failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._housekeeper.is_alive():
+            self._housekeeper.join(timeout=2)
+        self.rpc.stop()
+        if self.http is not None:
+            self.http.stop()
+        if self.directory is not None:
+            self.directory.stop()

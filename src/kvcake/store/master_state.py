@@ -1,0 +1,354 @@
+"""The master's state machine: segments, objects, leases, pins, tiers. Pure logic (no I/O, an
+injectable clock) so it is unit-testable; the server wraps it with sockets and threads.
+
+Invariants:
+- Locking: every public method takes ``self.lock``; records are never touched outside it.
+- Only COMPLETE objects are visible (get/exist); a PROCESSING object's space is owned by its writer
+  until put_end / put_revoke / pre-emption.
+- Never evicted or removed without ``force``: leased (a reader may be copying), PROCESSING, or
+  being copied between tiers. Hard-pinned objects are never evicted (remove still deletes them);
+  soft-pinned ones only when nothing else can be.
+- Per segment, allocated + free == capacity (:meth:`check`).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from kvcake.core.ids import ClientId, ObjectKey, SegmentName
+from kvcake.store.allocator import RangeAllocator
+from kvcake.store.config import MasterConfig
+from kvcake.store.errors import (
+    InvalidParams,
+    NoSpace,
+    ObjectAlreadyExists,
+    ObjectHasLease,
+    ObjectNotFound,
+    ReplicaNotReady,
+    SegmentNotFound,
+)
+from kvcake.store.metadata import ClientInfo, NodeTask, ObjectMeta, Replica, Segment, Status, Tier
+from kvcake.store.protocol import PutOptions, ReplicaDesc
+from kvcake.store.strategy import make as make_strategy
+from kvcake.store.tiering import TieringMixin
+
+MAX_KEY_LEN = 4096
+
+
+def check_key(key: str) -> ObjectKey:
+    if not key:
+        raise InvalidParams("empty key")
+    if len(key) > MAX_KEY_LEN:
+        raise InvalidParams(f"key longer than {MAX_KEY_LEN} characters")
+    return ObjectKey(key)
+
+
+class MasterState(TieringMixin):
+    def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.monotonic):
+        self.cfg = config
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.rng = random.Random(config.seed)
+        self.strategy = make_strategy(config.allocation_strategy)
+        self.segments: dict[SegmentName, Segment] = {}
+        self.objects: OrderedDict[ObjectKey, ObjectMeta] = OrderedDict()  # LRU order
+        self.clients: dict[ClientId, ClientInfo] = {}
+        self.tasks: dict[ClientId, list[NodeTask]] = {}
+        self.discarded: list[tuple[float, SegmentName, int]] = []  # (free at, segment, offset)
+        self.evicted_objects = 0
+        self.evicted_bytes = 0
+        self.offloads = 0
+        self.promotions = 0
+
+    # --- clients and segments ---------------------------------------------------------------
+
+    def touch(self, client: ClientId, host: str) -> bool:
+        """Record a sign of life; False when the client was unknown (it must remount)."""
+        with self.lock:
+            info = self.clients.get(client)
+            if info is None:
+                self.clients[client] = ClientInfo(client, host, self.clock())
+                return False
+            info.last_seen = self.clock()
+            return True
+
+    def mount(
+        self,
+        client: ClientId,
+        host: str,
+        name: SegmentName,
+        capacity: int,
+        tier: Tier = Tier.MEMORY,
+        endpoint: str = "",
+        existing: list[tuple[str, int]] | None = None,
+    ) -> list[str]:
+        """Mount a segment; for a disk tier adopt the verified copies in ``existing`` and return
+        those the node must delete (unknown size mismatch or no room)."""
+        if not name:
+            raise InvalidParams("empty segment name")
+        if capacity <= 0 or capacity > 1 << 50:
+            raise InvalidParams(f"segment capacity {capacity} out of range")
+        with self.lock:
+            self.touch(client, host)
+            seg = self.segments.get(name)
+            if seg is not None and seg.client != client:
+                raise InvalidParams(f"segment {name!r} is mounted by another client")
+            if seg is not None:
+                return []  # idempotent remount
+            seg = Segment(name, client, host, tier, RangeAllocator(capacity), endpoint)
+            self.segments[name] = seg
+            self.clients[client].segments.add(name)
+            return [k for k, size in (existing or []) if not self._adopt(seg, k, size)]
+
+    def _adopt(self, seg: Segment, key: str, size: int) -> bool:
+        obj = self.objects.get(ObjectKey(key))
+        if size <= 0 or (obj is not None and (obj.size != size or obj.status is Status.PROCESSING)):
+            return False
+        off = seg.allocator.allocate(size)
+        if off is None:
+            return False
+        rep = Replica(seg.name, off, size, Tier.DISK, complete=True)
+        if obj is None:
+            obj = ObjectMeta(ObjectKey(key), size, Status.COMPLETE, seg.client, self.clock())
+            self.objects[obj.key] = obj
+            self.objects.move_to_end(obj.key, last=False)  # restored copies are coldest
+        obj.replicas.append(rep)
+        return True
+
+    def unmount(self, client: ClientId, name: SegmentName) -> None:
+        with self.lock:
+            seg = self.segments.get(name)
+            if seg is None or seg.client != client:
+                raise SegmentNotFound(f"segment {name!r} is not mounted by this client")
+            self._drop_segment(seg)
+
+    def _drop_segment(self, seg: Segment) -> None:
+        """Forget a segment and every replica on it; objects left without replicas vanish."""
+        del self.segments[seg.name]
+        info = self.clients.get(seg.client)
+        if info is not None:
+            info.segments.discard(seg.name)
+        for key in list(self.objects):
+            obj = self.objects[key]
+            if not any(r.segment == seg.name for r in obj.replicas):
+                continue
+            obj.replicas = [r for r in obj.replicas if r.segment != seg.name]
+            if obj.status is Status.PROCESSING or not obj.readable():
+                self._drop_object(obj)
+        self.discarded = [d for d in self.discarded if d[1] != seg.name]
+
+    def expire_clients(self) -> list[ClientId]:
+        """Unmount the segments of clients silent for longer than ``client_ttl_s``."""
+        with self.lock:
+            deadline = self.clock() - self.cfg.client_ttl_s
+            dead = [c for c, info in self.clients.items() if info.last_seen < deadline]
+            for cid in dead:
+                for name in sorted(self.clients[cid].segments):
+                    self._drop_segment(self.segments[name])
+                del self.clients[cid]
+                self.tasks.pop(cid, None)
+            return dead
+
+    # --- replica helpers ----------------------------------------------------------------------
+
+    def _free(self, rep: Replica) -> None:
+        seg = self.segments.get(rep.segment)
+        if seg is not None:
+            seg.allocator.release(rep.offset)
+
+    def _drop_object(self, obj: ObjectMeta) -> None:
+        for rep in obj.replicas:
+            self._free(rep)
+            if rep.tier is Tier.DISK:
+                self._queue_task(rep.segment, NodeTask("delete", obj.key, obj.size, 0))
+        obj.replicas = []
+        self.objects.pop(obj.key, None)
+
+    def _queue_task(self, segment: SegmentName, task: NodeTask) -> None:
+        seg = self.segments.get(segment)
+        if seg is not None:
+            self.tasks.setdefault(seg.client, []).append(task)
+
+    def describe(self, rep: Replica) -> ReplicaDesc:
+        seg = self.segments[rep.segment]
+        return ReplicaDesc(
+            rep.segment, seg.host, rep.offset, rep.size, rep.tier.value, seg.endpoint
+        )
+
+    def leased(self, obj: ObjectMeta) -> bool:
+        return obj.lease_until > self.clock()
+
+    def memory_segments(self) -> list[Segment]:
+        return [s for s in self.segments.values() if s.tier is Tier.MEMORY]
+
+    # --- writes -------------------------------------------------------------------------------
+
+    def put_start(
+        self,
+        client: ClientId,
+        host: str,
+        key: str,
+        size: int,
+        opts: PutOptions = PutOptions(),
+        upsert: bool = False,
+    ) -> list[ReplicaDesc]:
+        """Allocate replicas for ``key`` (status PROCESSING) and return where to write them."""
+        okey = check_key(key)
+        if size <= 0:
+            raise InvalidParams(f"object size must be > 0, got {size}")
+        if opts.replica_num < 1 or opts.replica_num > 64:
+            raise InvalidParams(f"replica_num must be in [1, 64], got {opts.replica_num}")
+        if opts.soft_pin_ttl_ms < 0 or opts.soft_pin_ttl_ms > self.cfg.max_soft_pin_ttl_ms:
+            raise InvalidParams(f"soft_pin_ttl_ms {opts.soft_pin_ttl_ms} out of range")
+        with self.lock:
+            self.touch(client, host)
+            obj = self.objects.get(okey)
+            if obj is not None:
+                reuse = self._replace(obj, client, size, upsert)
+                if reuse is not None:
+                    self._apply_pins(reuse, opts)
+                    return [self.describe(r) for r in reuse.replicas]
+            reps = self._place(size, opts, host)
+            obj = ObjectMeta(okey, size, Status.PROCESSING, client, self.clock(), reps)
+            self._apply_pins(obj, opts)
+            self.objects[okey] = obj
+            return [self.describe(r) for r in reps]
+
+    def _replace(
+        self, obj: ObjectMeta, client: ClientId, size: int, upsert: bool
+    ) -> ObjectMeta | None:
+        """Deal with an existing object; returns it when it is rewritten in place."""
+        now = self.clock()
+        if obj.status is Status.PROCESSING:
+            if now - obj.put_started <= self.cfg.put_start_timeout_s:
+                raise ObjectAlreadyExists(f"{obj.key!r} is being written")
+            # Pre-empt the abandoned writer; it may still write, so its space is reused later.
+            for rep in obj.replicas:
+                self.discarded.append((now + self.cfg.put_start_discard_s, rep.segment, rep.offset))
+            obj.replicas = []
+            self.objects.pop(obj.key)
+            return None
+        if not upsert:
+            raise ObjectAlreadyExists(f"{obj.key!r} exists (put never overwrites; use upsert)")
+        if self.leased(obj):
+            raise ObjectHasLease(f"{obj.key!r} is being read")
+        if obj.copying:
+            raise ReplicaNotReady(f"{obj.key!r} is being copied between tiers")
+        mem = [r for r in obj.memory() if r.complete]
+        if size == obj.size and mem:
+            for rep in obj.disk():
+                self._free(rep)
+                self._queue_task(rep.segment, NodeTask("delete", obj.key, obj.size, 0))
+            obj.replicas = mem
+            obj.status, obj.writer, obj.put_started = Status.PROCESSING, client, now
+            return obj
+        self._drop_object(obj)
+        return None
+
+    def _apply_pins(self, obj: ObjectMeta, opts: PutOptions) -> None:
+        obj.hard_pin = obj.hard_pin or opts.hard_pin
+        if opts.soft_pin == "enable":
+            ttl_ms = opts.soft_pin_ttl_ms or self.cfg.default_soft_pin_ttl_ms
+            obj.soft_pin_ttl_s = ttl_ms / 1000
+        elif opts.soft_pin == "disable":
+            obj.soft_pin_ttl_s, obj.soft_pin_until = 0.0, 0.0
+
+    def _place(self, size: int, opts: PutOptions, host: str) -> list[Replica]:
+        reps = self._try_place(size, opts, host)
+        if not reps:  # allocation failure: evict (no offload: space is needed now), retry once
+            pool = sum(s.allocator.capacity for s in self.memory_segments())
+            self.evict(max(size * opts.replica_num, int(pool * self.cfg.eviction_ratio)), False)
+            self._reclaim_discarded(force=False)
+            reps = self._try_place(size, opts, host)
+        if not reps:
+            raise NoSpace(f"no segment has {size} free bytes (and nothing can be evicted)")
+        return reps
+
+    def _try_place(self, size: int, opts: PutOptions, host: str) -> list[Replica]:
+        segs = self.memory_segments()
+        by_name: dict[str, Segment] = {s.name: s for s in segs}
+        preferred = [by_name[n] for n in opts.preferred_segments if n in by_name]
+        rest = [s for s in self.strategy.order(segs, host, self.rng) if s not in preferred]
+        reps: list[Replica] = []
+        for seg in [*preferred, *rest]:
+            if len(reps) == opts.replica_num:
+                break
+            off = seg.allocator.allocate(size)
+            if off is not None:
+                reps.append(Replica(seg.name, off, size, Tier.MEMORY, complete=True))
+        return reps
+
+    def put_end(self, client: ClientId, key: str) -> None:
+        with self.lock:
+            obj = self._writing(client, key)
+            obj.status = Status.COMPLETE
+            obj.soft_pin_until = self.clock() + obj.soft_pin_ttl_s if obj.soft_pin_ttl_s else 0.0
+            self.objects.move_to_end(obj.key)
+
+    def put_revoke(self, client: ClientId, key: str) -> None:
+        with self.lock:
+            self._drop_object(self._writing(client, key))
+
+    def _writing(self, client: ClientId, key: str) -> ObjectMeta:
+        obj = self.objects.get(check_key(key))
+        if obj is None or obj.status is not Status.PROCESSING or obj.writer != client:
+            raise ObjectNotFound(f"no put of {key!r} by this client in progress (pre-empted?)")
+        return obj
+
+    # --- reads and removal --------------------------------------------------------------------
+
+    def get_replicas(self, client: ClientId, key: str) -> tuple[int, list[ReplicaDesc]]:
+        """Readable replicas of ``key`` and a fresh read lease on it."""
+        okey = check_key(key)
+        with self.lock:
+            obj = self.objects.get(okey)
+            reps = obj.readable() if obj is not None else []
+            if obj is None or not reps:
+                raise ObjectNotFound(f"{key!r} not found")
+            obj.lease_until = max(obj.lease_until, self.clock() + self.cfg.lease_ttl_s)
+            self.objects.move_to_end(okey)
+            if not any(r.tier is Tier.MEMORY for r in reps):
+                obj.disk_hits += 1
+                if obj.disk_hits >= self.cfg.promote_after_hits:
+                    self._start_promotion(obj)
+            return obj.size, [self.describe(r) for r in reps]
+
+    def exist(self, client: ClientId, key: str) -> bool:
+        try:
+            self.get_replicas(client, key)
+        except ObjectNotFound:
+            return False
+        return True
+
+    def remove(self, key: str, force: bool = False) -> None:
+        with self.lock:
+            obj = self.objects.get(check_key(key))
+            if obj is None:
+                raise ObjectNotFound(f"{key!r} not found")
+            if not force and self.leased(obj):
+                raise ObjectHasLease(f"{key!r} has a read lease")
+            if not force and (obj.status is Status.PROCESSING or obj.copying):
+                raise ReplicaNotReady(f"{key!r} is being written")
+            self._drop_object(obj)
+
+    def remove_all(self, force: bool = False, pattern: str = "") -> int:
+        try:
+            regex = re.compile(pattern) if pattern else None
+        except re.error as exc:
+            raise InvalidParams(f"bad regular expression: {exc}") from exc
+        removed = 0
+        with self.lock:
+            for key in list(self.objects):
+                if regex is not None and not regex.search(key):
+                    continue
+                try:
+                    self.remove(key, force)
+                    removed += 1
+                except (ObjectHasLease, ReplicaNotReady):
+                    continue
+        return removed

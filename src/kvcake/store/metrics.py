@@ -1,0 +1,76 @@
+"""Prometheus metrics of the master: op counts and latencies (observed per request) and pool
+gauges (read from the state at scrape time). Each master has its own registry, so several
+masters in one test process do not collide."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from kvcake.store.master_state import MasterState
+
+
+class _PoolCollector(Collector):
+    def __init__(self, state: MasterState):
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        cap = GaugeMetricFamily(
+            "kvcake_store_segment_capacity_bytes", "", labels=["segment", "tier"]
+        )
+        used = GaugeMetricFamily("kvcake_store_segment_used_bytes", "", labels=["segment", "tier"])
+        frag = GaugeMetricFamily(
+            "kvcake_store_segment_fragmentation",
+            "1 - largest free / free",
+            labels=["segment", "tier"],
+        )
+        with self.state.lock:
+            for seg in self.state.segments.values():
+                lbl = [seg.name, seg.tier.value]
+                cap.add_metric(lbl, seg.allocator.capacity)
+                used.add_metric(lbl, seg.allocator.allocated)
+                frag.add_metric(lbl, seg.allocator.fragmentation())
+            n_obj = len(self.state.objects)
+            n_cli = len(self.state.clients)
+            ev_o, ev_b = self.state.evicted_objects, self.state.evicted_bytes
+            off, pro = self.state.offloads, self.state.promotions
+        yield from (cap, used, frag)
+        for name, doc, value in (
+            ("kvcake_store_objects", "objects in the pool", n_obj),
+            ("kvcake_store_clients", "live clients", n_cli),
+            ("kvcake_store_evicted_objects", "objects evicted from memory (total)", ev_o),
+            ("kvcake_store_evicted_bytes", "bytes evicted from memory (total)", ev_b),
+            ("kvcake_store_offloads", "offloads to disk started (total)", off),
+            ("kvcake_store_promotions", "promotions to memory started (total)", pro),
+        ):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            yield g
+
+
+class MasterMetrics:
+    def __init__(self, state: MasterState):
+        self.registry = CollectorRegistry()
+        self.ops = Counter(
+            "kvcake_store_master_requests", "RPC requests", ["op"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "kvcake_store_master_request_seconds",
+            "RPC handling time",
+            ["op"],
+            buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 1.0),
+            registry=self.registry,
+        )
+        self.bad_frames = Counter(
+            "kvcake_store_master_bad_frames", "undecodable requests", registry=self.registry
+        )
+        self.registry.register(_PoolCollector(state))
+
+    def observe(self, op: str, seconds: float) -> None:
+        self.ops.labels(op).inc()
+        self.latency.labels(op).observe(seconds)

@@ -1,0 +1,167 @@
+"""Master RPC messages (msgpack in :mod:`kvcake.core.framing` frames over TCP).
+
+Every request carries the caller's ``client`` id. Key-wise calls are batches: a single-key call
+is a batch of one. Per-key results carry a Mooncake error code (0 = success) so one bad key does
+not fail its batch. A request the master cannot decode is answered with :class:`ErrorReply`
+and the connection is closed (the stream may be unsynchronised).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from kvcake.core.framing import Codec
+
+
+class ReplicaDesc(msgspec.Struct, frozen=True):
+    segment: str
+    host: str
+    offset: int
+    size: int
+    tier: str  # "memory" | "disk"
+    endpoint: str = ""  # disk tier: the node's disk service host:port
+
+
+class PutOptions(msgspec.Struct, frozen=True):
+    replica_num: int = 1
+    hard_pin: bool = False
+    soft_pin: str = "preserve"  # preserve | enable | disable
+    soft_pin_ttl_ms: int = 0  # 0 = the master's default
+    preferred_segments: list[str] = []
+
+
+# --- requests --------------------------------------------------------------------------------
+
+
+class Heartbeat(msgspec.Struct, tag=True):
+    client: str
+    host: str
+
+
+class Mount(msgspec.Struct, tag=True):
+    client: str
+    host: str
+    segment: str
+    capacity: int
+    tier: str = "memory"
+    endpoint: str = ""
+    # disk tier: (key, size) of copies the node verified on disk at start-up
+    existing: list[tuple[str, int]] = []
+
+
+class Unmount(msgspec.Struct, tag=True):
+    client: str
+    segment: str
+
+
+class PutStart(msgspec.Struct, tag=True):
+    client: str
+    host: str
+    keys: list[str]
+    sizes: list[int]
+    options: PutOptions = PutOptions()
+    upsert: bool = False
+
+
+class PutEnd(msgspec.Struct, tag=True):
+    client: str
+    keys: list[str]
+
+
+class PutRevoke(msgspec.Struct, tag=True):
+    client: str
+    keys: list[str]
+
+
+class GetReplicas(msgspec.Struct, tag=True):
+    client: str
+    keys: list[str]
+
+
+class Exist(msgspec.Struct, tag=True):
+    client: str
+    keys: list[str]
+
+
+class Remove(msgspec.Struct, tag=True):
+    client: str
+    keys: list[str]
+    force: bool = False
+
+
+class RemoveAll(msgspec.Struct, tag=True):
+    client: str
+    force: bool = False
+    pattern: str = ""  # a regular expression; "" = every key
+
+
+class TakeTasks(msgspec.Struct, tag=True):
+    client: str
+
+
+class TaskDone(msgspec.Struct, tag=True):
+    client: str
+    kind: str
+    key: str
+    ok: bool
+
+
+Request = (
+    Heartbeat
+    | Mount
+    | Unmount
+    | PutStart
+    | PutEnd
+    | PutRevoke
+    | GetReplicas
+    | Exist
+    | Remove
+    | RemoveAll
+    | TakeTasks
+    | TaskDone
+)
+
+# --- replies ---------------------------------------------------------------------------------
+
+
+class KeyResult(msgspec.Struct, frozen=True):
+    code: int
+    size: int = 0
+    replicas: list[ReplicaDesc] = []
+    message: str = ""
+
+
+class Reply(msgspec.Struct, tag=True):
+    """Answer to a request: ``code`` for the whole call, ``results`` per key (batch calls)."""
+
+    code: int = 0
+    message: str = ""
+    results: list[KeyResult] = []
+    count: int = 0  # remove_all; heartbeat: 1 = "unknown client, remount"
+    lease_ms: int = 0
+    client_ttl_ms: int = 0
+    tasks: list[tuple[str, str, int, int]] = []  # (kind, key, size, mem_offset)
+    rejected: list[str] = []  # mount(disk): copies the node must delete
+
+
+class ErrorReply(msgspec.Struct, tag=True):
+    code: int
+    message: str
+
+
+REQUESTS = (
+    Heartbeat,
+    Mount,
+    Unmount,
+    PutStart,
+    PutEnd,
+    PutRevoke,
+    GetReplicas,
+    Exist,
+    Remove,
+    RemoveAll,
+    TakeTasks,
+    TaskDone,
+)
+REQUEST_CODEC: Codec[msgspec.Struct] = Codec(*REQUESTS)
+REPLY_CODEC: Codec[msgspec.Struct] = Codec(Reply, ErrorReply)

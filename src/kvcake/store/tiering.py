@@ -1,0 +1,189 @@
+"""Eviction and tier movement of the master (mixed into :class:`MasterState`; same lock).
+
+Eviction walks objects from least to most recently used and skips leased, PROCESSING, hard-pinned
+and in-copy objects (soft-pinned ones only in a second pass). For each victim: if a disk copy
+exists, its memory replicas are freed; else, if offloading is allowed and the owner node has a
+disk tier with room, the node is asked to copy it to disk (memory is freed when it reports done);
+else the object is dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+
+from kvcake.core.ids import ClientId, ObjectKey, SegmentName
+from kvcake.store.config import MasterConfig
+from kvcake.store.metadata import NodeTask, ObjectMeta, Replica, Segment, Status, Tier
+
+
+class TieringMixin:
+    cfg: MasterConfig
+    clock: Callable[[], float]
+    lock: threading.RLock
+    segments: dict[SegmentName, Segment]
+    objects: OrderedDict[ObjectKey, ObjectMeta]
+    tasks: dict[ClientId, list[NodeTask]]
+    discarded: list[tuple[float, SegmentName, int]]
+    evicted_objects: int
+    evicted_bytes: int
+    offloads: int
+    promotions: int
+
+    def _free(self, rep: Replica) -> None:
+        raise NotImplementedError
+
+    def _drop_object(self, obj: ObjectMeta) -> None:
+        raise NotImplementedError
+
+    def _queue_task(self, segment: SegmentName, task: NodeTask) -> None:
+        raise NotImplementedError
+
+    def leased(self, obj: ObjectMeta) -> bool:
+        raise NotImplementedError
+
+    def memory_segments(self) -> list[Segment]:
+        raise NotImplementedError
+
+    # --- eviction -----------------------------------------------------------------------------
+
+    def used_ratio(self) -> float:
+        segs = self.memory_segments()
+        cap = sum(s.allocator.capacity for s in segs)
+        return 0.0 if cap == 0 else sum(s.allocator.allocated for s in segs) / cap
+
+    def maybe_evict(self) -> int:
+        """Periodic check: above the high watermark, evict down by ``eviction_ratio``."""
+        with self.lock:
+            self._reclaim_discarded(force=False)
+            segs = self.memory_segments()
+            cap = sum(s.allocator.capacity for s in segs)
+            used = sum(s.allocator.allocated for s in segs)
+            if cap == 0 or used <= self.cfg.high_watermark * cap:
+                return 0
+            target = used - int((self.cfg.high_watermark - self.cfg.eviction_ratio) * cap)
+            return self.evict(target, self.cfg.offload_on_evict)
+
+    def evict(self, need: int, offload: bool) -> int:
+        """Free (or start offloading) at least ``need`` memory bytes if possible; returns the
+        bytes freed or scheduled."""
+        done = 0
+        with self.lock:
+            for allow_soft in (False, True):
+                for obj in list(self.objects.values()):
+                    if done >= need:
+                        return done
+                    if self._evictable(obj, allow_soft):
+                        done += self._evict_one(obj, offload)
+        return done
+
+    def _evictable(self, obj: ObjectMeta, allow_soft: bool) -> bool:
+        if obj.status is not Status.COMPLETE or obj.copying or obj.hard_pin:
+            return False
+        if not obj.memory() or self.leased(obj):
+            return False
+        return allow_soft or obj.soft_pin_until <= self.clock()
+
+    def _evict_one(self, obj: ObjectMeta, offload: bool) -> int:
+        mem = obj.memory()
+        freed = sum(r.size for r in mem)
+        if any(r.complete for r in obj.disk()):
+            for rep in mem:
+                self._free(rep)
+            obj.replicas = obj.disk()
+        elif not (offload and self._start_offload(obj)):
+            self._drop_object(obj)
+        self.evicted_objects += 1
+        self.evicted_bytes += freed
+        return freed
+
+    def _reclaim_discarded(self, force: bool) -> None:
+        now = self.clock()
+        keep = []
+        for free_at, seg_name, off in self.discarded:
+            seg = self.segments.get(seg_name)
+            if seg is not None and (force or free_at <= now):
+                seg.allocator.release(off)
+            elif seg is not None:
+                keep.append((free_at, seg_name, off))
+        self.discarded = keep
+
+    # --- tier movement -------------------------------------------------------------------------
+
+    def _disk_of(self, client: ClientId) -> Segment | None:
+        segs = [s for s in self.segments.values() if s.client == client and s.tier is Tier.DISK]
+        return segs[0] if segs else None
+
+    def _start_offload(self, obj: ObjectMeta) -> bool:
+        src = next((r for r in obj.memory() if r.complete), None)
+        if src is None:
+            return False
+        owner = self.segments[src.segment].client
+        disk = self._disk_of(owner)
+        off = disk.allocator.allocate(obj.size) if disk is not None else None
+        if disk is None or off is None:
+            return False
+        obj.replicas.append(Replica(disk.name, off, obj.size, Tier.DISK, complete=False))
+        obj.copying = True
+        self.tasks.setdefault(owner, []).append(NodeTask("offload", obj.key, obj.size, src.offset))
+        self.offloads += 1
+        return True
+
+    def _start_promotion(self, obj: ObjectMeta) -> None:
+        if obj.copying:
+            return
+        disk_rep = obj.disk()[0]
+        owner = self.segments[disk_rep.segment].client
+        mem = next(
+            (s for s in self.memory_segments() if s.client == owner),
+            None,
+        )
+        off = mem.allocator.allocate(obj.size) if mem is not None else None
+        if mem is None or off is None:
+            return
+        obj.replicas.append(Replica(mem.name, off, obj.size, Tier.MEMORY, complete=False))
+        obj.copying = True
+        self.tasks.setdefault(owner, []).append(NodeTask("promote", obj.key, obj.size, off))
+        self.promotions += 1
+
+    def take_tasks(self, client: ClientId) -> list[NodeTask]:
+        with self.lock:
+            return self.tasks.pop(client, [])
+
+    def task_done(self, client: ClientId, kind: str, key: str, ok: bool) -> None:
+        """A node reports a copy finished (``ok``) or failed; the replica becomes readable or
+        is freed. A report for an object that is gone makes the node delete its disk copy."""
+        with self.lock:
+            obj = self.objects.get(ObjectKey(key))
+            tier = Tier.DISK if kind == "offload" else Tier.MEMORY
+            rep = None
+            if obj is not None:
+                rep = next((r for r in obj.replicas if r.tier is tier and not r.complete), None)
+            if obj is None or rep is None:
+                if kind == "offload" and ok:
+                    self.tasks.setdefault(client, []).append(
+                        NodeTask("delete", ObjectKey(key), 0, 0)
+                    )
+                return
+            obj.copying = False
+            if not ok:
+                self._free(rep)
+                obj.replicas.remove(rep)
+                return
+            rep.complete = True
+            if kind == "promote":
+                obj.disk_hits = 0
+            elif not self.leased(obj):  # the offload was for space: release the memory now
+                for mem in obj.memory():
+                    self._free(mem)
+                obj.replicas = obj.disk()
+
+    def check(self) -> None:
+        """Assert allocator invariants and that every replica lies in a mounted segment."""
+        with self.lock:
+            for seg in self.segments.values():
+                seg.allocator.check()
+            for obj in self.objects.values():
+                for rep in obj.replicas:
+                    assert rep.segment in self.segments, (obj.key, rep.segment)

@@ -1,0 +1,60 @@
+"""Spawning real ``kvcake master`` / ``kvcake store-server`` processes for integration tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[str]
+    info: dict[str, str]
+    lines: list[str] = field(default_factory=list)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            return self.popen.wait(5)
+
+
+def spawn(command: str, *flags: str, ready: str, timeout: float = 30) -> Proc:
+    """Start ``python -m kvcake <command> <flags>`` and wait for its ready line (``key=value``
+    pairs after the word ``ready``)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "kvcake", command, *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    proc = Proc(popen, {})
+    got = threading.Event()
+
+    def pump() -> None:
+        assert popen.stdout is not None
+        for line in popen.stdout:
+            proc.lines.append(line)
+            if line.startswith(ready) and not got.is_set():
+                proc.info = dict(re.findall(r"(\w+)=(\S*)", line))
+                got.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    if not got.wait(timeout):
+        with contextlib.suppress(ProcessLookupError):
+            popen.kill()
+        popen.wait(5)
+        raise RuntimeError(f"{command} did not start:\n{''.join(proc.lines)}")
+    return proc

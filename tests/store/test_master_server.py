@@ -1,0 +1,132 @@
+"""The master as a real process: malformed input never crashes it; HTTP endpoints answer."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+
+import msgspec
+import pytest
+
+from kvcake.core import framing
+from kvcake.store import protocol as P
+from kvcake.store.errors import (
+    INVALID_PARAMS,
+    NO_AVAILABLE_HANDLE,
+    OBJECT_NOT_FOUND,
+    InvalidParams,
+    SegmentNotFound,
+)
+from kvcake.store.rpc import MasterConnection
+from tests.store.procs import Proc
+
+
+def _raw(addr: str, payload: bytes) -> bytes:
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        out = b""
+        try:  # the master may answer and close before we finish sending
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+            while chunk := s.recv(65536):
+                out += chunk
+        except OSError:
+            pass
+        return out
+
+
+def _alive(addr: str) -> None:
+    conn = MasterConnection(addr, timeout_s=5)
+    reply = conn.call(P.Heartbeat("probe", "127.0.0.1"))
+    assert reply.client_ttl_ms == 1000
+    conn.close()
+
+
+def test_malformed_frames_never_crash_master(master_proc: Proc) -> None:
+    addr = master_proc.info["rpc"]
+    bad_msg = b"\x93\x01\x02\x03"  # msgpack that is no request
+    header = framing.pack_header
+    cases = [
+        b"garbage that is not a frame at all........",
+        b"KC\x09\x00" + b"\x00" * 20,  # wrong version
+        header(1, 1 << 30),  # meta larger than the limit
+        header(1, 4, data_len=10),  # requests carry no data section
+        header(1, len(bad_msg)) + bad_msg,
+        header(1, 100) + b"short",  # truncated
+        header(1, 3) + msgspec.msgpack.encode({"type": "Nope"})[:3],
+        bytes(range(256)) * 10,
+    ]
+    for payload in cases:
+        out = _raw(addr, payload)
+        if out:  # when the master could answer, it is a typed error reply
+            frame = framing.FrameDecoder(P.REPLY_CODEC).feed(out)[0]
+            assert isinstance(frame.msg, P.ErrorReply) and frame.msg.code == INVALID_PARAMS
+        _alive(addr)
+    assert master_proc.popen.poll() is None
+
+
+def test_bad_requests_get_typed_errors(master_proc: Proc) -> None:
+    conn = MasterConnection(master_proc.info["rpc"], timeout_s=5)
+    r = conn.call(P.PutStart("nobody-knows-me", "h", ["", "k", "big"], [10, -5, 1 << 63]))
+    codes = [x.code for x in r.results]
+    assert codes == [INVALID_PARAMS, INVALID_PARAMS, NO_AVAILABLE_HANDLE]
+    with pytest.raises(InvalidParams):
+        conn.call(P.PutStart("c", "h", ["a", "b"], [1]))
+    with pytest.raises(InvalidParams):
+        conn.call(P.Mount("c", "h", "seg", 0))
+    with pytest.raises(InvalidParams):
+        conn.call(P.Mount("c", "h", "seg", 100, tier="tape"))
+    with pytest.raises(InvalidParams):
+        conn.call(P.RemoveAll("c", pattern="(["))
+    r = conn.call(P.GetReplicas("c", ["missing", ""]))
+    assert [x.code for x in r.results] == [OBJECT_NOT_FOUND, INVALID_PARAMS]
+    r = conn.call(P.TaskDone("c", "offload", "never-existed", True))  # unknown task: harmless
+    with pytest.raises(SegmentNotFound):
+        conn.call(P.Unmount("c", "x"))
+    conn.close()
+    _alive(master_proc.info["rpc"])
+
+
+def test_http_endpoints(master_proc: Proc) -> None:
+    conn = MasterConnection(master_proc.info["rpc"], timeout_s=5)
+    conn.call(P.Mount("node", "127.0.0.1", "seg-a", 1 << 20))
+    r = conn.call(P.PutStart("w", "127.0.0.1", ["key/1"], [1000]))
+    assert r.results[0].code == 0
+    conn.call(P.PutEnd("w", ["key/1"]))
+    base = f"http://{master_proc.info['http']}"
+
+    def get(path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(base + path, timeout=5) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    assert json.loads(get("/health")[1]) == {"status": "ok"}
+    assert json.loads(get("/get_all_keys")[1]) == ["key/1"]
+    (seg,) = json.loads(get("/get_all_segments")[1])
+    assert seg["name"] == "seg-a" and seg["used"] == 1024 and seg["capacity"] == 1 << 20
+    status, body = get("/query_key?key=key/1")
+    assert status == 200 and json.loads(body)["replicas"][0]["segment"] == "seg-a"
+    assert get("/query_key?key=nope")[0] == 404
+    assert get("/query_key")[0] == 400
+    assert get("/nowhere")[0] == 404
+    metrics = get("/metrics")[1].decode()
+    assert 'kvcake_store_segment_used_bytes{segment="seg-a",tier="memory"} 1024.0' in metrics
+    assert 'kvcake_store_master_requests_total{op="PutStart"} 1.0' in metrics
+    assert "kvcake_store_master_request_seconds_bucket" in metrics
+    conn.close()
+
+
+def test_master_rejects_bad_config() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "kvcake", "master", "--port", "0", "--allocation-strategy", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "allocation_strategy" in out.stderr

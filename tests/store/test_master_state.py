@@ -1,0 +1,247 @@
+"""Master state machine: two-phase puts, placement, leases, pins, eviction, tiers (fake clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcake.core.ids import ClientId, SegmentName
+from kvcake.store.config import MasterConfig
+from kvcake.store.errors import (
+    InvalidParams,
+    NoSpace,
+    ObjectAlreadyExists,
+    ObjectHasLease,
+    ObjectNotFound,
+    ReplicaNotReady,
+)
+from kvcake.store.master_state import MasterState
+from kvcake.store.metadata import Tier
+from kvcake.store.protocol import PutOptions
+
+A, B, W = ClientId("node-a"), ClientId("node-b"), ClientId("writer")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(capacity: int = 1 << 20, segments: int = 2, **kw: object) -> tuple[MasterState, Clock]:
+    clock = Clock()
+    st = MasterState(MasterConfig(lease_ttl_s=10, client_ttl_s=5, **kw), clock)  # type: ignore[arg-type]
+    for i, c in enumerate([A, B][:segments]):
+        st.mount(c, f"host{i}", SegmentName(f"seg{i}"), capacity)
+    return st, clock
+
+
+def put(st: MasterState, key: str, size: int, **opts: object) -> None:
+    st.put_start(W, "hostw", key, size, PutOptions(**opts))  # type: ignore[arg-type]
+    st.put_end(W, key)
+
+
+def test_two_phase_visibility_and_revoke() -> None:
+    st, _ = make()
+    reps = st.put_start(W, "h", "k", 1000)
+    assert len(reps) == 1 and reps[0].size == 1000
+    assert not st.exist(W, "k")  # PROCESSING is invisible
+    with pytest.raises(ObjectNotFound):
+        st.get_replicas(W, "k")
+    st.put_end(W, "k")
+    size, got = st.get_replicas(W, "k")
+    assert size == 1000 and got == reps
+    st.put_start(W, "h", "r", 500)
+    st.put_revoke(W, "r")
+    assert "r" not in st.objects
+    with pytest.raises(ObjectNotFound):
+        st.put_end(W, "r")
+    st.check()
+
+
+def test_put_never_overwrites_and_concurrent_put_conflicts() -> None:
+    st, _ = make()
+    put(st, "k", 100)
+    with pytest.raises(ObjectAlreadyExists):
+        st.put_start(W, "h", "k", 100)
+    st.put_start(W, "h", "p", 100)
+    with pytest.raises(ObjectAlreadyExists):
+        st.put_start(B, "h", "p", 100)
+    with pytest.raises(ObjectNotFound):
+        st.put_end(B, "p")  # only the writer may finish its put
+
+
+def test_replicas_on_distinct_segments_best_effort() -> None:
+    st, _ = make(segments=2)
+    reps = st.put_start(W, "h", "k", 100, PutOptions(replica_num=3))
+    assert sorted(r.segment for r in reps) == ["seg0", "seg1"]
+    reps = st.put_start(W, "h", "k2", 100, PutOptions(replica_num=2, preferred_segments=["seg1"]))
+    assert reps[0].segment == "seg1" and reps[1].segment == "seg0"
+
+
+def test_preempt_abandoned_put_start_and_reclaim_later() -> None:
+    st, clock = make(put_start_timeout_s=1.0, put_start_discard_s=2.0)
+    st.put_start(A, "h", "k", 4096)
+    clock.t += 1.5
+    st.put_start(B, "h", "k", 4096)  # pre-empts A's abandoned put
+    with pytest.raises(ObjectNotFound):
+        st.put_end(A, "k")
+    st.put_end(B, "k")
+    used = sum(s.allocator.allocated for s in st.segments.values())
+    assert used == 2 * 4096  # the abandoned space is not reused yet (A may still write)
+    clock.t += 2.5
+    st.maybe_evict()
+    assert sum(s.allocator.allocated for s in st.segments.values()) == 4096
+    st.check()
+
+
+def test_upsert_in_place_and_resize() -> None:
+    st, _ = make()
+    put(st, "k", 1000)
+    (old,) = st.get_replicas(W, "k")[1]
+    with pytest.raises(ObjectHasLease):
+        st.put_start(W, "h", "k", 1000, upsert=True)
+    st.objects["k"].lease_until = 0  # type: ignore[index]
+    (same,) = st.put_start(W, "h", "k", 1000, upsert=True)
+    assert (same.segment, same.offset) == (old.segment, old.offset)
+    st.put_end(W, "k")
+    st.objects["k"].lease_until = 0  # type: ignore[index]
+    st.put_start(W, "h", "k", 5000, upsert=True)
+    st.put_end(W, "k")
+    assert st.get_replicas(W, "k")[0] == 5000
+    st.check()
+
+
+def test_leases_block_remove_until_expiry() -> None:
+    st, clock = make()
+    put(st, "k", 100)
+    st.remove("k")  # a fresh put grants no lease
+    put(st, "k", 100)
+    assert st.exist(W, "k")  # exist grants a lease
+    with pytest.raises(ObjectHasLease):
+        st.remove("k")
+    clock.t += 10.5
+    st.remove("k")
+    put(st, "k", 100)
+    st.get_replicas(W, "k")
+    st.remove("k", force=True)
+    with pytest.raises(ObjectNotFound):
+        st.remove("k")
+
+
+def test_remove_all_skips_leased_and_regex() -> None:
+    st, _ = make()
+    for i in range(5):
+        put(st, f"a{i}", 100)
+    put(st, "b0", 100)
+    st.get_replicas(W, "a0")
+    assert st.remove_all(pattern="^a") == 4
+    assert set(st.objects) == {"a0", "b0"}
+    assert st.remove_all(force=True) == 2
+    with pytest.raises(InvalidParams):
+        st.remove_all(pattern="(")
+
+
+def test_eviction_skips_leased_pinned_and_incomplete() -> None:
+    st, clock = make(capacity=64 * 1024, segments=1, high_watermark=0.9, eviction_ratio=0.2)
+    put(st, "hard", 4096, hard_pin=True)
+    put(st, "soft", 4096, soft_pin="enable", soft_pin_ttl_ms=60_000)
+    put(st, "leased", 4096)
+    st.get_replicas(W, "leased")
+    st.put_start(W, "h", "incomplete", 4096)
+    for i in range(12):
+        put(st, f"o{i}", 4096)
+    assert st.used_ratio() == 1.0
+    assert st.maybe_evict() > 0
+    assert st.used_ratio() <= 0.9
+    for key in ("hard", "soft", "leased", "incomplete"):
+        assert key in st.objects
+    assert "o0" not in st.objects  # least recently used goes first
+    # allocation failure with everything else leased: the soft pin yields, then NoSpace
+    for key, obj in list(st.objects.items()):
+        if key != "soft" and obj.readable():
+            st.get_replicas(W, key)
+    while st.used_ratio() < 1.0:
+        st.put_start(W, "h", f"fill{st.used_ratio()}", 4096)  # incomplete: never evicted
+    put(st, "new", 4096)
+    assert "soft" not in st.objects
+    st.get_replicas(W, "new")
+    with pytest.raises(NoSpace):
+        put(st, "new2", 4096)
+    assert {"hard", "leased", "incomplete"} <= set(st.objects)
+    st.check()
+    clock.t += 11
+    put(st, "after-lease", 4096)  # the lease lapsed: its object could be evicted
+    st.check()
+
+
+def test_client_expiry_drops_segments_and_replicas() -> None:
+    st, clock = make()
+    reps = st.put_start(W, "h", "k", 100, PutOptions(replica_num=2))
+    st.put_end(W, "k")
+    assert len(reps) == 2
+    put(st, "only-a", 100, preferred_segments=["seg0"])
+    clock.t += 3
+    st.touch(B, "host1")
+    st.touch(W, "hostw")
+    clock.t += 3
+    assert st.expire_clients() == [A]
+    assert "seg0" not in st.segments
+    assert [r.segment for r in st.get_replicas(W, "k")[1]] == ["seg1"]
+    assert "only-a" not in st.objects
+    assert st.touch(A, "host0") is False  # a returning client is told to remount
+    st.check()
+
+
+def test_bad_input_is_typed() -> None:
+    st, _ = make()
+    with pytest.raises(InvalidParams):
+        st.put_start(W, "h", "", 10)
+    with pytest.raises(InvalidParams):
+        st.put_start(W, "h", "k", 0)
+    with pytest.raises(InvalidParams):
+        st.put_start(W, "h", "k", 10, PutOptions(replica_num=0))
+    with pytest.raises(NoSpace):
+        st.put_start(W, "h", "k", 1 << 62)
+    with pytest.raises(InvalidParams):
+        st.mount(A, "h", SegmentName("x"), -1)
+    with pytest.raises(InvalidParams):
+        st.mount(B, "h", SegmentName("seg0"), 100)  # someone else's segment name
+    st.check()
+
+
+def test_offload_then_serve_from_disk_then_promote() -> None:
+    st, clock = make(capacity=16 * 1024, segments=1, promote_after_hits=2, eviction_ratio=0.5)
+    st.mount(A, "host0", SegmentName("seg0.ssd"), 1 << 20, Tier.DISK, "host0:9")
+    for i in range(4):
+        put(st, f"o{i}", 4096)
+    assert st.maybe_evict() > 0
+    tasks = st.take_tasks(A)
+    assert {t.kind for t in tasks} == {"offload"}
+    key = tasks[0].key
+    with pytest.raises(ReplicaNotReady):
+        st.remove(key)  # being copied
+    assert st.get_replicas(W, key)[1][0].tier == "memory"  # still readable meanwhile
+    clock.t += 11
+    for t in tasks:
+        st.task_done(A, "offload", t.key, True)
+    reps = st.get_replicas(W, key)[1]
+    assert [r.tier for r in reps] == ["disk"] and reps[0].endpoint == "host0:9"
+    st.get_replicas(W, key)  # second disk hit -> promotion
+    (promo,) = st.take_tasks(A)
+    assert promo.kind == "promote" and promo.key == key
+    st.task_done(A, "promote", key, True)
+    tiers = sorted(r.tier for r in st.get_replicas(W, key)[1])
+    assert tiers == ["disk", "memory"]
+    st.check()
+
+
+def test_disk_mount_adopts_verified_copies() -> None:
+    st, _ = make()
+    put(st, "k", 100)
+    rejected = st.mount(
+        A, "host0", SegmentName("d"), 1000, Tier.DISK, "h:1", [("new", 50), ("k", 99), ("k2", 0)]
+    )
+    assert rejected == ["k", "k2"]  # size mismatch; invalid size
+    assert st.get_replicas(W, "new")[1][0].tier == "disk"
