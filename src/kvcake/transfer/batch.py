@@ -1,0 +1,114 @@
+"""Batch bookkeeping: jobs (coalesced requests), their slices, and per-request outcomes.
+
+A *job* is one or more contiguous requests merged into a single range; it is cut into slices
+that transports execute in any order, possibly on several connections and, after a path
+failure, more than once (reads and writes of the same bytes are idempotent, so a retried slice
+is harmless). A job is done when all its slices are; its outcome is copied to every member.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from kvcake.core.ids import BatchId
+from kvcake.transfer.types import BatchResult, BatchStatus, Op, RequestResult, SegmentInfo
+
+
+@dataclass(eq=False)
+class Job:
+    op: Op
+    local: memoryview  # exactly ``length`` bytes of initiator memory
+    target: SegmentInfo
+    target_offset: int
+    length: int
+    members: list[int]
+    batch: Batch | None = None
+    remaining: int = 0
+    error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class Slice:
+    job: Job
+    offset: int  # within the job
+    length: int
+    attempts: int = 0
+
+    @property
+    def target_offset(self) -> int:
+        return self.job.target_offset + self.offset
+
+    @property
+    def local(self) -> memoryview:
+        return self.job.local[self.offset : self.offset + self.length]
+
+
+def cut(job: Job, slice_size: int) -> list[Slice]:
+    out = [
+        Slice(job, off, min(slice_size, job.length - off))
+        for off in range(0, job.length, slice_size)
+    ]
+    job.remaining = len(out)
+    return out
+
+
+@dataclass(eq=False)
+class Batch:
+    id: BatchId
+    size: int
+    results: list[RequestResult | None] = field(default_factory=list)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    completed: int = 0
+    failed: int = 0
+
+    def __post_init__(self) -> None:
+        self.results = [None] * self.size
+
+    def fail_request(self, index: int, exc: BaseException) -> None:
+        with self.cond:
+            self._set(index, RequestResult(False, str(exc), type(exc).__name__))
+            self.cond.notify_all()
+
+    def _set(self, index: int, res: RequestResult) -> None:
+        if self.results[index] is not None:
+            return
+        self.results[index] = res
+        if res.ok:
+            self.completed += 1
+        else:
+            self.failed += 1
+
+    def slice_done(self, s: Slice, exc: BaseException | None = None) -> None:
+        """Record one slice's outcome; finishing the last slice settles the job's members."""
+        job = s.job
+        with self.cond:
+            if exc is not None and job.error is None:
+                job.error = exc
+            job.remaining -= 1
+            if job.remaining > 0:
+                return
+            if job.error is None:
+                res = RequestResult(True)
+            else:
+                res = RequestResult(False, str(job.error), type(job.error).__name__)
+            for i in job.members:
+                self._set(i, res)
+            self.cond.notify_all()
+
+    @property
+    def done(self) -> bool:
+        return self.completed + self.failed == self.size
+
+    def status(self) -> BatchStatus:
+        with self.cond:
+            return BatchStatus(self.id, self.size, self.completed, self.failed)
+
+    def wait(self, timeout: float | None) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.done, timeout)
+
+    def result(self) -> BatchResult:
+        with self.cond:
+            assert self.done
+            return BatchResult(self.id, tuple(r for r in self.results if r is not None))

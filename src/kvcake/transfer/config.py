@@ -1,0 +1,54 @@
+"""Settings of one Transfer Engine (``[transfer]`` in a kvcake TOML file)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvcake.core.config import require, size_field
+
+PROTOCOLS = ("auto", "tcp", "shm")
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """Tunables. Sizes accept strings such as ``"1MiB"``.
+
+    - ``slice_size``: large requests are cut into slices of at most this many bytes; slices of a
+      batch are spread over ``streams`` connections and over every healthy path.
+    - ``lane_bytes``: a batch opens one more parallel connection per this many bytes (so a batch
+      of small requests stays on one pipelined connection, which is cheaper in Python).
+    - ``window``: slices in flight per connection (pipelining; replies are read as they come).
+    - ``max_endpoints``: cap on pooled connections per engine; idle ones are evicted by SIEVE.
+    - ``io_timeout_s``: a connection that makes no progress for this long counts as broken.
+    - ``probe_interval_s``: a broken path is retried (probed) no sooner than this.
+    """
+
+    protocol: str = "auto"
+    slice_size: int = size_field("1MiB")
+    lane_bytes: int = size_field("4MiB")
+    streams: int = 4
+    window: int = 32
+    max_endpoints: int = 64
+    workers: int = 8
+    io_timeout_s: float = 10.0
+    connect_timeout_s: float = 2.0
+    probe_interval_s: float = 0.5
+    max_attempts: int = 4
+    server_max_data: int = size_field("256MiB")
+
+    def __post_init__(self) -> None:
+        require(self.protocol in PROTOCOLS, f"transfer.protocol must be one of {PROTOCOLS}")
+        require(self.slice_size >= 4096, "transfer.slice_size must be >= 4096 bytes")
+        require(
+            self.slice_size <= self.server_max_data,
+            "transfer.slice_size must not exceed transfer.server_max_data",
+        )
+        require(self.lane_bytes >= 1, "transfer.lane_bytes must be >= 1")
+        require(1 <= self.streams <= 256, "transfer.streams must be in [1, 256]")
+        require(1 <= self.window <= 4096, "transfer.window must be in [1, 4096]")
+        require(self.max_endpoints >= 1, "transfer.max_endpoints must be >= 1")
+        require(self.workers >= 1, "transfer.workers must be >= 1")
+        require(self.io_timeout_s > 0, "transfer.io_timeout_s must be > 0")
+        require(self.connect_timeout_s > 0, "transfer.connect_timeout_s must be > 0")
+        require(self.probe_interval_s >= 0, "transfer.probe_interval_s must be >= 0")
+        require(self.max_attempts >= 1, "transfer.max_attempts must be >= 1")

@@ -1,0 +1,387 @@
+"""The Transfer Engine: segments, batches, transport choice.
+
+Threading: any number of threads may call every method. ``submit`` validates and plans in the
+caller's thread, then hands transport tasks to a worker pool; the ``transfer_sync_*``,
+``write`` and ``read_into`` conveniences run their first task inline (a small transfer then
+costs no thread hand-off). Memory: see :mod:`kvcake.transfer.segments`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kvcake.core.ids import BatchId, SegmentName
+from kvcake.transfer import shm
+from kvcake.transfer.batch import Batch, Job
+from kvcake.transfer.config import TransferConfig
+from kvcake.transfer.errors import InvalidRequest, TransferError, UnknownBatch, UnknownSegment
+from kvcake.transfer.metadata import DirectoryClient
+from kvcake.transfer.paths import PathHealth
+from kvcake.transfer.planner import coalesce
+from kvcake.transfer.pool import EndpointPool
+from kvcake.transfer.segments import LocalSegment, SegmentTable, as_byte_view, check_range
+from kvcake.transfer.server import TransferServer
+from kvcake.transfer.shm_transport import ShmTransport
+from kvcake.transfer.tcp_transport import TcpTransport, TransferHooks, probe
+from kvcake.transfer.transport import Task, Transport
+from kvcake.transfer.types import (
+    BatchResult,
+    BatchStatus,
+    Op,
+    PathInfo,
+    SegmentInfo,
+    TransferRequest,
+)
+
+log = logging.getLogger(__name__)
+
+# location -> (preferred listen hosts, secondary listen hosts): the topology matrix.
+Topology = Mapping[str, tuple[Sequence[str], Sequence[str]]]
+
+
+def host_identity() -> str:
+    """Same value for every process of this host (and its network namespaces)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = "noboot"
+    return f"{os.uname().nodename}/{boot}"
+
+
+class TransferEngine:
+    """See ``docs/transfer.md``. ``directory`` is the ``host:port`` of a DirectoryService
+    (or ``None`` for an engine that only talks to its own segments)."""
+
+    def __init__(
+        self,
+        directory: str | None,
+        hostname: str = "127.0.0.1",
+        listen_hosts: tuple[str, ...] = ("127.0.0.1",),
+        protocol: str = "auto",
+        config: TransferConfig | None = None,
+        topology: Topology | None = None,
+        cleanup_stale_shm: bool = True,
+    ):
+        base = config or TransferConfig()
+        self.config = base if protocol == base.protocol else _with(base, protocol=protocol)
+        self.hostname = hostname
+        self.owner = f"{hostname}/{os.getpid()}/{secrets.token_hex(4)}"
+        self.host_id = host_identity()
+        self.topology = dict(topology or {})
+        if cleanup_stale_shm:
+            shm.cleanup_stale()
+        self._segments = SegmentTable()
+        self._lock = threading.Lock()
+        self._batches: dict[int, Batch] = {}
+        self._ids = itertools.count(1)
+        self._cache: dict[str, SegmentInfo] = {}
+        self._closed = False
+        self.directory = DirectoryClient(directory) if directory else None
+        self.server = TransferServer(self._segments, listen_hosts, self.config.server_max_data)
+        self.server.start()
+        cfg = self.config
+        self.pool = EndpointPool(cfg.max_endpoints, cfg.connect_timeout_s, cfg.io_timeout_s)
+        self.health = PathHealth(lambda a: probe(a, cfg.connect_timeout_s), cfg.probe_interval_s)
+        self.hooks = TransferHooks()
+        self.transports: dict[str, Transport] = {
+            "shm": ShmTransport(self.owner, self.host_id, self._segments),
+            "tcp": TcpTransport(cfg, self.pool, self.health, self.hooks, self._forget),
+        }
+        self._executor = ThreadPoolExecutor(cfg.workers, thread_name_prefix="kvcake-xfer")
+
+    # --- segments -------------------------------------------------------------------------
+
+    @property
+    def addresses(self) -> list[str]:
+        """This engine's transfer-server addresses (one per listen host)."""
+        return list(self.server.addresses)
+
+    def _paths(self, location: str | None) -> tuple[PathInfo, ...]:
+        by_host = {a.rpartition(":")[0]: a for a in self.server.addresses}
+        if location is None or location not in self.topology:
+            return tuple(PathInfo(a, 0) for a in self.server.addresses)
+        preferred, secondary = self.topology[location]
+        out = [PathInfo(by_host[h], 0) for h in preferred if h in by_host]
+        out += [PathInfo(by_host[h], 1) for h in secondary if h in by_host]
+        return tuple(out)
+
+    def _publish(self, seg: LocalSegment, location: str | None) -> SegmentInfo:
+        info = SegmentInfo(
+            SegmentName(seg.name),
+            self.owner,
+            self.hostname,
+            self.host_id,
+            seg.size,
+            self._paths(location),
+            str(seg.region.path) if seg.region else None,
+        )
+        self._segments.add(seg)
+        try:
+            if self.directory is not None:
+                self.directory.publish(info)
+        except BaseException:
+            self._segments.pop(seg.name)
+            raise
+        self._cache[seg.name] = info
+        return info
+
+    def register_memory(self, name: str, buffer: Any, location: str | None = None) -> SegmentInfo:
+        """Expose a writable buffer-protocol object as segment ``name``. The caller keeps
+        owning the memory and must keep it alive until :meth:`unregister`."""
+        self._check_open()
+        view = as_byte_view(buffer)
+        if view.readonly:
+            raise InvalidRequest(f"segment {name!r}: buffer is read-only")
+        if view.nbytes == 0:
+            raise InvalidRequest(f"segment {name!r}: buffer is empty")
+        return self._publish(LocalSegment(name, view, keepalive=buffer), location)
+
+    def allocate_segment(self, name: str, size: int, location: str | None = None) -> memoryview:
+        """Create a ``/dev/shm``-backed segment owned by the engine (same-host peers map it)."""
+        self._check_open()
+        region = shm.create_region(name, size)
+        try:
+            self._publish(LocalSegment(name, region.view(), region=region), location)
+        except BaseException:
+            region.close()
+            raise
+        return self._segments.get(name).view
+
+    def unregister(self, name: str) -> None:
+        seg = self._segments.pop(name)
+        self._cache.pop(name, None)
+        if self.directory is not None:
+            try:
+                self.directory.unpublish(name, self.owner)
+            except TransferError as exc:
+                log.warning("could not unpublish %s: %s", name, exc)
+        if seg.region is not None:
+            with contextlib.suppress(BufferError):
+                seg.view.release()
+            seg.region.close()
+
+    def segment_info(self, name: str) -> SegmentInfo:
+        """Where segment ``name`` lives (this engine's or any peer's); raises UnknownSegment."""
+        info = self._cache.get(name)
+        if info is not None:
+            return info
+        if self.directory is None:
+            raise UnknownSegment(f"segment {name!r} is unknown (no directory configured)")
+        info = self.directory.lookup(name)
+        self._cache[name] = info
+        return info
+
+    def local_segments(self) -> list[str]:
+        return self._segments.names()
+
+    def _forget(self, name: str) -> None:
+        if name not in self._segments:
+            self._cache.pop(name, None)
+
+    # --- batches --------------------------------------------------------------------------
+
+    def _transport_for(self, target: SegmentInfo) -> Transport:
+        proto = self.config.protocol
+        if proto != "auto":
+            t = self.transports[proto]
+            if not t.usable(target):
+                raise TransferError(f"protocol {proto!r} cannot reach segment {target.name!r}")
+            return t
+        for t in self.transports.values():
+            if t.usable(target):
+                return t
+        raise TransferError(f"no transport can reach segment {target.name!r}")
+
+    def _plan(self, batch: Batch, requests: Sequence[TransferRequest]) -> list[Task]:
+        """Validate each request (failing bad ones alone), coalesce, group per transport and
+        owner, and return the tasks that execute the rest."""
+        valid: list[tuple[int, TransferRequest]] = []
+        for i, r in enumerate(requests):
+            try:
+                self._validate(r)
+            except TransferError as exc:
+                batch.fail_request(i, exc)
+            else:
+                valid.append((i, r))
+        groups: dict[tuple[str, str, tuple[PathInfo, ...]], list[Job]] = {}
+        for run in coalesce(valid):
+            target = self.segment_info(run.target_segment)
+            local = self._segments.get(run.local_segment).view
+            job = Job(
+                run.op,
+                local[run.local_offset : run.local_offset + run.length],
+                target,
+                run.target_offset,
+                run.length,
+                run.members,
+                batch,
+            )
+            try:
+                transport = self._transport_for(target)
+            except TransferError as exc:
+                for i in run.members:
+                    batch.fail_request(i, exc)
+                continue
+            groups.setdefault((transport.name, target.owner, target.paths), []).append(job)
+        return [
+            t
+            for (name, _, _), jobs in groups.items()
+            for t in self.transports[name].tasks(batch, jobs)
+        ]
+
+    def _validate(self, r: TransferRequest) -> None:
+        if not isinstance(r.op, Op):
+            raise InvalidRequest(f"op must be Op.READ or Op.WRITE, got {r.op!r}")
+        if r.length <= 0:
+            raise InvalidRequest(f"length must be > 0, got {r.length}")
+        local = self._segments.get(r.local_segment)
+        check_range(r.local_segment, local.size, r.local_offset, r.length)
+        target = self.segment_info(r.target_segment)
+        check_range(r.target_segment, target.size, r.target_offset, r.length)
+
+    def _new_batch(self, n: int) -> Batch:
+        self._check_open()
+        batch = Batch(BatchId(next(self._ids)), n)
+        with self._lock:
+            self._batches[batch.id] = batch
+        return batch
+
+    def _run(self, tasks: list[Task], inline: bool) -> None:
+        first = tasks[:1] if inline else []
+        for t in tasks[len(first) :]:
+            self._executor.submit(t)
+        for t in first:
+            t()
+
+    def submit(self, requests: Sequence[TransferRequest]) -> BatchId:
+        """Start a batch; returns at once. Collect it with :meth:`wait`."""
+        batch = self._new_batch(len(requests))
+        self._run(self._plan(batch, requests), inline=False)
+        return batch.id
+
+    def _batch(self, batch_id: BatchId) -> Batch:
+        with self._lock:
+            batch = self._batches.get(batch_id)
+        if batch is None:
+            raise UnknownBatch(f"unknown batch {batch_id}")
+        return batch
+
+    def status(self, batch_id: BatchId) -> BatchStatus:
+        return self._batch(batch_id).status()
+
+    def wait(self, batch_id: BatchId, timeout: float | None = None) -> BatchResult:
+        """Block until every request of the batch has an outcome; the batch id is then freed.
+        Raises TransferTimeout (the batch stays collectable) when ``timeout`` passes first."""
+        from kvcake.transfer.errors import TransferTimeout
+
+        batch = self._batch(batch_id)
+        if not batch.wait(timeout):
+            raise TransferTimeout(f"batch {batch_id} not finished after {timeout}s")
+        with self._lock:
+            self._batches.pop(batch_id, None)
+        return batch.result()
+
+    def transfer(self, requests: Sequence[TransferRequest]) -> BatchResult:
+        """Run a batch to completion in the calling thread (plus workers for extra lanes)."""
+        batch = self._new_batch(len(requests))
+        self._run(self._plan(batch, requests), inline=True)
+        batch.wait(None)
+        with self._lock:
+            self._batches.pop(batch.id, None)
+        return batch.result()
+
+    def _sync(
+        self, op: Op, target: str, local: str, local_offset: int, target_offset: int, length: int
+    ) -> None:
+        req = TransferRequest(
+            op, SegmentName(local), local_offset, SegmentName(target), target_offset, length
+        )
+        self.transfer([req]).raise_for_errors()
+
+    def transfer_sync_write(
+        self,
+        target_segment: str,
+        local_segment: str,
+        local_offset: int,
+        target_offset: int,
+        length: int,
+    ) -> None:
+        """Write registered local bytes to a target; raises TransferError on failure."""
+        self._sync(Op.WRITE, target_segment, local_segment, local_offset, target_offset, length)
+
+    def transfer_sync_read(
+        self,
+        target_segment: str,
+        local_segment: str,
+        local_offset: int,
+        target_offset: int,
+        length: int,
+    ) -> None:
+        """Read target bytes into a registered local segment; raises TransferError."""
+        self._sync(Op.READ, target_segment, local_segment, local_offset, target_offset, length)
+
+    def _unregistered(self, op: Op, target_segment: str, target_offset: int, buf: Any) -> None:
+        view = as_byte_view(buf)
+        if op is Op.READ and view.readonly:
+            raise InvalidRequest("read_into needs a writable buffer")
+        target = self.segment_info(target_segment)
+        check_range(target_segment, target.size, target_offset, view.nbytes)
+        batch = self._new_batch(1)
+        job = Job(op, view, target, target_offset, view.nbytes, [0], batch)
+        tasks = self._transport_for(target).tasks(batch, [job])
+        self._run(tasks, inline=True)
+        batch.wait(None)
+        with self._lock:
+            self._batches.pop(batch.id, None)
+        batch.result().raise_for_errors()
+
+    def write(self, target_segment: str, target_offset: int, data: Any) -> None:
+        """Write any (unregistered, possibly read-only) buffer to a target segment."""
+        self._unregistered(Op.WRITE, target_segment, target_offset, data)
+
+    def read_into(self, target_segment: str, target_offset: int, out: Any) -> None:
+        """Fill any writable (unregistered) buffer from a target segment."""
+        self._unregistered(Op.READ, target_segment, target_offset, out)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransferError("transfer engine is closed")
+
+    def close(self) -> None:
+        """Unregister every segment (unpublishing it), stop the server, drop connections.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for name in self._segments.names():
+            with contextlib.suppress(TransferError):
+                self.unregister(name)
+        self._executor.shutdown(wait=True, cancel_futures=False)
+        self.server.stop()
+        self.pool.close()
+        for t in self.transports.values():
+            t.close()
+        if self.directory is not None:
+            self.directory.close()
+
+    def __enter__(self) -> TransferEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _with(cfg: TransferConfig, **changes: Any) -> TransferConfig:
+    return dataclasses.replace(cfg, **changes)

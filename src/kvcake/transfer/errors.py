@@ -1,0 +1,60 @@
+"""Typed Transfer Engine errors; all derive from :class:`kvcake.core.errors.TransferError`."""
+
+from __future__ import annotations
+
+from kvcake.core.errors import TransferError
+
+__all__ = [
+    "InvalidRequest",
+    "NoPathAvailable",
+    "OutOfRange",
+    "PathFailure",
+    "RemoteError",
+    "SegmentExists",
+    "TransferError",
+    "TransferTimeout",
+    "UnknownBatch",
+    "UnknownSegment",
+]
+
+
+class UnknownSegment(TransferError, KeyError):
+    """No segment of that name is registered (locally or in the directory)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class SegmentExists(TransferError):
+    """A segment of that name is already registered."""
+
+
+class OutOfRange(TransferError):
+    """Offset/length fall outside the segment."""
+
+
+class InvalidRequest(TransferError, ValueError):
+    """A request is malformed (zero or negative length, negative offset, wrong op)."""
+
+
+class NoPathAvailable(TransferError):
+    """Every path to the target's owner has failed; the slices could not be delivered."""
+
+
+class PathFailure(TransferError):
+    """One path (connection) broke; its unfinished slices are retried elsewhere."""
+
+
+class RemoteError(TransferError):
+    """The remote transfer server refused a slice (its reason is in the message)."""
+
+
+class UnknownBatch(TransferError, KeyError):
+    """The batch id was never issued or was already collected by ``wait``."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class TransferTimeout(TransferError, TimeoutError):
+    """``wait`` gave up before the batch finished."""

@@ -1,0 +1,134 @@
+"""A small blocking-socket server: accept threads per listen address, one thread per connection.
+
+Blocking sockets with a thread per connection keep the data path simple (``recv_into`` straight
+into segment memory, ``sendmsg`` straight out of it) and the GIL is released during every
+socket call. Subclasses implement :meth:`handle` for one connection; any exception it raises
+closes that connection only, the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+from abc import ABC, abstractmethod
+
+log = logging.getLogger(__name__)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"address must be 'host:port', got {address!r}")
+    return host, int(port)
+
+
+class ThreadedServer(ABC):
+    """Owns its listening sockets, accept threads and connection threads; ``stop`` closes and
+    joins all of them (idempotent)."""
+
+    def __init__(self, hosts: tuple[str, ...], port: int = 0, name: str = "server"):
+        if not hosts:
+            raise ValueError("at least one listen host is needed")
+        self._hosts = hosts
+        self._port = port
+        self._name = name
+        self._lock = threading.Lock()
+        self._listeners: dict[str, socket.socket] = {}
+        self._conns: dict[socket.socket, str] = {}
+        self._threads: list[threading.Thread] = []
+        self._stopped = threading.Event()
+        self.addresses: list[str] = []
+
+    def start(self) -> None:
+        port = self._port
+        for host in self._hosts:
+            addr = self._listen(host, port)
+            self.addresses.append(addr)
+            # With port 0 the first bind picks a port; later addresses reuse it when free so a
+            # host's "NICs" share a port (easier to read), else they get their own.
+            if self._port == 0 and port == 0:
+                port = split_address(addr)[1]
+
+    def _listen(self, host: str, port: int) -> str:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            if port == 0 or self._port != 0:
+                sock.close()
+                raise
+            sock.bind((host, 0))
+        sock.listen(128)
+        addr = f"{host}:{sock.getsockname()[1]}"
+        with self._lock:
+            self._listeners[addr] = sock
+        t = threading.Thread(target=self._accept_loop, args=(sock, addr), daemon=True)
+        t.name = f"{self._name}-accept-{addr}"
+        t.start()
+        self._threads.append(t)
+        return addr
+
+    def _accept_loop(self, lsock: socket.socket, addr: str) -> None:
+        while not self._stopped.is_set():
+            try:
+                conn, _ = lsock.accept()
+            except OSError:
+                return  # listener closed
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                if self._stopped.is_set():
+                    conn.close()
+                    return
+                self._conns[conn] = addr
+            t = threading.Thread(target=self._serve, args=(conn, addr), daemon=True)
+            t.name = f"{self._name}-conn"
+            t.start()
+
+    def _serve(self, conn: socket.socket, addr: str) -> None:
+        try:
+            self.handle(conn, addr)
+        except Exception as exc:  # one bad peer must never take the server down
+            if not self._stopped.is_set():
+                log.debug("%s: connection on %s closed: %r", self._name, addr, exc)
+        finally:
+            with self._lock:
+                self._conns.pop(conn, None)
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    @abstractmethod
+    def handle(self, conn: socket.socket, listen_address: str) -> None:
+        """Serve one connection until EOF; raise to drop it."""
+
+    def close_address(self, addr: str) -> None:
+        """Stop listening on ``addr`` and cut every connection accepted there (a dead "NIC")."""
+        with self._lock:
+            lsock = self._listeners.pop(addr, None)
+            conns = [c for c, a in self._conns.items() if a == addr]
+        for s in ([lsock] if lsock else []) + conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def reopen_address(self, addr: str) -> None:
+        """Listen on ``addr`` again (same host and port) after :meth:`close_address`."""
+        host, port = split_address(addr)
+        self._listen(host, port)
+
+    def stop(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        for addr in list(self._listeners):
+            self.close_address(addr)
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+        for t in self._threads:
+            t.join(timeout=2.0)

@@ -1,0 +1,68 @@
+"""Path health and selection (the paper's topology matrix + "avoid a broken NIC").
+
+A segment lists paths with tiers (0 = preferred, 1 = secondary...). Lanes spread over the up
+paths of the best tier that has any. A path that failed is *down*: it is skipped until a probe
+(a fresh connection answering a ``Probe``) succeeds; probes run at most every
+``probe_interval_s`` per path, from the lane that needs a path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from kvcake.transfer.types import PathInfo
+
+
+class PathHealth:
+    def __init__(self, probe: Callable[[str], bool], probe_interval_s: float):
+        self._probe = probe
+        self._interval = probe_interval_s
+        self._lock = threading.Lock()
+        self._down: dict[str, float] = {}  # address -> earliest next probe (monotonic)
+        self.failures: dict[str, int] = {}
+        self.probes: dict[str, int] = {}
+
+    def is_up(self, address: str) -> bool:
+        return address not in self._down
+
+    def down(self) -> list[str]:
+        with self._lock:
+            return sorted(self._down)
+
+    def mark_down(self, address: str) -> None:
+        with self._lock:
+            self._down[address] = time.monotonic() + self._interval
+            self.failures[address] = self.failures.get(address, 0) + 1
+
+    def mark_up(self, address: str) -> None:
+        with self._lock:
+            self._down.pop(address, None)
+
+    def choose(self, paths: Iterable[PathInfo], lane: int) -> str | None:
+        """An up path for ``lane`` (round-robin within the best tier), else a down one whose
+        probe is due and succeeds now, else ``None``."""
+        by_tier: dict[int, list[str]] = {}
+        for p in paths:
+            by_tier.setdefault(p.tier, []).append(p.address)
+        for tier in sorted(by_tier):
+            ups = [a for a in by_tier[tier] if a not in self._down]
+            if ups:
+                return ups[lane % len(ups)]
+        for tier in sorted(by_tier):
+            for addr in by_tier[tier]:
+                if self._claim_probe(addr):
+                    self.probes[addr] = self.probes.get(addr, 0) + 1
+                    if self._probe(addr):
+                        self.mark_up(addr)
+                        return addr
+        return None
+
+    def _claim_probe(self, addr: str) -> bool:
+        with self._lock:
+            due = self._down.get(addr)
+            if due is None or time.monotonic() < due:
+                return False
+            self._down[addr] = time.monotonic() + self._interval  # one prober at a time
+            return True

@@ -1,0 +1,163 @@
+"""Pooled connections ("endpoints") to peers' transfer servers, with a cap.
+
+Invariants (asserted by ``check``): every endpoint is either idle or busy, never both;
+``idle + busy == open <= cap``. Only idle endpoints may be evicted (SIEVE picks which); when the
+cap is reached and none is idle, ``acquire`` waits for a release. Sockets of a path that failed
+are closed, never returned to the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from kvcake.transfer.errors import PathFailure
+from kvcake.transfer.netserver import split_address
+from kvcake.transfer.sieve import Sieve
+
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Endpoint:
+    address: str
+    sock: socket.socket
+    id: int = field(default_factory=lambda: next(_ids))
+    rid: int = 0
+
+    def next_rid(self) -> int:
+        self.rid += 1
+        return self.rid
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+class EndpointPool:
+    def __init__(self, cap: int, connect_timeout_s: float, io_timeout_s: float):
+        self.cap = cap
+        self._connect_timeout = connect_timeout_s
+        self._io_timeout = io_timeout_s
+        self._cond = threading.Condition()
+        self._idle: dict[str, list[Endpoint]] = {}
+        self._busy: set[Endpoint] = set()
+        self._sieve: Sieve[Endpoint] = Sieve()
+        self.created = 0
+        self.evicted = 0
+        self._closed = False
+
+    def _open_count(self) -> int:
+        return len(self._sieve)
+
+    def acquire(self, address: str) -> Endpoint:
+        deadline = time.monotonic() + self._io_timeout
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise PathFailure("endpoint pool is closed")
+                idle = self._idle.get(address)
+                if idle:
+                    ep = idle.pop()
+                    self._busy.add(ep)
+                    self._sieve.touch(ep)
+                    return ep
+                if self._open_count() >= self.cap:
+                    victim = self._sieve.evict(lambda e: e not in self._busy)
+                    if victim is not None:
+                        self._idle[victim.address].remove(victim)
+                        victim.close()
+                        self.evicted += 1
+                if self._open_count() < self.cap:
+                    # Reserve the slot before connecting outside the lock.
+                    placeholder = Endpoint(address, socket.socket())
+                    placeholder.sock.close()
+                    self._sieve.insert(placeholder)
+                    self._busy.add(placeholder)
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PathFailure(
+                        f"no free endpoint within {self._io_timeout}s (cap {self.cap})"
+                    )
+                self._cond.wait(left)
+        return self._connect(address, placeholder)
+
+    def _connect(self, address: str, placeholder: Endpoint) -> Endpoint:
+        host, port = split_address(address)
+        try:
+            sock = socket.create_connection((host, port), self._connect_timeout)
+        except OSError as exc:
+            self._forget(placeholder)
+            raise PathFailure(f"cannot connect to {address}: {exc}") from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self._io_timeout)
+        ep = Endpoint(address, sock)
+        with self._cond:
+            self._sieve.remove(placeholder)
+            self._busy.discard(placeholder)
+            self._sieve.insert(ep)
+            self._busy.add(ep)
+            self.created += 1
+        return ep
+
+    def _forget(self, ep: Endpoint) -> None:
+        with self._cond:
+            if ep in self._sieve:
+                self._sieve.remove(ep)
+            self._busy.discard(ep)
+            self._cond.notify_all()
+
+    def release(self, ep: Endpoint, healthy: bool = True) -> None:
+        """Return ``ep``; an unhealthy one (I/O error, unknown stream state) is closed."""
+        with self._cond:
+            self._busy.discard(ep)
+            if healthy and not self._closed and ep in self._sieve:
+                self._idle.setdefault(ep.address, []).append(ep)
+            else:
+                if ep in self._sieve:
+                    self._sieve.remove(ep)
+                ep.close()
+            self._cond.notify_all()
+
+    def invalidate(self, address: str) -> None:
+        """Close every idle endpoint to ``address`` (its path just failed)."""
+        with self._cond:
+            for ep in self._idle.pop(address, []):
+                self._sieve.remove(ep)
+                ep.close()
+            self._cond.notify_all()
+
+    def stats(self) -> dict[str, int]:
+        with self._cond:
+            idle = sum(len(v) for v in self._idle.values())
+            return {
+                "open": self._open_count(),
+                "idle": idle,
+                "busy": len(self._busy),
+                "cap": self.cap,
+                "created": self.created,
+                "evicted": self.evicted,
+            }
+
+    def check(self) -> None:
+        """Assert the accounting invariants (used by tests)."""
+        s = self.stats()
+        assert s["idle"] + s["busy"] == s["open"] <= s["cap"], s
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            eps = [e for v in self._idle.values() for e in v]
+            self._idle.clear()
+            for ep in eps:
+                self._sieve.remove(ep)
+            self._cond.notify_all()
+        for ep in eps:
+            ep.close()

@@ -1,0 +1,89 @@
+"""This process's registered segments: name -> writable byte view.
+
+Who owns memory: a segment made by ``register_memory`` views the caller's buffer (the caller
+keeps owning it and must keep it alive until ``unregister``); one made by ``allocate_segment``
+owns a ``/dev/shm`` region that ``unregister``/``close`` unlinks. The table holds only views, so
+lookups from transfer-server threads are lock-free dict reads; mutations take the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from kvcake.transfer.errors import InvalidRequest, OutOfRange, SegmentExists, UnknownSegment
+from kvcake.transfer.shm import ShmRegion
+
+
+@dataclass
+class LocalSegment:
+    name: str
+    view: memoryview  # 1-D, format "B", writable
+    region: ShmRegion | None = None
+    keepalive: Any = None
+
+    @property
+    def size(self) -> int:
+        return self.view.nbytes
+
+
+def as_byte_view(buffer: Any) -> memoryview:
+    """A writable, contiguous 1-D byte view of any buffer-protocol object."""
+    try:
+        view = memoryview(buffer)
+    except TypeError as exc:
+        raise InvalidRequest(
+            f"{type(buffer).__name__} does not support the buffer protocol"
+        ) from exc
+    if not view.c_contiguous:
+        raise InvalidRequest("buffer must be C-contiguous")
+    return view.cast("B") if (view.format != "B" or view.ndim != 1) else view
+
+
+def check_range(name: str, size: int, offset: int, length: int) -> None:
+    if length <= 0:
+        raise InvalidRequest(f"length must be > 0, got {length}")
+    if offset < 0:
+        raise OutOfRange(f"negative offset {offset} in segment {name!r}")
+    if offset + length > size:
+        raise OutOfRange(
+            f"range [{offset}, {offset + length}) exceeds segment {name!r} of {size} bytes"
+        )
+
+
+class SegmentTable:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._segs: dict[str, LocalSegment] = {}
+
+    def add(self, seg: LocalSegment) -> None:
+        with self._lock:
+            if seg.name in self._segs:
+                raise SegmentExists(f"segment {seg.name!r} is already registered here")
+            self._segs[seg.name] = seg
+
+    def pop(self, name: str) -> LocalSegment:
+        with self._lock:
+            seg = self._segs.pop(name, None)
+        if seg is None:
+            raise UnknownSegment(f"segment {name!r} is not registered here")
+        return seg
+
+    def get(self, name: str) -> LocalSegment:
+        seg = self._segs.get(name)
+        if seg is None:
+            raise UnknownSegment(f"segment {name!r} is not registered here")
+        return seg
+
+    def resolve(self, name: str, offset: int, length: int) -> memoryview:
+        """The view of ``[offset, offset+length)`` of a segment, range-checked."""
+        seg = self.get(name)
+        check_range(name, seg.size, offset, length)
+        return seg.view[offset : offset + length]
+
+    def names(self) -> list[str]:
+        return list(self._segs)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._segs

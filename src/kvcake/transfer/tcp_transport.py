@@ -1,0 +1,236 @@
+"""TCP transport: slices pipelined over pooled connections, spread over paths, with failover.
+
+Each task is a *lane*: it takes a path (``PathHealth.choose``), borrows a connection, and pumps
+slices from the group's shared queue with up to ``window`` in flight (replies are matched by
+request id). When the connection breaks, the lane marks the path down, puts its unacknowledged
+slices back at the front of the queue and carries on over another path; a slice that has failed
+``max_attempts`` times, or finds no path at all, fails its request. Remote refusals (bad range,
+unknown segment) fail the request without retry: another path would refuse it too.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import socket
+import threading
+from collections.abc import Callable
+
+from kvcake.core import framing
+from kvcake.core.errors import FramingError
+from kvcake.transfer.batch import Batch, Job, Slice, cut
+from kvcake.transfer.config import TransferConfig
+from kvcake.transfer.errors import (
+    InvalidRequest,
+    NoPathAvailable,
+    OutOfRange,
+    PathFailure,
+    RemoteError,
+    TransferError,
+    UnknownSegment,
+)
+from kvcake.transfer.netserver import split_address
+from kvcake.transfer.paths import PathHealth
+from kvcake.transfer.pool import Endpoint, EndpointPool
+from kvcake.transfer.protocol import CODEC, Ack, Fail, Probe, ReadReq, WriteReq, request_limits
+from kvcake.transfer.transport import Task, Transport
+from kvcake.transfer.types import Op, PathInfo, SegmentInfo
+
+_REMOTE_ERRORS: dict[str, type[TransferError]] = {
+    "OutOfRange": OutOfRange,
+    "UnknownSegment": UnknownSegment,
+    "InvalidRequest": InvalidRequest,
+}
+_REPLY_LIMITS = request_limits(2**40)
+
+
+class TransferHooks:
+    """Test hooks. ``after_send(address, n)`` runs in the lane after the n-th slice sent on
+    ``address`` (e.g. to kill that path mid-transfer)."""
+
+    def __init__(self) -> None:
+        self.after_send: Callable[[str, int], None] | None = None
+        self._sent: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def sent(self, address: str) -> None:
+        if self.after_send is None:
+            return
+        with self._lock:
+            n = self._sent[address] = self._sent.get(address, 0) + 1
+        self.after_send(address, n)
+
+
+class SliceQueue:
+    def __init__(self, slices: list[Slice]):
+        self._q = collections.deque(slices)
+        self._lock = threading.Lock()
+
+    def pop(self) -> Slice | None:
+        with self._lock:
+            return self._q.popleft() if self._q else None
+
+    def push_front(self, slices: list[Slice]) -> None:
+        with self._lock:
+            self._q.extendleft(reversed(slices))
+
+    def drain(self) -> list[Slice]:
+        with self._lock:
+            out, self._q = list(self._q), collections.deque()
+            return out
+
+    def __bool__(self) -> bool:
+        return bool(self._q)
+
+
+def probe(address: str, timeout_s: float) -> bool:
+    """Does a fresh connection to ``address`` answer a ``Probe``?"""
+    try:
+        host, port = split_address(address)
+        with socket.create_connection((host, port), timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            framing.send_frame(sock, CODEC, 1, Probe())
+            frame = framing.read_frame(sock, CODEC, _REPLY_LIMITS)
+            return frame is not None and isinstance(frame.msg, Ack)
+    except (OSError, FramingError, ValueError):
+        return False
+
+
+class TcpTransport(Transport):
+    name = "tcp"
+
+    def __init__(
+        self,
+        cfg: TransferConfig,
+        pool: EndpointPool,
+        health: PathHealth,
+        hooks: TransferHooks,
+        on_unknown_segment: Callable[[str], None] = lambda _n: None,
+    ):
+        self.cfg = cfg
+        self.pool = pool
+        self.health = health
+        self.hooks = hooks
+        self._on_unknown = on_unknown_segment
+
+    def usable(self, target: SegmentInfo) -> bool:
+        return bool(target.paths)
+
+    def tasks(self, batch: Batch, jobs: list[Job]) -> list[Task]:
+        slices = [s for j in jobs for s in cut(j, self.cfg.slice_size)]
+        total = sum(j.length for j in jobs)
+        lanes = max(1, min(self.cfg.streams, len(slices), math.ceil(total / self.cfg.lane_bytes)))
+        queue = SliceQueue(slices)
+        paths = jobs[0].target.paths
+        return [self._lane_task(batch, queue, paths, i) for i in range(lanes)]
+
+    def _lane_task(
+        self, batch: Batch, q: SliceQueue, paths: tuple[PathInfo, ...], lane: int
+    ) -> Task:
+        return lambda: self._lane(batch, q, paths, lane)
+
+    def _lane(self, batch: Batch, q: SliceQueue, paths: tuple[PathInfo, ...], lane: int) -> None:
+        while q:
+            addr = self.health.choose(paths, lane)
+            if addr is None:
+                for s in q.drain():
+                    batch.slice_done(s, NoPathAvailable(f"no path to {s.job.target.owner} works"))
+                return
+            try:
+                ep = self.pool.acquire(addr)
+            except PathFailure:
+                self._path_failed(addr)
+                continue
+            inflight: collections.deque[tuple[int, Slice]] = collections.deque()
+            try:
+                self._pump(batch, q, ep, inflight)
+            except (OSError, FramingError, PathFailure) as exc:
+                self.pool.release(ep, healthy=False)
+                self._path_failed(addr)
+                self._requeue(batch, q, [s for _, s in inflight], exc)
+                continue
+            except Exception as exc:  # a bug or a released buffer: fail, never hang the batch
+                self.pool.release(ep, healthy=False)
+                err = TransferError(f"transfer aborted: {exc!r}")
+                for s in [s for _, s in inflight] + q.drain():
+                    batch.slice_done(s, err)
+                return
+            self.pool.release(ep)
+
+    def _path_failed(self, addr: str) -> None:
+        self.health.mark_down(addr)
+        self.pool.invalidate(addr)
+
+    def _requeue(
+        self, batch: Batch, q: SliceQueue, slices: list[Slice], exc: BaseException
+    ) -> None:
+        retry = []
+        for s in slices:
+            s.attempts += 1
+            if s.attempts >= self.cfg.max_attempts:
+                batch.slice_done(s, PathFailure(f"slice failed {s.attempts} times, last: {exc!r}"))
+            else:
+                retry.append(s)
+        q.push_front(retry)
+
+    def _pump(
+        self,
+        batch: Batch,
+        q: SliceQueue,
+        ep: Endpoint,
+        inflight: collections.deque[tuple[int, Slice]],
+    ) -> None:
+        window, max_bytes = self.cfg.window, max(2 * self.cfg.slice_size, self.cfg.lane_bytes)
+        pending_bytes = 0
+        while True:
+            while len(inflight) < window and pending_bytes < max_bytes:
+                s = q.pop()
+                if s is None:
+                    break
+                rid = ep.next_rid()
+                inflight.append((rid, s))
+                pending_bytes += s.length
+                self._send(ep.sock, rid, s)
+                self.hooks.sent(ep.address)
+            if not inflight:
+                return
+            rid, s = inflight[0]
+            err = self._recv(ep.sock, rid, s)
+            inflight.popleft()
+            pending_bytes -= s.length
+            batch.slice_done(s, err)
+
+    def _send(self, sock: socket.socket, rid: int, s: Slice) -> None:
+        seg = s.job.target.name
+        if s.job.op is Op.WRITE:
+            meta = CODEC.encode(WriteReq(seg, s.target_offset))
+            head = framing.pack_header(rid, len(meta), s.length) + meta
+            framing.sendall_parts(sock, [head, s.local])
+        else:
+            meta = CODEC.encode(ReadReq(seg, s.target_offset, s.length))
+            sock.sendall(framing.pack_header(rid, len(meta), 0) + meta)
+
+    def _recv(self, sock: socket.socket, rid: int, s: Slice) -> TransferError | None:
+        """Read the reply to ``s``; a refusal is returned, a broken stream raises."""
+        hdr = framing.read_header(sock, _REPLY_LIMITS)
+        if hdr is None:
+            raise framing.TruncatedFrame("transfer server closed the connection")
+        if hdr.request_id != rid:
+            raise framing.MalformedFrame(f"reply {hdr.request_id} does not match request {rid}")
+        meta = bytearray(hdr.meta_len)
+        framing.recv_exact_into(sock, memoryview(meta))
+        msg = CODEC.decode(meta)
+        if isinstance(msg, Fail):
+            if hdr.data_len:
+                raise framing.MalformedFrame("a Fail reply carries no data")
+            if msg.kind == "UnknownSegment":
+                self._on_unknown(s.job.target.name)
+            return _REMOTE_ERRORS.get(msg.kind, RemoteError)(f"remote: {msg.message}")
+        if not isinstance(msg, Ack):
+            raise framing.MalformedFrame(f"unexpected reply {type(msg).__name__}")
+        expect = s.length if s.job.op is Op.READ else 0
+        if hdr.data_len != expect or msg.length != s.length:
+            raise framing.MalformedFrame(f"reply of {hdr.data_len} bytes, expected {expect}")
+        if expect:
+            framing.recv_exact_into(sock, s.local)
+        return None
