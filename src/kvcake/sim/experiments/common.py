@@ -1,0 +1,109 @@
+"""Shared pieces of the experiments: context (workloads, output directory), result record
+(table + JSON + PNG), and a small process pool for independent simulations."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvcake.core.trace import TraceRecord
+from kvcake.sim.traces import load_workload
+
+_WORKLOADS: dict[str, tuple[str, list[TraceRecord]]] = {}
+
+
+def workload(spec: str) -> tuple[str, list[TraceRecord]]:
+    """Loaded once per process (experiments reuse traces)."""
+    if spec not in _WORKLOADS:
+        _WORKLOADS[spec] = load_workload(spec)
+    return _WORKLOADS[spec]
+
+
+@dataclass
+class Context:
+    traces: list[str]  # the conversation trace path(s) given on the command line
+    out_dir: Path
+    jobs: int = 1
+    quick: bool = False  # smaller grids (tests, smoke runs)
+
+    @property
+    def main_trace(self) -> str:
+        return self.traces[0]
+
+
+@dataclass
+class ExpResult:
+    name: str
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+    data: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    png: str = ""
+    wall_s: float = 0.0
+
+    def save(self, out_dir: Path) -> Path:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / f"{self.name}.json"
+        doc = {
+            "name": self.name, "title": self.title, "columns": self.columns, "rows": self.rows,
+            "data": self.data, "notes": self.notes, "png": self.png, "wall_s": self.wall_s,
+        }  # fmt: skip
+        path.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> ExpResult:
+        doc = json.loads(path.read_text())
+        return cls(**doc)
+
+
+def _jsonable(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if v != v:
+            return "-"
+        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def pmap(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int) -> list[Any]:
+    """Map over independent simulations, in ``jobs`` processes when > 1 (fork keeps the
+    loaded traces)."""
+    if jobs <= 1 or len(items) <= 1 or os.name != "posix":
+        return [fn(x) for x in items]
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork")) as ex:
+        return list(ex.map(fn, items))
+
+
+def new_figure(ncols: int = 1, width: float = 7.0, height: float = 4.5) -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def save_figure(fig: Any, out_dir: Path, name: str) -> str:
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name

@@ -1,0 +1,117 @@
+"""Scheduling experiments on a 16-node Mooncake cluster: prefill policies (Fig. 5), network
+bandwidth (Fig. 13) and the prefill/decode split (Fig. 15)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kvcake.sim.config import SimConfig
+from kvcake.sim.experiments.common import (
+    Context,
+    ExpResult,
+    new_figure,
+    pmap,
+    save_figure,
+    workload,
+)  # fmt: skip
+from kvcake.sim.runner import simulate
+
+POLICIES = [
+    ("random", "random"),
+    ("least-load", "load-balancing"),
+    ("local-cache-aware", "local cache-aware"),
+    ("global-cache-aware", "global cache-aware"),
+]
+PAPER_TTFT = {"random": 19.65, "least-load": 5.27, "local-cache-aware": 3.58,
+              "global-cache-aware": 3.07}  # fmt: skip
+BANDWIDTHS_GBPS = [24, 50, 100, 200, 400, 800]
+PD_SPLITS = [(4, 12), (6, 10), (8, 8), (10, 6), (12, 4)]
+PD_SPEEDUP = 2.0
+PD_TBT_THRESHOLD_S = 0.03
+
+
+def _run(arg: tuple[str, SimConfig]) -> dict[str, Any]:
+    spec, cfg = arg
+    r = simulate(workload(spec)[1], cfg)
+    s = r.summary(PD_TBT_THRESHOLD_S)
+    s["p99_ttft_s"] = float(np.nanpercentile(r.ttft[r.completed], 99)) if r.n else 0.0
+    return s
+
+
+def prefill_scheduling(ctx: Context) -> ExpResult:
+    spec = ctx.main_trace
+    out = pmap(_run, [(spec, SimConfig(prefill_policy=p)) for p, _ in POLICIES], ctx.jobs)
+    rows = [[lab, f"{o['avg_ttft_s']:.2f}", f"{PAPER_TTFT[p]:.2f}", f"{o['p90_ttft_s']:.2f}",
+             f"{o['hit_rate']:.1%}", f"{o['avg_queue_s']:.2f}"]
+            for (p, lab), o in zip(POLICIES, out, strict=True)]  # fmt: skip
+    fig, (ax,) = new_figure()
+    x = np.arange(len(POLICIES))
+    ax.bar(x - 0.2, [o["avg_ttft_s"] for o in out], 0.4, label="kvcake sim")
+    ax.bar(x + 0.2, [PAPER_TTFT[p] for p, _ in POLICIES], 0.4, label="paper (Fig. 5)")
+    ax.set_xticks(x, [lab for _, lab in POLICIES])
+    ax.set_ylabel("average TTFT (s)")
+    ax.set_title(f"Prefill scheduling, 8P+8D, {workload(spec)[0]} trace at 1x")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    res = ExpResult("prefill-scheduling", "Prefill scheduling policies (Fig. 5)",
+                    ["policy", "avg TTFT s", "paper s", "p90 TTFT s", "hit rate", "avg queue s"],
+                    rows, {p: o for (p, _), o in zip(POLICIES, out, strict=True)})  # fmt: skip
+    res.png = save_figure(fig, ctx.out_dir, res.name)
+    return res
+
+
+def bandwidth(ctx: Context) -> ExpResult:
+    spec = "synthetic-synth"
+    bws = BANDWIDTHS_GBPS[::2] if ctx.quick else BANDWIDTHS_GBPS
+    out = pmap(_run, [(spec, SimConfig(link_gbps=float(b))) for b in bws], ctx.jobs)
+    rows = [[b, f"{o['avg_ttft_s']:.2f}", f"{o['p90_ttft_s']:.2f}", f"{o['avg_transfer_s']:.3f}",
+             f"{o['hit_rate']:.1%}"] for b, o in zip(bws, out, strict=True)]  # fmt: skip
+    fig, (ax,) = new_figure()
+    ax.plot(bws, [o["avg_ttft_s"] for o in out], marker="o", label="average TTFT")
+    ax.plot(bws, [o["p90_ttft_s"] for o in out], marker="s", ls="--", label="P90 TTFT")
+    ax.set_xscale("log")
+    ax.set_xticks(bws, [str(b) for b in bws])
+    ax.set_xlabel("per-node network bandwidth (Gbps)")
+    ax.set_ylabel("TTFT (s)")
+    ax.set_title("TTFT vs bandwidth, 8P+8D, synthetic-shaped workload (core.synth)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    res = ExpResult("bandwidth", "TTFT vs network bandwidth (Fig. 13)",
+                    ["Gbps", "avg TTFT s", "p90 TTFT s", "avg transfer s", "hit rate"], rows,
+                    {str(b): o for b, o in zip(bws, out, strict=True)})  # fmt: skip
+    res.png = save_figure(fig, ctx.out_dir, res.name)
+    return res
+
+
+def pd_ratio(ctx: Context) -> ExpResult:
+    spec = ctx.main_trace
+    cfgs = [SimConfig(prefill_nodes=p, decode_nodes=d, speedup=PD_SPEEDUP) for p, d in PD_SPLITS]
+    out = pmap(_run, [(spec, c) for c in cfgs], ctx.jobs)
+    rows = [[f"{p}P+{d}D", f"{o['effective_share']:.1%}", f"{o['avg_ttft_s']:.2f}",
+             f"{o['avg_tbt_s'] * 1000:.1f}", f"{o['p90_tbt_s'] * 1000:.1f}"]
+            for (p, d), o in zip(PD_SPLITS, out, strict=True)]  # fmt: skip
+    fig, (a1, a2) = new_figure(2, width=5.5)
+    labels = [f"{p}P{d}D" for p, d in PD_SPLITS]
+    a1.bar(labels, [o["effective_share"] for o in out])
+    a1.set_ylabel(f"effective share (TTFT<=30 s, TBT<={PD_TBT_THRESHOLD_S * 1000:.0f} ms)")
+    a1.set_title(f"Effective requests by P/D split ({PD_SPEEDUP:g}x speed)")
+    a2.plot(labels, [o["avg_ttft_s"] for o in out], marker="o", label="avg TTFT (s)")
+    a2b = a2.twinx()
+    a2b.plot(labels, [o["avg_tbt_s"] * 1000 for o in out], marker="s", color="C1",
+             label="avg TBT (ms)")  # fmt: skip
+    a2.set_ylabel("average TTFT (s)")
+    a2b.set_ylabel("average TBT (ms)", color="C1")
+    a2.set_title("TTFT and TBT by P/D split")
+    a2.legend(loc="upper center")
+    a2b.legend(loc="upper right")
+    for ax in (a1, a2):
+        ax.grid(alpha=0.3)
+    res = ExpResult("pd-ratio", "Prefill/decode split of 16 nodes (Fig. 15)",
+                    ["split", "effective", "avg TTFT s", "avg TBT ms", "p90 TBT ms"], rows,
+                    {f"{p}P{d}D": o for (p, d), o in zip(PD_SPLITS, out, strict=True)})  # fmt: skip
+    res.notes.append(f"{workload(spec)[0]} trace at {PD_SPEEDUP}x; effective = TTFT <= 30 s and "
+                     f"TBT <= {PD_TBT_THRESHOLD_S * 1000:.0f} ms.")  # fmt: skip
+    res.png = save_figure(fig, ctx.out_dir, res.name)
+    return res
