@@ -1,0 +1,96 @@
+"""Serving sub-commands: ``kvcake prefill``, ``decode``, ``proxy`` (one process each), ``up`` /
+``status`` / ``down`` (a whole local cluster from one config file) and ``replay`` (a Mooncake
+trace against any OpenAI endpoint). Heavy imports happen inside the handlers."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+_INSTANCE_FLAGS = (
+    ("--id", str, "instance id (default: <role>-<port>)"),
+    ("--host", str, "address to bind (default 127.0.0.1)"),
+    ("--port", int, "port (0 = a free one)"),
+    ("--backend", str, "torch (SmolLM2 weights) or emulated (cost-model sleeps)"),
+    ("--kv-blocks", int, "KV memory in blocks of kv_block_tokens tokens"),
+    ("--threads", int, "torch threads"),
+    ("--max-batch", int, "largest decode batch"),
+    ("--directory", str, "host:port of the master's DirectoryService (enables KV transfer)"),
+    ("--calibration", str, "cost-model file from `kvcake calibrate`"),
+    ("--time-scale", float, "emulated: sleep = cost-model time x this"),
+    ("--preset", str, "emulated: cost-model preset"),
+)
+
+
+def register(sub: Any) -> None:
+    for role, text in (
+        ("prefill", "run a prefill instance (computes prompt KV, streams it to decode)"),
+        ("decode", "run a decode instance (continuous batching over received KV)"),
+        ("colocated", "run an instance that prefills and decodes (the vLLM-like baseline)"),
+    ):
+        p = sub.add_parser(role, help=text, description=text)
+        p.add_argument("--config", help="cluster TOML ([kv] and [instance] sections)")
+        for flag, tp, hlp in _INSTANCE_FLAGS:
+            p.add_argument(flag, type=tp, help=hlp)
+        p.add_argument("--block-tokens", type=int, help="kv_block_tokens (must match the cluster)")
+        p.set_defaults(func=_instance, role=role)
+
+    p = sub.add_parser(
+        "proxy",
+        help="run the OpenAI-compatible proxy (holds the conductor)",
+        description="OpenAI-compatible front end: /v1/completions, /v1/chat/completions, "
+        "/v1/models, /health, /metrics. Instances are given by URL.",
+    )
+    p.add_argument("--config", help="cluster TOML ([kv] and [proxy] sections)")
+    p.add_argument("--host", type=str)
+    p.add_argument("--port", type=int)
+    p.add_argument("--prefill", action="append", help="prefill (or colocated) instance URL")
+    p.add_argument("--decode", action="append", help="decode instance URL")
+    p.add_argument("--backend", default="torch", help="torch: real tokenizer; emulated: bytes")
+    p.add_argument("--colocated", action="store_true", help="instances prefill and decode")
+    p.add_argument("--policy", help="conductor prefill policy")
+    p.add_argument("--admission", help="conductor admission policy (none = never 429)")
+    p.add_argument("--ttft-slo-s", type=float)
+    p.add_argument("--tbt-slo-s", type=float)
+    p.set_defaults(func=_proxy)
+
+    from kvcake.serve import launcher_cli, replay_cli
+
+    launcher_cli.register(sub)
+    replay_cli.register(sub)
+
+
+def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    return {n: getattr(args, n, None) for n in names}
+
+
+def _instance(args: argparse.Namespace) -> int:
+    from kvcake.core.api import Role
+    from kvcake.core.config import KVLayoutConfig, load_config
+    from kvcake.serve.config import InstanceConfig
+    from kvcake.serve.instance_main import run_instance
+
+    names = [f.lstrip("-").replace("-", "_") for f, _, _ in _INSTANCE_FLAGS]
+    cfg = load_config(
+        InstanceConfig, toml_path=args.config, section="instance",
+        overrides=_overrides(args, names),
+    )  # fmt: skip
+    kv = load_config(
+        KVLayoutConfig, toml_path=args.config, section="kv",
+        overrides={"kv_block_tokens": args.block_tokens},
+    )  # fmt: skip
+    role = {"prefill": Role.PREFILL, "decode": Role.DECODE, "colocated": Role.BOTH}[args.role]
+    return run_instance(role, cfg, kv)
+
+
+def _proxy(args: argparse.Namespace) -> int:
+    from kvcake.core.config import KVLayoutConfig, load_config
+    from kvcake.serve.config import ProxyConfig
+    from kvcake.serve.proxy_main import run_proxy
+
+    ov = _overrides(args, ["host", "port", "policy", "admission", "ttft_slo_s", "tbt_slo_s"])
+    ov["prefill"] = tuple(args.prefill) if args.prefill else None
+    ov["decode"] = tuple(args.decode) if args.decode else None
+    cfg = load_config(ProxyConfig, toml_path=args.config, section="proxy", overrides=ov)
+    kv = load_config(KVLayoutConfig, toml_path=args.config, section="kv")
+    return run_proxy(cfg, kv, args.backend, colocated=args.colocated)

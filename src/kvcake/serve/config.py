@@ -1,0 +1,123 @@
+"""Settings of the serving processes: one instance, the proxy, and a whole local cluster.
+
+All are frozen dataclasses validated in ``__post_init__`` and loaded with
+:func:`kvcake.core.config.load_config` (defaults < TOML < ``KVCAKE_*`` env < flags). A cluster
+file (``configs/cluster.toml``) has the sections ``[kv]``, ``[cluster]``, ``[instance]`` (defaults
+for every prefill/decode instance) and ``[proxy]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvcake.core.config import KVLayoutConfig, require, size_field
+
+BACKENDS = ("torch", "emulated")
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    """One prefill or decode instance (``kvcake prefill`` / ``kvcake decode``)."""
+
+    id: str = ""
+    host: str = "127.0.0.1"
+    port: int = 0
+    backend: str = "torch"
+    kv_blocks: int = 512  # paged KV memory, in blocks of kv.kv_block_tokens tokens
+    threads: int = 1  # torch threads
+    max_batch: int = 32  # decode: largest continuous batch
+    prefill_chunk: int = 512  # tokens per prefill chunk
+    directory: str = ""  # "host:port" of the master's DirectoryService ("" = no pool, no TE)
+    calibration: str = ""  # cost-model file from `kvcake calibrate` ("" = preset)
+    time_scale: float = 1.0  # emulated backend: sleep = cost-model time x time_scale
+    kv_scale: float = 0.001  # emulated backend: KV bytes = kv_bytes_per_token x kv_scale
+    preset: str = "llama3-70b/8xA800"  # emulated backend's cost model when no calibration
+    report_interval_s: float = 0.1
+    use_store: bool = True  # put new blocks into / fetch prefixes from the pool
+
+    def __post_init__(self) -> None:
+        require(self.backend in BACKENDS, f"instance.backend must be one of {BACKENDS}")
+        require(0 <= self.port <= 65535, f"instance.port {self.port} out of range")
+        require(self.kv_blocks >= 4, "instance.kv_blocks must be >= 4")
+        require(1 <= self.threads <= 256, "instance.threads must be in [1, 256]")
+        require(self.max_batch >= 1, "instance.max_batch must be >= 1")
+        require(self.prefill_chunk >= 1, "instance.prefill_chunk must be >= 1")
+        require(self.time_scale >= 0, "instance.time_scale must be >= 0")
+        require(self.kv_scale > 0, "instance.kv_scale must be > 0")
+        require(self.report_interval_s > 0, "instance.report_interval_s must be > 0")
+        if self.directory:
+            require(":" in self.directory, "instance.directory must be 'host:port'")
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """The OpenAI-compatible front end (``kvcake proxy``)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    prefill: tuple[str, ...] = ()  # instance URLs, e.g. "http://127.0.0.1:8101"
+    decode: tuple[str, ...] = ()
+    served_model_name: str = ""  # defaults to kv.model
+    policy: str = "global-cache-aware"  # conductor prefill policy
+    admission: str = "early-rejection"  # conductor admission policy ("none" never rejects)
+    ttft_slo_s: float = 30.0
+    tbt_slo_s: float = 1.0
+    poll_interval_s: float = 0.1  # how often load reports and KV events are pulled
+    instance_timeout_s: float = 600.0
+    link_bandwidth: float = 5e9  # bytes/s between instances / from the pool (for predictions)
+    max_prompt_tokens: int = 8192
+
+    def __post_init__(self) -> None:
+        require(0 <= self.port <= 65535, f"proxy.port {self.port} out of range")
+        require(self.ttft_slo_s > 0 and self.tbt_slo_s > 0, "proxy SLOs must be > 0")
+        require(self.poll_interval_s > 0, "proxy.poll_interval_s must be > 0")
+        require(self.link_bandwidth > 0, "proxy.link_bandwidth must be > 0")
+        require(self.max_prompt_tokens >= 1, "proxy.max_prompt_tokens must be >= 1")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What ``kvcake up`` starts. Port 0 means "pick a free port"."""
+
+    prefill: int = 1
+    decode: int = 1
+    colocated: bool = False  # one "both" instance per prefill slot, no decode instances
+    host: str = "127.0.0.1"
+    proxy_port: int = 8000
+    instance_base_port: int = 0  # 0 = free ports; else prefill i = base+i, decode j = base+50+j
+    master_port: int = 0
+    store_servers: int = 1  # 0 = no pool (no master either)
+    store_size: int = size_field("256MB")
+    run_dir: str = "runs"
+    startup_timeout_s: float = 180.0
+
+    def __post_init__(self) -> None:
+        require(0 <= self.prefill <= 64, "cluster.prefill must be in [0, 64]")
+        require(0 <= self.decode <= 64, "cluster.decode must be in [0, 64]")
+        require(self.prefill >= 1, "cluster.prefill must be >= 1")
+        require(
+            self.colocated or self.decode >= 1,
+            "cluster.decode must be >= 1 (or set cluster.colocated = true)",
+        )
+        require(0 <= self.proxy_port <= 65535, "cluster.proxy_port out of range")
+        require(0 <= self.master_port <= 65535, "cluster.master_port out of range")
+        require(self.store_servers >= 0, "cluster.store_servers must be >= 0")
+        require(self.startup_timeout_s > 0, "cluster.startup_timeout_s must be > 0")
+
+
+@dataclass(frozen=True)
+class ServeFile:
+    """A whole cluster file: every section, each validated."""
+
+    kv: KVLayoutConfig = field(default_factory=KVLayoutConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    instance: InstanceConfig = field(default_factory=InstanceConfig)
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+
+
+def default_cluster_file() -> Path:
+    """``configs/cluster.toml`` in the source tree (installed editable by ``make``)."""
+    import kvcake
+
+    return Path(kvcake.__file__).resolve().parents[2] / "configs" / "cluster.toml"

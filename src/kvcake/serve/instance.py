@@ -1,0 +1,254 @@
+"""One inference instance: ``core.api.InstanceAPI`` over an engine backend.
+
+Threads and ownership: the asyncio loop answers RPCs; one *prefill thread* runs prefills one at a
+time; one *decode thread* runs continuous-batching iterations. The backend's compute is called by
+those two threads only, and never concurrently on a colocated (``both``) instance — there they
+share ``compute_lock``, so a prefill stalls decoding exactly as in a vLLM-like server. Block
+accounting (``backend.blocks``) is touched under ``mu`` only. KV memory is owned by the backend
+(a Transfer Engine segment when a directory is configured); blocks reserved for a request stay
+allocated until it finishes, is aborted or its reservation expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kvcake.core.api import (
+    InstanceAPI,
+    KVEvent,
+    KVEventKind,
+    KVReservation,
+    LoadReport,
+    PrefillResult,
+    PrefillTask,
+    Role,
+    SamplingParams,
+    TokenChunk,
+    segment_of,
+)
+from kvcake.core.ids import InstanceId, RequestId
+from kvcake.engine.backend import EngineBackend
+from kvcake.serve.decode_loop import DecodeLoop
+from kvcake.serve.events import EventLog
+from kvcake.serve.prefill_worker import PrefillWorker
+from kvcake.serve.wire import BadRequest, InstanceError, InstanceInfo, InstanceUnavailable
+
+RESERVATION_TTL_S = 300.0  # a reservation nobody streams from is reclaimed after this
+
+
+@dataclass
+class Reserved:
+    blocks: list[int]
+    num_tokens: int
+    created: float = field(default_factory=time.monotonic)
+
+
+class _Metrics:
+    def __init__(self, role: Role) -> None:
+        r = self.registry = CollectorRegistry()
+        self.prefill_s = Histogram("kvcake:instance_prefill_seconds", "Prefill compute", registry=r)
+        self.step_s = Histogram(
+            "kvcake:instance_decode_step_seconds", "Decode iteration", registry=r,
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+        )  # fmt: skip
+        self.cached_tokens = Counter("kvcake:instance_cached_tokens", "Reused", registry=r)
+        self.computed_tokens = Counter("kvcake:instance_computed_tokens", "Computed", registry=r)
+        self.generated = Counter("kvcake:instance_generated_tokens", "Decoded", registry=r)
+        self.kv_used = Gauge("kvcake:instance_kv_blocks_used", "KV blocks in use", registry=r)
+        self.running = Gauge("kvcake:instance_running_requests", "Decoding", registry=r)
+        self.queued = Gauge("kvcake:instance_queued_requests", "Waiting for prefill", registry=r)
+        self.role = role
+
+
+class Instance(InstanceAPI):
+    def __init__(
+        self,
+        instance_id: InstanceId,
+        role: Role,
+        backend: EngineBackend,
+        *,
+        transfer: Any = None,  # kvcake.transfer.TransferEngine, None = no KV streaming
+        pool: Any = None,  # kvcake.serve.kvlink.PoolLink, None = no store
+        max_batch: int = 32,
+        max_context: int = 8192,
+        vocab_size: int = 49152,
+        eos_token_ids: tuple[int, ...] = (),
+        model_name: str = "",
+        dtype: str = "float32",
+    ):
+        self.instance_id = instance_id
+        self.role = role
+        self.backend = backend
+        self.transfer = transfer
+        self.segment = segment_of(instance_id)
+        self.max_context = max_context
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.model_name = model_name or backend.model_name
+        self.dtype = dtype
+        self.mu = threading.RLock()
+        self.compute_lock = threading.Lock() if role is Role.BOTH else None
+        self.metrics = _Metrics(role)
+        self.metrics_registry = self.metrics.registry
+        self.events = EventLog(instance_id, backend.blocks)
+        self.reserved: dict[RequestId, Reserved] = {}
+        self.aborted: set[RequestId] = set()
+        self.draining = False
+        self.prefill = PrefillWorker(self, pool)
+        self.decoder = DecodeLoop(self, max_batch)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.role is not Role.PREFILL:
+            self.decoder.start()
+
+    def close(self) -> None:
+        self.decoder.stop()
+        self.prefill.close()
+
+    def info(self) -> InstanceInfo:
+        cm = self.backend.cost_model
+        return InstanceInfo(
+            instance_id=self.instance_id,
+            role=self.role,
+            model=self.model_name,
+            block_tokens=self.backend.block_tokens,
+            kv_bytes_per_token=self.backend.layout.kv_bytes_per_token,
+            kv_blocks_total=self.backend.layout.num_blocks,
+            max_context=self.max_context,
+            vocab_size=self.vocab_size,
+            eos_token_ids=self.eos_token_ids,
+            calibration={
+                "prefill": [cm.prefill.c0, cm.prefill.c1, cm.prefill.c2],
+                "decode": [cm.decode.d0, cm.decode.d1, cm.decode.d2],
+                "source": cm.source,
+                "time_scale": float(getattr(getattr(self.backend, "cfg", None), "time_scale", 1.0)),
+            },
+        )
+
+    # --- InstanceAPI ---------------------------------------------------------------------------
+    async def reserve_kv(self, request_id: RequestId, num_tokens: int) -> KVReservation:
+        self._check_accepting(Role.DECODE)
+        if not 1 <= num_tokens <= self.max_context:
+            raise BadRequest(f"num_tokens {num_tokens} outside [1, {self.max_context}]")
+        with self.mu:
+            self._expire_reservations()
+            if request_id in self.reserved:
+                raise BadRequest(f"request {request_id} already has a reservation")
+            blocks = self.backend.allocate_blocks(self.backend.blocks_needed(num_tokens))
+            self.reserved[request_id] = Reserved(blocks, num_tokens)
+            self.aborted.discard(request_id)
+        lay = self.backend.layout
+        return KVReservation(
+            request_id, self.instance_id, self.segment, tuple(blocks), lay.block_tokens,
+            lay.block_bytes, lay.layer_bytes, lay.name,
+        )  # fmt: skip
+
+    async def submit_prefill(self, task: PrefillTask) -> PrefillResult:
+        self._check_accepting(Role.PREFILL)
+        if task.decode is not None and self.transfer is None:
+            raise InstanceError("this instance has no Transfer Engine (no directory configured)")
+        return await self.prefill.submit(task)
+
+    def check_stream(self, request_id: RequestId, prompt_len: int) -> None:
+        """Validate a stream call before the HTTP response starts."""
+        if self.role is Role.PREFILL:
+            raise InstanceError("a prefill instance does not decode", 400, "wrong_role")
+        with self.mu:
+            owned = request_id in self.reserved or self.prefill.kept_table(request_id) is not None
+        if not owned:
+            raise InstanceError(f"no KV for request {request_id} on {self.instance_id}", 409)
+
+    async def stream_tokens(
+        self, request_id: RequestId, first_token: int, prompt_len: int, sampling: SamplingParams
+    ) -> AsyncIterator[TokenChunk]:
+        with self.mu:
+            res = self.reserved.pop(request_id, None)
+            table = res.blocks if res is not None else self.prefill.take_table(request_id)
+        if table is None:
+            raise InstanceError(f"no KV for request {request_id}", 409)
+        queue = self.decoder.join(request_id, table, prompt_len, first_token, sampling)
+        while True:
+            chunk = await queue.get()
+            yield chunk
+            if chunk.finish_reason is not None:
+                return
+
+    async def abort(self, request_id: RequestId) -> None:
+        with self.mu:
+            self.aborted.add(request_id)
+            res = self.reserved.pop(request_id, None)
+            if res is not None:
+                self.backend.free_blocks(res.blocks)
+            table = self.prefill.take_table(request_id)
+            if table is not None:
+                self.backend.free_blocks(table)
+        self.decoder.abort(request_id)
+
+    async def drain(self) -> None:
+        self.draining = True
+        while self.prefill.busy() or self.decoder.busy():
+            await asyncio.sleep(0.05)
+
+    def load_report(self) -> LoadReport:
+        with self.mu:
+            used = self.backend.blocks.num_used
+            total = self.backend.layout.num_blocks
+        q_req, q_tok, q_s = self.prefill.queue_stats()
+        running, ctx = self.decoder.stats()
+        self.metrics.kv_used.set(used)
+        self.metrics.running.set(running)
+        self.metrics.queued.set(q_req)
+        return LoadReport(
+            instance_id=self.instance_id,
+            role=self.role,
+            timestamp=time.time(),
+            queued_requests=q_req,
+            queued_prefill_tokens=q_tok,
+            queued_prefill_seconds=q_s,
+            running_requests=running,
+            running_context_tokens=ctx,
+            kv_blocks_used=used,
+            kv_blocks_total=total,
+            recent_ttft_s=self.prefill.recent_s,
+            recent_tbt_s=self.decoder.recent_tbt_s,
+            healthy=not self.draining,
+        )
+
+    def kv_events(self, since_seq: int) -> list[KVEvent]:
+        with self.mu:
+            return self.events.since(since_seq)
+
+    def event_bounds(self) -> tuple[int, int]:
+        with self.mu:
+            return self.events.bounds()
+
+    def pool_event(self, kind: KVEventKind, hashes: list[Any]) -> None:
+        with self.mu:
+            self.events.pool(kind, hashes)
+
+    # --- helpers -------------------------------------------------------------------------------
+    def _check_accepting(self, role: Role) -> None:
+        if self.draining:
+            raise InstanceUnavailable(f"{self.instance_id} is draining")
+        if self.role is not Role.BOTH and self.role is not role:
+            raise InstanceError(
+                f"{self.instance_id} is a {self.role.value} instance, not {role.value}", 400,
+                "wrong_role",
+            )  # fmt: skip
+
+    def _expire_reservations(self) -> None:
+        now = time.monotonic()
+        for rid in [r for r, v in self.reserved.items() if now - v.created > RESERVATION_TTL_S]:
+            self.backend.free_blocks(self.reserved.pop(rid).blocks)
+
+    def compute(self) -> contextlib.AbstractContextManager[Any]:
+        return self.compute_lock if self.compute_lock is not None else contextlib.nullcontext()

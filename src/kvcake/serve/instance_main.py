@@ -1,0 +1,136 @@
+"""Process entry of ``kvcake prefill`` / ``kvcake decode`` (and the colocated ``both``).
+
+Builds the backend (torch or emulated) with its KV memory allocated as a Transfer Engine segment
+``kv/<instance id>`` (when a directory is configured), connects to the store, and serves the
+instance RPC with uvicorn on a socket bound up front — so a port conflict fails at once with a
+message naming the setting to change. SIGTERM: stop accepting, finish running requests, exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from kvcake.core.api import Role, segment_of
+from kvcake.core.config import KVLayoutConfig
+from kvcake.core.errors import ConfigError
+from kvcake.core.ids import InstanceId
+from kvcake.serve.config import InstanceConfig
+
+log = logging.getLogger(__name__)
+
+
+def bind(host: str, port: int, what: str) -> socket.socket:
+    """A listening socket, or a :class:`ConfigError` that says what to change."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"{what}: cannot listen on {host}:{port} ({exc.strerror}); choose another port "
+            f"(or 0 for a free one)"
+        ) from exc
+    sock.listen(512)
+    return sock
+
+
+def _emulated(cfg: InstanceConfig, kv: KVLayoutConfig, iid: InstanceId, te: Any) -> Any:
+    from kvcake.engine.config import EmulatedConfig
+    from kvcake.engine.emulated import EmulatedBackend, emulated_layout
+
+    ecfg = EmulatedConfig(
+        preset=cfg.preset,
+        calibration=cfg.calibration,
+        time_scale=cfg.time_scale,
+        kv_scale=cfg.kv_scale,
+        kv_block_tokens=kv.kv_block_tokens,
+        num_kv_blocks=cfg.kv_blocks,
+    )
+    buf = None
+    if te is not None:
+        from kvcake.core.costmodel import load_calibration, preset
+
+        cm = load_calibration(cfg.calibration) if cfg.calibration else preset(cfg.preset)
+        layout = emulated_layout(ecfg, cm)
+        buf = te.allocate_segment(segment_of(iid), layout.total_bytes)
+    return EmulatedBackend(ecfg, buffer=buf, instance_id=iid)
+
+
+def _torch(cfg: InstanceConfig, kv: KVLayoutConfig, iid: InstanceId, te: Any) -> Any:
+    from kvcake.serve.torch_glue import torch_backend
+
+    return torch_backend(cfg, kv, iid, te)
+
+
+BACKEND_FACTORIES = {"emulated": _emulated, "torch": _torch}
+
+
+def build_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig, iid: InstanceId) -> Any:
+    from kvcake.serve.instance import Instance
+    from kvcake.serve.kvlink import PoolLink
+
+    te = None
+    if cfg.directory:
+        from kvcake.transfer import TransferEngine
+
+        te = TransferEngine(directory=cfg.directory, hostname=cfg.host, listen_hosts=(cfg.host,))
+    backend = BACKEND_FACTORIES[cfg.backend](cfg, kv, iid, te)
+    pool = None
+    if cfg.use_store and cfg.directory and role is not Role.DECODE:
+        from kvcake.serve.store_glue import connect_store
+
+        client = connect_store(cfg, te)
+        if client is not None:
+            pool = PoolLink(client, kv.model, kv.dtype, kv.kv_block_tokens)
+    vocab = int(getattr(backend, "vocab_size", 0) or getattr(backend.cfg, "vocab_size", 32000))
+    eos = backend.eos_token_id
+    inst = Instance(
+        iid, role, backend,
+        transfer=te, pool=pool, max_batch=cfg.max_batch,
+        max_context=int(getattr(backend, "max_context", 0) or 8192),
+        vocab_size=vocab,
+        eos_token_ids=(eos,) if eos is not None and cfg.backend == "torch" else (),
+        model_name=kv.model, dtype=kv.dtype,
+    )  # fmt: skip
+    inst.te = te  # type: ignore[attr-defined]
+    return inst
+
+
+def run_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig) -> int:
+    import uvicorn
+
+    from kvcake.serve.instance_app import build_app
+
+    sock = bind(cfg.host, cfg.port, f"{role.value} instance (instance.port)")
+    port = sock.getsockname()[1]
+    iid = InstanceId(cfg.id or f"{role.value}-{port}")
+    try:
+        inst = build_instance(role, cfg, kv, iid)
+    except BaseException:
+        sock.close()
+        raise
+    app = build_app(inst)
+
+    @asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        inst.start()
+        print(f"kvcake {role.value} instance {iid} ready on http://{cfg.host}:{port}", flush=True)
+        yield
+        await inst.drain()
+        inst.close()
+        te = getattr(inst, "te", None)
+        if te is not None:
+            te.close()
+        inst.backend.close()
+
+    app.router.lifespan_context = lifespan
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=30, lifespan="on")
+    )
+    server.run(sockets=[sock])
+    return 0

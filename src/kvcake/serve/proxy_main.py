@@ -1,0 +1,87 @@
+"""Process entry of ``kvcake proxy``: builds the codec and the conductor from what the instances
+report (block size, KV bytes per token, calibrated cost model), then serves the OpenAI API."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kvcake.core.config import KVLayoutConfig
+from kvcake.core.errors import ConfigError
+from kvcake.serve.config import ProxyConfig
+from kvcake.serve.wire import InstanceInfo
+
+
+def make_codec_factory(backend: str, model_path: str) -> Any:
+    def factory(info: InstanceInfo) -> Any:
+        from kvcake.serve.textcodec import ByteCodec, ModelCodec
+
+        if backend == "torch":
+            return ModelCodec(model_path)
+        return ByteCodec(info.vocab_size, info.eos_token_ids)
+
+    return factory
+
+
+def make_conductor_factory(cfg: ProxyConfig, colocated: bool) -> Any:
+    def factory(info: InstanceInfo) -> Any:
+        from kvcake.conductor import Conductor
+        from kvcake.conductor.config import ConductorConfig
+        from kvcake.conductor.predictors import Predictors
+        from kvcake.core.costmodel import (
+            DecodeCoefficients,
+            PrefillCoefficients,
+            preset,
+        )
+
+        ccfg = ConductorConfig(
+            prefill_policy=cfg.policy,
+            admission_policy=cfg.admission,
+            ttft_slo_s=cfg.ttft_slo_s,
+            tbt_slo_s=cfg.tbt_slo_s,
+            colocated=colocated,
+        )
+        # The instances' own cost model (calibrated or preset) scaled to wall-clock time.
+        cal = info.calibration
+        scale = float(cal.get("time_scale", 1.0)) or 1.0
+        pre = PrefillCoefficients(*(float(c) * scale for c in cal["prefill"]))
+        dec = DecodeCoefficients(*(float(c) * scale for c in cal["decode"]))
+        cm = preset().with_coefficients(pre, dec)
+        return Conductor(ccfg, Predictors.from_cost_model(cm))
+
+    return factory
+
+
+def run_proxy(
+    cfg: ProxyConfig,
+    kv: KVLayoutConfig,
+    backend: str,
+    model_path: str = "smollm2",
+    colocated: bool = False,
+) -> int:
+    import uvicorn
+
+    from kvcake.serve.instance_main import bind
+    from kvcake.serve.proxy_app import ProxyState, build_app
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
+    urls = [*cfg.prefill, *cfg.decode]
+    if not urls:
+        raise ConfigError("proxy: give at least one instance (--prefill URL / --decode URL)")
+    sock = bind(cfg.host, cfg.port, "proxy (proxy.port / --port)")
+    st = ProxyState(
+        urls=list(dict.fromkeys(urls)),
+        model=cfg.served_model_name or kv.model,
+        codec_factory=make_codec_factory(backend, model_path),
+        conductor_factory=make_conductor_factory(cfg, colocated),
+        link_bandwidth=cfg.link_bandwidth,
+        poll_interval_s=cfg.poll_interval_s,
+        max_prompt_tokens=cfg.max_prompt_tokens,
+    )
+    port = sock.getsockname()[1]
+    print(f"kvcake proxy on http://{cfg.host}:{port}/v1", flush=True)
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(st), log_level="warning", timeout_graceful_shutdown=10)
+    )
+    server.run(sockets=[sock])
+    return 0

@@ -1,0 +1,133 @@
+"""Live conductor state: the proxy's view of the cluster, kept current from the instances'
+load reports and KV events (pulled every ``poll_interval_s``).
+
+Invariants: an instance that stops answering is marked dead at once, its blocks leave the KV
+index and it appears in snapshots as unhealthy (so the conductor stops routing to it); when it
+answers again its whole cache is re-read (``since=-1``). Event sequence gaps also trigger a full
+re-read, so the index never silently drifts from what instances hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from kvcake.conductor.index import PrefixIndex
+from kvcake.core.api import (
+    ClusterSnapshot,
+    DecodeState,
+    KVIndex,
+    PrefillState,
+    Role,
+)
+from kvcake.core.ids import InstanceId
+from kvcake.serve.client import RemoteInstance
+from kvcake.serve.wire import InstanceError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Pending:
+    """Requests the proxy placed on a decode instance that have not joined its batch yet
+    (the instance cannot report them: they are still in prefill)."""
+
+    requests: int = 0
+    tokens: int = 0
+
+
+@dataclass
+class LiveCluster:
+    instances: dict[InstanceId, RemoteInstance]
+    block_tokens: int
+    kv_bytes_per_token: int
+    link_bandwidth: float
+    kv_index: KVIndex = field(default_factory=PrefixIndex)
+    seqs: dict[InstanceId, int] = field(default_factory=dict)
+    pending: dict[InstanceId, Pending] = field(default_factory=dict)
+    polls: int = 0
+
+    def alive(self, role: Role) -> list[RemoteInstance]:
+        return [i for i in self.instances.values() if i.alive and i.role in (role, Role.BOTH)]
+
+    def alive_any(self) -> bool:
+        return bool(self.alive(Role.PREFILL)) and bool(self.alive(Role.DECODE))
+
+    def mark_dead(self, iid: InstanceId, why: str) -> None:
+        inst = self.instances.get(iid)
+        if inst is not None and inst.alive:
+            log.warning("instance %s is down: %s", iid, why)
+            inst.alive = False
+            self.kv_index.drop_holder(iid)
+            self.seqs.pop(iid, None)
+
+    async def poll_once(self) -> None:
+        await asyncio.gather(*(self._poll(i) for i in self.instances.values()))
+        self.polls += 1
+
+    async def _poll(self, inst: RemoteInstance) -> None:
+        iid = inst.instance_id
+        since = self.seqs.get(iid, -1)
+        try:
+            st = await inst.fetch_state(since)
+        except InstanceError as exc:
+            self.mark_dead(iid, str(exc))
+            return
+        if not inst.alive:
+            log.warning("instance %s is back", iid)
+            inst.alive = True
+        if since >= 0 and st.last_seq > since and st.first_seq > since + 1:
+            # A gap: events were dropped from the instance's buffer. Re-read everything.
+            self.kv_index.drop_holder(iid)
+            self.seqs.pop(iid, None)
+            return
+        if since < 0:
+            self.kv_index.drop_holder(iid)
+        for ev in st.events:
+            self.kv_index.apply(ev)
+        self.seqs[iid] = max(st.last_seq, since)
+
+    async def run(self, interval: float, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            await self.poll_once()
+            delay = max(0.0, interval - (time.monotonic() - t0))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+
+    def snapshot(self, now_s: float) -> ClusterSnapshot:
+        prefill = tuple(
+            PrefillState(
+                instance_id=i.instance_id,
+                queued_seconds=i.load_report().queued_prefill_seconds,
+                queued_requests=i.load_report().queued_requests,
+                healthy=i.alive and i.load_report().healthy,
+            )
+            for i in self.alive(Role.PREFILL)
+        )
+        decode = []
+        for i in self.alive(Role.DECODE):
+            rep, pend = i.load_report(), self.pending.get(i.instance_id, Pending())
+            decode.append(
+                DecodeState(
+                    instance_id=i.instance_id,
+                    running_requests=rep.running_requests,
+                    running_context_tokens=rep.running_context_tokens,
+                    kv_capacity_tokens=i.info.kv_blocks_total * self.block_tokens,
+                    pending_requests=pend.requests,
+                    pending_context_tokens=pend.tokens,
+                    healthy=i.alive and rep.healthy,
+                )
+            )
+        return ClusterSnapshot(
+            now_s=now_s,
+            prefill=prefill,
+            decode=tuple(decode),
+            kv_index=self.kv_index,
+            block_tokens=self.block_tokens,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            link_bandwidth=self.link_bandwidth,
+        )

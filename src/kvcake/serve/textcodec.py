@@ -1,0 +1,96 @@
+"""Turning text into token ids and back, in the proxy (chat template and tokenization happen
+there, so block keys are computed once, from the tokens the instances will see).
+
+* :class:`ModelCodec` — the real model's tokenizer and chat template (``kvcake.engine``).
+* :class:`ByteCodec` — for the emulated backend, which has no vocabulary: UTF-8 bytes map to ids
+  ``256 + byte``; other ids render as ``<id>``. Token-id prompts (``replay``) need no codec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from kvcake.core.errors import EngineError
+
+BYTE_BASE = 256
+
+
+class TextCodec(Protocol):
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ByteCodec:
+    def __init__(self, vocab_size: int, eos_token_ids: tuple[int, ...] = ()):
+        if vocab_size < BYTE_BASE + 256:
+            raise EngineError(f"vocab_size {vocab_size} too small for byte tokens")
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+
+    def encode(self, text: str) -> list[int]:
+        return [BYTE_BASE + b for b in text.encode("utf-8")]
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages) + "<|assistant|>"
+        return self.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        out, buf = [], bytearray()
+        for t in ids:
+            if BYTE_BASE <= t < BYTE_BASE + 256:
+                buf.append(t - BYTE_BASE)
+                continue
+            if buf:
+                out.append(buf.decode("utf-8", errors="replace"))
+                buf.clear()
+            out.append(f"<{t}>")
+        if buf:
+            out.append(buf.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+
+class ModelCodec:
+    def __init__(self, model: str = "smollm2", cache_dir: str = ""):
+        from kvcake.engine.config import cache_root
+        from kvcake.engine.model.tokenizer import TextTokenizer
+        from kvcake.engine.model.weights import resolve_checkpoint
+
+        self._tok = TextTokenizer(resolve_checkpoint(model, cache_root(cache_dir)))
+        self.vocab_size = self._tok.vocab_size
+        eos = self._tok.eos_token_id
+        self.eos_token_ids = (eos,) if eos is not None else ()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text)
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        return self._tok.encode_chat(messages)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(ids)
+
+
+class IncrementalDecoder:
+    """Streams text for a growing token list without splitting multi-byte characters: each
+    call returns only the newly stable suffix."""
+
+    def __init__(self, codec: TextCodec):
+        self.codec = codec
+        self.ids: list[int] = []
+        self.sent = 0
+
+    def push(self, new: Sequence[int], final: bool = False) -> str:
+        self.ids.extend(new)
+        text = self.codec.decode(self.ids)
+        if not final and text.endswith("\ufffd"):
+            return ""  # an incomplete character: wait for the next token
+        delta = text[self.sent :]
+        self.sent = len(text)
+        return delta
