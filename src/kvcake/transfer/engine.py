@@ -171,7 +171,15 @@ class TransferEngine:
             seg.region.close()
 
     def segment_info(self, name: str) -> SegmentInfo:
-        """Where segment ``name`` lives (this engine's or any peer's); raises UnknownSegment."""
+        """Where segment ``name`` lives (this engine's or any peer's), asked afresh from the
+        directory for a peer's segment; raises UnknownSegment."""
+        if name in self._segments:
+            return self._cache[name]
+        self._cache.pop(name, None)
+        return self._target(name)
+
+    def _target(self, name: str) -> SegmentInfo:
+        """Cached lookup used by transfers (dropped when a peer says it is gone)."""
         info = self._cache.get(name)
         if info is not None:
             return info
@@ -215,7 +223,7 @@ class TransferEngine:
                 valid.append((i, r))
         groups: dict[tuple[str, str, tuple[PathInfo, ...]], list[Job]] = {}
         for run in coalesce(valid):
-            target = self.segment_info(run.target_segment)
+            target = self._target(run.target_segment)
             local = self._segments.get(run.local_segment).view
             job = Job(
                 run.op,
@@ -246,7 +254,7 @@ class TransferEngine:
             raise InvalidRequest(f"length must be > 0, got {r.length}")
         local = self._segments.get(r.local_segment)
         check_range(r.local_segment, local.size, r.local_offset, r.length)
-        target = self.segment_info(r.target_segment)
+        target = self._target(r.target_segment)
         check_range(r.target_segment, target.size, r.target_offset, r.length)
 
     def _new_batch(self, n: int) -> Batch:
@@ -334,7 +342,7 @@ class TransferEngine:
         view = as_byte_view(buf)
         if op is Op.READ and view.readonly:
             raise InvalidRequest("read_into needs a writable buffer")
-        target = self.segment_info(target_segment)
+        target = self._target(target_segment)
         check_range(target_segment, target.size, target_offset, view.nbytes)
         batch = self._new_batch(1)
         job = Job(op, view, target, target_offset, view.nbytes, [0], batch)

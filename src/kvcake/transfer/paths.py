@@ -3,7 +3,8 @@
 A segment lists paths with tiers (0 = preferred, 1 = secondary...). Lanes spread over the up
 paths of the best tier that has any. A path that failed is *down*: it is skipped until a probe
 (a fresh connection answering a ``Probe``) succeeds; probes run at most every
-``probe_interval_s`` per path, from the lane that needs a path.
+``probe_interval_s`` per path: in the background while other paths of the tier are up,
+inline in the lane when no path is left.
 """
 
 from __future__ import annotations
@@ -49,15 +50,24 @@ class PathHealth:
         for tier in sorted(by_tier):
             ups = [a for a in by_tier[tier] if a not in self._down]
             if ups:
+                # Paths are up: probe due down ones in the background, never stall the lane.
+                for addr in by_tier[tier]:
+                    if addr in self._down and self._claim_probe(addr):
+                        threading.Thread(target=self._run_probe, args=(addr,), daemon=True).start()
                 return ups[lane % len(ups)]
         for tier in sorted(by_tier):
             for addr in by_tier[tier]:
-                if self._claim_probe(addr):
-                    self.probes[addr] = self.probes.get(addr, 0) + 1
-                    if self._probe(addr):
-                        self.mark_up(addr)
-                        return addr
+                if self._claim_probe(addr) and self._run_probe(addr):
+                    return addr
         return None
+
+    def _run_probe(self, addr: str) -> bool:
+        with self._lock:
+            self.probes[addr] = self.probes.get(addr, 0) + 1
+        ok = self._probe(addr)
+        if ok:
+            self.mark_up(addr)
+        return ok
 
     def _claim_probe(self, addr: str) -> bool:
         with self._lock:

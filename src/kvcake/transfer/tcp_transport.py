@@ -134,6 +134,8 @@ class TcpTransport(Transport):
             addr = self.health.choose(paths, lane)
             if addr is None:
                 for s in q.drain():
+                    # The owner may be gone for good: look the segment up afresh next time.
+                    self._on_unknown(s.job.target.name)
                     batch.slice_done(s, NoPathAvailable(f"no path to {s.job.target.owner} works"))
                 return
             try:
@@ -143,7 +145,7 @@ class TcpTransport(Transport):
                 continue
             inflight: collections.deque[tuple[int, Slice]] = collections.deque()
             try:
-                self._pump(batch, q, ep, inflight)
+                last = self._pump(batch, q, ep, inflight)
             except (OSError, FramingError, PathFailure) as exc:
                 self.pool.release(ep, healthy=False)
                 self._path_failed(addr)
@@ -156,6 +158,8 @@ class TcpTransport(Transport):
                     batch.slice_done(s, err)
                 return
             self.pool.release(ep)
+            if last is not None:  # reported after the release, so a finished batch holds none
+                batch.slice_done(*last)
 
     def _path_failed(self, addr: str) -> None:
         self.health.mark_down(addr)
@@ -179,7 +183,8 @@ class TcpTransport(Transport):
         q: SliceQueue,
         ep: Endpoint,
         inflight: collections.deque[tuple[int, Slice]],
-    ) -> None:
+    ) -> tuple[Slice, TransferError | None] | None:
+        """Run slices until the queue is empty; the last outcome is returned, not reported."""
         window, max_bytes = self.cfg.window, max(2 * self.cfg.slice_size, self.cfg.lane_bytes)
         pending_bytes = 0
         while True:
@@ -193,11 +198,13 @@ class TcpTransport(Transport):
                 self._send(ep.sock, rid, s)
                 self.hooks.sent(ep.address)
             if not inflight:
-                return
+                return None
             rid, s = inflight[0]
             err = self._recv(ep.sock, rid, s)
             inflight.popleft()
             pending_bytes -= s.length
+            if not inflight and not q:
+                return s, err
             batch.slice_done(s, err)
 
     def _send(self, sock: socket.socket, rid: int, s: Slice) -> None:
