@@ -29,11 +29,12 @@ class InstanceConfig:
     max_batch: int = 32  # decode: largest continuous batch
     prefill_chunk: int = 512  # tokens per prefill chunk
     directory: str = ""  # "host:port" of the master's DirectoryService ("" = no pool, no TE)
+    master: str = ""  # "host:port" of the store master's RPC ("" = no pool)
     calibration: str = ""  # cost-model file from `kvcake calibrate` ("" = preset)
     time_scale: float = 1.0  # emulated backend: sleep = cost-model time x time_scale
     kv_scale: float = 0.001  # emulated backend: KV bytes = kv_bytes_per_token x kv_scale
     preset: str = "llama3-70b/8xA800"  # emulated backend's cost model when no calibration
-    report_interval_s: float = 0.1
+    max_context: int = 0  # longest prompt + output; 0 = the backend's (8,192 for SmolLM2)
     use_store: bool = True  # put new blocks into / fetch prefixes from the pool
 
     def __post_init__(self) -> None:
@@ -45,9 +46,10 @@ class InstanceConfig:
         require(self.prefill_chunk >= 1, "instance.prefill_chunk must be >= 1")
         require(self.time_scale >= 0, "instance.time_scale must be >= 0")
         require(self.kv_scale > 0, "instance.kv_scale must be > 0")
-        require(self.report_interval_s > 0, "instance.report_interval_s must be > 0")
-        if self.directory:
-            require(":" in self.directory, "instance.directory must be 'host:port'")
+        require(self.max_context >= 0, "instance.max_context must be >= 0")
+        for key in ("directory", "master"):
+            v = getattr(self, key)
+            require(not v or ":" in v, f"instance.{key} must be 'host:port', got {v!r}")
 
 
 @dataclass(frozen=True)

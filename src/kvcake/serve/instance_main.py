@@ -92,7 +92,7 @@ def build_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig, iid: Ins
     inst = Instance(
         iid, role, backend,
         transfer=te, pool=pool, max_batch=cfg.max_batch,
-        max_context=int(getattr(backend, "max_context", 0) or 8192),
+        max_context=cfg.max_context or int(getattr(backend, "max_context", 0) or 8192),
         vocab_size=vocab,
         eos_token_ids=(eos,) if eos is not None and cfg.backend == "torch" else (),
         model_name=kv.model, dtype=kv.dtype,

