@@ -184,7 +184,7 @@ class Cluster:
             self._spawn(
                 f"store-{i}",
                 ["store-server", "--master", ch.info["rpc"], "--segment-size", str(c.store_size)],
-            )  # fmt: skip
+            )
             for i in range(c.store_servers)
         ]
         for s in stores:

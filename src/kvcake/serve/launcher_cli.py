@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -131,10 +132,8 @@ def _down(args: argparse.Namespace) -> int:
     except ProcessLookupError:
         print(f"supervisor {pid} is gone; stopping its processes directly")
         for p in st["processes"].values():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(p), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         (Path(args.run_dir) / "latest.json").unlink(missing_ok=True)
         return 0
     deadline = time.monotonic() + 40
