@@ -54,9 +54,9 @@ def _per_key(keys: list[str], fn: Callable[[str], P.KeyResult]) -> P.Reply:
 class MasterHandlers:
     """Maps each request type to a handler (a registry, so new calls are one entry)."""
 
-    def __init__(self, state: MasterState, on_client_gone: Callable[[ClientId], None]):
+    def __init__(self, state: MasterState, directory: Callable[[], str]):
         self.state = state
-        self.on_client_gone = on_client_gone
+        self.directory = directory
         self.table: dict[type, Callable[[Any], P.Reply]] = {
             P.Heartbeat: self.heartbeat,
             P.Mount: self.mount,
@@ -79,9 +79,9 @@ class MasterHandlers:
             return P.Reply(code=exc.code, message=str(exc))
 
     def heartbeat(self, m: P.Heartbeat) -> P.Reply:
-        known = self.state.touch(ClientId(m.client), m.host)
+        known = self.state.touch(ClientId(m.client), m.host) if m.client else True
         ttl = int(self.state.cfg.client_ttl_s * 1000)
-        return P.Reply(count=0 if known else 1, client_ttl_ms=ttl)
+        return P.Reply(count=0 if known else 1, client_ttl_ms=ttl, directory=self.directory())
 
     def mount(self, m: P.Mount) -> P.Reply:
         if m.tier not in ("memory", "disk"):
@@ -194,7 +194,10 @@ class Master:
 
             self.directory = DirectoryService(config.host, config.directory_port)
         self.rpc = MasterRpcServer(
-            config.host, config.port, MasterHandlers(self.state, self._client_gone), self.metrics
+            config.host,
+            config.port,
+            MasterHandlers(self.state, lambda: self.directory_address),
+            self.metrics,
         )
         self.http: Any = None
         self._stop = threading.Event()

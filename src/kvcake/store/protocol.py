@@ -34,6 +34,8 @@ class PutOptions(msgspec.Struct, frozen=True):
 
 
 class Heartbeat(msgspec.Struct, tag=True):
+    """``client=""`` is a probe: learn the directory and TTL without registering."""
+
     client: str
     host: str
 
@@ -142,6 +144,7 @@ class Reply(msgspec.Struct, tag=True):
     client_ttl_ms: int = 0
     tasks: list[tuple[str, str, int, int]] = []  # (kind, key, size, mem_offset)
     rejected: list[str] = []  # mount(disk): copies the node must delete
+    directory: str = ""  # heartbeat: the Transfer Engine directory the master hosts
 
 
 class ErrorReply(msgspec.Struct, tag=True):

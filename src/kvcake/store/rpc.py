@@ -42,6 +42,7 @@ class MasterConnection:
 
     def call(self, msg: msgspec.Struct) -> P.Reply:
         """Send one request; return its reply, raising the typed error of a whole-call failure."""
+        frame: framing.Frame[msgspec.Struct] | None = None
         with self._lock:
             for attempt in (0, 1):
                 if self._sock is None:
@@ -56,6 +57,7 @@ class MasterConnection:
                     self._close_locked()
                     if attempt == 1:
                         raise RpcFailed(f"master {self.address}: {exc}") from exc
+        assert frame is not None
         reply = frame.msg
         if isinstance(reply, P.ErrorReply):
             raise error_for(reply.code, reply.message)

@@ -1,0 +1,209 @@
+"""The SSD tier of a storage node: one file per object, verified on every read and at start-up,
+and a small TCP service that streams verified copies to readers.
+
+File layout (little endian): ``b"KVCD"`` | version u8 | pad 3 | key_len u32 | size u64 |
+crc32 u32 | pad 4 | key (utf-8) | value. Files are written to a temporary name and renamed, so a
+crash leaves either the old state or a temp file (removed at start-up). A restarted node keeps
+only files whose header, length and CRC check out; it trusts nothing it cannot verify.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import socket
+import struct
+import threading
+import zlib
+from pathlib import Path
+
+import msgspec
+
+from kvcake.core import framing
+from kvcake.core.errors import FramingError
+from kvcake.store.errors import (
+    CHECKSUM_MISMATCH,
+    INVALID_PARAMS,
+    OBJECT_NOT_FOUND,
+    ChecksumMismatch,
+    ObjectNotFound,
+    RpcFailed,
+    error_for,
+)
+from kvcake.transfer.netserver import ThreadedServer
+
+log = logging.getLogger(__name__)
+HEAD = struct.Struct("<4sB3xIQI4x")
+MAGIC = b"KVCD"
+
+
+def _crc(data: memoryview | bytes) -> int:
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+class DiskTier:
+    """Object files under ``root``. Thread-safe (one lock per operation on the index)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self.index: dict[str, int] = {}  # key -> size of verified files
+
+    def path(self, key: str) -> Path:
+        return self.root / f"{hashlib.blake2b(key.encode(), digest_size=16).hexdigest()}.obj"
+
+    def scan(self) -> list[tuple[str, int]]:
+        """Verify every file; delete the ones that fail. Returns the (key, size) kept."""
+        kept = []
+        for p in sorted(self.root.iterdir()):
+            try:
+                key, size = self._verify_file(p)
+            except (OSError, ValueError, ChecksumMismatch) as exc:
+                log.warning("disk tier: dropping %s (%s)", p.name, exc)
+                with contextlib.suppress(OSError):
+                    p.unlink()
+                continue
+            kept.append((key, size))
+            self.index[key] = size
+        return kept
+
+    def _verify_file(self, p: Path) -> tuple[str, int]:
+        if p.suffix != ".obj":
+            raise ValueError("not an object file")
+        with p.open("rb") as fh:
+            raw = fh.read()
+        key, size, crc, start = _parse(raw)
+        if p != self.path(key):
+            raise ValueError("file name does not match its key")
+        if _crc(memoryview(raw)[start:]) != crc:
+            raise ChecksumMismatch("checksum mismatch")
+        return key, size
+
+    def write(self, key: str, data: memoryview) -> None:
+        kb = key.encode()
+        head = HEAD.pack(MAGIC, 1, len(kb), data.nbytes, _crc(data))
+        final = self.path(key)
+        tmp = final.with_suffix(f".tmp{threading.get_ident()}")
+        with tmp.open("wb") as fh:
+            fh.write(head + kb)
+            fh.write(data)
+        os.replace(tmp, final)
+        with self._lock:
+            self.index[key] = data.nbytes
+
+    def read_into(self, key: str, out: memoryview) -> int:
+        """Copy the verified value of ``key`` into ``out``; ChecksumMismatch drops the file."""
+        p = self.path(key)
+        try:
+            raw = p.read_bytes()
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"{key!r} is not on disk") from exc
+        try:
+            got, size, crc, start = _parse(raw)
+        except ValueError as exc:
+            self.delete(key)
+            raise ChecksumMismatch(f"{key!r}: corrupt header ({exc})") from exc
+        body = memoryview(raw)[start:]
+        if got != key or _crc(body) != crc:
+            self.delete(key)
+            raise ChecksumMismatch(f"{key!r}: checksum mismatch on disk")
+        if out.nbytes < size:
+            raise ValueError(f"buffer of {out.nbytes} bytes cannot hold {size}")
+        out[:size] = body
+        return size
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self.index.pop(key, None)
+        with contextlib.suppress(FileNotFoundError):
+            self.path(key).unlink()
+
+    def used_bytes(self) -> int:
+        with self._lock:
+            return sum(self.index.values())
+
+
+def _parse(raw: bytes) -> tuple[str, int, int, int]:
+    if len(raw) < HEAD.size:
+        raise ValueError("file shorter than its header")
+    magic, version, klen, size, crc = HEAD.unpack_from(raw)
+    if magic != MAGIC or version != 1:
+        raise ValueError("bad magic or version")
+    start = HEAD.size + klen
+    if len(raw) != start + size:
+        raise ValueError(f"length {len(raw)} != header + key + {size}")
+    return raw[HEAD.size : start].decode(), size, crc, start
+
+
+# --- serving disk copies to readers ------------------------------------------------------------
+
+
+class DiskRead(msgspec.Struct, tag=True):
+    key: str
+    size: int
+
+
+class DiskReply(msgspec.Struct, tag=True):
+    code: int
+    message: str = ""
+
+
+REQ = framing.Codec(DiskRead)
+REP = framing.Codec(DiskReply)
+LIMITS = framing.FrameLimits(max_meta=1 << 16, max_data=0)
+
+
+class DiskService(ThreadedServer):
+    """Answers ``DiskRead`` with the verified bytes as the frame's data section."""
+
+    def __init__(self, tier: DiskTier, host: str, port: int = 0):
+        super().__init__((host,), port, name="disk")
+        self.tier = tier
+
+    def handle(self, conn: socket.socket, listen_address: str) -> None:
+        while True:
+            try:
+                frame = framing.read_frame(conn, REQ, LIMITS)
+            except FramingError as exc:
+                framing.send_frame(conn, REP, 0, DiskReply(INVALID_PARAMS, str(exc)))
+                return
+            if frame is None:
+                return
+            msg = frame.msg
+            rid = frame.header.request_id
+            if not 0 < msg.size <= 1 << 40:
+                framing.send_frame(conn, REP, rid, DiskReply(INVALID_PARAMS, "bad size"))
+                continue
+            buf = bytearray(msg.size)
+            try:
+                self.tier.read_into(msg.key, memoryview(buf))
+            except ObjectNotFound as exc:
+                framing.send_frame(conn, REP, rid, DiskReply(OBJECT_NOT_FOUND, str(exc)))
+            except (ChecksumMismatch, ValueError) as exc:
+                framing.send_frame(conn, REP, rid, DiskReply(CHECKSUM_MISMATCH, str(exc)))
+            else:
+                framing.send_frame(conn, REP, rid, DiskReply(0), buf)
+
+
+def read_remote(endpoint: str, key: str, out: memoryview) -> None:
+    """Fetch ``key`` from a node's disk service straight into ``out``."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            framing.send_frame(sock, REQ, 1, DiskRead(key, out.nbytes))
+            hdr = framing.read_header(sock)
+            if hdr is None:
+                raise RpcFailed(f"disk service {endpoint} closed the connection")
+            meta = bytearray(hdr.meta_len)
+            framing.recv_exact_into(sock, memoryview(meta))
+            reply = REP.decode(meta)
+            if reply.code != 0:
+                raise error_for(reply.code, reply.message)
+            if hdr.data_len != out.nbytes:
+                raise RpcFailed(f"disk service sent {hdr.data_len} bytes, wanted {out.nbytes}")
+            framing.recv_exact_into(sock, out)
+    except (OSError, FramingError, ValueError) as exc:
+        raise RpcFailed(f"disk service {endpoint}: {exc}") from exc

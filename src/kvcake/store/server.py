@@ -1,0 +1,115 @@
+"""A storage node (``kvcake store-server``): a :class:`Client` that contributes a DRAM segment,
+plus (with ``ssd_dir``) a disk tier whose copies it makes and serves at the master's request.
+
+The node owns its segment memory and its disk files; the master decides what lives where and
+sends tasks (offload to disk, promote to memory, delete) that a poller thread executes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+
+from kvcake.core.errors import KvcakeError
+from kvcake.store import protocol as P
+from kvcake.store.client import Client
+from kvcake.store.config import ClientConfig, StoreServerConfig
+from kvcake.store.disk import DiskService, DiskTier
+
+log = logging.getLogger(__name__)
+POLL_S = 0.02
+
+
+class StoreServer:
+    def __init__(self, config: StoreServerConfig):
+        self.cfg = config
+        self.segment_name = config.name or f"store-{config.hostname}-{os.getpid()}"
+        self.disk: DiskTier | None = None
+        self.disk_service: DiskService | None = None
+        self.client: Client | None = None
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="store-tasks", daemon=True)
+
+    @property
+    def disk_segment(self) -> str:
+        return f"{self.segment_name}.ssd"
+
+    @property
+    def disk_endpoint(self) -> str:
+        return self.disk_service.addresses[0] if self.disk_service is not None else ""
+
+    def start(self) -> None:
+        ccfg = ClientConfig(
+            master=self.cfg.master, hostname=self.cfg.hostname, segment_size=self.cfg.segment_size
+        )
+        if self.cfg.ssd_dir is not None:
+            self.disk = DiskTier(self.cfg.ssd_dir)
+            self.disk_service = DiskService(self.disk, self.cfg.hostname, self.cfg.disk_port)
+            self.disk_service.start()
+        self.client = Client(ccfg, segment_name=self.segment_name)
+        if self.disk is not None:
+            self._mount_disk(self.disk.scan())
+            self.client.remount_hooks.append(
+                lambda: self._mount_disk(list(self.disk.index.items()) if self.disk else [])
+            )
+            self._poller.start()
+
+    def _mount_disk(self, existing: list[tuple[str, int]]) -> None:
+        assert self.client is not None and self.disk is not None
+        reply = self.client.conn.call(
+            P.Mount(
+                self.client.id,
+                self.client.host,
+                self.disk_segment,
+                self.cfg.ssd_quota,
+                "disk",
+                self.disk_endpoint,
+                existing,
+            )
+        )
+        for key in reply.rejected:
+            self.disk.delete(key)
+
+    def _poll(self) -> None:
+        assert self.client is not None
+        while not self._stop.wait(POLL_S):
+            try:
+                tasks = self.client.conn.call(P.TakeTasks(self.client.id)).tasks
+            except KvcakeError as exc:
+                log.debug("task poll failed: %s", exc)
+                continue
+            for kind, key, size, offset in tasks:
+                ok = self._run(kind, key, size, offset)
+                if kind != "delete":
+                    with contextlib.suppress(KvcakeError):
+                        self.client.conn.call(P.TaskDone(self.client.id, kind, key, ok))
+
+    def _run(self, kind: str, key: str, size: int, offset: int) -> bool:
+        assert self.client is not None and self.disk is not None
+        mem = self.client.segments[self.segment_name]
+        try:
+            if kind == "offload":
+                self.disk.write(key, mem[offset : offset + size])
+            elif kind == "promote":
+                self.disk.read_into(key, mem[offset : offset + size])
+            elif kind == "delete":
+                self.disk.delete(key)
+            return True
+        except (OSError, ValueError, KvcakeError) as exc:
+            log.warning("store-server: %s of %r failed: %s", kind, key, exc)
+            return False
+
+    def stop(self) -> None:
+        """Graceful: unmount (objects on this node vanish from the pool), then release memory."""
+        self._stop.set()
+        if self._poller.is_alive():
+            self._poller.join(timeout=5)
+        if self.client is not None:
+            if self.disk is not None:
+                with contextlib.suppress(KvcakeError):
+                    self.client.conn.call(P.Unmount(self.client.id, self.disk_segment))
+            self.client.close()
+        if self.disk_service is not None:
+            self.disk_service.stop()

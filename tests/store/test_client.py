@@ -1,0 +1,114 @@
+"""Client against real processes (master + store-server): values of every buffer kind, both
+transfer paths, two-phase writes, leases, batches, removal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from kvcake.store.client import Client
+from kvcake.store.errors import (
+    InvalidParams,
+    NoSpace,
+    ObjectAlreadyExists,
+    ObjectHasLease,
+    ObjectNotFound,
+)
+from kvcake.store.protocol import PutOptions
+from tests.store.procs import Proc
+
+
+@pytest.fixture(params=["auto", "tcp"])
+def client(request: pytest.FixtureRequest, pool: tuple[Proc, Proc]) -> Iterator[Client]:
+    c = Client(master=pool[0].info["rpc"], protocol=request.param)
+    yield c
+    c.remove_all(force=True)
+    c.close()
+
+
+def test_roundtrip_buffer_kinds(client: Client) -> None:
+    import torch
+
+    rng = np.random.default_rng(1)
+    arr = rng.standard_normal((64, 33)).astype(np.float32)
+    tensor = torch.arange(4096, dtype=torch.float16).reshape(8, 512)
+    client.put("bytes", b"hello")
+    client.put("mv", memoryview(bytearray(b"x" * 3000))[1000:])
+    client.put("np", arr)
+    client.put_from("torch", tensor)
+    assert client.get("bytes") == b"hello"
+    assert client.get("mv") == b"x" * 2000
+    assert np.array_equal(np.frombuffer(client.get("np"), np.float32).reshape(64, 33), arr)
+    out = torch.empty_like(tensor)
+    assert client.get_into("torch", out) == tensor.numel() * 2
+    assert torch.equal(out, tensor)
+    assert client.get_size("np") == arr.nbytes
+    with pytest.raises(InvalidParams):
+        client.get_into("np", bytearray(10))  # too small
+    with pytest.raises(InvalidParams):
+        client.get_into("bytes", b"readonly")
+    with pytest.raises(InvalidParams):
+        client.put("noncontig", arr[:, ::2])
+
+
+def test_two_phase_semantics(client: Client) -> None:
+    client.put("k", b"v1")
+    with pytest.raises(ObjectAlreadyExists):
+        client.put("k", b"v2")
+    assert client.get("k") == b"v1"  # put never overwrites
+    with pytest.raises(ObjectNotFound):
+        client.get("missing")
+    with pytest.raises(InvalidParams):
+        client.put("", b"x")
+    with pytest.raises(InvalidParams):
+        client.put("empty", b"")
+    with pytest.raises(NoSpace):
+        client.put("huge", np.zeros(65 << 20, np.uint8))
+    assert not client.is_exist("huge")  # a failed put leaves nothing behind
+
+
+def test_upsert_and_remove_with_leases(client: Client) -> None:
+    client.put("u", b"a" * 100)
+    assert client.get("u") == b"a" * 100  # takes a lease
+    with pytest.raises(ObjectHasLease):
+        client.remove("u")
+    with pytest.raises(ObjectHasLease):
+        client.upsert("u", b"b" * 100)
+    client.remove("u", force=True)
+    client.upsert("u", b"c" * 100)  # insert
+    client.upsert("u", b"d" * 100)  # same size: in place (no lease: no read since)
+    client.upsert("u", b"e" * 5000)  # other size: reallocated
+    assert client.get("u") == b"e" * 5000
+    with pytest.raises(ObjectNotFound):
+        client.remove("nope")
+
+
+def test_batches(client: Client) -> None:
+    keys = [f"b/{i}" for i in range(16)]
+    vals = [bytes([i]) * (1000 + i) for i in range(16)]
+    assert client.batch_put(keys, vals) == [None] * 16
+    again = client.batch_put([keys[0], "b/new"], [b"zz", b"new"])
+    assert isinstance(again[0], ObjectAlreadyExists) and again[1] is None
+    assert client.batch_get([*keys, "b/missing"])[:16] == vals
+    assert isinstance(client.batch_get(["b/missing"])[0], ObjectNotFound)
+    bufs = [bytearray(2000) for _ in keys]
+    assert client.batch_get_into(keys, bufs) == [len(v) for v in vals]
+    assert all(bytes(b[: len(v)]) == v for b, v in zip(bufs, vals, strict=True))
+    assert client.batch_is_exist([keys[3], "zz"]) == [True, False]
+    with pytest.raises(InvalidParams):
+        client.batch_put(keys, vals[:3])
+    assert client.remove_all(pattern="^b/1") == 0  # all leased by the reads above
+    assert client.remove_all(force=True, pattern="^b/1") == 7
+
+
+def test_replicas_on_distinct_segments(pool: tuple[Proc, Proc]) -> None:
+    # The client contributes its own segment: with the store-server that makes two.
+    with Client(master=pool[0].info["rpc"], segment_size=8 << 20) as c:
+        c.put("r", b"z" * 10000, PutOptions(replica_num=2))
+        segs = [r.segment for r in c.get_replica_desc("r").replicas]
+        assert len(segs) == 2 and len(set(segs)) == 2
+        c.put("r3", b"y" * 100, PutOptions(replica_num=3))  # best effort: 2 segments exist
+        assert len(c.get_replica_desc("r3").replicas) == 2
+        c.remove_all(force=True)
