@@ -1,0 +1,168 @@
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvcake.cli import main
+from kvcake.core.costmodel import preset
+from kvcake.core.errors import ConfigError, TraceError
+from kvcake.core.trace import TraceRecord, read_trace
+from kvcake.data import sample_trace_path
+from kvcake.sim.config import SimConfig
+from kvcake.sim.experiments.cache import lru_hit_rate
+from kvcake.sim.experiments.capacity import capacity_at
+from kvcake.sim.runner import simulate
+
+CM = preset()
+KVB = CM.model.kv_bytes_per_token
+
+
+def _rec(t_ms: float, n: int, out: int, ids: tuple[int, ...]) -> TraceRecord:
+    return TraceRecord(t_ms, n, out, ids)
+
+
+def test_single_request_exact_timeline() -> None:
+    cfg = SimConfig(prefill_nodes=1, decode_nodes=1, prefill_policy="round-robin")
+    res = simulate([_rec(0, 1024, 3, (1, 2))], cfg)
+    c, d = CM.prefill, CM.decode
+    ttft = c.c0 + c.c1 * 1024 + c.c2 * 1024**2
+    stream = 1024 * KVB / cfg.link_bytes_per_s
+    ready = max(stream, ttft + stream / CM.model.layers)
+    s0 = d.d0 + d.d1 + d.d2 * 1025
+    s1 = s0 + d.d2
+    assert res.ttft[0] == pytest.approx(ttft, rel=1e-12)
+    assert res.finish[0] == pytest.approx(ready + s0 + s1, rel=1e-12)
+    # gaps: (ready - ttft) + s0, then s1; TBT = the largest (ceil(10% of 2) = 1)
+    assert res.tbt[0] == pytest.approx(max(ready - ttft + s0, s1), rel=1e-12)
+    assert res.outcome.tolist() == [0]
+
+
+def test_prefix_hit_and_queueing_exact() -> None:
+    cfg = SimConfig(prefill_nodes=1, decode_nodes=1, prefill_policy="round-robin")
+    recs = [_rec(0, 1024, 1, (1, 2)), _rec(0, 1024, 1, (1, 3))]
+    res = simulate(recs, cfg)
+    first = CM.prefill_time(1024, 0)
+    second = CM.prefill_time(1024, 512)  # block 1 is cached (the load is faster than compute)
+    assert res.hit_tokens.tolist() == [0, 512]
+    assert res.ttft[1] == pytest.approx(first + second, rel=1e-12)
+    assert res.queue[1] == pytest.approx(first, rel=1e-12)
+    assert res.tbt.tolist() == [0.0, 0.0]  # output 1: prefill's token only
+
+
+def test_global_cache_fetches_and_replicates() -> None:
+    cfg = SimConfig(prefill_nodes=2, decode_nodes=1, prefill_policy="global-cache-aware")
+    ids = tuple(range(8))
+    big = tuple(range(100, 164))
+    # A fills p0's cache; B (long, unrelated) keeps p0 busy; C (= A's prompt) arrives then:
+    # p1 is idle but empty, so Algorithm 1 fetches A's blocks from p0 into p1.
+    recs = [_rec(0, 4096, 1, ids), _rec(5000, 32768, 1, big), _rec(5010, 4096, 1, ids)]
+    res = simulate(recs, cfg)
+    cl = res.extra["cluster"]
+    assert res.outcome.tolist() == [0, 0, 0]
+    assert res.hit_tokens.tolist() == [0, 0, 4095]  # all but the last token reused
+    assert res.local_hit_tokens[2] == 0 and res.transfer[2] > 0
+    assert res.queue[2] == 0.0
+    assert cl.index.holders(0) == {"p0", "p1"}  # the hot prefix got a replica
+    # accounting: index mirrors caches, decode memory all released
+    for n in cl.prefill:
+        assert cl.index.blocks_of(n.iid) == len(n.cache) <= n.cache.capacity_blocks
+    assert all(d.kv_used == 0 and d.pending_reqs == 0 for d in cl.decode)
+
+
+def _sample(n: int) -> list[TraceRecord]:
+    return read_trace(sample_trace_path(), limit=n)
+
+
+@pytest.mark.parametrize("system", ["mooncake", "vllm", "vllm-prefix", "vllm-chunked"])
+def test_systems_complete_and_account(system: str) -> None:
+    recs = _sample(300)
+    res = simulate(recs, SimConfig(system=system, prefill_policy="least-load", speedup=4.0))
+    assert res.completed.all()
+    assert np.all(res.ttft > 0) and np.all(res.tbt >= 0)
+    assert np.all(res.finish >= res.arrival + res.ttft - 1e-9)
+    cl = res.extra["cluster"]
+    if system == "mooncake":
+        assert all(d.kv_used == 0 for d in cl.decode)
+    else:
+        assert all(i.kv_used == 0 for i in cl.inst)
+
+
+def test_vllm_prefill_stalls_decode() -> None:
+    # one colocated node: A decodes 9 tokens (TBT = its longest gap); B's 8k-token prefill stalls A mid-stream
+    cfg = SimConfig(system="vllm", prefill_nodes=1, decode_nodes=0, prefill_policy="least-load")
+    recs = [_rec(0, 512, 10, (1,)), _rec(100, 8192, 2, tuple(range(10, 26)))]
+    res = simulate(recs, cfg)
+    assert res.tbt[0] >= CM.prefill_time(8192)
+    moon = simulate(recs, SimConfig(prefill_nodes=1, decode_nodes=1, prefill_policy="least-load"))
+    assert moon.tbt[0] < 0.1 < res.tbt[0]
+
+
+def test_deterministic_for_a_seed() -> None:
+    recs = _sample(400)
+    cfg = SimConfig(prefill_policy="random", seed=7, speedup=2.0)
+    a, b = simulate(recs, cfg), simulate(recs, cfg)
+    for name in ("ttft", "tbt", "finish", "hit_tokens"):
+        assert np.array_equal(getattr(a, name), getattr(b, name), equal_nan=True)
+    c = simulate(recs, cfg.with_(seed=8))
+    assert not np.array_equal(a.ttft, c.ttft)
+
+
+def test_overload_policies_reject() -> None:
+    recs = _sample(600)
+    base = dict(speedup=8.0, tbt_slo_s=0.018, ttft_slo_s=5.0)
+    out = {p: simulate(recs, SimConfig(admission_policy=p, **base)) for p in
+           ("none", "per-stage", "early-rejection")}  # fmt: skip
+    assert out["none"].rejected() == 0
+    assert out["per-stage"].rejected() > 0 and out["early-rejection"].rejected() > 0
+    assert out["early-rejection"].rejected_after_prefill() == 0
+
+
+def test_lru_hit_rate_hand_computed() -> None:
+    recs = [_rec(0, 1024, 1, (1, 2)), _rec(1, 1024, 1, (1, 2)), _rec(2, 1000, 1, (1, 3))]
+    assert lru_hit_rate(recs, 10**9) == pytest.approx((0 + 1024 + 512) / 3048)
+    assert lru_hit_rate(recs, 512) == 0.0  # one block: (1, 2) evicts 1 before the next request
+
+
+def test_capacity_search_interpolates() -> None:
+    assert capacity_at([1, 2, 3], [1.0, 0.95, 0.85]) == pytest.approx(2.5)
+    assert capacity_at([1, 2], [0.5, 0.4]) == 0.0
+    assert capacity_at([1, 2], [0.95, 0.92]) == 2
+
+
+def test_bad_configs_raise_config_error() -> None:
+    for kw in ({"system": "tgi"}, {"prefill_nodes": 0}, {"link_gbps": 0.0}, {"speedup": -1.0},
+               {"decode_nodes": 0}, {"preset": "nope"}):  # fmt: skip
+        with pytest.raises(ConfigError):
+            SimConfig(**kw)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        simulate(_sample(5), SimConfig(prefill_policy="best-guess"))
+
+
+def test_cli_bad_trace_and_bad_experiment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n'
+                   '{"timestamp": "x"}\n')  # fmt: skip
+    assert main(["sim", "run", "--trace", str(bad)]) == 2
+    assert "line 2" in capsys.readouterr().err
+    with pytest.raises(TraceError):
+        read_trace(bad)
+    assert main(["sim", "experiment", "fig99", "--out", str(tmp_path)]) == 2
+    assert main(["sim", "run", "--trace", str(bad), "--link-gbps", "-1"]) == 2
+
+
+def test_cli_run_and_experiment_write_outputs(tmp_path: Path) -> None:
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(r.to_json() + "\n" for r in _sample(60)))
+    js = tmp_path / "s.json"
+    assert main(["sim", "run", "--trace", str(small), "--json", str(js)]) == 0
+    assert json.loads(js.read_text())["requests"] == 60
+    out = tmp_path / "res"
+    assert main(["sim", "experiment", "prefill-scheduling", "--trace", str(small), "--out",
+                 str(out), "--jobs", "1", "--quick"]) == 0  # fmt: skip
+    doc = json.loads((out / "prefill-scheduling.json").read_text())
+    assert len(doc["rows"]) == 4 and (out / "prefill-scheduling.png").stat().st_size > 0
+    assert all(math.isfinite(float(r[1])) for r in doc["rows"])
