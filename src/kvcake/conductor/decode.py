@@ -56,22 +56,22 @@ def select_decode(
     c = model.coefficients
     need = request.prompt_len + request.expected_output
     best: DecodeChoice | None = None
-    best_key = (True, math.inf)
-    seen: set[InstanceId] = set()
+    best_fits, best_tbt = False, math.inf
     for i, d in enumerate(states):
-        check_decode_state(d)
-        if d.instance_id in seen:
-            raise SchedulingError(f"snapshot lists decode instance {d.instance_id} twice")
-        seen.add(d.instance_id)
+        rr, rc = d.running_requests, d.running_context_tokens
+        pr, pc, cap = d.pending_requests, d.pending_context_tokens, d.kv_capacity_tokens
+        if rr < 0 or rc < 0 or pr < 0 or pc < 0 or cap <= 0:
+            check_decode_state(d)  # raises with the message
         if not d.healthy or (only is not None and d.instance_id != only):
             continue
-        used = d.running_context_tokens + d.pending_context_tokens
-        batch = d.running_requests + d.pending_requests + 1
-        tbt = c.d0 + c.d1 * batch + c.d2 * (used + request.prompt_len)
-        fits = used + need <= d.kv_capacity_tokens
-        key = (not fits, tbt)
-        if key < best_key:
-            best, best_key = DecodeChoice(i, d.instance_id, tbt, fits), key
+        used = rc + pc
+        tbt = c.d0 + c.d1 * (rr + pr + 1) + c.d2 * (used + request.prompt_len)
+        fits = used + need <= cap
+        # Fitting instances first, then the smallest TBT; ties keep the earlier instance.
+        if (fits and not best_fits) or (fits == best_fits and tbt < best_tbt):
+            best, best_fits, best_tbt = DecodeChoice(i, d.instance_id, tbt, fits), fits, tbt
+    if len({d.instance_id for d in states}) != len(states):
+        raise SchedulingError("snapshot lists a decode instance twice")
     return best
 
 

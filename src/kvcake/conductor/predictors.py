@@ -50,13 +50,16 @@ class PrefillTimeModel:
         """Seconds to prefill ``prompt_len`` tokens of which ``prefix_len`` are cached."""
         return self.coefficients.time(prompt_len, prefix_len)
 
-    def times(self, prompt_len: int, prefix_len: np.ndarray) -> np.ndarray:
+    def times(
+        self, prompt_len: int, prefix_len: np.ndarray, *, any_full: bool = True
+    ) -> np.ndarray:
         """Vectorised :meth:`time` for one prompt and many prefix lengths (each in
-        ``[0, prompt_len]``); a fully cached prompt costs 0, as in the cost model."""
-        c = self.coefficients
-        new = prompt_len - prefix_len
-        t = c.c0 + c.c1 * new + c.c2 * (float(prompt_len) ** 2 - prefix_len * prefix_len)
-        return np.where(new > 0, t, 0.0)
+        ``[0, prompt_len]``); a fully cached prompt costs 0, as in the cost model. Pass
+        ``any_full=False`` when no prefix can equal ``prompt_len`` (saves a pass)."""
+        c, L = self.coefficients, float(prompt_len)
+        # c0 + c1*(L-P) + c2*(L^2-P^2), rearranged to four array operations.
+        t = (c.c0 + c.c1 * L + c.c2 * L * L) - prefix_len * (c.c1 + c.c2 * prefix_len)
+        return np.where(prefix_len < prompt_len, t, 0.0) if any_full else t
 
     def queue_seconds(self, queued: Iterable[tuple[int, int]]) -> float:
         """Predicted time to drain a queue of ``(prompt_len, prefix_len)`` prefills: the value
@@ -81,6 +84,13 @@ class TransferTimeModel:
 
     def times(self, nbytes: np.ndarray, bandwidth: np.ndarray) -> np.ndarray:
         return np.where(nbytes > 0, self.latency_s + nbytes / bandwidth, 0.0)
+
+    def token_times(self, tokens: np.ndarray, sec_per_token: np.ndarray | float) -> np.ndarray:
+        """Vectorised form with precomputed ``kv_bytes_per_token / bandwidth`` per link."""
+        t = tokens * sec_per_token
+        if self.latency_s == 0.0:
+            return t
+        return np.where(tokens > 0, t + self.latency_s, 0.0)
 
 
 @dataclass(frozen=True)

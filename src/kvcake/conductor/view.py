@@ -2,9 +2,10 @@
 
 :class:`ViewBuilder` turns ``(RequestView, ClusterSnapshot)`` into a :class:`PrefillView` with
 one entry per prefill instance (snapshot order): health, queue seconds, fetch bandwidth, local
-prefix length (blocks) and the best prefix anywhere. Things that depend only on the set of
-instance ids (position map, bit positions in a :class:`PrefixIndex`, duplicate check) are cached
-per id tuple, so a decision costs one prefix match plus a few numpy operations.
+prefix length (blocks) and the best prefix anywhere. What depends only on the prefill tuple
+(arrays, validation) is reused while the caller passes the same tuple object; what depends only
+on the instance ids (position map, bit positions in a :class:`PrefixIndex`) is cached per id
+tuple. A decision then costs one prefix match plus a few numpy operations.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 
 from kvcake.conductor.index import PrefixIndex
 from kvcake.conductor.predictors import Predictors
-from kvcake.core.api import ClusterSnapshot, PrefillState, RequestView
+from kvcake.core.api import ClusterSnapshot, KVIndex, PrefillState, RequestView
 from kvcake.core.errors import SchedulingError
 from kvcake.core.ids import BlockHash, InstanceId
 
@@ -30,13 +31,13 @@ class PrefillView:
     request: RequestView
     ids: tuple[InstanceId, ...]
     healthy: np.ndarray  # bool
+    all_healthy: bool
     queued: np.ndarray  # seconds
-    bandwidth: np.ndarray  # bytes/s used to fetch into each instance
+    sec_per_token: np.ndarray | float  # transfer seconds per KV token into each instance
     local: np.ndarray  # int: leading request blocks each instance holds
     best_len: int  # longest prefix held by any usable holder
     best_holder: InstanceId | None
     block_tokens: int
-    kv_bytes_per_token: int
     predictors: Predictors
     _ttft_local: np.ndarray | None = None
 
@@ -44,62 +45,105 @@ class PrefillView:
     def healthy_indices(self) -> np.ndarray:
         return np.flatnonzero(self.healthy)
 
-    def _tokens(self, blocks: np.ndarray) -> np.ndarray:
-        return np.minimum(blocks * self.block_tokens, self.request.prompt_len)
+    def _have(self) -> tuple[np.ndarray, bool]:
+        """Tokens each instance holds locally, and whether any may cover the whole prompt."""
+        L, bt = self.request.prompt_len, self.block_tokens
+        have = self.local * bt
+        if self.best_len * bt >= L:  # best >= every local: only then can a prefix reach L
+            return np.minimum(have, L), True
+        return have, False
+
+    def _mask(self, ttft: np.ndarray) -> np.ndarray:
+        return ttft if self.all_healthy else np.where(self.healthy, ttft, _INF)
 
     def ttft_local(self) -> np.ndarray:
         """Queue + prefill using only each instance's own cache (inf when unhealthy)."""
         if self._ttft_local is None:
-            pre = self.predictors.prefill.times(self.request.prompt_len, self._tokens(self.local))
-            self._ttft_local = np.where(self.healthy, self.queued + pre, _INF)
+            have, full = self._have()
+            pre = self.predictors.prefill.times(self.request.prompt_len, have, any_full=full)
+            self._ttft_local = self._mask(self.queued + pre)
         return self._ttft_local
 
     def ttft_global(self, threshold: float) -> tuple[np.ndarray, np.ndarray]:
         """Algorithm 1: an instance whose own prefix is much shorter than the best one
-        (``best/local > threshold``, or local 0) fetches the missing blocks, then prefills with
-        the best prefix. Returns (TTFT per instance, fetch flag per instance)."""
-        local, best = self.local, self.best_len
-        fetch = (best > local) & ((local == 0) | (best > threshold * local))
+        (``best/local > threshold``; local 0 counts as infinitely shorter) fetches the missing
+        blocks, then prefills with the best prefix. Returns (TTFT, fetch flag) per instance."""
+        best = self.best_len
+        fetch = self.local * threshold < best  # threshold >= 1, so this implies best > local
         if not fetch.any():
             return self.ttft_local(), fetch
-        prefix_blocks = np.where(fetch, best, local)
-        have, want = self._tokens(local), self._tokens(prefix_blocks)
-        pre = self.predictors.prefill.times(self.request.prompt_len, want)
-        nbytes = (want - have) * float(self.kv_bytes_per_token)
-        xfer = self.predictors.transfer.times(nbytes, self.bandwidth)
-        return np.where(self.healthy, self.queued + pre + xfer, _INF), fetch
+        L, pt, xt = self.request.prompt_len, self.predictors.prefill, self.predictors.transfer
+        have, full = self._have()
+        want = min(best * self.block_tokens, L)
+        # Fetching instances: transfer of (want - have) tokens, then prefill with ``want``.
+        fetched = xt.token_times(want - have, self.sec_per_token) + pt.time(L, want)
+        own = pt.times(L, have, any_full=full)
+        return self._mask(self.queued + np.where(fetch, fetched, own)), fetch
 
 
 @dataclass
 class _IdTable:
+    ids: tuple[InstanceId, ...]
     pos: dict[InstanceId, int]
-    bits: np.ndarray | None = None  # bit per instance (-1 -> sentinel slot)
-    bit_pos: np.ndarray | None = None  # snapshot position per bit (-1: not a prefill instance)
+    bits: list[int] | None = None  # bit per instance (unknown -> the sentinel slot)
     num_bits: int = -1
+    index_id: int = 0
+
+
+@dataclass
+class _Arrays:
+    table: _IdTable
+    healthy: np.ndarray
+    unhealthy: list[int]  # positions of unhealthy instances
+    queued: np.ndarray
+    sec_per_token: np.ndarray | float
 
 
 class ViewBuilder:
-    """Builds :class:`PrefillView` s; owns the per-id-tuple caches (not thread-safe)."""
+    """Builds :class:`PrefillView` s; owns the caches (not thread-safe)."""
 
     def __init__(self, predictors: Predictors) -> None:
         self.predictors = predictors
         self._tables: dict[tuple[InstanceId, ...], _IdTable] = {}
+        self._last: tuple[object, float, int, _Arrays] | None = None
 
     def build(self, request: RequestView, snap: ClusterSnapshot) -> PrefillView:
-        pre = snap.prefill
-        ids = tuple(p.instance_id for p in pre)
-        table = self._table(ids)
-        queued, bandwidth, healthy = _instance_arrays(pre, snap.link_bandwidth)
-        blocks = request.block_hashes
-        index = snap.kv_index
+        a = self._arrays(snap.prefill, snap.link_bandwidth, snap.kv_bytes_per_token)
+        t, index, blocks = a.table, snap.kv_index, request.block_hashes
         if isinstance(index, PrefixIndex):
-            local, best_len, best = self._match_bits(index, table, blocks, healthy, ids)
+            local, best_len, best = _match_bits(index, t, blocks, a.unhealthy)
         else:
-            local, best_len, best = _match_generic(index, table, blocks, healthy, ids)
+            local, best_len, best = _match_generic(index, t, blocks, a.healthy)
         return PrefillView(
-            request, ids, healthy, queued, bandwidth, local, best_len, best,
-            snap.block_tokens, snap.kv_bytes_per_token, self.predictors,
+            request, t.ids, a.healthy, not a.unhealthy, a.queued, a.sec_per_token,
+            local, best_len, best, snap.block_tokens, self.predictors,
         )  # fmt: skip
+
+    def _arrays(self, pre: tuple[PrefillState, ...], link_bw: float, kvbpt: int) -> _Arrays:
+        last = self._last
+        # Same tuple object (and link settings) as last time: nothing in it changed (frozen).
+        if last is not None and last[0] is pre and last[1] == link_bw and last[2] == kvbpt:
+            return last[3]
+        table = self._table(tuple([p.instance_id for p in pre]))
+        qs = [p.queued_seconds for p in pre]
+        bws = [p.fetch_bandwidth for p in pre]
+        hs = [p.healthy for p in pre]
+        # sum() is NaN/inf when any entry is: one C pass validates finiteness.
+        if pre and not (min(qs) >= 0 and min(bws) >= 0 and math.isfinite(sum(qs) + sum(bws))):
+            bad = {p.instance_id for p in pre if not (0 <= p.queued_seconds < _INF)}
+            bad |= {p.instance_id for p in pre if not (0 <= p.fetch_bandwidth < _INF)}
+            raise SchedulingError(
+                f"prefill instance(s) {sorted(bad)}: queued_seconds and fetch_bandwidth "
+                "must be finite and >= 0"
+            )
+        spt: np.ndarray | float = kvbpt / link_bw
+        if pre and max(bws) > 0:  # per-instance fetch bandwidth overrides the cluster default
+            bw = np.array(bws, dtype=float)
+            spt = kvbpt / np.where(bw > 0, bw, link_bw)
+        unhealthy = [] if all(hs) else [i for i, h in enumerate(hs) if not h]
+        arrays = _Arrays(table, np.array(hs, dtype=bool), unhealthy, np.array(qs, float), spt)
+        self._last = (pre, link_bw, kvbpt, arrays)
+        return arrays
 
     def _table(self, ids: tuple[InstanceId, ...]) -> _IdTable:
         table = self._tables.get(ids)
@@ -110,83 +154,55 @@ class ViewBuilder:
                 raise SchedulingError(f"snapshot lists prefill instance(s) twice: {dup}")
             if len(self._tables) > 64:  # membership churn: keep the cache small
                 self._tables.clear()
-            table = self._tables[ids] = _IdTable(pos)
+            table = self._tables[ids] = _IdTable(ids, pos)
         return table
 
-    def _match_bits(
-        self,
-        index: PrefixIndex,
-        table: _IdTable,
-        blocks: tuple[BlockHash, ...],
-        healthy: np.ndarray,
-        ids: tuple[InstanceId, ...],
-    ) -> tuple[np.ndarray, int, InstanceId | None]:
-        nb = index.num_bits
-        if table.num_bits != nb or table.bits is None or table.bit_pos is None:
-            table.bits = np.array([index.bit_of(i) for i in ids], dtype=np.int64)
-            table.bits[table.bits < 0] = nb  # the always-zero sentinel slot
-            table.bit_pos = np.full(nb + 1, -1, dtype=np.int64)
-            known = table.bits < nb
-            table.bit_pos[table.bits[known]] = np.flatnonzero(known)
-            table.num_bits = nb
-        lens = np.array(index.match_lengths(blocks), dtype=np.int64)
-        local = lens[table.bits]
-        if not healthy.all():
-            lens[table.bits[~healthy]] = 0  # an unhealthy instance is no fetch source
-        best_len = int(lens.max())
-        if best_len == 0:
-            return local, 0, None
-        cand = np.flatnonzero(lens == best_len)
-        at = table.bit_pos[cand]
-        if (at >= 0).any():
-            return local, best_len, ids[int(at[at >= 0].min())]
-        return local, best_len, min(index.holder_of_bit(int(b)) for b in cand)
+
+def _bits(index: PrefixIndex, t: _IdTable) -> list[int]:
+    nb = index.num_bits
+    if t.bits is None or t.num_bits != nb or t.index_id != id(index):
+        # Holders never seen by the index read the always-zero sentinel slot ``nb``.
+        t.bits = [b if b >= 0 else nb for b in map(index.bit_of, t.ids)]
+        t.num_bits, t.index_id = nb, id(index)
+    return t.bits
 
 
-def _instance_arrays(
-    pre: tuple[PrefillState, ...], link_bandwidth: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    n = len(pre)
-    if n == 0:
-        e = np.zeros(0)
-        return e, e, np.zeros(0, dtype=bool)
-    rows = np.array([(p.queued_seconds, p.fetch_bandwidth, p.healthy) for p in pre], dtype=float)
-    queued, bw, healthy = rows[:, 0], rows[:, 1], rows[:, 2] != 0
-    if not ((queued >= 0) & (bw >= 0)).all() or not np.isfinite(rows).all():
-        bad = [p.instance_id for p in pre if not (p.queued_seconds >= 0 and p.fetch_bandwidth >= 0)]
-        raise SchedulingError(
-            f"prefill instance(s) {bad or '?'}: queued_seconds and fetch_bandwidth must be "
-            "finite and >= 0"
-        )
-    bandwidth = np.where(bw > 0, bw, link_bandwidth)
-    return queued, bandwidth, healthy
+def _match_bits(
+    index: PrefixIndex, t: _IdTable, blocks: tuple[BlockHash, ...], unhealthy: list[int]
+) -> tuple[np.ndarray, int, InstanceId | None]:
+    bits = _bits(index, t)
+    out = index.match_lengths(blocks)
+    local_l = [out[b] for b in bits]
+    local = np.array(local_l, dtype=np.int64)
+    for i in unhealthy:  # an unhealthy instance is no fetch source
+        out[bits[i]] = local_l[i] = 0
+    best_len = max(out)
+    if best_len == 0:
+        return local, 0, None
+    if best_len in local_l:  # prefer a prefill instance, earliest in snapshot order
+        return local, best_len, t.ids[local_l.index(best_len)]
+    cand = [index.holder_of_bit(b) for b, n in enumerate(out) if n == best_len]
+    return local, best_len, min(cand)
 
 
 def _match_generic(
-    index: object,
-    table: _IdTable,
-    blocks: tuple[BlockHash, ...],
-    healthy: np.ndarray,
-    ids: tuple[InstanceId, ...],
+    index: object, t: _IdTable, blocks: tuple[BlockHash, ...], healthy: np.ndarray
 ) -> tuple[np.ndarray, int, InstanceId | None]:
-    from kvcake.core.api import KVIndex
-
     if not isinstance(index, KVIndex):
         raise SchedulingError(f"snapshot.kv_index must be a KVIndex, got {type(index).__name__}")
-    matches = index.prefix_matches(blocks)
-    local = np.zeros(len(ids), dtype=np.int64)
-    best_len, best_key = 0, (2, "")
-    for holder, n in matches.items():
-        i = table.pos.get(holder, -1)
+    local = np.zeros(len(t.ids), dtype=np.int64)
+    best_len, best_key = 0, (2, 0, "")
+    for holder, n in index.prefix_matches(blocks).items():
+        i = t.pos.get(holder, -1)
         if i >= 0:
             local[i] = n
             if not healthy[i]:
                 continue
-        # Ties: healthy prefill instances in snapshot order first, then other holders by id.
-        key = (0, f"{i:09d}") if i >= 0 else (1, str(holder))
+        # Ties: prefill instances in snapshot order first, then other holders by id.
+        key = (0, i, "") if i >= 0 else (1, 0, str(holder))
         if n > best_len or (n == best_len and key < best_key):
             best_len, best_key = n, key
     if best_len == 0:
         return local, 0, None
-    kind, tag = best_key
-    return local, best_len, ids[int(tag)] if kind == 0 else InstanceId(tag)
+    kind, i, name = best_key
+    return local, best_len, t.ids[i] if kind == 0 else InstanceId(name)
