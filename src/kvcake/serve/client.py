@@ -43,7 +43,7 @@ def _raise_for(resp_status: int, body: bytes, url: str, iid: str | None = None) 
         msg, kind = str(err.get("message")), str(err.get("type"))
     except Exception:
         msg, kind = body[:200].decode(errors="replace"), "instance_error"
-    if resp_status == 503:
+    if resp_status == 503 and kind != "kv_full":
         raise InstanceUnavailable(f"{url}: {msg}", iid)
     raise InstanceError(f"{url}: {msg}", resp_status, kind)
 

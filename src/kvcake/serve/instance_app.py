@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kvcake.core.api import TokenChunk
 from kvcake.core.errors import EngineError, KvcakeError
 from kvcake.core.ids import RequestId
+from kvcake.engine.block_manager import KVCacheFull
 from kvcake.serve.instance import Instance
 from kvcake.serve.wire import (
     AbortRequest,
@@ -36,7 +37,9 @@ JSON = "application/json"
 
 
 def _error(exc: Exception) -> Response:
-    if isinstance(exc, InstanceError):
+    if isinstance(exc, KVCacheFull):
+        status, kind = 503, "kv_full"
+    elif isinstance(exc, InstanceError):
         status, kind = exc.status, exc.kind
     elif isinstance(exc, EngineError):
         status, kind = 400, "engine_error"

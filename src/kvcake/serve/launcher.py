@@ -256,14 +256,19 @@ class Cluster:
         return next(c for c in self.children if c.name == name)
 
     def stop(self, grace_s: float = 15.0) -> None:
-        for ch in reversed(self.children):
-            if ch.proc is not None and ch.proc.poll() is None:
-                ch.proc.send_signal(signal.SIGTERM)
-            if ch.name == "proxy":  # stop taking requests before the instances go
-                _wait(ch, 5.0)
-        deadline = time.monotonic() + grace_s
+        """SIGTERM tier by tier (proxy, instances, storage, master/directory), so nobody
+        loses a peer it still needs while shutting down; SIGKILL after ``grace_s``."""
+        tiers: list[list[Child]] = [[], [], [], []]
         for ch in self.children:
-            _wait(ch, max(0.1, deadline - time.monotonic()))
+            tier = {"proxy": 0, "store": 2, "master": 3, "directory": 3}
+            tiers[tier.get(ch.name.split("-")[0], 1)].append(ch)
+        for group in tiers:
+            for ch in group:
+                if ch.proc is not None and ch.proc.poll() is None:
+                    ch.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            for ch in group:
+                _wait(ch, max(0.1, deadline - time.monotonic()))
         self.children.clear()
         state = self.run_dir / STATE_FILE
         if state.exists():

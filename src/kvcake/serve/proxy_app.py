@@ -200,6 +200,9 @@ async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
     except NotReady as exc:
         return _err(503, str(exc), "unavailable")
     except InstanceError as exc:
+        if exc.kind == "kv_full":
+            st.metrics.rejections.labels("kv_full").inc()
+            return _err(429, str(exc), "rate_limit_exceeded")
         st.metrics.errors.labels(exc.kind).inc()
         code = 400 if exc.status == 400 else 503
         return _err(code, str(exc), "invalid_request_error" if code == 400 else "unavailable")

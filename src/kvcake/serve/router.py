@@ -9,6 +9,7 @@ generator (the client went away) aborts the request on both instances, freeing i
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
@@ -80,6 +81,7 @@ class Router:
         self.metrics = metrics
         self.eos = eos
         self.t0 = time.monotonic()
+        self.reserve_wait_s = float(getattr(conductor.config, "ttft_slo_s", 30.0))
 
     def new_id(self) -> RequestId:
         return RequestId(f"req-{int(time.time() * 1000)}-{next(_ids)}")
@@ -140,7 +142,7 @@ class Router:
         try:
             reservation = None
             if acc.prefill != acc.decode:
-                reservation = await d.reserve_kv(rid, len(tokens))
+                reservation = await self._reserve(d, rid, len(tokens) + sampling.max_tokens)
                 reserved = True
             task = PrefillTask(rid, tuple(tokens), hashes, sampling, acc.fetch, reservation)
             result = await p.submit_prefill(task)
@@ -189,6 +191,21 @@ class Router:
                 self.conductor.on_abort(rid)
             else:
                 self.conductor.on_decode_done(rid, time.monotonic() - self.t0)
+
+    async def _reserve(self, d: Any, rid: RequestId, n: int) -> Any:
+        """Reserve prompt + output KV on the decode instance (so decoding never runs out).
+        While it is full, wait for requests to finish — up to the TTFT SLO, then reject."""
+        deadline = time.monotonic() + self.reserve_wait_s
+        while True:
+            try:
+                return await d.reserve_kv(rid, n)
+            except InstanceError as exc:
+                if exc.kind != "kv_full" or time.monotonic() > deadline:
+                    if exc.kind == "kv_full":
+                        self.metrics.rejections.labels("decode_kv_full").inc()
+                        raise Rejected(f"decode KV memory full: {exc}") from exc
+                    raise
+            await asyncio.sleep(0.05)
 
     def _on_failure(self, acc: Accept, exc: Exception, decode_only: bool = False) -> None:
         """Stop routing to the instance that failed (the poller revives it if it answers)."""
