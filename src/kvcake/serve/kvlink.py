@@ -11,6 +11,8 @@ range ``b*block_bytes + l*layer_bytes``, so one layer of one block is one transf
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -55,9 +57,24 @@ class KVSender:
         self.layout = layout
         self.local_blocks = list(local_blocks)
         self.res = reservation
-        self.batches: list[tuple[int, float, int]] = []  # (batch id, submit time, layer or -1)
         self.layer_compute_done: dict[int, float] = {}
         self.bytes_sent = 0
+        # A waiter thread collects completions as they happen, so per-layer transfer times are
+        # measured, not inflated by when ``finish`` gets round to them.
+        self._pending: queue.SimpleQueue[tuple[int, float, int] | None] = queue.SimpleQueue()
+        self._done: list[tuple[float, float, int, Any]] = []  # (submitted, done, layer, result)
+        self._waiter = threading.Thread(target=self._wait_all, daemon=True, name="kv-sender")
+        self._waiter.start()
+        self.timeout_s = 60.0
+
+    def _wait_all(self) -> None:
+        while (item := self._pending.get()) is not None:
+            bid, submitted, layer = item
+            try:
+                result: Any = self.engine.wait(bid, self.timeout_s)
+            except Exception as exc:
+                result = exc
+            self._done.append((submitted, time.perf_counter(), layer, result))
 
     def _request(self, i: int, offset_in_block: int, length: int) -> Any:
         from kvcake.transfer import Op, TransferRequest
@@ -78,7 +95,7 @@ class KVSender:
             return
         reqs = [self._request(i, 0, self.layout.block_bytes) for i in range(first, first + count)]
         self.bytes_sent += count * self.layout.block_bytes
-        self.batches.append((self.engine.submit(reqs), time.perf_counter(), -1))
+        self._pending.put((self.engine.submit(reqs), time.perf_counter(), -1))
 
     def send_layer(self, layer: int, first: int) -> None:
         """Layer ``layer`` of blocks ``first..`` (the freshly computed part)."""
@@ -89,26 +106,34 @@ class KVSender:
             return
         reqs = [self._request(i, off, self.layout.layer_bytes) for i in range(first, first + n)]
         self.bytes_sent += n * self.layout.layer_bytes
-        self.batches.append((self.engine.submit(reqs), now, layer))
+        self._pending.put((self.engine.submit(reqs), now, layer))
 
-    def finish(self, timeout_s: float = 60.0) -> dict[str, float]:
-        """Wait for every transfer; raise :class:`TransferError` if any failed. Returns timings:
-        ``last_layer_done`` -> ``kv_complete`` gap and the mean per-layer transfer time."""
-        layer_times: list[float] = []
-        done_at = 0.0
-        for bid, submitted, layer in self.batches:
-            result = self.engine.wait(bid, timeout_s)
-            t = time.perf_counter()
+    def cancel(self) -> None:
+        """Stop the waiter after a failed prefill (in-flight writes finish on their own)."""
+        self._pending.put(None)
+        self._waiter.join(self.timeout_s)
+
+    def finish(self) -> dict[str, float]:
+        """Wait for every transfer; raise :class:`TransferError` if any failed. Returns timings
+        for the overlap check: ``stream_gap_s`` (last layer computed -> all KV written) and
+        per-layer transfer times (submit -> complete) of the layers before the last."""
+        self._pending.put(None)
+        self._waiter.join()
+        for *_, result in self._done:
+            if isinstance(result, Exception):
+                raise TransferError(f"KV transfer to the decode instance failed: {result}")
             result.raise_for_errors()
-            done_at = max(done_at, t)
-            if layer >= 0:
-                layer_times.append(t - submitted)
+        done_at = max((d for _, d, _, _ in self._done), default=time.perf_counter())
         last_compute = max(self.layer_compute_done.values(), default=done_at)
+        layers = sorted((layer, d - s) for s, d, layer, _ in self._done if layer >= 0)
         out = {"kv_bytes_sent": float(self.bytes_sent)}
-        if layer_times:
-            out["layer_transfer_s"] = sum(layer_times) / len(layer_times)
-            out["last_layer_transfer_s"] = layer_times[-1]
+        if len(layers) >= 2:
+            earlier = sorted(t for _, t in layers[:-1])
+            out["layer_transfer_p50_s"] = earlier[len(earlier) // 2]
+            out["layer_transfer_p90_s"] = earlier[min(len(earlier) - 1, int(len(earlier) * 0.9))]
+            out["last_layer_transfer_s"] = layers[-1][1]
             out["stream_gap_s"] = max(0.0, done_at - last_compute)
+            out["layers"] = float(len(layers))
         return out
 
 
@@ -124,28 +149,29 @@ class PoolLink:
 
     def get_into(self, hashes: Sequence[BlockHash], views: Sequence[memoryview]) -> int:
         """Read blocks in order into ``views``; stops at the first miss. Returns blocks read."""
+        if not hashes:
+            return 0
+        try:
+            got = self.client.batch_get_into([self.key(h) for h in hashes], list(views))
+        except Exception as exc:  # the pool is unreachable: compute instead
+            log.warning("pool read failed: %r", exc)
+            return 0
         n = 0
-        for h, v in zip(hashes, views, strict=True):
-            try:
-                got = self.client.get_into(self.key(h), v)
-            except Exception as exc:  # a miss or a vanished replica: compute from here
-                log.debug("pool miss for %016x: %r", int(h), exc)
-                break
-            if isinstance(got, int) and got != v.nbytes:
-                break
+        for g, v in zip(got, views, strict=True):
+            if not isinstance(g, int) or g != v.nbytes:
+                break  # a miss (evicted) or a foreign object: compute from here
             n += 1
         return n
 
-    def put(self, hashes: Sequence[BlockHash], views: Sequence[memoryview]) -> int:
-        """Write blocks (skipping ones already there). Returns blocks written."""
-        n = 0
-        for h, v in zip(hashes, views, strict=True):
-            key = self.key(h)
-            try:
-                if self.client.is_exist(key):
-                    continue
-                self.client.put_from(key, v)
-                n += 1
-            except Exception as exc:
-                log.info("pool put of %s failed: %r", key, exc)
-        return n
+    def put(self, hashes: Sequence[BlockHash], views: Sequence[memoryview]) -> list[BlockHash]:
+        """Write blocks not yet in the pool. Returns the hashes the pool now holds."""
+        keys = [self.key(h) for h in hashes]
+        try:
+            exist = self.client.batch_is_exist(keys)
+            todo = [i for i, e in enumerate(exist) if not e]
+            res = self.client.batch_put([keys[i] for i in todo], [views[i] for i in todo])
+        except Exception as exc:
+            log.warning("pool put failed: %r", exc)
+            return []
+        failed = {i for i, r in zip(todo, res, strict=True) if r is not None}
+        return [h for i, h in enumerate(hashes) if i not in failed]

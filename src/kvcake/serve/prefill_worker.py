@@ -108,7 +108,13 @@ class PrefillWorker:
                 sender = KVSender(inst.transfer, inst.segment, be.layout, table, task.decode)
                 sender.send_blocks(0, cached // be.block_tokens)
             first_new = cached // be.block_tokens
-            on_layer = (lambda layer: sender.send_layer(layer, first_new)) if sender else None
+
+            def on_layer(layer: int) -> None:
+                if task.request_id in inst.aborted:  # the client went away: stop computing
+                    raise Aborted(task.request_id)
+                if sender is not None:
+                    sender.send_layer(layer, first_new)
+
             with inst.compute():
                 if task.request_id in inst.aborted:
                     raise Aborted(task.request_id)
@@ -116,6 +122,8 @@ class PrefillWorker:
             t_compute = time.perf_counter()
             stream = sender.finish() if sender is not None else {}
         except BaseException:
+            if sender is not None:
+                sender.cancel()
             with inst.mu:
                 be.free_blocks(table)
             raise
@@ -196,8 +204,8 @@ class PrefillWorker:
         assert self.pool is not None
         try:
             views = [self.inst.backend.memory.block_view(b) for b in blocks]
-            self.pool.put(hashes, views)
-            self.inst.pool_event(KVEventKind.STORED, hashes)
+            stored = self.pool.put(hashes, views)
+            self.inst.pool_event(KVEventKind.STORED, stored)
         except Exception:
             log.exception("putting %d blocks into the pool failed", len(blocks))
         finally:

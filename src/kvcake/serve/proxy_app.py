@@ -207,11 +207,16 @@ async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
         code = 400 if exc.status == 400 else 503
         return _err(code, str(exc), "invalid_request_error" if code == 400 else "unavailable")
     model = req.model or st.model
+    headers = {"x-kvcake-prefill": out.prefill, "x-kvcake-decode": out.decode}
     if req.stream:
         return StreamingResponse(
-            _sse(st, gen, first, out, req, model, request), media_type="text/event-stream"
+            _sse(st, gen, first, out, req, model, request),
+            media_type="text/event-stream",
+            headers=headers,
         )
-    return await _collect(st, gen, first, out, req, model)
+    resp = await _collect(st, gen, first, out, req, model)
+    resp.headers.update(headers)
+    return resp
 
 
 async def _events(gen: AsyncIterator[Any], first: Any) -> AsyncIterator[Any]:
@@ -234,9 +239,13 @@ async def _collect(
         return _err(502, error or "the request failed", "instance_error")
     text = st.codec.decode(dec.ids)
     use = openai.usage(out.prompt_tokens, len(dec.ids), out.cached_tokens)
-    return JSONResponse(
-        openai.response(out.request_id, req.chat, model, text, openai.finish_reason(reason), use)
-    )
+    doc = openai.response(out.request_id, req.chat, model, text, openai.finish_reason(reason), use)
+    # An extension clients ignore: where the request ran and what prefill measured.
+    doc["kvcake"] = {
+        "prefill": out.prefill, "decode": out.decode, "ttft_s": out.ttft,
+        "token_ids": dec.ids, "prefill_timings": out.prefill_timings,
+    }  # fmt: skip
+    return JSONResponse(doc)
 
 
 async def _sse(
