@@ -70,10 +70,14 @@ class TieringMixin:
         bytes freed or scheduled."""
         done = 0
         with self.lock:
-            for allow_soft in (False, True):
+            # Cheapest first: memory copies of objects already on disk, then the rest; soft
+            # pins only when nothing else is left.
+            for allow_soft, on_disk_only in ((False, True), (False, False), (True, False)):
                 for obj in list(self.objects.values()):
                     if done >= need:
                         return done
+                    if on_disk_only and not any(r.complete for r in obj.disk()):
+                        continue
                     if self._evictable(obj, allow_soft):
                         done += self._evict_one(obj, offload)
         return done

@@ -1,0 +1,163 @@
+"""Failures and pressure with real processes: a SIGKILLed storage node, eviction while readers
+hold leases, and the SSD tier (offload, serve from disk, promotion, restart verification)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kvcake.core.errors import StoreError
+from kvcake.store.client import Client
+from kvcake.store.errors import LeaseExpired, NoSpace, ObjectNotFound
+from kvcake.store.protocol import PutOptions
+from tests.store.conftest import Factory
+
+
+def value_of(key: str, size: int) -> bytes:
+    seed = hashlib.sha256(key.encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def wait_until(cond: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def test_killed_node_objects_vanish_after_ttl(procs: Factory) -> None:
+    master = procs("master", "--port", "0", "--http-port", "-1", "--client-ttl-s", "1")
+    rpc = master.info["rpc"]
+    a = procs("store-server", "--master", rpc, "--segment-size", "8MiB", "--name", "node-a")
+    procs("store-server", "--master", rpc, "--segment-size", "8MiB", "--name", "node-b")
+    with Client(master=rpc) as c:
+        on_a = PutOptions(preferred_segments=["node-a"])
+        on_b = PutOptions(preferred_segments=["node-b"])
+        for i in range(10):
+            c.put(f"a{i}", value_of(f"a{i}", 5000), on_a)
+            c.put(f"b{i}", value_of(f"b{i}", 5000), on_b)
+            c.put(f"ab{i}", value_of(f"ab{i}", 5000), PutOptions(replica_num=2))
+        a.stop(signal.SIGKILL)
+        wait_until(lambda: not c.is_exist("a0"), timeout=8)
+        for i in range(10):
+            with pytest.raises(ObjectNotFound):
+                c.get(f"a{i}")
+            assert c.get(f"b{i}") == value_of(f"b{i}", 5000)
+            assert c.get(f"ab{i}") == value_of(f"ab{i}", 5000)  # its other replica survives
+            assert [r.segment for r in c.get_replica_desc(f"ab{i}").replicas] == ["node-b"]
+
+
+def test_eviction_under_pressure_keeps_leased_and_never_corrupts(procs: Factory) -> None:
+    master = procs(
+        "master", "--port", "0", "--http-port", "-1", "--client-ttl-s", "2", "--lease-ttl-s", "3"
+    )
+    rpc = master.info["rpc"]
+    procs("store-server", "--master", rpc, "--segment-size", "2MiB", "--name", "small")
+    size = 64 * 1024
+    with Client(master=rpc) as writer, Client(master=rpc) as reader:
+        for i in range(8):
+            writer.put(f"hot{i}", value_of(f"hot{i}", size))
+        hot = [f"hot{i}" for i in range(8)]
+        assert reader.batch_get(hot) == [value_of(k, size) for k in hot]  # leases for 3 s
+        errors: list[str] = []
+        stop = threading.Event()
+
+        def read_loop() -> None:
+            n = 0
+            while not stop.is_set():
+                key = f"cold{n % 60}"
+                n += 1
+                try:
+                    got = reader.get(key)
+                except (ObjectNotFound, LeaseExpired):
+                    continue
+                if got != value_of(key, size):
+                    errors.append(key)
+
+        t = threading.Thread(target=read_loop)
+        t.start()
+        acked = []
+        for i in range(60):  # ~2x the segment: forces eviction
+            try:
+                writer.put(f"cold{i}", value_of(f"cold{i}", size))
+                acked.append(f"cold{i}")
+            except NoSpace:
+                pass
+        stop.set()
+        t.join()
+        assert not errors, f"corrupted reads: {errors}"
+        assert len(acked) > 40
+        for k in hot:  # leased: never evicted
+            assert writer.is_exist(k)
+        for k in acked:  # whatever survived is intact
+            with contextlib.suppress(ObjectNotFound):
+                assert writer.get(k) == value_of(k, size)
+
+
+def test_ssd_offload_promotion_and_restart(procs: Factory, tmp_path: Path) -> None:
+    master = procs(
+        "master",
+        "--port",
+        "0",
+        "--http-port",
+        "-1",
+        "--client-ttl-s",
+        "1",
+        "--lease-ttl-s",
+        "0.2",
+        "--promote-after-hits",
+        "2",
+    )
+    rpc = master.info["rpc"]
+    ssd = tmp_path / "ssd"
+    flags = ("--master", rpc, "--segment-size", "1MiB", "--ssd-dir", str(ssd), "--name", "n1")
+    node = procs("store-server", *flags)
+    size = 32 * 1024
+    with Client(master=rpc) as c:
+        keys = [f"k{i}" for i in range(64)]  # 2 MiB into 1 MiB of memory
+        for k in keys:
+            c.put(k, value_of(k, size))
+        wait_until(lambda: any("disk" in _tiers(c, k) for k in keys))
+        time.sleep(0.3)  # let the lookups' leases lapse
+        on_disk = [k for k in keys if _tiers(c, k) == {"disk"}]
+        assert on_disk, "nothing was offloaded"
+        k = on_disk[0]
+        assert c.get(k) == value_of(k, size)  # served from disk (2nd hit -> promotion)
+        wait_until(lambda: "memory" in _tiers(c, k))
+        assert c.get(k) == value_of(k, size)
+        served = 0
+        for key in keys:  # acknowledged objects are intact wherever they live (or evicted)
+            with contextlib.suppress(ObjectNotFound):
+                assert c.get(key) == value_of(key, size)
+                served += 1
+        assert served >= len(on_disk)
+        files = sorted(ssd.glob("*.obj"))
+        assert files
+        node.stop()  # graceful: unmounts
+        wait_until(lambda: not c.is_exist(k))
+        victim = files[0]
+        raw = bytearray(victim.read_bytes())
+        raw[-1] ^= 0xFF  # flip a bit of the value
+        victim.write_bytes(bytes(raw))
+        (ssd / "junk.obj").write_bytes(b"not an object")
+        procs("store-server", *flags)
+        survivors = [key for key in keys if c.is_exist(key)]
+        assert len(survivors) == len(files) - 1  # the corrupted copy was not trusted
+        for key in survivors:
+            assert c.get(key) == value_of(key, size)
+        assert not victim.exists() and not (ssd / "junk.obj").exists()
+
+
+def _tiers(c: Client, key: str) -> set[str]:
+    try:
+        return {r.tier for r in c.get_replica_desc(key).replicas}
+    except StoreError:
+        return set()
