@@ -131,6 +131,7 @@ class KVSender:
             earlier = sorted(t for _, t in layers[:-1])
             out["layer_transfer_p50_s"] = earlier[len(earlier) // 2]
             out["layer_transfer_p90_s"] = earlier[min(len(earlier) - 1, int(len(earlier) * 0.9))]
+            out["layer_transfer_max_s"] = earlier[-1]
             out["last_layer_transfer_s"] = layers[-1][1]
             out["stream_gap_s"] = max(0.0, done_at - last_compute)
             out["layers"] = float(len(layers))
