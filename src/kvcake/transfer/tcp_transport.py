@@ -62,25 +62,34 @@ class TransferHooks:
 
 
 class SliceQueue:
-    def __init__(self, slices: list[Slice]):
-        self._q = collections.deque(slices)
+    """Slices striped over lanes (slice i -> lane i mod n, so every lane and hence every path
+    gets work); a lane whose own share is done steals from the back of the fullest other."""
+
+    def __init__(self, slices: list[Slice], lanes: int):
+        self._qs = [collections.deque(slices[i::lanes]) for i in range(lanes)]
         self._lock = threading.Lock()
 
-    def pop(self) -> Slice | None:
+    def pop(self, lane: int) -> Slice | None:
         with self._lock:
-            return self._q.popleft() if self._q else None
+            own = self._qs[lane]
+            if own:
+                return own.popleft()
+            victim = max(self._qs, key=len)
+            return victim.pop() if victim else None
 
-    def push_front(self, slices: list[Slice]) -> None:
+    def push_front(self, lane: int, slices: list[Slice]) -> None:
         with self._lock:
-            self._q.extendleft(reversed(slices))
+            self._qs[lane].extendleft(reversed(slices))
 
     def drain(self) -> list[Slice]:
         with self._lock:
-            out, self._q = list(self._q), collections.deque()
+            out = [s for q in self._qs for s in q]
+            for q in self._qs:
+                q.clear()
             return out
 
     def __bool__(self) -> bool:
-        return bool(self._q)
+        return any(self._qs)
 
 
 def probe(address: str, timeout_s: float) -> bool:
@@ -120,7 +129,7 @@ class TcpTransport(Transport):
         slices = [s for j in jobs for s in cut(j, self.cfg.slice_size)]
         total = sum(j.length for j in jobs)
         lanes = max(1, min(self.cfg.streams, len(slices), math.ceil(total / self.cfg.lane_bytes)))
-        queue = SliceQueue(slices)
+        queue = SliceQueue(slices, lanes)
         paths = jobs[0].target.paths
         return [self._lane_task(batch, queue, paths, i) for i in range(lanes)]
 
@@ -145,11 +154,11 @@ class TcpTransport(Transport):
                 continue
             inflight: collections.deque[tuple[int, Slice]] = collections.deque()
             try:
-                last = self._pump(batch, q, ep, inflight)
+                last = self._pump(batch, q, lane, ep, inflight)
             except (OSError, FramingError, PathFailure) as exc:
                 self.pool.release(ep, healthy=False)
                 self._path_failed(addr)
-                self._requeue(batch, q, [s for _, s in inflight], exc)
+                self._requeue(batch, q, lane, [s for _, s in inflight], exc)
                 continue
             except Exception as exc:  # a bug or a released buffer: fail, never hang the batch
                 self.pool.release(ep, healthy=False)
@@ -166,7 +175,7 @@ class TcpTransport(Transport):
         self.pool.invalidate(addr)
 
     def _requeue(
-        self, batch: Batch, q: SliceQueue, slices: list[Slice], exc: BaseException
+        self, batch: Batch, q: SliceQueue, lane: int, slices: list[Slice], exc: BaseException
     ) -> None:
         retry = []
         for s in slices:
@@ -175,12 +184,13 @@ class TcpTransport(Transport):
                 batch.slice_done(s, PathFailure(f"slice failed {s.attempts} times, last: {exc!r}"))
             else:
                 retry.append(s)
-        q.push_front(retry)
+        q.push_front(lane, retry)
 
     def _pump(
         self,
         batch: Batch,
         q: SliceQueue,
+        lane: int,
         ep: Endpoint,
         inflight: collections.deque[tuple[int, Slice]],
     ) -> tuple[Slice, TransferError | None] | None:
@@ -189,7 +199,7 @@ class TcpTransport(Transport):
         pending_bytes = 0
         while True:
             while len(inflight) < window and pending_bytes < max_bytes:
-                s = q.pop()
+                s = q.pop(lane)
                 if s is None:
                     break
                 rid = ep.next_rid()
