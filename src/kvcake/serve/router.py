@@ -137,6 +137,11 @@ class Router:
         pend = self.cluster.pending.setdefault(acc.decode, Pending())
         pend.requests += 1
         pend.tokens += len(tokens)
+        ppend = self.cluster.pending.setdefault(acc.prefill, Pending())
+        cached = sum(f.num_blocks for f in acc.fetch) + acc.local_prefix_blocks
+        cached = min(cached * self.cluster.block_tokens, len(tokens))
+        predicted = float(self.conductor.predictors.prefill.time(len(tokens), cached))
+        ppend.prefill_s += predicted
         self.metrics.waiting.inc()
         reserved = False
         try:
@@ -155,6 +160,7 @@ class Router:
         finally:
             pend.requests -= 1
             pend.tokens -= len(tokens)
+            ppend.prefill_s = max(0.0, ppend.prefill_s - predicted)
             self.metrics.waiting.dec()
 
     async def _decode(

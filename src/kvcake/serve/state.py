@@ -37,6 +37,7 @@ class Pending:
 
     requests: int = 0
     tokens: int = 0
+    prefill_s: float = 0.0  # predicted prefill seconds dispatched, not finished (prefill side)
 
 
 @dataclass
@@ -102,7 +103,11 @@ class LiveCluster:
         prefill = tuple(
             PrefillState(
                 instance_id=i.instance_id,
-                queued_seconds=i.load_report().queued_prefill_seconds,
+                # The proxy's own count is current; reports lag by up to one poll interval.
+                queued_seconds=max(
+                    i.load_report().queued_prefill_seconds,
+                    self.pending.get(i.instance_id, Pending()).prefill_s,
+                ),
                 queued_requests=i.load_report().queued_requests,
                 healthy=i.alive and i.load_report().healthy,
             )
