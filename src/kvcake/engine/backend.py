@@ -31,7 +31,8 @@ LayerCallback = Callable[[int], None]
 class DecodeSeq:
     """A running sequence. ``num_computed`` tokens have KV in ``block_table``; ``last_token`` is
     the newest token (sampled, KV not yet written). :meth:`EngineBackend.decode` writes its KV at
-    position ``num_computed``, increments ``num_computed`` and returns the next token."""
+    position ``num_computed``, increments ``num_computed`` and sets ``last_token`` to the next
+    token (also returned)."""
 
     request_id: RequestId
     block_table: list[int]
@@ -83,7 +84,7 @@ class EngineBackend(ABC):
     @abstractmethod
     def decode(self, seqs: Sequence[DecodeSeq]) -> list[int]:
         """One decode iteration over a batch: writes each ``last_token``'s KV, advances
-        ``num_computed`` and returns one new token per sequence. Every sequence needs a slot for
+        ``num_computed``, sets ``last_token`` and returns one new token per sequence. Every sequence needs a slot for
         position ``num_computed`` (see :meth:`ensure_capacity`)."""
 
     # --- blocks ----------------------------------------------------------------------------

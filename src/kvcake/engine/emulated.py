@@ -110,7 +110,8 @@ class EmulatedBackend(EngineBackend):
             for layer in range(self.num_layers):
                 self._write((s.last_token,), s.num_computed, s.block_table, layer)
             s.num_computed += 1
-            out.append(self.dummy_token(s.num_computed))
+            s.last_token = self.dummy_token(s.num_computed)
+            out.append(s.last_token)
         delay = t0 + self.cost_model.decode_step_time(len(seqs), ctx) * self.cfg.time_scale
         delay -= time.perf_counter()
         if delay > 0:

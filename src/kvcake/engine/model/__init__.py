@@ -1,0 +1,1 @@
+"""Model loading (GGUF conversion, mmap weights, tokenizer) and the Llama forward."""

@@ -1,0 +1,183 @@
+"""Llama forward (RMSNorm, RoPE, grouped-query attention, SwiGLU) over the paged KV cache.
+
+The arithmetic follows transformers' ``LlamaForCausalLM`` op for op (same RoPE table formula,
+RMSNorm in fp32, rotate-half RoPE, SDPA attention), so fp32 results agree to rounding.
+The KV cache is the engine's region viewed as ``float32[num_blocks, layers, 2, block_tokens,
+kv_heads * head_dim]``; K is stored after RoPE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kvcake.core.errors import EngineError
+from kvcake.engine.model.weights import ModelConfig
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return weight * (x * torch.rsqrt(variance + eps))
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Layer:
+    __slots__ = ("down", "gate", "k", "norm_attn", "norm_mlp", "o", "q", "up", "v")
+
+    def __init__(self, w: dict[str, torch.Tensor], i: int) -> None:
+        p = f"model.layers.{i}."
+        self.norm_attn = w[p + "input_layernorm.weight"]
+        self.norm_mlp = w[p + "post_attention_layernorm.weight"]
+        self.q = w[p + "self_attn.q_proj.weight"]
+        self.k = w[p + "self_attn.k_proj.weight"]
+        self.v = w[p + "self_attn.v_proj.weight"]
+        self.o = w[p + "self_attn.o_proj.weight"]
+        self.gate = w[p + "mlp.gate_proj.weight"]
+        self.up = w[p + "mlp.up_proj.weight"]
+        self.down = w[p + "mlp.down_proj.weight"]
+
+
+class PagedLlama:
+    """Stateless apart from weights: every call names the blocks it reads and writes."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, Any], kv: torch.Tensor) -> None:
+        try:
+            self.layers = [Layer(weights, i) for i in range(cfg.layers)]
+            self.embed = weights["model.embed_tokens.weight"]
+            self.norm = weights["model.norm.weight"]
+            self.lm_head = self.embed if cfg.tie_embeddings else weights["lm_head.weight"]
+        except KeyError as exc:
+            raise EngineError(f"checkpoint is missing tensor {exc}") from exc
+        self.cfg = cfg
+        self.kv = kv
+        self.block_tokens = kv.shape[3]
+        dim = cfg.head_dim
+        inv_freq = 1.0 / (
+            cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+        )
+        pos = torch.arange(cfg.max_positions, dtype=torch.float32)
+        freqs = pos[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos, self.sin = emb.cos(), emb.sin()
+
+    # --- pieces ----------------------------------------------------------------------------
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return (x * cos) + (rotate_half(x) * sin)
+
+    def _qkv(
+        self, layer: Layer, x: torch.Tensor, pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x ``[N, hidden]`` → q ``[N, heads, hd]``, k/v ``[N, kv_heads, hd]`` (RoPE applied)."""
+        c = self.cfg
+        h = rms_norm(x, layer.norm_attn, c.rms_eps)
+        q = F.linear(h, layer.q).view(-1, c.heads, c.head_dim)
+        k = F.linear(h, layer.k).view(-1, c.kv_heads, c.head_dim)
+        v = F.linear(h, layer.v).view(-1, c.kv_heads, c.head_dim)
+        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
+        return self._rope(q, cos, sin), self._rope(k, cos, sin), v
+
+    def _finish(self, layer: Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Output projection, residual, SwiGLU MLP, residual."""
+        x = x + F.linear(attn, layer.o)
+        h = rms_norm(x, layer.norm_mlp, self.cfg.rms_eps)
+        return x + F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
+
+    def _store(
+        self, li: int, k: torch.Tensor, v: torch.Tensor, blk: torch.Tensor, slot: torch.Tensor
+    ) -> None:
+        n = k.shape[0]
+        self.kv[blk, li, 0, slot] = k.reshape(n, -1)
+        self.kv[blk, li, 1, slot] = v.reshape(n, -1)
+
+    def _gather(self, li: int, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of the blocks in ``table`` ``[B, nb]`` → ``[B, kv_heads, nb * bt, hd]`` each."""
+        c = self.cfg
+        b, nb = table.shape
+        g = self.kv[:, li].index_select(0, table.reshape(-1))  # [B*nb, 2, bt, W]
+        g = g.view(b, nb, 2, self.block_tokens, c.kv_heads, c.head_dim)
+        k = g[:, :, 0].reshape(b, nb * self.block_tokens, c.kv_heads, c.head_dim)
+        v = g[:, :, 1].reshape(b, nb * self.block_tokens, c.kv_heads, c.head_dim)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm(x, self.norm, self.cfg.rms_eps), self.lm_head)
+
+    # --- prefill ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill_chunk(
+        self,
+        tokens: torch.Tensor,
+        start: int,
+        table: torch.Tensor,
+        on_layer_done: Callable[[int], None] | None = None,
+        all_logits: bool = False,
+        write: bool = True,
+    ) -> torch.Tensor:
+        """Run positions ``start .. start+len(tokens)-1`` of one sequence whose earlier KV is in
+        ``table`` (``int64[nb]``); write their KV; return logits of the last position (or of all
+        positions with ``all_logits``). ``write=False`` reads the chunk's own KV from the cache
+        instead (it is already there: a fully cached prompt, possibly in shared blocks)."""
+        c = self.cfg
+        n = tokens.shape[0]
+        end = start + n
+        pos = torch.arange(start, end)
+        blk, slot = table[pos // self.block_tokens], pos % self.block_tokens
+        nb = -(-end // self.block_tokens)
+        mask = None
+        if start:
+            kpos = torch.arange(end)
+            mask = kpos[None, :] <= pos[:, None]  # [n, end]
+        x = self.embed[tokens]
+        for li, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, pos)
+            if write:
+                self._store(li, k, v, blk, slot)
+            if start:
+                kk, vv = self._gather(li, table[None, :nb])
+                kk, vv = kk[:, :, :end], vv[:, :, :end]
+            else:
+                kk, vv = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                kk,
+                vv,
+                attn_mask=mask,
+                is_causal=not start and n > 1,
+                enable_gqa=True,
+            )
+            x = self._finish(layer, x, o[0].transpose(0, 1).reshape(n, c.heads * c.head_dim))
+            if on_layer_done is not None:
+                on_layer_done(li)
+        return self.logits(x if all_logits else x[-1:])
+
+    # --- decode ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        """One token per sequence: ``tokens``/``pos`` ``int64[B]``, ``tables`` ``int64[B, nb]``
+        (padded with any valid block id). Returns logits ``[B, vocab]``."""
+        c = self.cfg
+        b = tokens.shape[0]
+        rep = c.heads // c.kv_heads
+        blk = tables.gather(1, (pos // self.block_tokens)[:, None])[:, 0]
+        slot = pos % self.block_tokens
+        span = int(pos.max()) + 1
+        mask = None
+        if b > 1:
+            mask = (torch.arange(span)[None, :] <= pos[:, None])[:, None, None, :]
+        x = self.embed[tokens]
+        for li, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, pos)
+            self._store(li, k, v, blk, slot)
+            kk, vv = self._gather(li, tables)
+            # One query per sequence: fold the GQA group into the query axis (no K/V repeat).
+            qq = q.view(b, c.kv_heads, rep, c.head_dim)
+            o = F.scaled_dot_product_attention(qq, kk[:, :, :span], vv[:, :, :span], attn_mask=mask)
+            x = self._finish(layer, x, o.reshape(b, c.heads * c.head_dim))
+        return self.logits(x)
