@@ -1,0 +1,1 @@
+"""Compatibility shims that let existing callers use kvcake unchanged."""

@@ -1,0 +1,157 @@
+"""MooncakeDistributedStore shim: Mooncake 0.3.13's return values and error codes, against a
+real master and store-server."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from kvcake.compat.mooncake import MooncakeDistributedStore, ReplicateConfig, SoftPinAction
+from tests.store.procs import Proc
+
+MB = 1024 * 1024
+
+
+@pytest.fixture
+def store(pool: tuple[Proc, Proc]) -> Iterator[MooncakeDistributedStore]:
+    s = MooncakeDistributedStore()
+    rc = s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 64 * MB, "tcp", "", pool[0].info["rpc"])
+    assert rc == 0
+    yield s
+    s.remove_all(force=True)
+    assert s.close() == 0
+    assert s.close() == 0  # idempotent
+
+
+def test_calls_before_setup_return_errors() -> None:
+    s = MooncakeDistributedStore()
+    assert s.health_check() == 1
+    assert s.put("k", b"v") < 0
+    assert s.get("k") == b""
+    assert s.is_exist("k") == -1
+    assert s.get_batch(["a"]) == []
+    assert s.get_into("k", 1234, 10) < 0
+    assert s.remove("k") < 0
+    assert s.get_tensor("k") is None
+    assert s.close() == 0
+
+
+def test_setup_rejects_bad_config(master_proc: Proc) -> None:
+    s = MooncakeDistributedStore()
+    cfg = {"master_server_address": master_proc.info["rpc"], "global_segment_size": "50%"}
+    assert s.setup(cfg) == -600
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, MB, "tcp", "", "127.0.0.1:1") == -900
+    cfg["global_segment_size"] = "0"
+    cfg["local_buffer_size"] = "16MB"
+    assert s.setup(cfg) == 0  # sizes as strings
+    assert s.health_check() == 0
+    assert s.put("x", b"v") == -200  # a pure client and no segment in the cluster
+    s.close()
+
+
+def test_put_get_conventions(store: MooncakeDistributedStore) -> None:
+    assert store.put("k", b"v1") == 0
+    assert store.put("k", b"v2") == 0  # never overwrites, still success
+    assert store.get("k") == b"v1"
+    assert store.get("missing") == b""
+    assert store.put("", b"x") == -600
+    assert store.put("empty", b"") == -600
+    assert store.get("") == b""
+    assert store.get_size("k") == 2
+    assert store.get_size("missing") == -704
+    assert store.is_exist("k") == 1 and store.is_exist("missing") == 0
+    assert store.batch_is_exist(["k", "missing"]) == [1, 0]
+    assert store.put_parts("parts", b"ab", memoryview(b"cd"), bytearray(b"e")) == 0
+    assert store.get("parts") == b"abcde"
+    assert bytes(store.get_buffer("parts") or b"") == b"abcde"
+    assert store.get_buffer("missing") is None
+    cfg = ReplicateConfig()
+    cfg.replica_num = 3  # best effort: one segment -> one replica, still success
+    cfg.soft_pin_action = SoftPinAction.ENABLE
+    assert store.put("rep", b"r", cfg) == 0
+    assert len(store.get_replica_desc("rep")) == 1
+    assert store.get_replica_desc("missing") == []
+    assert store.upsert("k", b"new") == -706  # leased by the reads above
+    assert store.upsert("u", b"old") == 0
+    assert store.upsert("u", b"new") == 0
+    assert store.get("u") == b"new"
+
+
+def test_batches(store: MooncakeDistributedStore) -> None:
+    keys = [f"b{i}" for i in range(8)]
+    vals = [bytes([i]) * (i + 1) for i in range(8)]
+    assert store.put_batch(keys, vals) == 0
+    assert store.get_batch([*keys, "nope"]) == [*vals, b""]
+    assert store.put_batch(keys, vals[:2]) == -600
+    assert store.put_batch(["ok", ""], [b"1", b"2"]) == -600
+    assert store.batch_get_buffer(["b0", "nope"])[1] is None
+
+
+def test_remove_conventions(store: MooncakeDistributedStore) -> None:
+    assert store.remove("nothing") == -704
+    store.put("r", b"v")
+    assert store.remove("r") == 0  # a fresh put holds no lease
+    store.put("r", b"v")
+    assert store.get("r") == b"v"  # lease
+    assert store.remove("r") == -706
+    assert store.batch_remove(["r", "nothing"]) == [-706, -704]
+    assert store.remove("r", force=True) == 0
+    for i in range(5):
+        store.put(f"x{i}", b"v")
+    store.put("y", b"v")
+    assert store.remove_by_regex("^x") == 5
+    assert store.remove_all() == 1
+
+
+def test_pointer_calls(store: MooncakeDistributedStore) -> None:
+    src = np.arange(1000, dtype=np.int32)
+    dst = np.zeros(1000, dtype=np.int32)
+    small = (ctypes.c_char * 16)()
+    sp, dp = src.ctypes.data, dst.ctypes.data
+    assert store.register_buffer(sp, src.nbytes) == 0
+    assert store.register_buffer(dp, dst.nbytes) == 0
+    assert store.put_from("p", sp, src.nbytes) == 0
+    assert store.get_into("p", dp, dst.nbytes) == src.nbytes
+    assert np.array_equal(src, dst)
+    assert store.get_into("p", ctypes.addressof(small), 16) == -600  # too small
+    assert store.get_into("missing", dp, dst.nbytes) == -704
+    assert store.put_from("", sp, 10) == -600
+    assert store.put_from("zero", sp, 0) == -600
+    dst[:] = 0
+    half = src.nbytes // 2
+    assert store.batch_put_from(["p1", "p2"], [sp, sp + half], [half, half]) == [0, 0]
+    assert store.batch_get_into(["p1", "p2", "pz"], [dp, dp + half, dp], [half, half, 4]) == [
+        half,
+        half,
+        -704,
+    ]
+    assert np.array_equal(src, dst)
+    assert store.batch_put_from(["a", "b"], [sp], [4]) == [-600, -600]
+    assert store.batch_put_from_multi_buffers(["m"], [[sp, sp + half]], [[8, 8]]) == [0]
+    out1, out2 = np.zeros(2, np.int32), np.zeros(2, np.int32)
+    got = store.batch_get_into_multi_buffers(
+        ["m"], [[out1.ctypes.data, out2.ctypes.data]], [[8, 8]]
+    )
+    assert got == [16]
+    assert list(out1) == [0, 1] and list(out2) == list(src[half // 4 : half // 4 + 2])
+    assert store.unregister_buffer(sp) == 0
+    assert store.unregister_buffer(sp) == -600
+
+
+def test_tensors_and_local_buffer(store: MooncakeDistributedStore, pool: tuple[Proc, Proc]) -> None:
+    import torch
+
+    t = torch.randn(3, 5).to(torch.bfloat16)
+    assert store.put_tensor("t", t) == 0
+    back = store.get_tensor("t")
+    assert back.dtype == torch.bfloat16 and torch.equal(back, t)
+    assert store.get_tensor("missing") is None
+    assert store.batch_put_tensor(["t1", "t2"], [t, t * 2]) == [0, 0]
+    assert torch.equal(store.batch_get_tensor(["t1", "t2"])[1], t * 2)
+    node = MooncakeDistributedStore()  # a pure storage node (no local buffer): its puts fail
+    assert node.setup("127.0.0.1", "P2PHANDSHAKE", 4 * MB, 0, "tcp", "", pool[0].info["rpc"]) == 0
+    assert node.put("k", b"v") < 0
+    node.close()
