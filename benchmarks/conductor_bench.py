@@ -44,12 +44,10 @@ def snapshots(args: argparse.Namespace, index: KVIndex) -> list[ClusterSnapshot]
         DecodeState(InstanceId(f"decode-{j}"), rng.randint(0, 32), rng.randint(0, 400_000), 10**6)
         for j in range(16)
     )
+    names = [InstanceId(f"prefill-{i}") for i in range(args.instances)]  # long-lived ids
     out = []
     for k in range(args.decisions):
-        prefill = tuple(
-            PrefillState(InstanceId(f"prefill-{i}"), rng.uniform(0, 10), rng.randint(0, 4))
-            for i in range(args.instances)
-        )
+        prefill = tuple(PrefillState(n, rng.uniform(0, 10), rng.randint(0, 4)) for n in names)
         out.append(
             ClusterSnapshot(
                 float(k), prefill, decode, index, BLOCK_TOKENS, KV_BYTES_PER_TOKEN, LINK_BANDWIDTH

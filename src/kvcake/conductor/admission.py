@@ -18,8 +18,7 @@ Policies keep their own bookkeeping; the conductor forwards the hooks ``on_accep
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -41,8 +40,7 @@ PREDICTED_TBT_SLO = "predicted-tbt-slo"
 TBT_SLO_AFTER_PREFILL = "tbt-slo-after-prefill"
 
 
-@dataclass(frozen=True)
-class AdmissionInput:
+class AdmissionInput(NamedTuple):
     request: RequestView
     now_s: float
     ttft_s: float  # predicted TTFT on the chosen prefill instance

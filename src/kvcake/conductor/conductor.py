@@ -74,11 +74,8 @@ class Conductor:
             if self.config.colocated and all(d.instance_id != pid for d in snapshot.decode):
                 raise SchedulingError(f"colocated: no decode state for instance {pid}")
             return Reject(adm.NO_DECODE, choice.ttft_s)
-        healthy_decode = sum(1 for d in snapshot.decode if d.healthy)
         reason = self.admission.admit(
-            AdmissionInput(
-                request, snapshot.now_s, choice.ttft_s, dec.tbt_s, dec.fits, healthy_decode
-            )
+            AdmissionInput(request, snapshot.now_s, choice.ttft_s, dec.tbt_s, dec.fits, dec.healthy)
         )
         if reason is not None:
             return Reject(reason, choice.ttft_s, dec.tbt_s)

@@ -20,12 +20,13 @@ from kvcake.core.errors import SchedulingError
 from kvcake.core.ids import InstanceId
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DecodeChoice:
     index: int
     instance_id: InstanceId
     tbt_s: float
     fits: bool
+    healthy: int  # healthy decode instances in the snapshot (all, not just candidates)
 
 
 def check_decode_state(d: DecodeState) -> None:
@@ -55,24 +56,28 @@ def select_decode(
     ``None`` when no candidate is healthy."""
     c = model.coefficients
     need = request.prompt_len + request.expected_output
-    best: DecodeChoice | None = None
-    best_fits, best_tbt = False, math.inf
+    best, best_fits, best_tbt, healthy = -1, False, math.inf, 0
     for i, d in enumerate(states):
         rr, rc = d.running_requests, d.running_context_tokens
         pr, pc, cap = d.pending_requests, d.pending_context_tokens, d.kv_capacity_tokens
         if rr < 0 or rc < 0 or pr < 0 or pc < 0 or cap <= 0:
             check_decode_state(d)  # raises with the message
-        if not d.healthy or (only is not None and d.instance_id != only):
+        if not d.healthy:
+            continue
+        healthy += 1
+        if only is not None and d.instance_id != only:
             continue
         used = rc + pc
         tbt = c.d0 + c.d1 * (rr + pr + 1) + c.d2 * (used + request.prompt_len)
         fits = used + need <= cap
         # Fitting instances first, then the smallest TBT; ties keep the earlier instance.
         if (fits and not best_fits) or (fits == best_fits and tbt < best_tbt):
-            best, best_fits, best_tbt = DecodeChoice(i, d.instance_id, tbt, fits), fits, tbt
+            best, best_fits, best_tbt = i, fits, tbt
     if len({d.instance_id for d in states}) != len(states):
         raise SchedulingError("snapshot lists a decode instance twice")
-    return best
+    if best < 0:
+        return None
+    return DecodeChoice(best, states[best].instance_id, best_tbt, best_fits, healthy)
 
 
 def recheck_tbt(state: DecodeState, model: DecodeTBTModel, request: RequestView) -> float:

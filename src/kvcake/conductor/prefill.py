@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from kvcake.conductor.config import ConductorConfig
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PrefillChoice:
     index: int  # position in the snapshot's prefill tuple
     fetch: bool  # fetch blocks [local, best_len) from view.best_holder first
@@ -112,9 +112,9 @@ class LocalCacheAwarePolicy(PrefillPolicy):
     name = "local-cache-aware"
 
     def choose(self, view: PrefillView) -> PrefillChoice | None:
-        if not view.healthy.any():
+        if not (view.all_healthy or view.healthy.any()):
             return None
-        return _local_choice(view, int(np.argmin(view.ttft_local())))
+        return _local_choice(view, int(view.ttft_local().argmin()))
 
 
 class GlobalCacheAwarePolicy(PrefillPolicy):
@@ -133,10 +133,10 @@ class GlobalCacheAwarePolicy(PrefillPolicy):
         return cls(config.kvcache_balancing_threshold)
 
     def choose(self, view: PrefillView) -> PrefillChoice | None:
-        if not view.healthy.any():
+        if not (view.all_healthy or view.healthy.any()):
             return None
         ttft, fetch = view.ttft_global(self.threshold)
-        i = int(np.argmin(ttft))
+        i = int(ttft.argmin())
         return PrefillChoice(i, bool(fetch[i]), float(ttft[i]))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -22,9 +23,10 @@ from kvcake.core.errors import SchedulingError
 from kvcake.core.ids import BlockHash, InstanceId
 
 _INF = math.inf
+_FIELDS = attrgetter("instance_id", "queued_seconds", "fetch_bandwidth", "healthy")
 
 
-@dataclass
+@dataclass(slots=True)
 class PrefillView:
     """Read-only for policies. ``local`` and ``best_len`` count blocks of ``request``."""
 
@@ -69,13 +71,14 @@ class PrefillView:
         (``best/local > threshold``; local 0 counts as infinitely shorter) fetches the missing
         blocks, then prefills with the best prefix. Returns (TTFT, fetch flag) per instance."""
         best = self.best_len
-        fetch = self.local * threshold < best  # threshold >= 1, so this implies best > local
-        if not fetch.any():
-            return self.ttft_local(), fetch
-        L, pt, xt = self.request.prompt_len, self.predictors.prefill, self.predictors.transfer
+        if best == 0:
+            return self.ttft_local(), np.zeros(len(self.ids), dtype=bool)
+        bt, L = self.block_tokens, self.request.prompt_len
+        pt, xt = self.predictors.prefill, self.predictors.transfer
         have, full = self._have()
-        want = min(best * self.block_tokens, L)
-        # Fetching instances: transfer of (want - have) tokens, then prefill with ``want``.
+        fetch = have * threshold < best * bt  # == local*thr < best (thr >= 1: best > local)
+        want = min(best * bt, L)
+        # Fetching instances: transfer (want - have) tokens, then prefill with ``want`` cached.
         fetched = xt.token_times(want - have, self.sec_per_token) + pt.time(L, want)
         own = pt.times(L, have, any_full=full)
         return self._mask(self.queued + np.where(fetch, fetched, own)), fetch
@@ -124,10 +127,9 @@ class ViewBuilder:
         # Same tuple object (and link settings) as last time: nothing in it changed (frozen).
         if last is not None and last[0] is pre and last[1] == link_bw and last[2] == kvbpt:
             return last[3]
-        table = self._table(tuple([p.instance_id for p in pre]))
-        qs = [p.queued_seconds for p in pre]
-        bws = [p.fetch_bandwidth for p in pre]
-        hs = [p.healthy for p in pre]
+        rows = list(map(_FIELDS, pre))  # one C-level pass over the frozen states
+        ids, qs, bws, hs = zip(*rows, strict=True) if rows else ((), (), (), ())
+        table = self._table(ids)
         # sum() is NaN/inf when any entry is: one C pass validates finiteness.
         if pre and not (min(qs) >= 0 and min(bws) >= 0 and math.isfinite(sum(qs) + sum(bws))):
             bad = {p.instance_id for p in pre if not (0 <= p.queued_seconds < _INF)}
@@ -138,8 +140,12 @@ class ViewBuilder:
             )
         spt: np.ndarray | float = kvbpt / link_bw
         if pre and max(bws) > 0:  # per-instance fetch bandwidth overrides the cluster default
-            bw = np.array(bws, dtype=float)
-            spt = kvbpt / np.where(bw > 0, bw, link_bw)
+            lo = min(bws)
+            if lo == max(bws):  # one value everywhere (common): keep it a scalar
+                spt = kvbpt / lo
+            else:
+                bw = np.array(bws, dtype=float)
+                spt = kvbpt / np.where(bw > 0, bw, link_bw)
         unhealthy = [] if all(hs) else [i for i, h in enumerate(hs) if not h]
         arrays = _Arrays(table, np.array(hs, dtype=bool), unhealthy, np.array(qs, float), spt)
         self._last = (pre, link_bw, kvbpt, arrays)
