@@ -118,7 +118,7 @@ class ViewBuilder:
         else:
             local, best_len, best = _match_generic(index, t, blocks, a.healthy)
         return PrefillView(
-            request, t.ids, a.healthy, not a.unhealthy, a.queued, a.sec_per_token,
+            request, t.ids, a.healthy, bool(t.ids) and not a.unhealthy, a.queued, a.sec_per_token,
             local, best_len, best, snap.block_tokens, self.predictors,
         )  # fmt: skip
 
