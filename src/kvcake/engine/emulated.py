@@ -66,16 +66,20 @@ class EmulatedBackend(EngineBackend):
         self.blocks = BlockManager(layout.num_blocks, instance_id)
         self._arr = self.memory.blocks_array()
 
-    def _write(self, new: Sequence[int], start: int, table: Sequence[int], layer: int) -> None:
-        """Write the pattern of tokens ``new`` at positions ``start, start+1, ...``."""
-        if not len(new):
+    def _write(
+        self, tokens: Sequence[int], positions: np.ndarray, blk: np.ndarray, layer: int | None
+    ) -> None:
+        """Write the pattern of ``tokens`` at ``positions`` (in blocks ``blk``) for one layer,
+        or for all layers at once (``layer=None``)."""
+        if not len(tokens):
             return
-        pos = np.arange(start, start + len(new))
-        pat = kv_pattern(np.asarray(new, dtype=np.int64), pos, layer)
-        blk = np.asarray(table, dtype=np.int64)[pos // self.block_tokens]
-        slot = pos % self.block_tokens
-        self._arr[blk, layer, 0, slot, :] = pat[:, 0:1]
-        self._arr[blk, layer, 1, slot, :] = pat[:, 1:2]
+        slot = positions % self.block_tokens
+        layers = np.arange(self.num_layers) if layer is None else np.array([layer])
+        base = np.asarray(tokens, dtype=np.int64) * 31 + positions.astype(np.int64) * 7
+        pat = base[:, None] + layers[None, :] * 3  # [n, layers]
+        for kv in (0, 1):
+            val = ((pat + kv) & 0xFF).astype(np.uint8)[:, :, None]
+            self._arr[blk[:, None], layers[None, :], kv, slot[:, None], :] = val
 
     def prefill(
         self,
@@ -89,8 +93,10 @@ class EmulatedBackend(EngineBackend):
         total = self.cost_model.prefill_time(len(tokens), num_cached_tokens) * self.cfg.time_scale
         per_layer = total / self.num_layers
         t0 = time.perf_counter()
+        pos = np.arange(num_cached_tokens, len(tokens))
+        blk = np.asarray(block_table, dtype=np.int64)[pos // self.block_tokens]
         for layer in range(self.num_layers):
-            self._write(tokens[num_cached_tokens:], num_cached_tokens, block_table, layer)
+            self._write(tokens[num_cached_tokens:], pos, blk, layer)
             # Sleep to the layer's deadline, so callback time overlaps "compute" as on a GPU.
             delay = t0 + per_layer * (layer + 1) - time.perf_counter()
             if delay > 0:
@@ -104,11 +110,15 @@ class EmulatedBackend(EngineBackend):
             return []
         ctx = sum(s.context_len for s in seqs)
         t0 = time.perf_counter()
-        out = []
         for s in seqs:
             self.check_table(s.block_table, s.num_computed + 1)
-            for layer in range(self.num_layers):
-                self._write((s.last_token,), s.num_computed, s.block_table, layer)
+        pos = np.array([s.num_computed for s in seqs], dtype=np.int64)
+        blk = np.array(
+            [s.block_table[p // self.block_tokens] for s, p in zip(seqs, pos, strict=True)]
+        )
+        self._write([s.last_token for s in seqs], pos, blk, None)
+        out = []
+        for s in seqs:
             s.num_computed += 1
             s.last_token = self.dummy_token(s.num_computed)
             out.append(s.last_token)
