@@ -3,24 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from kvcake.serve.launcher import Cluster, load_serve_file
-
-
-def make_cluster(run_dir: Path, **sections: dict[str, Any]) -> Cluster:
-    ov: dict[str, dict[str, Any]] = {
-        "cluster": {"proxy_port": 0, "store_servers": 0, "run_dir": str(run_dir),
-                    "startup_timeout_s": 240.0},
-        "instance": {"backend": "emulated", "kv_blocks": 1024, "threads": 1},
-        "proxy": {"admission": "none", "poll_interval_s": 0.05},
-    }  # fmt: skip
-    for name, values in sections.items():
-        ov.setdefault(name, {}).update(values)
-    return Cluster(load_serve_file(None, ov), run_dir=run_dir / "run", quiet=True)
+from kvcake.serve.launcher import Cluster
+from tests.serve.helpers import make_cluster
 
 
 @pytest.fixture(scope="session")

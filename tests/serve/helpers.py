@@ -1,0 +1,20 @@
+"""Helpers for serve tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvcake.serve.launcher import Cluster, load_serve_file
+
+
+def make_cluster(run_dir: Path, **sections: dict[str, Any]) -> Cluster:
+    ov: dict[str, dict[str, Any]] = {
+        "cluster": {"proxy_port": 0, "store_servers": 0, "run_dir": str(run_dir),
+                    "startup_timeout_s": 240.0},
+        "instance": {"backend": "emulated", "kv_blocks": 1024, "threads": 1},
+        "proxy": {"admission": "none", "poll_interval_s": 0.05},
+    }  # fmt: skip
+    for name, values in sections.items():
+        ov.setdefault(name, {}).update(values)
+    return Cluster(load_serve_file(None, ov), run_dir=run_dir / "run", quiet=True)
