@@ -29,7 +29,7 @@ def encode_tensor(tensor: Any) -> bytes:
     return HEAD.pack(MAGIC, len(meta)) + meta + raw
 
 
-def decode_tensor(blob: bytes) -> Any:
+def decode_tensor(blob: bytes | bytearray) -> Any:
     import torch
 
     magic, n = HEAD.unpack_from(blob)

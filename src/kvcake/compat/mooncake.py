@@ -140,11 +140,12 @@ class MooncakeDistributedStore(PointerMethods, TensorMethods, StoreBase):
         if not key:
             return b""
         got = self.client.batch_get([key])[0]
-        return b"" if isinstance(got, StoreError) else got
+        return b"" if isinstance(got, StoreError) else bytes(got)
 
     @_returns([])
     def get_batch(self, keys: list[str]) -> list[bytes]:
-        return [b"" if isinstance(g, StoreError) else g for g in self.client.batch_get(keys)]
+        got = self.client.batch_get(keys)
+        return [b"" if isinstance(g, StoreError) else bytes(g) for g in got]
 
     @_returns(None)
     def get_buffer(self, key: str) -> memoryview | None:

@@ -23,6 +23,7 @@ from kvcake.store import protocol as P
 from kvcake.store.config import ClientConfig
 from kvcake.store.disk import read_remote
 from kvcake.store.errors import (
+    InternalError,
     InvalidParams,
     LeaseExpired,
     ObjectNotFound,
@@ -31,6 +32,7 @@ from kvcake.store.errors import (
 )
 from kvcake.store.liveness import Heartbeater
 from kvcake.store.rpc import MasterConnection
+from kvcake.store.staging import Staging
 
 
 def byte_view(value: Any) -> memoryview:
@@ -64,6 +66,7 @@ class Client:
         self.id = self.engine.owner
         self.host = self.cfg.hostname
         self.segments: dict[str, memoryview] = {}
+        self.staging = Staging(self.engine, f"staging-{self.id.replace('/', '-')}")
         self.remount_hooks: list[Callable[[], None]] = [self._remount]
         self.conn.call(P.Heartbeat(self.id, self.host))
         if self.cfg.segment_size:
@@ -130,21 +133,17 @@ class Client:
                 upsert,
             )
         )
-        results: list[Result] = []
-        done, failed = [], []
+        errors: dict[str, Exception] = {}
+        writes: list[tuple[str, memoryview, P.ReplicaDesc]] = []
         for key, view, res in zip(keys, views, reply.results, strict=True):
             if res.code != 0:
-                results.append(error_for(res.code, f"{key!r}: {res.message}"))
-                continue
-            try:
-                for rep in res.replicas:
-                    self._write(rep, view)
-            except KvcakeError as exc:
-                failed.append(key)
-                results.append(TransferFailed(f"{key!r}: {exc}"))
-            else:
-                done.append(key)
-                results.append(None)
+                errors[key] = error_for(res.code, f"{key!r}: {res.message}")
+            writes += [(key, view, rep) for rep in res.replicas]
+        for key, exc in self._write_all(writes).items():
+            errors[key] = TransferFailed(f"{key!r}: {exc}")
+        failed = [k for k, r in zip(keys, reply.results, strict=True) if not r.code and k in errors]
+        done = [k for k in keys if k not in errors]
+        results: list[Result] = [errors.get(k) for k in keys]  # type: ignore[misc]
         if failed:
             with contextlib.suppress(StoreError):
                 self.conn.call(P.PutRevoke(self.id, failed))
@@ -157,12 +156,33 @@ class Client:
             ]
         return results
 
-    def _write(self, rep: P.ReplicaDesc, view: memoryview) -> None:
-        own = self.segments.get(rep.segment)
-        if own is not None:  # our own segment: a plain memcpy
-            own[rep.offset : rep.offset + view.nbytes] = view
-        else:
-            self.engine.write(rep.segment, rep.offset, view)
+    def _write_all(
+        self, writes: list[tuple[str, memoryview, P.ReplicaDesc]]
+    ) -> dict[str, Exception]:
+        """Copy every (key, value, replica); returns the keys that failed."""
+        failed: dict[str, Exception] = {}
+        remote = []
+        for key, view, rep in writes:
+            own = self.segments.get(rep.segment)
+            if own is not None:  # our own segment: a plain memcpy
+                own[rep.offset : rep.offset + view.nbytes] = view
+            else:
+                remote.append((key, view, rep))
+        if self.staging.fits([v.nbytes for _, v, _ in remote]) and self.staging.lock.acquire(
+            blocking=False
+        ):
+            try:
+                errs = self.staging.write([(v, r.segment, r.offset) for _, v, r in remote])
+            finally:
+                self.staging.lock.release()
+            failed.update({k: e for (k, _, _), e in zip(remote, errs, strict=True) if e})
+            return failed
+        for key, view, rep in remote:
+            try:
+                self.engine.write(rep.segment, rep.offset, view)
+            except KvcakeError as exc:
+                failed[key] = exc
+        return failed
 
     # --- reads --------------------------------------------------------------------------------
 
@@ -198,28 +218,69 @@ class Client:
         reply = self.conn.call(P.GetReplicas(self.id, list(keys)))
         return reply, t0, reply.lease_ms / 1000
 
-    def get(self, key: str) -> bytes:
-        """The value of ``key``; raises ObjectNotFound on a miss."""
+    def get(self, key: str) -> bytearray:
+        """The value of ``key`` (a new bytearray: one copy, no second copy into ``bytes``);
+        raises ObjectNotFound on a miss."""
         got = self.batch_get([key])[0]
         if isinstance(got, StoreError):
             raise got
         return got
 
-    def batch_get(self, keys: Sequence[str]) -> list[bytes | StoreError]:
+    def batch_get(self, keys: Sequence[str]) -> list[bytearray | StoreError]:
         reply, t0, lease_s = self._lookup(keys)
-        out: list[bytes | StoreError] = []
-        for key, res in zip(keys, reply.results, strict=True):
+        out: list[bytearray | StoreError | None] = []
+        fast: list[tuple[int, P.ReplicaDesc]] = []  # (index, remote memory replica)
+        for i, (key, res) in enumerate(zip(keys, reply.results, strict=True)):
+            best = self._order(res.replicas)[0] if res.code == 0 else None
             if res.code != 0:
                 out.append(error_for(res.code, f"{key!r}: {res.message}"))
-                continue
-            buf = bytearray(res.size)
+            elif best is not None and best.tier == "memory" and best.segment not in self.segments:
+                out.append(None)
+                fast.append((i, best))
+            else:
+                out.append(self._get_one(key, res, t0, lease_s))
+        if fast:
+            self._get_staged(keys, reply.results, fast, out, t0, lease_s)
+        return [o if o is not None else InternalError("unreachable") for o in out]
+
+    def _get_staged(
+        self,
+        keys: Sequence[str],
+        results: list[P.KeyResult],
+        fast: list[tuple[int, P.ReplicaDesc]],
+        out: list[bytearray | StoreError | None],
+        t0: float,
+        lease_s: float,
+    ) -> None:
+        """One engine batch for several remote values, falling back per key on any failure."""
+        sizes = [results[i].size for i, _ in fast]
+        got: list[bytearray | Exception] = []
+        if self.staging.fits(sizes) and self.staging.lock.acquire(blocking=False):
             try:
-                self._read(key, res, memoryview(buf), t0, lease_s)
-            except StoreError as exc:
-                out.append(exc)
-                continue
-            out.append(bytes(buf))
-        return out
+                got = self.staging.read(
+                    [(n, r.segment, r.offset) for n, (_, r) in zip(sizes, fast, strict=True)]
+                )
+            finally:
+                self.staging.lock.release()
+        expired = time.monotonic() - t0 > lease_s
+        for j, (i, _) in enumerate(fast):
+            value = got[j] if got else None
+            if isinstance(value, bytearray) and not expired:
+                out[i] = value
+            elif isinstance(value, bytearray):
+                out[i] = LeaseExpired(f"{keys[i]!r}: read outlived its lease")
+            else:
+                out[i] = self._get_one(keys[i], results[i], t0, lease_s)
+
+    def _get_one(
+        self, key: str, res: P.KeyResult, t0: float, lease_s: float
+    ) -> bytearray | StoreError:
+        buf = bytearray(res.size)
+        try:
+            self._read(key, res, memoryview(buf), t0, lease_s)
+        except StoreError as exc:
+            return exc
+        return buf
 
     def get_into(self, key: str, buffer: Any) -> int:
         """Read ``key`` into ``buffer``; returns its size. InvalidParams if the buffer is too

@@ -1,0 +1,181 @@
+"""Store benchmark: master + one store-server process + one client that mounts no memory.
+
+Values of 4 KB / 64 KB / 1 MB / 16 MB; single ops and batches of 16; put and get op/s and GB/s
+(median of --repeats) and per-call latency p50/p99; side by side with the Mooncake 0.3.13 figures
+measured in the same topology on this machine kind (docs: issue 4, mooncake-reference.md).
+
+    python benchmarks/store_bench.py [--protocol auto|tcp] [--repeats 5]
+    kvcake bench store -- --protocol tcp
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+KB, MB = 1024, 1024 * 1024
+SIZES = {"4KB": 4 * KB, "64KB": 64 * KB, "1MB": MB, "16MB": 16 * MB}
+# Mooncake 0.3.13, same topology (op/s): (single put, single get, batch put, batch get)
+MOONCAKE = {
+    "4KB": (2741, 4517, 51715, 7708),
+    "64KB": (1701, 2484, 61311, 4373),
+    "1MB": (564, 420, 6143, 428),
+    "16MB": (26, 55, 41, 14),
+}
+BATCH = 16
+
+
+@dataclass
+class Cell:
+    ops_per_s: float
+    gbps: float
+    p50_ms: float
+    p99_ms: float
+
+
+def spawn(args: list[str], ready: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvcake", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    for line in proc.stdout:
+        if line.startswith(ready):
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+            return proc, dict(re.findall(r"(\w+)=(\S*)", line))
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    raise SystemExit(f"kvcake {args[0]} did not start")
+
+
+def pct(xs: Sequence[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def measure(
+    run: Callable[[int], None], calls: int, ops_per_call: int, size: int
+) -> tuple[float, list[float]]:
+    lat = []
+    t0 = time.perf_counter()
+    for i in range(calls):
+        t = time.perf_counter()
+        run(i)
+        lat.append(time.perf_counter() - t)
+    elapsed = time.perf_counter() - t0
+    return calls * ops_per_call / elapsed, lat
+
+
+def bench_cell(
+    client: object, label: str, size: int, batch: int, repeats: int
+) -> tuple[Cell, Cell]:
+    from kvcake.store.client import Client
+
+    assert isinstance(client, Client)
+    value = os.urandom(size)
+    calls = max(4, min(300, (96 * MB) // (size * batch)))
+    put_rates, get_rates, put_lat, get_lat = [], [], [], []
+    for r in range(repeats):
+        keys = [[f"{label}/{batch}/{r}/{i}/{j}" for j in range(batch)] for i in range(calls)]
+        if batch == 1:
+
+            def put(i: int) -> None:
+                client.put(keys[i][0], value)
+
+            def get(i: int) -> None:
+                client.get(keys[i][0])
+        else:
+
+            def put(i: int) -> None:
+                errs = client.batch_put(keys[i], [value] * batch)
+                assert not any(errs), errs
+
+            def get(i: int) -> None:
+                client.batch_get(keys[i])
+
+        rate, lat = measure(put, calls, batch, size)
+        put_rates.append(rate)
+        put_lat += lat
+        rate, lat = measure(get, calls, batch, size)
+        get_rates.append(rate)
+        get_lat += lat
+        client.remove_all(force=True)
+    cells = []
+    for rates, lat in ((put_rates, put_lat), (get_rates, get_lat)):
+        med = statistics.median(rates)
+        cells.append(Cell(med, med * size / 1e9, pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3))
+    return cells[0], cells[1]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--protocol", choices=["auto", "tcp"], default="auto")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--sizes", default=",".join(SIZES), help="subset of 4KB,64KB,1MB,16MB")
+    ap.add_argument("--segment", default="1GiB", help="store-server DRAM segment size")
+    args = ap.parse_args(argv)
+    from kvcake.store.client import Client
+
+    master, minfo = spawn(["master", "--port", "0", "--http-port", "-1"], "master")
+    node, _ = spawn(
+        ["store-server", "--master", minfo["rpc"], "--segment-size", args.segment], "store-server"
+    )
+    try:
+        client = Client(master=minfo["rpc"], protocol=args.protocol)
+        rows = []
+        for label in args.sizes.split(","):
+            size = SIZES[label]
+            for batch in (1, BATCH):
+                put, get = bench_cell(client, label, size, batch, args.repeats)
+                rows.append((label, batch, put, get))
+                print(
+                    f"  {label:>5} batch={batch:<2} put {put.ops_per_s:9,.0f} op/s "
+                    f"get {get.ops_per_s:9,.0f} op/s",
+                    flush=True,
+                )
+        client.close()
+    finally:
+        for p in (node, master):
+            p.terminate()
+            p.wait(10)
+    print_table(rows, args)
+    return 0
+
+
+def print_table(rows: list[tuple[str, int, Cell, Cell]], args: argparse.Namespace) -> None:
+    print(
+        f"\nkvcake store, protocol={args.protocol}, median of {args.repeats} repeats "
+        f"(latency per call: one op, or one batch of {BATCH})\n"
+    )
+    print(
+        "| size | mode | put op/s | put GB/s | put p50/p99 ms | Mooncake put | ratio "
+        "| get op/s | get GB/s | get p50/p99 ms | Mooncake get | ratio |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for label, batch, put, get in rows:
+        ref = MOONCAKE[label]
+        mp, mg = (ref[0], ref[1]) if batch == 1 else (ref[2], ref[3])
+        mode = "single" if batch == 1 else f"batch {batch}"
+        print(
+            f"| {label} | {mode} | {put.ops_per_s:,.0f} | {put.gbps:.2f} | "
+            f"{put.p50_ms:.2f}/{put.p99_ms:.2f} | {mp:,} | {put.ops_per_s / mp:.2f}x | "
+            f"{get.ops_per_s:,.0f} | {get.gbps:.2f} | {get.p50_ms:.2f}/{get.p99_ms:.2f} | "
+            f"{mg:,} | {get.ops_per_s / mg:.2f}x |"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
