@@ -166,3 +166,14 @@ def test_default_conductor_uses_the_reference_cost_model() -> None:
     assert d.expected_ttft_s == pytest.approx(c.predictors.prefill.time(8192, 0))
     assert not isinstance(d, Reject)
     assert BT == 10
+
+
+def test_snapshot_order_independent_of_index_order() -> None:
+    idx = index_with(HOLD)  # bits assigned p0, p1, p2
+    c = _c()
+    for states in (STATES, STATES[::-1], [STATES[2], STATES[0], STATES[1]]):
+        view = c._views.build(request(), snapshot(states, idx))
+        assert dict(zip(view.ids, view.local.tolist(), strict=True)) == HOLD
+        d = c.schedule(request(), snapshot(states, idx))
+        assert isinstance(d, Accept) and d.prefill == "p0"
+        assert d.expected_ttft_s == pytest.approx(1.48)

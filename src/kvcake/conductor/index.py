@@ -118,10 +118,13 @@ class PrefixIndex(KVIndex):
             nm = m & get(b, 0)
             if nm != m:
                 d = m ^ nm
-                while d:
-                    low = d & -d
-                    out[low.bit_length() - 1] = i
-                    d ^= low
+                if d & (d - 1):  # several holders stop here
+                    while d:
+                        low = d & -d
+                        out[low.bit_length() - 1] = i
+                        d ^= low
+                else:  # one holder (the common case)
+                    out[d.bit_length() - 1] = i
                 if not nm:
                     return out
                 m = nm

@@ -91,6 +91,7 @@ class _IdTable:
     bits: list[int] | None = None  # bit per instance (unknown -> the sentinel slot)
     num_bits: int = -1
     index_id: int = 0
+    bits_in_order: bool = False  # bits == [0, 1, ..., n-1]
 
 
 @dataclass
@@ -169,6 +170,7 @@ def _bits(index: PrefixIndex, t: _IdTable) -> list[int]:
     if t.bits is None or t.num_bits != nb or t.index_id != id(index):
         # Holders never seen by the index read the always-zero sentinel slot ``nb``.
         t.bits = [b if b >= 0 else nb for b in map(index.bit_of, t.ids)]
+        t.bits_in_order = t.bits == list(range(len(t.bits)))
         t.num_bits, t.index_id = nb, id(index)
     return t.bits
 
@@ -178,7 +180,8 @@ def _match_bits(
 ) -> tuple[np.ndarray, int, InstanceId | None]:
     bits = _bits(index, t)
     out = index.match_lengths(blocks)
-    local_l = [out[b] for b in bits]
+    # Instances usually got their bits in snapshot order: then a slice is the gather.
+    local_l = out[: len(bits)] if t.bits_in_order else [out[b] for b in bits]
     local = np.array(local_l, dtype=np.int64)
     for i in unhealthy:  # an unhealthy instance is no fetch source
         out[bits[i]] = local_l[i] = 0
