@@ -90,7 +90,7 @@ class _IdTable:
     pos: dict[InstanceId, int]
     bits: list[int] | None = None  # bit per instance (unknown -> the sentinel slot)
     num_bits: int = -1
-    index_id: int = 0
+    index: PrefixIndex | None = None
     bits_in_order: bool = False  # bits == [0, 1, ..., n-1]
 
 
@@ -167,11 +167,12 @@ class ViewBuilder:
 
 def _bits(index: PrefixIndex, t: _IdTable) -> list[int]:
     nb = index.num_bits
-    if t.bits is None or t.num_bits != nb or t.index_id != id(index):
+    # The table keeps the index alive, so identity cannot be confused with a recycled id().
+    if t.bits is None or t.num_bits != nb or t.index is not index:
         # Holders never seen by the index read the always-zero sentinel slot ``nb``.
         t.bits = [b if b >= 0 else nb for b in map(index.bit_of, t.ids)]
         t.bits_in_order = t.bits == list(range(len(t.bits)))
-        t.num_bits, t.index_id = nb, id(index)
+        t.num_bits, t.index = nb, index
     return t.bits
 
 
