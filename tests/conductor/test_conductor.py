@@ -177,3 +177,40 @@ def test_snapshot_order_independent_of_index_order() -> None:
         d = c.schedule(request(), snapshot(states, idx))
         assert isinstance(d, Accept) and d.prefill == "p0"
         assert d.expected_ttft_s == pytest.approx(1.48)
+
+
+def test_hot_prefix_gets_replicated_by_a_driver_loop() -> None:
+    """A tiny driver (what the simulator does): each accepted request adds its transfer +
+    prefill time to the chosen instance's queue, and fetched blocks are added to that instance.
+    The hot 10-block prefix (prompt 105 tokens: prefill with it cached = 1 + 0.05 = 1.05 s;
+    fetching it = 100 tokens * 0.001 = 0.1 s) spreads over every instance:
+
+    r0: p0 1.05 | others 1.15 (fetch)           -> p0, queue p0 = 1.05
+    r1: p0 2.10 | p1..p3 1.15                   -> p1 fetches from p0
+    r2: p0 2.10 | p1 2.20 | p2, p3 1.15         -> p2 fetches from p0 (tie p0/p1: first)
+    r3: p0 2.10 | p1, p2 2.20 | p3 1.15         -> p3 fetches from p0
+    r4: p0 2.10 | p1..p3 2.20                   -> p0, no fetch
+    """
+    hot = blocks(10)
+    idx = PrefixIndex()
+    idx.add("p0", hot)  # type: ignore[arg-type]
+    queues = {f"p{i}": 0.0 for i in range(4)}
+    c = _c()
+    got = []
+    for k in range(5):
+        req = RequestView(RequestId(f"r{k}"), float(k), 105, hot, 10)
+        snap = snapshot([pstate(n, q) for n, q in queues.items()], idx)
+        d = c.schedule(req, snap)
+        assert isinstance(d, Accept)
+        got.append((d.prefill, tuple(s.holder for s in d.fetch), round(d.expected_ttft_s, 9)))
+        queues[d.prefill] += d.expected_ttft_s - queues[d.prefill]
+        for src in d.fetch:
+            idx.add(d.prefill, hot[src.first_block : src.first_block + src.num_blocks])
+    assert got == [
+        ("p0", (), 1.05),
+        ("p1", ("p0",), 1.15),
+        ("p2", ("p0",), 1.15),
+        ("p3", ("p0",), 1.15),
+        ("p0", (), 2.1),
+    ]
+    assert idx.holders(hot[0]) == frozenset({"p0", "p1", "p2", "p3"})
