@@ -211,12 +211,19 @@ def send_frame(
     flags: int = 0,
 ) -> None:
     """Send a frame; ``data`` is sent straight from the caller's memory (scatter/gather)."""
+    sendall_parts(sock, frame_parts(codec, request_id, msg, data, flags))
+
+
+def frame_parts(
+    codec: Codec[M], request_id: int, msg: M, data: Buffer | None = None, flags: int = 0
+) -> list[Buffer]:
+    """A frame as [header + meta, data] without copying ``data`` (data omitted when empty)."""
     meta = codec.encode(msg)
     body = memoryview(data).cast("B") if data is not None else memoryview(b"")
     parts: list[Buffer] = [pack_header(request_id, len(meta), body.nbytes, flags) + meta]
     if body.nbytes:
         parts.append(body)
-    sendall_parts(sock, parts)
+    return parts
 
 
 def sendall_parts(sock: socket.socket, parts: list[Buffer]) -> None:
@@ -264,8 +271,4 @@ def write_frame_async(
     flags: int = 0,
 ) -> None:
     """Queue a frame on an asyncio writer (caller awaits ``writer.drain()``)."""
-    meta = codec.encode(msg)
-    body = memoryview(data).cast("B") if data is not None else memoryview(b"")
-    writer.write(pack_header(request_id, len(meta), body.nbytes, flags) + meta)
-    if body.nbytes:
-        writer.write(body)
+    writer.writelines(frame_parts(codec, request_id, msg, data, flags))
