@@ -9,6 +9,7 @@ is harmless). A job is done when all its slices are; its outcome is copied to ev
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvcake.core.ids import BatchId
@@ -53,6 +54,19 @@ def cut(job: Job, slice_size: int) -> list[Slice]:
     return out
 
 
+class Claimable:
+    """A task that runs at most once, by whichever thread claims it first (a worker, or the
+    thread that waits for the batch: it helps instead of sleeping, saving a thread hand-off)."""
+
+    def __init__(self, fn: Callable[[], None]):
+        self._fn = fn
+        self._claim = threading.Lock()
+
+    def __call__(self) -> None:
+        if self._claim.acquire(blocking=False):
+            self._fn()
+
+
 @dataclass(eq=False)
 class Batch:
     id: BatchId
@@ -61,6 +75,12 @@ class Batch:
     cond: threading.Condition = field(default_factory=threading.Condition)
     completed: int = 0
     failed: int = 0
+    tasks: list[Claimable] = field(default_factory=list)
+
+    def help(self) -> None:
+        """Run every task of this batch that no worker has started yet, in this thread."""
+        for t in self.tasks:
+            t()
 
     def __post_init__(self) -> None:
         self.results = [None] * self.size

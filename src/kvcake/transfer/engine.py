@@ -21,7 +21,7 @@ from typing import Any
 
 from kvcake.core.ids import BatchId, SegmentName
 from kvcake.transfer import shm
-from kvcake.transfer.batch import Batch, Job
+from kvcake.transfer.batch import Batch, Claimable, Job
 from kvcake.transfer.config import TransferConfig
 from kvcake.transfer.errors import InvalidRequest, TransferError, UnknownBatch, UnknownSegment
 from kvcake.transfer.metadata import DirectoryClient
@@ -264,17 +264,21 @@ class TransferEngine:
             self._batches[batch.id] = batch
         return batch
 
-    def _run(self, tasks: list[Task], inline: bool) -> None:
-        first = tasks[:1] if inline else []
-        for t in tasks[len(first) :]:
+    def _run(self, batch: Batch, tasks: list[Task], inline: bool) -> None:
+        """Start ``tasks``; with ``inline`` the caller runs what no worker has taken yet."""
+        if inline and len(tasks) == 1:
+            tasks[0]()
+            return
+        batch.tasks = [Claimable(t) for t in tasks]
+        for t in batch.tasks[1:] if inline else batch.tasks:
             self._executor.submit(t)
-        for t in first:
-            t()
+        if inline:
+            batch.help()
 
     def submit(self, requests: Sequence[TransferRequest]) -> BatchId:
         """Start a batch; returns at once. Collect it with :meth:`wait`."""
         batch = self._new_batch(len(requests))
-        self._run(self._plan(batch, requests), inline=False)
+        self._run(batch, self._plan(batch, requests), inline=False)
         return batch.id
 
     def _batch(self, batch_id: BatchId) -> Batch:
@@ -293,6 +297,8 @@ class TransferEngine:
         from kvcake.transfer.errors import TransferTimeout
 
         batch = self._batch(batch_id)
+        if timeout is None:
+            batch.help()
         if not batch.wait(timeout):
             raise TransferTimeout(f"batch {batch_id} not finished after {timeout}s")
         with self._lock:
@@ -302,7 +308,7 @@ class TransferEngine:
     def transfer(self, requests: Sequence[TransferRequest]) -> BatchResult:
         """Run a batch to completion in the calling thread (plus workers for extra lanes)."""
         batch = self._new_batch(len(requests))
-        self._run(self._plan(batch, requests), inline=True)
+        self._run(batch, self._plan(batch, requests), inline=True)
         batch.wait(None)
         with self._lock:
             self._batches.pop(batch.id, None)
@@ -347,7 +353,7 @@ class TransferEngine:
         batch = self._new_batch(1)
         job = Job(op, view, target, target_offset, view.nbytes, [0], batch)
         tasks = self._transport_for(target).tasks(batch, [job])
-        self._run(tasks, inline=True)
+        self._run(batch, tasks, inline=True)
         batch.wait(None)
         with self._lock:
             self._batches.pop(batch.id, None)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from kvcake.transfer.errors import PathFailure
 from kvcake.transfer.netserver import split_address
 from kvcake.transfer.sieve import Sieve
+from kvcake.transfer.stream import FrameReader
 
 _ids = itertools.count(1)
 
@@ -28,6 +29,10 @@ class Endpoint:
     sock: socket.socket
     id: int = field(default_factory=lambda: next(_ids))
     rid: int = 0
+    reader: FrameReader = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reader = FrameReader(self.sock)
 
     def next_rid(self) -> int:
         self.rid += 1

@@ -16,6 +16,8 @@ import socket
 import threading
 from collections.abc import Callable
 
+from typing_extensions import Buffer
+
 from kvcake.core import framing
 from kvcake.core.errors import FramingError
 from kvcake.transfer.batch import Batch, Job, Slice, cut
@@ -33,6 +35,7 @@ from kvcake.transfer.netserver import split_address
 from kvcake.transfer.paths import PathHealth
 from kvcake.transfer.pool import Endpoint, EndpointPool
 from kvcake.transfer.protocol import CODEC, Ack, Fail, Probe, ReadReq, WriteReq, request_limits
+from kvcake.transfer.stream import FrameReader
 from kvcake.transfer.transport import Task, Transport
 from kvcake.transfer.types import Op, PathInfo, SegmentInfo
 
@@ -198,6 +201,8 @@ class TcpTransport(Transport):
         window, max_bytes = self.cfg.window, max(2 * self.cfg.slice_size, self.cfg.lane_bytes)
         pending_bytes = 0
         while True:
+            parts: list[Buffer] = []
+            fresh = 0
             while len(inflight) < window and pending_bytes < max_bytes:
                 s = q.pop(lane)
                 if s is None:
@@ -205,38 +210,40 @@ class TcpTransport(Transport):
                 rid = ep.next_rid()
                 inflight.append((rid, s))
                 pending_bytes += s.length
-                self._send(ep.sock, rid, s)
-                self.hooks.sent(ep.address)
+                self._request(parts, rid, s)
+                fresh += 1
+            if parts:  # every new request of this round in one sendmsg
+                framing.sendall_parts(ep.sock, parts)
+                for _ in range(fresh):
+                    self.hooks.sent(ep.address)
             if not inflight:
                 return None
             rid, s = inflight[0]
-            err = self._recv(ep.sock, rid, s)
+            err = self._recv(ep.reader, rid, s)
             inflight.popleft()
             pending_bytes -= s.length
             if not inflight and not q:
                 return s, err
             batch.slice_done(s, err)
 
-    def _send(self, sock: socket.socket, rid: int, s: Slice) -> None:
+    def _request(self, parts: list[Buffer], rid: int, s: Slice) -> None:
         seg = s.job.target.name
         if s.job.op is Op.WRITE:
             meta = CODEC.encode(WriteReq(seg, s.target_offset))
-            head = framing.pack_header(rid, len(meta), s.length) + meta
-            framing.sendall_parts(sock, [head, s.local])
+            parts.append(framing.pack_header(rid, len(meta), s.length) + meta)
+            parts.append(s.local)
         else:
             meta = CODEC.encode(ReadReq(seg, s.target_offset, s.length))
-            sock.sendall(framing.pack_header(rid, len(meta), 0) + meta)
+            parts.append(framing.pack_header(rid, len(meta), 0) + meta)
 
-    def _recv(self, sock: socket.socket, rid: int, s: Slice) -> TransferError | None:
+    def _recv(self, reader: FrameReader, rid: int, s: Slice) -> TransferError | None:
         """Read the reply to ``s``; a refusal is returned, a broken stream raises."""
-        hdr = framing.read_header(sock, _REPLY_LIMITS)
+        hdr = reader.read_header(_REPLY_LIMITS)
         if hdr is None:
             raise framing.TruncatedFrame("transfer server closed the connection")
         if hdr.request_id != rid:
             raise framing.MalformedFrame(f"reply {hdr.request_id} does not match request {rid}")
-        meta = bytearray(hdr.meta_len)
-        framing.recv_exact_into(sock, memoryview(meta))
-        msg = CODEC.decode(meta)
+        msg = CODEC.decode(reader.read_bytes(hdr.meta_len))
         if isinstance(msg, Fail):
             if hdr.data_len:
                 raise framing.MalformedFrame("a Fail reply carries no data")
@@ -249,5 +256,5 @@ class TcpTransport(Transport):
         if hdr.data_len != expect or msg.length != s.length:
             raise framing.MalformedFrame(f"reply of {hdr.data_len} bytes, expected {expect}")
         if expect:
-            framing.recv_exact_into(sock, s.local)
+            reader.read_into(s.local)
         return None

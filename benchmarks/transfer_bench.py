@@ -1,0 +1,363 @@
+"""Transfer Engine throughput and latency (issue 3 goals), two processes on this machine.
+
+A target process (``kvcake transfer-server --metadata``, one /dev/shm segment) and this
+initiator process. For each block size (default 4 KB, 64 KB, 1 MB, 16 MB) it runs batches of 16
+requests, READ and WRITE, over
+
+- ``tcp``: the Transfer Engine forced to TCP (sliced, pipelined, zero-copy server);
+- ``shm``: the Transfer Engine's same-host path (copies through a mapping of the target file);
+- ``socket``: baseline, a bare two-process Python socket stream (``sendall``/``recv_into`` of the
+  same bytes, one 9-byte command per block, blocks pipelined, one ack per batch);
+- ``memmove``: baseline, ``ctypes.memmove`` of the same blocks inside one process.
+
+Blocks sit at non-adjacent target offsets so the engine cannot coalesce them. Each figure is the
+median of ``--repeats`` runs (min and max shown); a run moves at least ``--min-bytes`` or
+``--min-batches`` batches. Also the 4 KB round-trip latency (``transfer_sync_read``; p50/p99) and
+the same round trip over the bare socket. Optional ``--mooncake``: the real Mooncake engine.
+
+Run: ``kvcake bench transfer`` or ``python benchmarks/transfer_bench.py [--help]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+BATCH = 16
+
+# The baseline peer: one request per block — op byte + u64 length; W: the bytes follow and
+# are received into a buffer (an ack byte per batch when asked), R: the bytes are sent back.
+BASELINE_PEER = r"""
+import socket, struct, sys
+size = int(sys.argv[1])
+buf = memoryview(bytearray(size))
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
+print(ls.getsockname()[1], flush=True)
+c, _ = ls.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+head = bytearray(9); hv = memoryview(head)
+def fill(v):
+    got = 0
+    while got < len(v):
+        n = c.recv_into(v[got:])
+        if not n: sys.exit(0)
+        got += n
+while True:
+    fill(hv)
+    op, n = head[0], struct.unpack_from("<Q", head, 1)[0]
+    if op == ord("W"): fill(buf[:n])
+    elif op == ord("A"): c.sendall(b"k")
+    elif op == ord("R"): c.sendall(buf[:n])
+    else: sys.exit(0)
+"""
+
+
+@dataclass
+class Row:
+    method: str
+    op: str
+    block: int
+    gbps_med: float
+    gbps_min: float
+    gbps_max: float
+    ops_med: float
+
+
+def fmt_size(n: int) -> str:
+    for unit, k in (("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= k and n % k == 0:
+            return f"{n // k} {unit}"
+    return f"{n} B"
+
+
+def parse_sizes(text: str) -> list[int]:
+    from kvcake.core.config import parse_size
+
+    return [parse_size(s.strip().upper().replace("B", "") + "iB") for s in text.split(",")]
+
+
+def measure(run_batch: Callable[[], None], block: int, args: argparse.Namespace) -> list[float]:
+    """Seconds per batch of each repeat (several batches per repeat)."""
+    n = max(args.min_batches, -(-args.min_bytes // (block * BATCH)))
+    run_batch()  # warm up connections and mappings
+    out = []
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        for _ in range(n):
+            run_batch()
+        out.append((time.perf_counter() - t) / n)
+    return out
+
+
+def row(method: str, op: str, block: int, per_batch: list[float]) -> Row:
+    rates = [block * BATCH / t / 1e9 for t in per_batch]
+    med = statistics.median(per_batch)
+    return Row(method, op, block, statistics.median(rates), min(rates), max(rates), BATCH / med)
+
+
+class Target:
+    """The target process: a transfer server hosting the directory and one shm segment."""
+
+    def __init__(self, size: int):
+        cmd = [
+            sys.executable,
+            "-m",
+            "kvcake",
+            "transfer-server",
+            "--metadata",
+            "--segment",
+            f"target:{size}",
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit("transfer-server failed to start")
+        self.info = json.loads(line)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(20)
+
+
+class Baseline:
+    def __init__(self, size: int):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", BASELINE_PEER, str(size)], stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        port = int(self.proc.stdout.readline())
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def write(self, blocks: list[memoryview]) -> None:
+        for b in blocks:
+            self.sock.sendall(b"W" + b.nbytes.to_bytes(8, "little"))
+            self.sock.sendall(b)
+        self.sock.sendall(b"A" + bytes(8))
+        self._fill(memoryview(bytearray(1)))
+
+    def read(self, blocks: list[memoryview]) -> None:
+        for b in blocks:
+            self.sock.sendall(b"R" + b.nbytes.to_bytes(8, "little"))
+        for b in blocks:
+            self._fill(b)
+
+    def _fill(self, v: memoryview) -> None:
+        got = 0
+        while got < v.nbytes:
+            got += self.sock.recv_into(v[got:])
+
+    def stop(self) -> None:
+        self.sock.close()
+        self.proc.wait(20)
+
+
+def layout(block: int) -> list[tuple[int, int]]:
+    """(local offset, target offset) per request: local contiguous, target permuted."""
+    return [(i * block, ((i * 5) % BATCH) * block) for i in range(BATCH)]
+
+
+def engine_runs(engine, local: str, op, block: int):  # type: ignore[no-untyped-def]
+    from kvcake.core.ids import SegmentName
+    from kvcake.transfer import TransferRequest
+
+    reqs = [
+        TransferRequest(op, SegmentName(local), lo, SegmentName("target"), to, block)
+        for lo, to in layout(block)
+    ]
+
+    def run() -> None:
+        engine.wait(engine.submit(reqs)).raise_for_errors()
+
+    return run
+
+
+def latency(fn: Callable[[], None], iters: int) -> tuple[float, float]:
+    for _ in range(min(200, iters)):
+        fn()
+    samples = []
+    for _ in range(iters):
+        t = time.perf_counter_ns()
+        fn()
+        samples.append(time.perf_counter_ns() - t)
+    samples.sort()
+    return samples[len(samples) // 2] / 1e3, samples[int(len(samples) * 0.99)] / 1e3
+
+
+def run_all(args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:
+    import numpy as np
+
+    from kvcake.transfer import Op, TransferEngine
+
+    sizes = parse_sizes(args.sizes)
+    top = max(sizes) * BATCH
+    target = Target(top)
+    base = Baseline(top)
+    rows: list[Row] = []
+    lat: dict[str, float] = {}
+    local = np.zeros(top, dtype=np.uint8)
+    local[:] = np.random.default_rng(0).integers(0, 256, top, dtype=np.uint8)
+    dst = np.zeros(top, dtype=np.uint8)  # the memmove baseline's other side
+    tcp = TransferEngine(target.info["directory"], protocol="tcp")
+    shm = TransferEngine(target.info["directory"], protocol="auto")
+    tcp.register_memory("local-tcp", local)
+    shm.register_memory("local-shm", local)
+    try:
+        for block in sizes:
+            views = [memoryview(local)[lo : lo + block] for lo, _ in layout(block)]
+            lo_addr = [local.ctypes.data + lo for lo, _ in layout(block)]
+            to_addr = [dst.ctypes.data + to for _, to in layout(block)]
+            for op in (Op.WRITE, Op.READ):
+                name = op.name.lower()
+                tcp_run = engine_runs(tcp, "local-tcp", op, block)
+                rows.append(row("tcp", name, block, measure(tcp_run, block, args)))
+                if not args.skip_shm:
+                    shm_run = engine_runs(shm, "local-shm", op, block)
+                    rows.append(row("shm", name, block, measure(shm_run, block, args)))
+                sock_run = base.write if op is Op.WRITE else base.read
+                rows.append(
+                    row(
+                        "socket",
+                        name,
+                        block,
+                        measure(lambda f=sock_run, v=views: f(v), block, args),
+                    )
+                )
+                pairs = list(zip(to_addr, lo_addr, strict=True))
+                if op is Op.READ:
+                    pairs = [(s_, d_) for d_, s_ in pairs]
+                mm = _memmove_fn(pairs, block)
+                rows.append(row("memmove", name, block, measure(mm, block, args)))
+                print(f"  done {fmt_size(block)} {name}", file=sys.stderr, flush=True)
+        buf = bytearray(4096)
+        lat["tcp_read_4k_p50_us"], lat["tcp_read_4k_p99_us"] = latency(
+            lambda: tcp.transfer_sync_read("target", "local-tcp", 0, 0, 4096), args.latency_iters
+        )
+        lat["shm_read_4k_p50_us"], lat["shm_read_4k_p99_us"] = latency(
+            lambda: shm.transfer_sync_read("target", "local-shm", 0, 0, 4096), args.latency_iters
+        )
+        one = [memoryview(buf)]
+        lat["socket_read_4k_p50_us"], lat["socket_read_4k_p99_us"] = latency(
+            lambda: base.read(one), args.latency_iters
+        )
+    finally:
+        tcp.close()
+        shm.close()
+        base.stop()
+        target.stop()
+    return rows, lat
+
+
+def _memmove_fn(pairs: list[tuple[int, int]], block: int) -> Callable[[], None]:
+    move = ctypes.memmove
+
+    def run() -> None:
+        for d, s_ in pairs:
+            move(d, s_, block)
+
+    return run
+
+
+def get(rows: list[Row], method: str, op: str, block: int) -> Row | None:
+    return next((r for r in rows if (r.method, r.op, r.block) == (method, op, block)), None)
+
+
+def check_targets(rows: list[Row], lat: dict[str, float]) -> list[tuple[str, str, bool]]:
+    out: list[tuple[str, str, bool]] = []
+    mb = 1 << 20
+    for op in ("write", "read"):
+        for block in (mb, 16 * mb):
+            t, b = get(rows, "tcp", op, block), get(rows, "socket", op, block)
+            if t and b:
+                ratio = t.gbps_med / b.gbps_med
+                out.append(
+                    (f"tcp {op} {fmt_size(block)} >= 80% of socket", f"{ratio:.0%}", ratio >= 0.8)
+                )
+                out.append(
+                    (
+                        f"tcp {op} {fmt_size(block)} >= 1.5 GB/s",
+                        f"{t.gbps_med:.2f}",
+                        t.gbps_med >= 1.5,
+                    )
+                )
+        t = get(rows, "tcp", op, 64 * 1024)
+        if t:
+            out.append((f"tcp {op} 64 KB >= 0.8 GB/s", f"{t.gbps_med:.2f}", t.gbps_med >= 0.8))
+        for block in (mb, 16 * mb):
+            s_, m = get(rows, "shm", op, block), get(rows, "memmove", op, block)
+            if s_ and m:
+                ratio = s_.gbps_med / m.gbps_med
+                out.append(
+                    (f"shm {op} {fmt_size(block)} >= 70% of memmove", f"{ratio:.0%}", ratio >= 0.7)
+                )
+    if "tcp_read_4k_p50_us" in lat:
+        v = lat["tcp_read_4k_p50_us"]
+        out.append(("tcp 4 KB read p50 <= 100 us", f"{v:.0f} us", v <= 100))
+    return out
+
+
+def markdown(rows: list[Row], lat: dict[str, float]) -> str:
+    lines = [
+        "| method | op | block | GB/s median | min | max | op/s median |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.method} | {r.op} | {fmt_size(r.block)} | {r.gbps_med:.2f} | "
+            f"{r.gbps_min:.2f} | {r.gbps_max:.2f} | {r.ops_med:,.0f} |"
+        )
+    lines += ["", "| 4 KB read round trip | p50 (µs) | p99 (µs) |", "|---|---:|---:|"]
+    for m in ("tcp", "shm", "socket"):
+        if f"{m}_read_4k_p50_us" in lat:
+            lines.append(
+                f"| {m} | {lat[f'{m}_read_4k_p50_us']:.0f} | {lat[f'{m}_read_4k_p99_us']:.0f} |"
+            )
+    lines += ["", "| target | measured | met |", "|---|---:|---|"]
+    for desc, val, ok in check_targets(rows, lat):
+        lines.append(f"| {desc} | {val} | {'yes' if ok else 'NO'} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--sizes", default="4K,64K,1M,16M", help="block sizes (default 4K,64K,1M,16M)")
+    p.add_argument("--repeats", type=int, default=5, help="repeats per figure (median, min, max)")
+    p.add_argument("--min-bytes", type=int, default=256 << 20, help="bytes moved per repeat")
+    p.add_argument("--min-batches", type=int, default=20, help="batches per repeat at least")
+    p.add_argument("--latency-iters", type=int, default=3000, help="4 KB round trips timed")
+    p.add_argument("--skip-shm", action="store_true", help="skip the shm transport")
+    p.add_argument("--json", help="also write the results to this JSON file")
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    t0 = time.time()
+    rows, lat = run_all(args)
+    print(markdown(rows, lat))
+    print(f"\n(ran {time.time() - t0:.0f} s; load average {os.getloadavg()[0]:.1f} at the end)")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(
+                {
+                    "rows": [asdict(r) for r in rows],
+                    "latency": lat,
+                    "targets": check_targets(rows, lat),
+                },
+                fh,
+                indent=1,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,117 @@
+"""Buffered frame I/O over a blocking socket, tuned for many small frames.
+
+:class:`FrameReader` reads ahead at most ``readahead`` bytes per ``recv`` so that a run of
+pipelined small frames (headers, metas, acks) costs one system call instead of three per frame;
+a data section is delivered with :meth:`FrameReader.read_into`: whatever part of it was already
+read ahead (< ``readahead`` bytes) is copied, the rest is ``recv_into``'d straight into the
+destination (segment memory). :class:`FrameWriter` gathers small replies and sends them with
+one ``sendmsg`` (data sections by reference, never copied).
+"""
+
+from __future__ import annotations
+
+import socket
+
+from kvcake.core import framing
+from kvcake.core.errors import TruncatedFrame
+
+READAHEAD = 4096
+
+
+class FrameReader:
+    def __init__(self, sock: socket.socket, readahead: int = READAHEAD):
+        self.sock = sock
+        self._buf = bytearray(readahead)
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+
+    @property
+    def buffered(self) -> int:
+        return self._end - self._start
+
+    def _fill(self, need: int) -> bool:
+        """Make ``need`` bytes available (``need`` <= readahead); False on EOF."""
+        if self._end - self._start >= need:
+            return True
+        if self._start:
+            n = self._end - self._start
+            self._buf[:n] = self._view[self._start : self._end]
+            self._start, self._end = 0, n
+        while self._end < need:
+            got = self.sock.recv_into(self._view[self._end :])
+            if got == 0:
+                return False
+            self._end += got
+        return True
+
+    def read_header(self, limits: framing.FrameLimits) -> framing.FrameHeader | None:
+        """The next header; ``None`` on a clean EOF between frames."""
+        if not self._fill(framing.HEADER_SIZE):
+            if self._end == self._start:
+                return None
+            raise TruncatedFrame(f"stream ended inside a header ({self.buffered} bytes)")
+        hdr = framing.parse_header(
+            self._view[self._start : self._start + framing.HEADER_SIZE], limits
+        )
+        self._start += framing.HEADER_SIZE
+        return hdr
+
+    def read_bytes(self, n: int) -> bytes:
+        if n <= len(self._buf):
+            if not self._fill(n):
+                raise TruncatedFrame(f"stream ended inside a {n}-byte section")
+            out = bytes(self._view[self._start : self._start + n])
+            self._start += n
+            return out
+        out_buf = bytearray(n)
+        self.read_into(memoryview(out_buf))
+        return bytes(out_buf)
+
+    def read_into(self, dest: memoryview) -> None:
+        """Fill ``dest`` exactly: read-ahead bytes first, then straight from the socket."""
+        take = min(self.buffered, dest.nbytes)
+        if take:
+            dest[:take] = self._view[self._start : self._start + take]
+            self._start += take
+        if take < dest.nbytes:
+            framing.recv_exact_into(self.sock, dest[take:])
+
+    def skip(self, n: int) -> None:
+        """Discard ``n`` bytes (the data section of a refused request)."""
+        scratch = memoryview(bytearray(min(n, 256 * 1024))) if n > self.buffered else None
+        while n > 0:
+            if self.buffered:
+                k = min(n, self.buffered)
+                self._start += k
+                n -= k
+            elif scratch is not None:
+                chunk = scratch[: min(n, scratch.nbytes)]
+                framing.recv_exact_into(self.sock, chunk)
+                n -= chunk.nbytes
+
+    def has_frame_header(self) -> bool:
+        """Is another header already read ahead (so replies may wait to be batched)?"""
+        return self.buffered >= framing.HEADER_SIZE
+
+
+class FrameWriter:
+    def __init__(self, sock: socket.socket, flush_bytes: int = 1 << 20):
+        self.sock = sock
+        self._parts: list[memoryview | bytes] = []
+        self._bytes = 0
+        self._flush_bytes = flush_bytes
+
+    def queue(self, head: bytes, data: memoryview | None = None) -> None:
+        self._parts.append(head)
+        self._bytes += len(head)
+        if data is not None and data.nbytes:
+            self._parts.append(data)
+            self._bytes += data.nbytes
+        if self._bytes >= self._flush_bytes or len(self._parts) >= 512:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._parts:
+            parts, self._parts, self._bytes = self._parts, [], 0
+            framing.sendall_parts(self.sock, parts)  # type: ignore[arg-type]
