@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -216,17 +217,19 @@ def send_frame(
 
 def frame_parts(
     codec: Codec[M], request_id: int, msg: M, data: Buffer | None = None, flags: int = 0
-) -> list[Buffer]:
+) -> list[bytes | memoryview]:
     """A frame as [header + meta, data] without copying ``data`` (data omitted when empty)."""
     meta = codec.encode(msg)
     body = memoryview(data).cast("B") if data is not None else memoryview(b"")
-    parts: list[Buffer] = [pack_header(request_id, len(meta), body.nbytes, flags) + meta]
+    parts: list[bytes | memoryview] = [
+        pack_header(request_id, len(meta), body.nbytes, flags) + meta
+    ]
     if body.nbytes:
         parts.append(body)
     return parts
 
 
-def sendall_parts(sock: socket.socket, parts: list[Buffer]) -> None:
+def sendall_parts(sock: socket.socket, parts: Sequence[Buffer]) -> None:
     """``sendmsg`` until every byte of every part is out (no concatenation copies)."""
     views = [memoryview(p).cast("B") for p in parts if memoryview(p).nbytes]
     while views:
