@@ -22,6 +22,7 @@ from kvcake.conductor import (
     Conductor,
     ConductorConfig,
     PrefixIndex,
+    TransferTimeModel,
     ViewBuilder,
     make_prefill_policy,
 )
@@ -188,3 +189,16 @@ def test_no_blocks_means_no_fetch() -> None:
     ttft, fetch = v.ttft_global(1.2)
     assert not fetch.any()
     assert ttft == pytest.approx(np.array([0.2, 0.5, 5.0]) + 1 + 0.95)
+
+
+def test_transfer_latency_applies_to_fetching_instances_only() -> None:
+    pred = type(PRED)(PRED.prefill, TransferTimeModel(latency_s=0.5), PRED.decode)
+    view = ViewBuilder(pred).build(request(), snapshot(STATES, index_with(HOLD)))
+    ttft, fetch = view.ttft_global(1.2)
+    assert ttft == pytest.approx([1.98, 2.24, 6.2])
+    assert list(fetch) == [True, True, False]
+    # Per-instance bandwidths (p0: 0.01 s/token, p1: link default 0.001 s/token).
+    states = [pstate("p0", 0.2, bw=10_000.0), pstate("p1", 0.5), pstate("p2", 5.0)]
+    view = ViewBuilder(pred).build(request(), snapshot(states, index_with(HOLD)))
+    ttft, _ = view.ttft_global(1.2)
+    assert ttft == pytest.approx([0.2 + 0.5 + 0.8 + 1.2, 2.24, 6.2])

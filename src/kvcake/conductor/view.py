@@ -11,7 +11,7 @@ tuple. A decision then costs one prefix match plus a few numpy operations.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 
 import numpy as np
@@ -78,8 +78,10 @@ class PrefillView:
         have, full = self._have()
         fetch = have * threshold < best * bt  # == local*thr < best (thr >= 1: best > local)
         want = min(best * bt, L)
-        # Fetching instances: transfer (want - have) tokens, then prefill with ``want`` cached.
-        fetched = xt.token_times(want - have, self.sec_per_token) + pt.time(L, want)
+        # Fetching instances: transfer (want - have) tokens (> 0 for every one of them), then
+        # prefill with ``want`` cached; the constant part is folded into one term.
+        spt = self.sec_per_token
+        fetched = (xt.latency_s + pt.time(L, want) + want * spt) - have * spt
         own = pt.times(L, have, any_full=full)
         return self._mask(self.queued + np.where(fetch, fetched, own)), fetch
 
@@ -92,6 +94,7 @@ class _IdTable:
     num_bits: int = -1
     index: PrefixIndex | None = None
     bits_in_order: bool = False  # bits == [0, 1, ..., n-1]
+    all_true: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
 
 @dataclass
@@ -147,8 +150,11 @@ class ViewBuilder:
             else:
                 bw = np.array(bws, dtype=float)
                 spt = kvbpt / np.where(bw > 0, bw, link_bw)
-        unhealthy = [] if all(hs) else [i for i, h in enumerate(hs) if not h]
-        arrays = _Arrays(table, np.array(hs, dtype=bool), unhealthy, np.array(qs, float), spt)
+        if all(hs):
+            unhealthy, healthy = [], table.all_true
+        else:
+            unhealthy, healthy = [i for i, h in enumerate(hs) if not h], np.array(hs, bool)
+        arrays = _Arrays(table, healthy, unhealthy, np.array(qs, float), spt)
         self._last = (pre, link_bw, kvbpt, arrays)
         return arrays
 
@@ -162,6 +168,8 @@ class ViewBuilder:
             if len(self._tables) > 64:  # membership churn: keep the cache small
                 self._tables.clear()
             table = self._tables[ids] = _IdTable(ids, pos)
+            table.all_true = np.ones(len(ids), dtype=bool)
+            table.all_true.flags.writeable = False  # shared by every view of these ids
         return table
 
 
