@@ -82,6 +82,13 @@ class DecodeBatch:
     def context_tokens(self, now: float) -> int:
         return self._ctx0 + len(self.members) * self.steps_done(now)
 
+    def context_with_pending(self, now: float) -> int:
+        """Context tokens of the running batch plus those joining at the next boundary."""
+        ctx = self._ctx0 + len(self.members) * self.steps_done(now) if self.members else 0
+        if self.pending:
+            ctx += sum(r.ctx for r in self.pending)
+        return ctx
+
     @property
     def size(self) -> int:
         return len(self.members) + len(self.pending)

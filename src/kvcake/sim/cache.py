@@ -44,29 +44,35 @@ class LRUBlockCache:
         return n
 
     def touch(self, blocks: Sequence[int]) -> None:
-        """Mark held blocks most recently used, in order (keeps a prefix's tail newest)."""
+        """Mark held blocks most recently used, head newest (see :meth:`insert`)."""
         mte = self._blocks.move_to_end
-        for b in blocks:
+        for b in reversed(blocks):
             if b in self._blocks:
                 mte(b)
 
     def insert(self, blocks: Sequence[int]) -> None:
-        """Add (or refresh) ``blocks``; evicts least recently used blocks beyond capacity."""
+        """Add (or refresh) ``blocks`` — one request's prefix — and evict least recently used
+        blocks beyond capacity. Within the request the *head* ends up most recent, so at equal
+        recency the deepest block goes first (evicting a head block would orphan its whole
+        chain; vLLM's prefix cache breaks ties the same way)."""
         if self.capacity_blocks == 0:
             return
         new: list[BlockHash] = []
         d = self._blocks
-        for b in blocks:
-            if b in d:
-                d.move_to_end(b)
-            else:
+        mte = d.move_to_end
+        for b in reversed(blocks):
+            try:
+                mte(b)
+            except KeyError:
                 d[b] = None
                 new.append(BlockHash(b))
         self.inserted += len(new)
         evicted: list[BlockHash] = []
-        while len(d) > self.capacity_blocks:
-            evicted.append(BlockHash(d.popitem(last=False)[0]))
-        self.evictions += len(evicted)
+        over = len(d) - self.capacity_blocks
+        if over > 0:
+            pop = d.popitem
+            evicted = [BlockHash(pop(last=False)[0]) for _ in range(over)]
+            self.evictions += over
         if self.index is not None:
             if new:
                 self.index.add(self.holder, new)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcake.sim.request import Outcome, SimRequest
+from kvcake.sim.request import Outcome, SimRequest, tbt_many
 
 _OUTCOME_CODE = {
     Outcome.DONE: 0,
@@ -55,11 +55,13 @@ class SimResult:
         def arr(f: Any) -> np.ndarray:
             return np.array([f(r) for r in reqs], dtype=float)
 
-        done = [r.outcome is Outcome.DONE for r in reqs]
+        done = np.array([r.outcome is Outcome.DONE for r in reqs], dtype=bool)
+        tbt = tbt_many([r.gaps for r in reqs])
+        tbt[~done] = np.nan
         return cls(
             arrival=arr(lambda r: r.arrival),
             ttft=arr(lambda r: r.ttft),
-            tbt=np.array([r.tbt() if d else np.nan for r, d in zip(reqs, done, strict=True)]),
+            tbt=tbt,
             queue=arr(lambda r: r.queue_time),
             prefill_compute=arr(lambda r: r.prefill_compute),
             transfer=arr(lambda r: r.transfer),

@@ -15,6 +15,7 @@ shows up as queueing, not only as longer transfers.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from kvcake.core.api import (
     Accept,
@@ -66,21 +67,16 @@ class MooncakeCluster:
     # --- snapshot -------------------------------------------------------------------------
 
     def snapshot(self, now: float) -> ClusterSnapshot:
+        """The conductor's view at ``now`` (built per decision: it is the hot path)."""
         bw = self.bw
-        pre = tuple(
+        pre = tuple([
             PrefillState(n.iid, n.queued_seconds(now), n.queued_requests, bw) for n in self.prefill
-        )
-        dec = tuple(
-            DecodeState(
-                n.iid,
-                n.batch.size,
-                n.batch.context_tokens(now) + sum(r.ctx for r in n.batch.pending),
-                n.capacity,
-                n.pending_reqs,
-                n.pending_ctx,
-            )
+        ])  # fmt: skip
+        dec = tuple([
+            DecodeState(n.iid, n.batch.size, n.batch.context_with_pending(now), n.capacity,
+                        n.pending_reqs, n.pending_ctx)
             for n in self.decode
-        )
+        ])  # fmt: skip
         return ClusterSnapshot(now, pre, dec, self.index, self.cfg.block_tokens, self.kvbpt, bw)
 
     # --- arrival --------------------------------------------------------------------------
@@ -90,7 +86,7 @@ class MooncakeCluster:
             RequestId(str(req.rid)),
             now,
             req.prompt_len,
-            tuple(BlockHash(b) for b in req.blocks),
+            cast(tuple[BlockHash, ...], req.blocks),  # NewType: same ints
             self.cfg.expected_output_tokens,
         )
         decision = self.scheduler.schedule(view, self.snapshot(now))
@@ -183,7 +179,9 @@ class MooncakeCluster:
         assert req is not None
         p.current = None
         p.cache.insert(req.blocks)  # newly computed blocks join the pool
-        req.first_token = req.last_tok = now
+        # The decode node returns the first token (computed by the prefill) once the KV has
+        # arrived, so TTFT includes the exposed part of the layer-wise KV transfer.
+        req.first_token = req.last_tok = req.kv_ready
         d = self.decode[req.decode_inst]
         view, accept = self._decisions[req.rid]
         self.scheduler.on_prefill_done(view.request_id, now)
@@ -199,7 +197,7 @@ class MooncakeCluster:
         elif req.remaining == 0:
             d.pending_reqs -= 1
             d.pending_ctx -= req.prompt_len
-            req.finish = now
+            req.finish = req.kv_ready
             self._done(now, req)
         else:
             self.eq.schedule(req.kv_ready, Prio.READY, self._kv_ready, req)

@@ -19,6 +19,7 @@ decoded; a prompt starts only if its reservation fits; the prefix cache may only
 from __future__ import annotations
 
 from collections import deque
+from typing import cast
 
 from kvcake.core.api import Accept, ClusterSnapshot, DecodeState, PrefillState, RequestView
 from kvcake.core.costmodel import CostModel, preset
@@ -191,7 +192,7 @@ class VLLMCluster:
         pre = tuple(PrefillState(n.iid, n.queued_seconds(now), len(n.waiting)) for n in self.inst)
         dec = tuple(
             DecodeState(
-                n.iid, n.size, n.context_tokens(now) + sum(r.ctx for r in n.pending), cap,
+                n.iid, n.size, n.context_with_pending(now), cap,
                 len(n.waiting) + (n.prefilling is not None),
                 sum(r.prompt_len for r in n.waiting),
             )
@@ -204,7 +205,7 @@ class VLLMCluster:
     def arrive(self, now: float, req: SimRequest) -> None:
         view = RequestView(
             RequestId(str(req.rid)), now, req.prompt_len,
-            tuple(BlockHash(b) for b in req.blocks), self.cfg.expected_output_tokens,
+            cast(tuple[BlockHash, ...], req.blocks), self.cfg.expected_output_tokens,
         )  # fmt: skip
         decision = self.scheduler.schedule(view, self.snapshot(now))
         if not isinstance(decision, Accept):

@@ -83,46 +83,82 @@ def _gl_point(arg: tuple[str, str]) -> dict[str, float]:
             "avg_ttft_s": r.mean("ttft")}  # fmt: skip
 
 
+GL_VARIANTS = [
+    ("least-load", "local cache, load-balancing"),
+    ("local-cache-aware", "local cache, cache-aware"),
+    ("global-cache-aware", "global cache (Algorithm 1)"),
+]
+
+
 def global_vs_local(ctx: Context) -> ExpResult:
     specs = [*ctx.traces, *SYNTH]
-    pols = ["local-cache-aware", "global-cache-aware"]
-    out = pmap(_gl_point, [(s, p) for s in specs for p in pols], ctx.jobs)
+    k = len(GL_VARIANTS)
+    out = pmap(_gl_point, [(s, p) for s in specs for p, _ in GL_VARIANTS], ctx.jobs)
     rows, data = [], {}
     for i, spec in enumerate(specs):
-        loc, glo = out[2 * i], out[2 * i + 1]
+        runs = out[k * i : k * (i + 1)]
         name = workload(spec)[0]
-        ratio = glo["hit_rate"] / loc["hit_rate"] if loc["hit_rate"] else float("nan")
-        saved = 1 - glo["prefill_s"] / loc["prefill_s"] if loc["prefill_s"] else float("nan")
-        data[name] = {"local": loc, "global": glo, "hit_ratio": ratio, "prefill_saved": saved}
-        rows.append([name, f"{loc['hit_rate']:.1%}", f"{glo['hit_rate']:.1%}", f"{ratio:.2f}x",
-                     f"{loc['prefill_s']:,.0f}", f"{glo['prefill_s']:,.0f}", f"{saved:.1%}"])  # fmt: skip
+        glo = runs[-1]
+        row: list[Any] = [name]
+        for r in runs:
+            row.append(f"{r['hit_rate']:.1%}")
+        for r in runs[:-1]:
+            row.append(f"{glo['hit_rate'] / r['hit_rate']:.2f}x" if r["hit_rate"] else "-")
+        for r in runs[:-1]:
+            row.append(f"{1 - glo['prefill_s'] / r['prefill_s']:.1%}")
+        rows.append(row)
+        data[name] = {p: r for (p, _), r in zip(GL_VARIANTS, runs, strict=True)}
     fig, (a1, a2) = new_figure(2, width=5.5)
     names = list(data)
     x = np.arange(len(names))
-    for j, (key, lab) in enumerate([("local", "local cache"), ("global", "global cache")]):
-        a1.bar(x + (j - 0.5) * 0.38, [data[n][key]["hit_rate"] for n in names], 0.38, label=lab)
-        a2.bar(x + (j - 0.5) * 0.38, [data[n][key]["prefill_s"] / 3600 for n in names], 0.38,
-               label=lab)  # fmt: skip
-    for ax, yl, t in ((a1, "hit rate", "Cache hit rate"), (a2, "prefill GPU time (instance-hours)",
-                                                           "Prefill computation time")):  # fmt: skip
+    w = 0.8 / k
+    for j, (p, lab) in enumerate(GL_VARIANTS):
+        off = (j - (k - 1) / 2) * w
+        a1.bar(x + off, [data[n][p]["hit_rate"] for n in names], w, label=lab)
+        a2.bar(x + off, [data[n][p]["prefill_s"] / 3600 for n in names], w, label=lab)
+    for ax, yl, t in ((a1, "hit rate (share of prompt tokens)", "Cache hit rate"),
+                      (a2, "prefill GPU time (instance-hours)", "Prefill computation time")):  # fmt: skip
         ax.set_xticks(x, names)
         ax.set_ylabel(yl)
         ax.set_title(f"{t}: 10 prefill nodes x 3M tokens")
-        ax.legend()
+        ax.legend(fontsize=8)
         ax.grid(axis="y", alpha=0.3)
-    cols = ["workload", "hit local", "hit global", "ratio", "prefill s local",
-            "prefill s global", "prefill saved"]  # fmt: skip
+    cols = ["workload", "hit: local LB", "hit: local CA", "hit: global",
+            "global/local LB", "global/local CA", "prefill saved vs LB", "prefill saved vs CA"]  # fmt: skip
     res = ExpResult("global-vs-local", "Global vs local KV cache (Fig. 10)", cols, rows, data)
-    res.notes.append("10 prefill + 6 decode nodes, 3M-token DRAM cache per prefill node; "
-                     "local = local-cache-aware scheduling without fetches.")  # fmt: skip
+    res.notes.append("10 prefill + 6 decode nodes, 3M-token DRAM cache per prefill node, 1x. "
+                     "local LB = each node uses only its own cache, requests placed by load "
+                     "(least-load); local CA = local-cache-aware placement, no fetches; global = "
+                     "global-cache-aware (fetches from other nodes).")  # fmt: skip
     res.png = save_figure(fig, ctx.out_dir, res.name)
     return res
+
+
+def hottest_prefixes(recs: Sequence[TraceRecord], counts: Counter[int], k: int) -> list[int]:
+    """The ``k`` most used blocks, one per distinct prefix: blocks used by exactly the same
+    requests (consecutive blocks of one shared document) count once — the deepest is kept."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, r in enumerate(recs):
+        for h in r.hash_ids:
+            first.setdefault(h, i)
+            last[h] = i
+    seen: set[tuple[int, int, int]] = set()
+    out: list[int] = []
+    for h, c in sorted(counts.items(), key=lambda kv: (-kv[1], -kv[0])):
+        sig = (c, first[h], last[h])
+        if sig not in seen:
+            seen.add(sig)
+            out.append(h)
+            if len(out) == k:
+                break
+    return out
 
 
 def replicas(ctx: Context) -> ExpResult:
     name, recs = workload(ctx.main_trace)
     counts = Counter(h for r in recs for h in r.hash_ids)
-    hot = [h for h, _ in counts.most_common(10)]
+    hot = hottest_prefixes(recs, counts, 10)
     t: list[float] = []
     series: list[list[int]] = []
 
@@ -135,10 +171,11 @@ def replicas(ctx: Context) -> ExpResult:
     arr = np.array(series) if series else np.zeros((0, len(hot)))
     fig, (ax,) = new_figure(width=8)
     for j, h in enumerate(hot):
-        ax.plot(np.array(t) / 60, arr[:, j], label=f"block {h} ({counts[h]} uses)", lw=1.2)
+        ax.step(np.array(t) / 60, arr[:, j], where="post", lw=1.2,
+                label=f"block {h} ({counts[h]} uses)")  # fmt: skip
     ax.set_xlabel("trace time (min)")
     ax.set_ylabel(f"replicas (of {cfg.prefill_nodes} prefill nodes)")
-    ax.set_title(f"Replicas of the 10 hottest blocks over time ({name}, global-cache-aware)")
+    ax.set_title(f"Replicas of the hottest blocks over time ({name}, global-cache-aware)")
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
     rows = [[f"{h}", counts[h], f"{arr[:, j].mean():.2f}", int(arr[:, j].max())]

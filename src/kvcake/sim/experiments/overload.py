@@ -22,16 +22,20 @@ POLICIES = [("per-stage", "baseline (per-stage)"), ("early-rejection", "early re
             ("prediction", "prediction-based")]  # fmt: skip
 PAPER = {"per-stage": 4183, "early-rejection": 3771, "prediction": 3589}
 SPEEDUP = 2.0
-TBT_SLO_S = 0.018  # binds on this cost model: decode iterations of 70B/8xA800 are ~14-20 ms
+# The decode SLO must bind for overload to exist on this cost model (70B on 8xA800 decodes this
+# trace in 14-20 ms iterations): 15.5 ms ~ the mean iteration time at 2x without admission
+# control (decode load ~1, as the paper's 2x replay overloaded its cluster); 18 ms = a milder
+# setting, to show how sensitive the counts are.
+TBT_SLOS_S = [0.0155, 0.018]
 TTFT_SLO_S = 30.0
 
 
-def _run(arg: tuple[str, str]) -> dict[str, Any]:
-    spec, policy = arg
-    cfg = SimConfig(admission_policy=policy, speedup=SPEEDUP, tbt_slo_s=TBT_SLO_S,
+def _run(arg: tuple[str, str, float]) -> dict[str, Any]:
+    spec, policy, slo = arg
+    cfg = SimConfig(admission_policy=policy, speedup=SPEEDUP, tbt_slo_s=slo,
                     ttft_slo_s=TTFT_SLO_S)  # fmt: skip
     r = simulate(workload(spec)[1], cfg)
-    s: dict[str, Any] = r.summary(TBT_SLO_S)
+    s: dict[str, Any] = r.summary(slo)
     s["load_t"], s["load_prefill"], s["load_decode"] = r.load.t, r.load.prefill, r.load.decode
     pl, dl = np.array(r.load.prefill), np.array(r.load.decode)
     s["load_corr"] = float(np.corrcoef(pl, dl)[0, 1]) if len(pl) > 2 and pl.std() and dl.std() \
@@ -41,31 +45,37 @@ def _run(arg: tuple[str, str]) -> dict[str, Any]:
 
 def overload(ctx: Context) -> ExpResult:
     spec = ctx.main_trace
-    out = pmap(_run, [(spec, p) for p, _ in POLICIES], ctx.jobs)
-    base = out[0]["rejected"]
-    rows = []
-    for (p, lab), o in zip(POLICIES, out, strict=True):
-        rel = (o["rejected"] - base) / base if base else float("nan")
-        prel = (PAPER[p] - PAPER["per-stage"]) / PAPER["per-stage"]
-        rows.append([lab, int(o["rejected"]), int(o["rejected_after_prefill"]), f"{rel:+.1%}",
-                     PAPER[p], f"{prel:+.1%}", f"{o['effective_share']:.1%}",
-                     f"{o['load_corr']:.2f}"])  # fmt: skip
-    fig, axes = new_figure(3, width=5.0)
-    for ax, (_p, lab), o in zip(axes, POLICIES, out, strict=True):
+    slos = TBT_SLOS_S[:1] if ctx.quick else TBT_SLOS_S
+    grid = [(spec, p, slo) for slo in slos for p, _ in POLICIES]
+    out = pmap(_run, grid, ctx.jobs)
+    rows, data = [], {}
+    k = len(POLICIES)
+    for i, slo in enumerate(slos):
+        runs = out[k * i : k * (i + 1)]
+        base = runs[0]["rejected"]
+        for (p, lab), o in zip(POLICIES, runs, strict=True):
+            rel = (o["rejected"] - base) / base if base else float("nan")
+            prel = (PAPER[p] - PAPER["per-stage"]) / PAPER["per-stage"]
+            rows.append([f"{slo * 1000:g}", lab, int(o["rejected"]),
+                         int(o["rejected_after_prefill"]), f"{rel:+.1%}", PAPER[p], f"{prel:+.1%}",
+                         f"{o['effective_share']:.1%}", f"{o['load_corr']:.2f}"])  # fmt: skip
+            data[f"{p}@{slo * 1000:g}ms"] = o
+    runs = out[:k]  # the plot: the first (binding) SLO
+    fig, axes = new_figure(k, width=5.0)
+    for ax, (_p, lab), o in zip(axes, POLICIES, runs, strict=True):
         t = np.array(o["load_t"]) / 60
         ax.plot(t, o["load_prefill"], lw=0.8, label="prefill load (queue / TTFT SLO)")
-        ax.plot(t, o["load_decode"], lw=0.8, label="decode load (TBT / TBT SLO)")
+        ax.plot(t, o["load_decode"], lw=0.8, label="decode load (iteration / TBT SLO)")
         ax.axhline(1.0, color="grey", ls=":", lw=0.8)
-        ax.set_title(f"{lab}: {int(o['rejected'])} rejected")
-        ax.set_xlabel("replay time (min)")
-        ax.set_ylabel("load relative to SLO")
-        ax.legend(fontsize=7)
+        ax.set_title(f"{lab}: {int(o['rejected'])} rejected (TBT SLO {slos[0] * 1000:g} ms)")
+        ax.set_xlabel("replay time (min, trace at 2x)")
+        ax.set_ylabel("mean load relative to SLO")
+        ax.legend(fontsize=7, loc="upper right")
         ax.grid(alpha=0.3)
-    cols = ["policy", "rejected", "after prefill", "vs baseline", "paper", "paper vs baseline",
-            "effective", "corr(prefill,decode load)"]  # fmt: skip
-    data = {p: o for (p, _), o in zip(POLICIES, out, strict=True)}
+    cols = ["TBT SLO ms", "policy", "rejected", "after prefill", "vs baseline", "paper",
+            "paper vs baseline", "effective", "corr(prefill, decode load)"]  # fmt: skip
     res = ExpResult("overload", "Overload scheduling (arXiv Table 3)", cols, rows, data)
-    res.notes.append(f"8P+8D, {workload(spec)[0]} trace at {SPEEDUP}x, TTFT SLO {TTFT_SLO_S} s, "
-                     f"TBT SLO {TBT_SLO_S * 1000:.0f} ms.")  # fmt: skip
+    res.notes.append(f"8P+8D, {workload(spec)[0]} trace at {SPEEDUP}x, TTFT SLO {TTFT_SLO_S} s; "
+                     "effective = completed within both SLOs; load sampled every 10 s.")  # fmt: skip
     res.png = save_figure(fig, ctx.out_dir, res.name)
     return res

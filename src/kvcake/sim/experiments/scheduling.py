@@ -29,7 +29,7 @@ PAPER_TTFT = {"random": 19.65, "least-load": 5.27, "local-cache-aware": 3.58,
 BANDWIDTHS_GBPS = [24, 50, 100, 200, 400, 800]
 PD_SPLITS = [(4, 12), (6, 10), (8, 8), (10, 6), (12, 4)]
 PD_SPEEDUP = 2.0
-PD_TBT_THRESHOLD_S = 0.03
+PD_TBT_THRESHOLD_S = 0.02
 
 
 def _run(arg: tuple[str, SimConfig]) -> dict[str, Any]:
