@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 KB, MB = 1024, 1024 * 1024
 SIZES = {"4KB": 4 * KB, "64KB": 64 * KB, "1MB": MB, "16MB": 16 * MB}
@@ -39,6 +40,22 @@ class Cell:
     gbps: float
     p50_ms: float
     p99_ms: float
+    cpu_us: float  # CPU time per op summed over client, master and store-server processes
+
+
+SERVER_PIDS: list[int] = []
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and the server processes so far: a figure
+    that, unlike op/s, does not depend on how busy the shared machine is."""
+    total = time.process_time()
+    for pid in SERVER_PIDS:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / TICK
+    return total
 
 
 def spawn(args: list[str], ready: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
@@ -67,16 +84,31 @@ def pct(xs: Sequence[float], q: float) -> float:
 
 
 def measure(
-    run: Callable[[int], None], calls: int, ops_per_call: int, size: int
-) -> tuple[float, list[float]]:
+    run: Callable[[int], None], calls: int, ops_per_call: int
+) -> tuple[float, list[float], float]:
     lat = []
+    c0 = cpu_seconds()
     t0 = time.perf_counter()
     for i in range(calls):
         t = time.perf_counter()
         run(i)
         lat.append(time.perf_counter() - t)
     elapsed = time.perf_counter() - t0
-    return calls * ops_per_call / elapsed, lat
+    ops = calls * ops_per_call
+    return ops / elapsed, lat, (cpu_seconds() - c0) / ops
+
+
+def _ops(
+    client: Any, keys: list[list[str]], value: bytes, batch: int
+) -> tuple[Callable[[int], None], Callable[[int], None]]:
+    if batch == 1:
+        return (lambda i: client.put(keys[i][0], value)), (lambda i: client.get(keys[i][0]))
+
+    def put(i: int) -> None:
+        errs = client.batch_put(keys[i], [value] * batch)
+        assert not any(errs), errs
+
+    return put, (lambda i: client.batch_get(keys[i]))
 
 
 def bench_cell(
@@ -87,36 +119,29 @@ def bench_cell(
     assert isinstance(client, Client)
     value = os.urandom(size)
     calls = max(4, min(300, (96 * MB) // (size * batch)))
-    put_rates, get_rates, put_lat, get_lat = [], [], [], []
+    put_rates: list[float] = []
+    get_rates: list[float] = []
+    put_lat: list[float] = []
+    get_lat: list[float] = []
+    put_cpu: list[float] = []
+    get_cpu: list[float] = []
     for r in range(repeats):
         keys = [[f"{label}/{batch}/{r}/{i}/{j}" for j in range(batch)] for i in range(calls)]
-        if batch == 1:
-
-            def put(i: int) -> None:
-                client.put(keys[i][0], value)
-
-            def get(i: int) -> None:
-                client.get(keys[i][0])
-        else:
-
-            def put(i: int) -> None:
-                errs = client.batch_put(keys[i], [value] * batch)
-                assert not any(errs), errs
-
-            def get(i: int) -> None:
-                client.batch_get(keys[i])
-
-        rate, lat = measure(put, calls, batch, size)
+        put, get = _ops(client, keys, value, batch)
+        rate, lat, cpu = measure(put, calls, batch)
         put_rates.append(rate)
         put_lat += lat
-        rate, lat = measure(get, calls, batch, size)
+        put_cpu.append(cpu)
+        rate, lat, cpu = measure(get, calls, batch)
         get_rates.append(rate)
         get_lat += lat
+        get_cpu.append(cpu)
         client.remove_all(force=True)
     cells = []
-    for rates, lat in ((put_rates, put_lat), (get_rates, get_lat)):
+    for rates, lats, cpus in ((put_rates, put_lat, put_cpu), (get_rates, get_lat, get_cpu)):
         med = statistics.median(rates)
-        cells.append(Cell(med, med * size / 1e9, pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3))
+        p50, p99 = pct(lats, 0.5) * 1e3, pct(lats, 0.99) * 1e3
+        cells.append(Cell(med, med * size / 1e9, p50, p99, statistics.median(cpus) * 1e6))
     return cells[0], cells[1]
 
 
@@ -133,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     node, _ = spawn(
         ["store-server", "--master", minfo["rpc"], "--segment-size", args.segment], "store-server"
     )
+    SERVER_PIDS[:] = [master.pid, node.pid]
     try:
         client = Client(master=minfo["rpc"], protocol=args.protocol)
         rows = []
@@ -156,24 +182,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def print_table(rows: list[tuple[str, int, Cell, Cell]], args: argparse.Namespace) -> None:
+    load = os.getloadavg()
     print(
         f"\nkvcake store, protocol={args.protocol}, median of {args.repeats} repeats "
-        f"(latency per call: one op, or one batch of {BATCH})\n"
+        f"(latency per call: one op, or one batch of {BATCH}); load average "
+        f"{load[0]:.1f}/{load[1]:.1f} on {os.cpu_count()} CPUs\n"
     )
     print(
-        "| size | mode | put op/s | put GB/s | put p50/p99 ms | Mooncake put | ratio "
-        "| get op/s | get GB/s | get p50/p99 ms | Mooncake get | ratio |"
+        "| size | mode | put op/s | put GB/s | put p50/p99 ms | put CPU µs/op | Mooncake put "
+        "| ratio | get op/s | get GB/s | get p50/p99 ms | get CPU µs/op | Mooncake get | ratio |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for label, batch, put, get in rows:
         ref = MOONCAKE[label]
         mp, mg = (ref[0], ref[1]) if batch == 1 else (ref[2], ref[3])
         mode = "single" if batch == 1 else f"batch {batch}"
         print(
             f"| {label} | {mode} | {put.ops_per_s:,.0f} | {put.gbps:.2f} | "
-            f"{put.p50_ms:.2f}/{put.p99_ms:.2f} | {mp:,} | {put.ops_per_s / mp:.2f}x | "
-            f"{get.ops_per_s:,.0f} | {get.gbps:.2f} | {get.p50_ms:.2f}/{get.p99_ms:.2f} | "
-            f"{mg:,} | {get.ops_per_s / mg:.2f}x |"
+            f"{put.p50_ms:.2f}/{put.p99_ms:.2f} | {put.cpu_us:,.0f} | {mp:,} | "
+            f"{put.ops_per_s / mp:.2f}x | {get.ops_per_s:,.0f} | {get.gbps:.2f} | "
+            f"{get.p50_ms:.2f}/{get.p99_ms:.2f} | {get.cpu_us:,.0f} | {mg:,} | "
+            f"{get.ops_per_s / mg:.2f}x |"
         )
 
 

@@ -27,6 +27,7 @@ from kvcake.store.errors import INTERNAL_ERROR, INVALID_PARAMS
 from kvcake.store.master_state import MasterState
 from kvcake.store.metadata import Tier
 from kvcake.store.metrics import MasterMetrics
+from kvcake.store.rpc import BufferedFrames
 from kvcake.transfer.netserver import ThreadedServer
 
 log = logging.getLogger(__name__)
@@ -159,9 +160,10 @@ class MasterRpcServer(ThreadedServer):
         self.metrics = metrics
 
     def handle(self, conn: socket.socket, listen_address: str) -> None:
+        reader = BufferedFrames(conn, P.REQUEST_CODEC, LIMITS)
         while True:
             try:
-                frame = framing.read_frame(conn, P.REQUEST_CODEC, LIMITS)
+                frame = reader.read()
             except FramingError as exc:
                 self.metrics.bad_frames.inc()
                 with contextlib.suppress(OSError):
