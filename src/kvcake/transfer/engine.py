@@ -320,7 +320,20 @@ class TransferEngine:
         req = TransferRequest(
             op, SegmentName(local), local_offset, SegmentName(target), target_offset, length
         )
+        self._validate(req)
+        view = self._segments.get(local).view[local_offset : local_offset + length]
+        if self._try_fast(op, view, self._target(target), target_offset):
+            return
         self.transfer([req]).raise_for_errors()
+
+    def _try_fast(self, op: Op, view: memoryview, target: SegmentInfo, offset: int) -> bool:
+        """One small TCP request: skip the batch machinery (the 4 KB latency path)."""
+        if view.nbytes > self.config.slice_size:
+            return False
+        transport = self._transport_for(target)
+        if not isinstance(transport, TcpTransport):
+            return False
+        return transport.run_single(op, view, target, offset)
 
     def transfer_sync_write(
         self,
@@ -350,6 +363,8 @@ class TransferEngine:
             raise InvalidRequest("read_into needs a writable buffer")
         target = self._target(target_segment)
         check_range(target_segment, target.size, target_offset, view.nbytes)
+        if self._try_fast(op, view, target, target_offset):
+            return
         batch = self._new_batch(1)
         job = Job(op, view, target, target_offset, view.nbytes, [0], batch)
         tasks = self._transport_for(target).tasks(batch, [job])

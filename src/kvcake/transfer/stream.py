@@ -114,4 +114,4 @@ class FrameWriter:
     def flush(self) -> None:
         if self._parts:
             parts, self._parts, self._bytes = self._parts, [], 0
-            framing.sendall_parts(self.sock, parts)  # type: ignore[arg-type]
+            framing.sendall_parts(self.sock, parts)

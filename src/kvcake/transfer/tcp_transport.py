@@ -136,6 +136,38 @@ class TcpTransport(Transport):
         paths = jobs[0].target.paths
         return [self._lane_task(batch, queue, paths, i) for i in range(lanes)]
 
+    def run_single(self, op: Op, local: memoryview, target: SegmentInfo, offset: int) -> bool:
+        """Fast path for one small request in the caller's thread, without batch machinery.
+        Returns False when the path failed (it is marked down; the caller then goes through
+        the general path, which fails over); raises the remote refusal, if any."""
+        addr = self.health.choose(target.paths, 0)
+        if addr is None:
+            return False
+        try:
+            ep = self.pool.acquire(addr)
+        except PathFailure:
+            self._path_failed(addr)
+            return False
+        s = Slice(Job(op, local, target, offset, local.nbytes, [0]), 0, local.nbytes)
+        try:
+            rid = ep.next_rid()
+            parts: list[Buffer] = []
+            self._request(parts, rid, s)
+            framing.sendall_parts(ep.sock, parts)
+            self.hooks.sent(addr)
+            err = self._recv(ep.reader, rid, s)
+        except (OSError, FramingError, PathFailure):
+            self.pool.release(ep, healthy=False)
+            self._path_failed(addr)
+            return False
+        except BaseException:
+            self.pool.release(ep, healthy=False)
+            raise
+        self.pool.release(ep)
+        if err is not None:
+            raise err
+        return True
+
     def _lane_task(
         self, batch: Batch, q: SliceQueue, paths: tuple[PathInfo, ...], lane: int
     ) -> Task:
