@@ -79,6 +79,7 @@ def run(policy: str, index: KVIndex, args: argparse.Namespace, req: list[BlockHa
         "median_us": statistics.median(times) * 1e6,
         "p99_us": times[int(0.99 * (len(times) - 1))] * 1e6,
         "min_us": times[0] * 1e6,
+        "p10_us": times[int(0.10 * (len(times) - 1))] * 1e6,
         # CPU time of this thread: excludes time the scheduler gave to other processes.
         "cpu_median_us": statistics.median(cpu) * 1e6,
         "fetch_decisions": fetches,
@@ -113,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(run(policy, index, args, req))
             r = rows[-1]
             print(f"{r['index']:<12} {r['policy']:<20} median {r['median_us']:8.1f} us  "
-                  f"p99 {r['p99_us']:8.1f} us  min {r['min_us']:7.1f} us  cpu-median {r['cpu_median_us']:7.1f} us  "
+                  f"p10 {r['p10_us']:6.1f}  p99 {r['p99_us']:8.1f}  min {r['min_us']:6.1f}  "
+                  f"cpu-median {r['cpu_median_us']:6.1f} us  "
                   f"({r['decisions']} decisions, {r['fetch_decisions']} with fetch)", flush=True)  # fmt: skip
     if args.json:
         with open(args.json, "w") as fh:
