@@ -24,6 +24,7 @@ import argparse
 import ctypes
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -85,9 +86,15 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def measure(run_batch: Callable[[], None], block: int, args: argparse.Namespace) -> list[float]:
-    """Seconds per batch of each repeat (several batches per repeat)."""
-    n = max(args.min_batches, -(-args.min_bytes // (block * BATCH)))
+    """Seconds per batch of each repeat. A repeat runs the same number of batches: enough to
+    move ``--min-bytes`` or to last ``--repeat-s`` (whichever is fewer), at least
+    ``--min-batches``."""
     run_batch()  # warm up connections and mappings
+    t = time.perf_counter()
+    run_batch()
+    one = max(time.perf_counter() - t, 1e-6)
+    by_bytes = -(-args.min_bytes // (block * BATCH))
+    n = max(args.min_batches, min(by_bytes, int(args.repeat_s / one)))
     out = []
     for _ in range(args.repeats):
         t = time.perf_counter()
@@ -196,7 +203,7 @@ def latency(fn: Callable[[], None], iters: int) -> tuple[float, float]:
 def run_all(args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:
     import numpy as np
 
-    from kvcake.transfer import Op, TransferEngine
+    from kvcake.transfer import Op, TransferConfig, TransferEngine
 
     sizes = parse_sizes(args.sizes)
     top = max(sizes) * BATCH
@@ -207,8 +214,9 @@ def run_all(args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:
     local = np.zeros(top, dtype=np.uint8)
     local[:] = np.random.default_rng(0).integers(0, 256, top, dtype=np.uint8)
     dst = np.zeros(top, dtype=np.uint8)  # the memmove baseline's other side
-    tcp = TransferEngine(target.info["directory"], protocol="tcp")
-    shm = TransferEngine(target.info["directory"], protocol="auto")
+    cfg = TransferConfig(streams=args.streams, slice_size=args.slice_size)
+    tcp = TransferEngine(target.info["directory"], protocol="tcp", config=cfg)
+    shm = TransferEngine(target.info["directory"], protocol="auto", config=cfg)
     tcp.register_memory("local-tcp", local)
     shm.register_memory("local-shm", local)
     try:
@@ -328,23 +336,35 @@ def markdown(rows: list[Row], lat: dict[str, float]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from kvcake.transfer import TransferConfig
+
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--sizes", default="4K,64K,1M,16M", help="block sizes (default 4K,64K,1M,16M)")
     p.add_argument("--repeats", type=int, default=5, help="repeats per figure (median, min, max)")
-    p.add_argument("--min-bytes", type=int, default=256 << 20, help="bytes moved per repeat")
-    p.add_argument("--min-batches", type=int, default=20, help="batches per repeat at least")
+    p.add_argument("--min-bytes", type=int, default=512 << 20, help="bytes per repeat (at most)")
+    p.add_argument("--min-batches", type=int, default=5, help="batches per repeat at least")
+    p.add_argument("--repeat-s", type=float, default=0.5, help="target seconds per repeat")
     p.add_argument("--latency-iters", type=int, default=3000, help="4 KB round trips timed")
+    p.add_argument(
+        "--streams", type=int, default=TransferConfig.streams, help="TCP lanes per batch"
+    )
+    p.add_argument("--slice-size", type=int, default=1 << 20, help="TCP slice size in bytes")
     p.add_argument("--skip-shm", action="store_true", help="skip the shm transport")
     p.add_argument("--json", help="also write the results to this JSON file")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
+    # SIGTERM -> SystemExit, so the child processes are stopped by the finally blocks.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.time()
     rows, lat = run_all(args)
     print(markdown(rows, lat))
-    print(f"\n(ran {time.time() - t0:.0f} s; load average {os.getloadavg()[0]:.1f} at the end)")
+    print(
+        f"\n(streams={args.streams}, slice_size={args.slice_size}, repeats={args.repeats}; "
+        f"ran {time.time() - t0:.0f} s; load average {os.getloadavg()[0]:.1f} at the end)"
+    )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(

@@ -110,3 +110,18 @@ def test_no_path_left_fails_only_that_target(make_engine: EngineFactory) -> None
     assert time.monotonic() - t0 < 10
     assert [r.error_type for r in res.results] == ["NoPathAvailable", None]
     assert bytes(dst_c) == bytes(a._segments.get("a").view)
+
+
+def test_small_request_fast_path_fails_over(make_engine: EngineFactory) -> None:
+    a = make_engine(protocol="tcp", config=cfg(probe_interval_s=10.0))
+    b = make_engine(listen_hosts=NICS[:2])
+    mem = pattern(65536, seed=13)
+    b.register_memory("b", mem)
+    out = bytearray(4096)
+    a.read_into("b", 0, out)  # opens a pooled connection on the first path
+    first = b.addresses[0]
+    b.server.close_address(first)  # the pooled connection is now dead
+    out[:] = bytes(4096)
+    a.read_into("b", 4096, out)  # fast path fails, general path retries on the other NIC
+    assert out == mem[4096:8192]
+    assert a.health.down() == [first]

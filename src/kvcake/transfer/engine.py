@@ -399,6 +399,7 @@ class TransferEngine:
                 self.unregister(name)
         self._executor.shutdown(wait=True, cancel_futures=False)
         self.server.stop()
+        self.health.close()
         self.pool.close()
         for t in self.transports.values():
             t.close()

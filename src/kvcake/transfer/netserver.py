@@ -38,6 +38,7 @@ class ThreadedServer(ABC):
         self._listeners: dict[str, socket.socket] = {}
         self._conns: dict[socket.socket, str] = {}
         self._threads: list[threading.Thread] = []
+        self._conn_threads: list[threading.Thread] = []
         self._stopped = threading.Event()
         self.addresses: list[str] = []
 
@@ -86,6 +87,8 @@ class ThreadedServer(ABC):
             t = threading.Thread(target=self._serve, args=(conn, addr), daemon=True)
             t.name = f"{self._name}-conn"
             t.start()
+            with self._lock:
+                self._conn_threads = [x for x in self._conn_threads if x.is_alive()] + [t]
 
     def _serve(self, conn: socket.socket, addr: str) -> None:
         try:
@@ -130,5 +133,7 @@ class ThreadedServer(ABC):
         for c in conns:
             with contextlib.suppress(OSError):
                 c.shutdown(socket.SHUT_RDWR)
-        for t in self._threads:
+        with self._lock:
+            threads = self._threads + self._conn_threads
+        for t in threads:
             t.join(timeout=2.0)

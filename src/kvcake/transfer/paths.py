@@ -24,6 +24,7 @@ class PathHealth:
         self._down: dict[str, float] = {}  # address -> earliest next probe (monotonic)
         self.failures: dict[str, int] = {}
         self.probes: dict[str, int] = {}
+        self._threads: list[threading.Thread] = []
 
     def is_up(self, address: str) -> bool:
         return address not in self._down
@@ -53,13 +54,26 @@ class PathHealth:
                 # Paths are up: probe due down ones in the background, never stall the lane.
                 for addr in by_tier[tier]:
                     if addr in self._down and self._claim_probe(addr):
-                        threading.Thread(target=self._run_probe, args=(addr,), daemon=True).start()
+                        self._background_probe(addr)
                 return ups[lane % len(ups)]
         for tier in sorted(by_tier):
             for addr in by_tier[tier]:
                 if self._claim_probe(addr) and self._run_probe(addr):
                     return addr
         return None
+
+    def _background_probe(self, addr: str) -> None:
+        t = threading.Thread(target=self._run_probe, args=(addr,), daemon=True)
+        with self._lock:
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        t.start()
+
+    def close(self) -> None:
+        """Wait for background probes (each is bounded by the connect timeout)."""
+        with self._lock:
+            threads, self._threads = self._threads, []
+        for t in threads:
+            t.join()
 
     def _run_probe(self, addr: str) -> bool:
         with self._lock:

@@ -1,0 +1,95 @@
+"""Buffered frame I/O on a real socket pair, and the endpoint pool's accounting."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from kvcake.core import framing
+from kvcake.core.errors import TruncatedFrame
+from kvcake.transfer.pool import EndpointPool
+from kvcake.transfer.stream import FrameReader, FrameWriter
+
+from .conftest import EngineFactory
+
+
+def test_reader_mixes_readahead_and_direct_receive() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        payload = bytes(range(256)) * 64  # 16 KiB
+        frames = b"".join(
+            framing.pack_header(i, 3, len(payload)) + b"abc" + payload for i in range(3)
+        )
+        t = threading.Thread(target=a.sendall, args=(frames,))
+        t.start()
+        r = FrameReader(b, readahead=100)
+        for i in range(3):
+            hdr = r.read_header(framing.DEFAULT_LIMITS)
+            assert hdr is not None and hdr.request_id == i
+            assert r.read_bytes(hdr.meta_len) == b"abc"
+            if i == 1:
+                r.skip(hdr.data_len)
+                continue
+            out = bytearray(hdr.data_len)
+            r.read_into(memoryview(out))
+            assert bytes(out) == payload
+        t.join()
+        a.shutdown(socket.SHUT_WR)
+        assert r.read_header(framing.DEFAULT_LIMITS) is None  # clean EOF
+
+
+def test_reader_truncated_header() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(framing.pack_header(1, 0)[:7])
+        a.shutdown(socket.SHUT_WR)
+        with pytest.raises(TruncatedFrame):
+            FrameReader(b).read_header(framing.DEFAULT_LIMITS)
+
+
+def test_writer_batches_and_keeps_order() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        w = FrameWriter(a, flush_bytes=1 << 20)
+        data = memoryview(bytearray(b"x" * 1000))
+        for i in range(10):
+            w.queue(f"h{i}".encode(), data if i % 2 else None)
+        w.flush()
+        a.shutdown(socket.SHUT_WR)
+        got = b""
+        while chunk := b.recv(65536):
+            got += chunk
+        want = b"".join(f"h{i}".encode() + (b"x" * 1000 if i % 2 else b"") for i in range(10))
+        assert got == want
+
+
+def test_pool_accounting_and_connect_failure(make_engine: EngineFactory) -> None:
+    target = make_engine()
+    pool = EndpointPool(cap=2, connect_timeout_s=1.0, io_timeout_s=0.5)
+    addr = target.addresses[0]
+    e1 = pool.acquire(addr)
+    e2 = pool.acquire(addr)
+    pool.check()
+    assert pool.stats()["busy"] == 2
+    with pytest.raises(Exception, match="no free endpoint"):
+        pool.acquire(addr)  # cap reached, nothing idle: waits io_timeout, then gives up
+    pool.release(e1)
+    e3 = pool.acquire(addr)
+    assert e3 is e1  # idle endpoint reused
+    pool.release(e2, healthy=False)  # closed, slot freed
+    pool.release(e3)
+    pool.check()
+    assert pool.stats() | {} == {
+        "open": 1,
+        "idle": 1,
+        "busy": 0,
+        "cap": 2,
+        "created": 2,
+        "evicted": 0,
+    }
+    with pytest.raises(Exception, match="cannot connect"):
+        pool.acquire("127.0.0.1:1")  # nothing listens on port 1
+    pool.check()
+    pool.close()
