@@ -1,0 +1,78 @@
+"""Our paged forward against transformers' LlamaForCausalLM on the same fp32 weights (both read
+the checkpoint converted from the GGUF): greedy tokens identical, logits within tight tolerance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from kvcake.core.ids import RequestId
+from kvcake.engine.backend import DecodeSeq
+
+from .conftest import PROMPTS
+
+LOGIT_ATOL = 2e-3  # fp32 rounding differences only; logits are O(10)
+
+
+def ours(be: Any, ids: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    table = be.allocate_blocks(be.blocks_needed(len(ids) + steps))
+    try:
+        logits = [be.prefill_logits(ids, table, 0)[0]]
+        seq = DecodeSeq(RequestId("p"), table, len(ids), int(logits[0].argmax()))
+        toks = [seq.last_token]
+        for _ in range(steps - 1):
+            logits.append(be.decode_logits([seq])[0])
+            seq.last_token = int(logits[-1].argmax())
+            toks.append(seq.last_token)
+        return toks, logits
+    finally:
+        be.free_blocks(table)
+
+
+@torch.inference_mode()
+def reference(hf: Any, ids: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    out = hf(torch.tensor([ids]), use_cache=True)
+    logits, past = [out.logits[0, -1]], out.past_key_values
+    toks = [int(logits[0].argmax())]
+    for _ in range(steps - 1):
+        out = hf(torch.tensor([[toks[-1]]]), past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        logits.append(out.logits[0, -1])
+        toks.append(int(logits[-1].argmax()))
+    return toks, logits
+
+
+def _check(fresh: Any, hf_model: Any, ids: list[int], steps: int) -> None:
+    got, got_logits = ours(fresh, ids, steps)
+    want, want_logits = reference(hf_model, ids, steps)
+    assert got == want
+    for a, b in zip(got_logits, want_logits, strict=True):
+        assert torch.allclose(a, b, atol=LOGIT_ATOL, rtol=0), float((a - b).abs().max())
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_matches_transformers(fresh: Any, hf_model: Any, prompt: str) -> None:
+    _check(fresh, hf_model, fresh.tokenizer.encode(prompt), steps=12)
+
+
+def test_chat_prompt_matches_transformers(fresh: Any, hf_model: Any) -> None:
+    ids = fresh.tokenizer.encode_chat([{"role": "user", "content": "Name a large animal."}])
+    _check(fresh, hf_model, ids, steps=10)
+
+
+@pytest.mark.slow
+def test_long_prompt_matches_transformers(
+    fresh: Any, hf_model: Any, long_prompt: list[int]
+) -> None:
+    assert len(long_prompt) >= 1500
+    _check(fresh, hf_model, long_prompt, steps=6)
+
+
+def test_answers_capital_of_france(fresh: Any) -> None:
+    ids = fresh.tokenizer.encode_chat(
+        [{"role": "user", "content": "What is the capital of France?"}]
+    )
+    toks, _ = ours(fresh, ids, steps=8)
+    assert "Paris" in fresh.tokenizer.decode(toks)
