@@ -101,9 +101,11 @@ def test_recheck_only_rejects_for_per_stage() -> None:
         assert isinstance(d, Accept), policy
         r = c.recheck_decode(request(), d, _snap(decodes=(busy,)))
         assert isinstance(r, Accept) and r.expected_tbt_s > 0.02, policy
-    c = _conductor("per-stage")
+    c = _conductor("early-rejection")
     d = c.schedule(request(), _snap())
     assert isinstance(d, Accept)
+    r = c.recheck_decode(request(), d, _snap(decodes=(decode("d0", healthy=False),)))
+    assert isinstance(r, Reject) and r.reason == NO_DECODE
     with pytest.raises(SchedulingError):
         c.recheck_decode(request(), d, _snap(decodes=(decode("other"),)))
 

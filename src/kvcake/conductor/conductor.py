@@ -107,18 +107,24 @@ class Conductor:
     def recheck_decode(
         self, request: RequestView, decision: Accept, snapshot: ClusterSnapshot
     ) -> Decision:
-        """The decode stage's check after prefill: with an admission policy that re-checks
-        (``per-stage``) reject when the TBT of ``decision.decode`` with this request added to
-        its running batch exceeds the SLO — the request is then forgotten (like
-        :meth:`on_abort`). Otherwise return the decision with the updated TBT estimate."""
+        """The decode stage's check after prefill. Rejects (and forgets the request, like
+        :meth:`on_abort`) when ``decision.decode`` has become unhealthy (any policy), or — with
+        an admission policy that re-checks (``per-stage``) — when the TBT of its running batch
+        with this request added exceeds the SLO. Otherwise returns the decision with the
+        refreshed TBT estimate."""
         state = next((d for d in snapshot.decode if d.instance_id == decision.decode), None)
         if state is None:
             raise SchedulingError(f"decode instance {decision.decode} is not in the snapshot")
         check_decode_state(state)
         tbt = recheck_tbt(state, self.predictors.decode, request)
-        if self.admission.recheck_at_decode and (tbt > self.config.tbt_slo_s or not state.healthy):
+        reason = None
+        if not state.healthy:
+            reason = adm.NO_DECODE
+        elif self.admission.recheck_at_decode and tbt > self.config.tbt_slo_s:
+            reason = adm.TBT_SLO_AFTER_PREFILL
+        if reason is not None:
             self.on_abort(request.request_id)
-            return Reject(adm.TBT_SLO_AFTER_PREFILL, decision.expected_ttft_s, tbt)
+            return Reject(reason, decision.expected_ttft_s, tbt)
         return Accept(
             decision.prefill,
             decision.decode,
