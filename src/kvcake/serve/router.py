@@ -81,6 +81,7 @@ class Router:
         self.metrics = metrics
         self.eos = eos
         self.t0 = time.monotonic()
+        self.gates: dict[InstanceId, asyncio.Semaphore] = {}
         self.reserve_wait_s = float(getattr(conductor.config, "ttft_slo_s", 30.0))
 
     def new_id(self) -> RequestId:
@@ -144,13 +145,17 @@ class Router:
         ppend.prefill_s += predicted
         self.metrics.waiting.inc()
         reserved = False
+        # The prefill queue is held here, not on the instance: decode KV is then reserved only
+        # when the prefill is about to run, so queued requests do not pin decode memory.
+        gate = self.gates.setdefault(acc.prefill, asyncio.Semaphore(1))
         try:
-            reservation = None
-            if acc.prefill != acc.decode:
-                reservation = await self._reserve(d, rid, len(tokens) + sampling.max_tokens)
-                reserved = True
-            task = PrefillTask(rid, tuple(tokens), hashes, sampling, acc.fetch, reservation)
-            result = await p.submit_prefill(task)
+            async with gate:
+                reservation = None
+                if acc.prefill != acc.decode:
+                    reservation = await self._reserve(d, rid, len(tokens) + sampling.max_tokens)
+                    reserved = True
+                task = PrefillTask(rid, tuple(tokens), hashes, sampling, acc.fetch, reservation)
+                result = await p.submit_prefill(task)
             out.prefill_timings = dict(result.timings)
             return result
         except BaseException:
