@@ -3,7 +3,8 @@
 Setup: ``--instances`` prefill instances (default 64), each holding a random 0..N-block prefix of
 the request plus ``--unrelated`` other blocks (default 10,000) in the KV index; requests of N
 blocks (default 128); 16 decode instances. Every decision gets a *fresh* snapshot (new
-``PrefillState`` tuple with random queue times, built outside the timed region), so no per-tuple
+``PrefillState`` tuple with random queue times, built just before the decision but outside
+the timed region), so no per-tuple
 cache is reused; each timed call is one full ``Conductor.schedule`` — prefix match, Algorithm-1
 TTFT estimates for every prefill instance, decode choice, admission. Reports the median and p99
 over ``--decisions`` decisions (default 10,000) per policy and index type.
@@ -19,7 +20,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from kvcake.conductor import PREFILL_POLICIES, Conductor, ConductorConfig, PrefixIndex
 from kvcake.core.api import ClusterSnapshot, DecodeState, KVIndex, PrefillState, RequestView
@@ -38,22 +39,20 @@ def build_index(index: KVIndex, args: argparse.Namespace, request: list[BlockHas
         index.add(iid, [BlockHash(rng.getrandbits(64)) for _ in range(args.unrelated)])
 
 
-def snapshots(args: argparse.Namespace, index: KVIndex) -> list[ClusterSnapshot]:
+def snapshots(args: argparse.Namespace, index: KVIndex) -> Iterator[ClusterSnapshot]:
+    """A fresh snapshot per decision, built just before it (as the simulator and the proxy do),
+    with new random queue times: nothing is served from a per-tuple cache."""
     rng = random.Random(args.seed + 2)
     decode = tuple(
         DecodeState(InstanceId(f"decode-{j}"), rng.randint(0, 32), rng.randint(0, 400_000), 10**6)
         for j in range(16)
     )
     names = [InstanceId(f"prefill-{i}") for i in range(args.instances)]  # long-lived ids
-    out = []
     for k in range(args.decisions):
         prefill = tuple(PrefillState(n, rng.uniform(0, 10), rng.randint(0, 4)) for n in names)
-        out.append(
-            ClusterSnapshot(
-                float(k), prefill, decode, index, BLOCK_TOKENS, KV_BYTES_PER_TOKEN, LINK_BANDWIDTH
-            )
+        yield ClusterSnapshot(
+            float(k), prefill, decode, index, BLOCK_TOKENS, KV_BYTES_PER_TOKEN, LINK_BANDWIDTH
         )
-    return out
 
 
 def run(policy: str, index: KVIndex, args: argparse.Namespace, req: list[BlockHash]) -> dict:
