@@ -161,3 +161,30 @@ def _tiers(c: Client, key: str) -> set[str]:
         return {r.tier for r in c.get_replica_desc(key).replicas}
     except StoreError:
         return set()
+
+
+def test_paused_node_is_dropped_then_remounts(procs: Factory) -> None:
+    master = procs("master", "--port", "0", "--http-port", "-1", "--client-ttl-s", "1")
+    rpc = master.info["rpc"]
+    node = procs("store-server", "--master", rpc, "--segment-size", "4MiB", "--name", "napper")
+    with Client(master=rpc) as c:
+        c.put("before", b"x" * 100)
+        node.popen.send_signal(signal.SIGSTOP)  # silent past the TTL: unmounted
+        try:
+            wait_until(lambda: not c.is_exist("before"), timeout=8)
+            with pytest.raises(NoSpace):
+                c.put("during", b"y")
+        finally:
+            node.popen.send_signal(signal.SIGCONT)
+        here = PutOptions(preferred_segments=["napper"])
+        wait_until(lambda: _put_ok(c, "after", here), timeout=8)  # remounted by its heartbeat
+        assert c.get("after") == b"z" * 10
+        assert [r.segment for r in c.get_replica_desc("after").replicas] == ["napper"]
+
+
+def _put_ok(c: Client, key: str, opts: PutOptions) -> bool:
+    try:
+        c.put(key, b"z" * 10, opts)
+    except NoSpace:
+        return False
+    return True

@@ -28,6 +28,7 @@ from kvcake.store.errors import (
     INVALID_PARAMS,
     OBJECT_NOT_FOUND,
     ChecksumMismatch,
+    InvalidParams,
     ObjectNotFound,
     RpcFailed,
     error_for,
@@ -110,8 +111,8 @@ class DiskTier:
         if got != key or _crc(body) != crc:
             self.delete(key)
             raise ChecksumMismatch(f"{key!r}: checksum mismatch on disk")
-        if out.nbytes < size:
-            raise ValueError(f"buffer of {out.nbytes} bytes cannot hold {size}")
+        if out.nbytes != size:
+            raise InvalidParams(f"{key!r} has {size} bytes on disk, asked for {out.nbytes}")
         out[:size] = body
         return size
 
@@ -182,7 +183,9 @@ class DiskService(ThreadedServer):
                 self.tier.read_into(msg.key, memoryview(buf))
             except ObjectNotFound as exc:
                 framing.send_frame(conn, REP, rid, DiskReply(OBJECT_NOT_FOUND, str(exc)))
-            except (ChecksumMismatch, ValueError) as exc:
+            except InvalidParams as exc:
+                framing.send_frame(conn, REP, rid, DiskReply(INVALID_PARAMS, str(exc)))
+            except ChecksumMismatch as exc:
                 framing.send_frame(conn, REP, rid, DiskReply(CHECKSUM_MISMATCH, str(exc)))
             else:
                 framing.send_frame(conn, REP, rid, DiskReply(0), buf)
