@@ -5,6 +5,7 @@ over TCP (sliced, multi-path, with failover) or same-host shared memory. See doc
 from kvcake.transfer.config import TransferConfig
 from kvcake.transfer.engine import TransferEngine
 from kvcake.transfer.errors import (
+    EndpointsExhausted,
     InvalidRequest,
     NoPathAvailable,
     OutOfRange,
@@ -39,6 +40,7 @@ __all__ = [
     "DirectoryBackend",
     "DirectoryClient",
     "DirectoryService",
+    "EndpointsExhausted",
     "InvalidRequest",
     "MemoryBackend",
     "NoPathAvailable",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvcake.core.errors import TransferError
 
 __all__ = [
+    "EndpointsExhausted",
     "InvalidRequest",
     "NoPathAvailable",
     "OutOfRange",
@@ -43,6 +44,10 @@ class NoPathAvailable(TransferError):
 
 class PathFailure(TransferError):
     """One path (connection) broke; its unfinished slices are retried elsewhere."""
+
+
+class EndpointsExhausted(TransferError):
+    """Every pooled connection stayed busy for ``io_timeout_s``; the path itself may be fine."""
 
 
 class RemoteError(TransferError):

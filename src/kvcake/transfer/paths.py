@@ -9,11 +9,20 @@ inline in the lane when no path is left.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable
 
 from kvcake.transfer.types import PathInfo
+
+
+@functools.lru_cache(maxsize=1024)
+def _best_tier(paths: tuple[PathInfo, ...]) -> tuple[str, ...]:
+    if not paths:
+        return ()
+    top = min(p.tier for p in paths)
+    return tuple(p.address for p in paths if p.tier == top)
 
 
 class PathHealth:
@@ -45,6 +54,9 @@ class PathHealth:
     def choose(self, paths: Iterable[PathInfo], lane: int) -> str | None:
         """An up path for ``lane`` (round-robin within the best tier), else a down one whose
         probe is due and succeeds now, else ``None``."""
+        if not self._down:  # the common case: everything up, no bookkeeping
+            best = _best_tier(tuple(paths))
+            return best[lane % len(best)] if best else None
         by_tier: dict[int, list[str]] = {}
         for p in paths:
             by_tier.setdefault(p.tier, []).append(p.address)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
 
-from kvcake.transfer.errors import PathFailure
+from kvcake.transfer.errors import EndpointsExhausted, PathFailure
 from kvcake.transfer.netserver import split_address
 from kvcake.transfer.sieve import Sieve
 from kvcake.transfer.stream import FrameReader
@@ -45,12 +46,23 @@ class Endpoint:
             self.sock.close()
 
 
+def set_io_timeout(sock: socket.socket, seconds: float) -> None:
+    """Kernel-side send/receive timeouts on a *blocking* socket: a stalled peer fails the call
+    (EAGAIN -> OSError) while each call stays one system call (Python's own socket timeouts
+    make the socket non-blocking and add a poll per call, which costs latency)."""
+    sec = int(seconds)
+    tv = struct.pack("ll", sec, int((seconds - sec) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
 class EndpointPool:
     def __init__(self, cap: int, connect_timeout_s: float, io_timeout_s: float):
         self.cap = cap
         self._connect_timeout = connect_timeout_s
         self._io_timeout = io_timeout_s
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
+        self._waiters = 0
         self._idle: dict[str, list[Endpoint]] = {}
         self._busy: set[Endpoint] = set()
         self._sieve: Sieve[Endpoint] = Sieve()
@@ -62,7 +74,7 @@ class EndpointPool:
         return len(self._sieve)
 
     def acquire(self, address: str) -> Endpoint:
-        deadline = time.monotonic() + self._io_timeout
+        deadline = None
         with self._cond:
             while True:
                 if self._closed:
@@ -86,12 +98,18 @@ class EndpointPool:
                     self._sieve.insert(placeholder)
                     self._busy.add(placeholder)
                     break
+                if deadline is None:
+                    deadline = time.monotonic() + self._io_timeout
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise PathFailure(
+                    raise EndpointsExhausted(
                         f"no free endpoint within {self._io_timeout}s (cap {self.cap})"
                     )
-                self._cond.wait(left)
+                self._waiters += 1
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._waiters -= 1
         return self._connect(address, placeholder)
 
     def _connect(self, address: str, placeholder: Endpoint) -> Endpoint:
@@ -102,7 +120,7 @@ class EndpointPool:
             self._forget(placeholder)
             raise PathFailure(f"cannot connect to {address}: {exc}") from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(self._io_timeout)
+        set_io_timeout(sock, self._io_timeout)
         ep = Endpoint(address, sock)
         with self._cond:
             self._sieve.remove(placeholder)
@@ -129,7 +147,8 @@ class EndpointPool:
                 if ep in self._sieve:
                     self._sieve.remove(ep)
                 ep.close()
-            self._cond.notify_all()
+            if self._waiters:
+                self._cond.notify_all()
 
     def invalidate(self, address: str) -> None:
         """Close every idle endpoint to ``address`` (its path just failed)."""

@@ -23,6 +23,7 @@ from kvcake.core.errors import FramingError
 from kvcake.transfer.batch import Batch, Job, Slice, cut
 from kvcake.transfer.config import TransferConfig
 from kvcake.transfer.errors import (
+    EndpointsExhausted,
     InvalidRequest,
     NoPathAvailable,
     OutOfRange,
@@ -145,6 +146,8 @@ class TcpTransport(Transport):
             return False
         try:
             ep = self.pool.acquire(addr)
+        except EndpointsExhausted:
+            return False
         except PathFailure:
             self._path_failed(addr)
             return False
@@ -184,6 +187,8 @@ class TcpTransport(Transport):
                 return
             try:
                 ep = self.pool.acquire(addr)
+            except EndpointsExhausted:
+                continue  # other lanes hold every endpoint: wait again, the path is not at fault
             except PathFailure:
                 self._path_failed(addr)
                 continue
