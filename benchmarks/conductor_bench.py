@@ -59,7 +59,7 @@ def run(policy: str, index: KVIndex, args: argparse.Namespace, req: list[BlockHa
     conductor = Conductor(ConductorConfig(prefill_policy=policy))
     snaps = snapshots(args, index)
     blocks = tuple(req)
-    times, cpu, fetches = [], [], 0
+    times, cpu, ref, fetches = [], [], [], 0
     clock, tclock = time.perf_counter, time.thread_time
     for k, snap in enumerate(snaps):
         request = RequestView(RequestId(f"r{k}"), float(k), args.blocks * BLOCK_TOKENS, blocks, 256)
@@ -70,7 +70,11 @@ def run(policy: str, index: KVIndex, args: argparse.Namespace, req: list[BlockHa
         cpu.append(tclock() - c0)
         times.append(t1 - t0)
         fetches += bool(getattr(decision, "fetch", ()))
+        t2 = clock()
+        _reference()
+        ref.append(clock() - t2)
     times.sort()
+    ref.sort()
     return {
         "policy": policy,
         "index": type(index).__name__,
@@ -82,7 +86,22 @@ def run(policy: str, index: KVIndex, args: argparse.Namespace, req: list[BlockHa
         # CPU time of this thread: excludes time the scheduler gave to other processes.
         "cpu_median_us": statistics.median(cpu) * 1e6,
         "fetch_decisions": fetches,
+        # A fixed pure-Python workload timed right after each decision: its median/min ratio
+        # shows how much a shared machine inflates medians (1.0 on an idle machine).
+        "reference_slowdown": statistics.median(ref) / ref[0],
     }
+
+
+def _reference() -> int:
+    """Fixed CPU work (~tens of us): dict lookups, int and float arithmetic, like the conductor."""
+    d = _REF_DICT
+    acc = 0
+    for i in range(200):
+        acc += d.get(i & 127, 0) * 3 + (i >> 2)
+    return acc + int(sum(x * 0.5 for x in range(64)))
+
+
+_REF_DICT = {i: i * i for i in range(128)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             r = rows[-1]
             print(f"{r['index']:<12} {r['policy']:<20} median {r['median_us']:8.1f} us  "
                   f"p10 {r['p10_us']:6.1f}  p99 {r['p99_us']:8.1f}  min {r['min_us']:6.1f}  "
-                  f"cpu-median {r['cpu_median_us']:6.1f} us  "
+                  f"cpu-median {r['cpu_median_us']:6.1f} us  ref-slowdown {r['reference_slowdown']:.2f}  "
                   f"({r['decisions']} decisions, {r['fetch_decisions']} with fetch)", flush=True)  # fmt: skip
     if args.json:
         with open(args.json, "w") as fh:
