@@ -108,7 +108,11 @@ def _ops(
         errs = client.batch_put(keys[i], [value] * batch)
         assert not any(errs), errs
 
-    return put, (lambda i: client.batch_get(keys[i]))
+    def get(i: int) -> None:
+        got = client.batch_get(keys[i])
+        assert all(isinstance(g, bytearray) for g in got), got
+
+    return put, get
 
 
 def bench_cell(
@@ -118,7 +122,7 @@ def bench_cell(
 
     assert isinstance(client, Client)
     value = os.urandom(size)
-    calls = max(4, min(300, (96 * MB) // (size * batch)))
+    calls = max(3, min(300, (128 * MB) // (size * batch)))
     put_rates: list[float] = []
     get_rates: list[float] = []
     put_lat: list[float] = []
@@ -150,7 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--protocol", choices=["auto", "tcp"], default="auto")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sizes", default=",".join(SIZES), help="subset of 4KB,64KB,1MB,16MB")
-    ap.add_argument("--segment", default="1GiB", help="store-server DRAM segment size")
+    ap.add_argument("--segment", default="2GiB", help="store-server DRAM segment size")
+    ap.add_argument(
+        "--no-tune-malloc",
+        action="store_true",
+        help="client keeps glibc's default malloc thresholds (see kvcake.store.memtune)",
+    )
     args = ap.parse_args(argv)
     from kvcake.store.client import Client
 
@@ -160,7 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     SERVER_PIDS[:] = [master.pid, node.pid]
     try:
-        client = Client(master=minfo["rpc"], protocol=args.protocol)
+        client = Client(
+            master=minfo["rpc"], protocol=args.protocol, tune_malloc=not args.no_tune_malloc
+        )
         rows = []
         for label in args.sizes.split(","):
             size = SIZES[label]
@@ -184,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def print_table(rows: list[tuple[str, int, Cell, Cell]], args: argparse.Namespace) -> None:
     load = os.getloadavg()
     print(
-        f"\nkvcake store, protocol={args.protocol}, median of {args.repeats} repeats "
+        f"\nkvcake store, protocol={args.protocol}, tune_malloc={not args.no_tune_malloc}, median of {args.repeats} repeats "
         f"(latency per call: one op, or one batch of {BATCH}); load average "
         f"{load[0]:.1f}/{load[1]:.1f} on {os.cpu_count()} CPUs\n"
     )

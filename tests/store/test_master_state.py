@@ -217,6 +217,7 @@ def test_offload_then_serve_from_disk_then_promote() -> None:
     for i in range(4):
         put(st, f"o{i}", 4096)
     assert st.maybe_evict() > 0
+    assert st.maybe_evict() == 0  # in-flight offloads count as freed: no second wave
     tasks = st.take_tasks(A)
     assert {t.kind for t in tasks} == {"offload"}
     key = tasks[0].key

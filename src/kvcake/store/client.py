@@ -31,6 +31,7 @@ from kvcake.store.errors import (
     error_for,
 )
 from kvcake.store.liveness import Heartbeater
+from kvcake.store.memtune import tune_malloc
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
 
@@ -58,6 +59,8 @@ class Client:
         from kvcake.transfer.engine import TransferEngine
 
         self.cfg = config or ClientConfig(**kw)
+        if self.cfg.tune_malloc:
+            tune_malloc()
         self.conn = MasterConnection(self.cfg.master, self.cfg.rpc_timeout_s)
         hello = self.conn.call(P.Heartbeat("", self.cfg.hostname))
         if not hello.directory:
@@ -66,13 +69,20 @@ class Client:
         self.id = self.engine.owner
         self.host = self.cfg.hostname
         self.segments: dict[str, memoryview] = {}
-        self.staging = Staging(self.engine, f"staging-{self.id.replace('/', '-')}")
         self.remount_hooks: list[Callable[[], None]] = [self._remount]
-        self.conn.call(P.Heartbeat(self.id, self.host))
-        if self.cfg.segment_size:
-            name = segment_name or f"seg-{self.id.replace('/', '-')}"
-            self.segments[name] = self.engine.allocate_segment(name, self.cfg.segment_size)
-            self._mount(name)
+        self._closed = True
+        try:
+            self.staging = Staging(self.engine, f"staging-{self.id.replace('/', '-')}")
+            self.conn.call(P.Heartbeat(self.id, self.host))
+            if self.cfg.segment_size:
+                name = segment_name or f"seg-{self.id.replace('/', '-')}"
+                self.segments[name] = self.engine.allocate_segment(name, self.cfg.segment_size)
+                self._mount(name)
+        except BaseException:
+            self.segments.clear()
+            self.engine.close()  # releases the shm segment it may have created
+            self.conn.close()
+            raise
         hb_conn = MasterConnection(self.cfg.master, self.cfg.rpc_timeout_s)
         ttl_s = hello.client_ttl_ms / 1000
         self.heartbeat = Heartbeater(hb_conn, self.id, self.host, ttl_s, self.remount_hooks)
@@ -86,9 +96,10 @@ class Client:
         self.conn.call(P.Mount(self.id, self.host, name, cap))
 
     def _remount(self) -> None:
-        for name in self.segments:
-            if self.engine.directory is not None:  # the master dropped us from the directory
+        if self.engine.directory is not None:  # the master dropped us from the directory
+            for name in self.engine.local_segments():
                 self.engine.directory.publish(self.engine.segment_info(name))
+        for name in self.segments:
             self._mount(name)
 
     # --- writes -------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ class ClientConfig:
     protocol: str = "auto"  # auto (shared memory on the same host) | tcp | shm
     segment_size: int = size_field(0)  # DRAM this client contributes; 0 = pure client
     rpc_timeout_s: float = 30.0
+    tune_malloc: bool = True  # keep freed value buffers warm (see kvcake.store.memtune)
 
     def __post_init__(self) -> None:
         require(":" in self.master, f"client.master must be host:port, got {self.master!r}")

@@ -61,6 +61,7 @@ class MasterState(TieringMixin):
         self.tasks: dict[ClientId, list[NodeTask]] = {}
         self.discarded: list[tuple[float, SegmentName, int]] = []  # (free at, segment, offset)
         self.evicted_objects = 0
+        self.offloading: dict[ObjectKey, int] = {}
         self.evicted_bytes = 0
         self.offloads = 0
         self.promotions = 0
@@ -162,6 +163,7 @@ class MasterState(TieringMixin):
             seg.allocator.release(rep.offset)
 
     def _drop_object(self, obj: ObjectMeta) -> None:
+        self.offloading.pop(obj.key, None)
         for rep in obj.replicas:
             self._free(rep)
             if rep.tier is Tier.DISK:

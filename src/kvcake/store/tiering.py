@@ -27,6 +27,7 @@ class TieringMixin:
     tasks: dict[ClientId, list[NodeTask]]
     discarded: list[tuple[float, SegmentName, int]]
     evicted_objects: int
+    offloading: dict[ObjectKey, int]  # key -> memory bytes an in-flight offload will free
     evicted_bytes: int
     offloads: int
     promotions: int
@@ -59,7 +60,9 @@ class TieringMixin:
             self._reclaim_discarded(force=False)
             segs = self.memory_segments()
             cap = sum(s.allocator.capacity for s in segs)
-            used = sum(s.allocator.allocated for s in segs)
+            # Bytes already on their way to disk count as freed, so a slow node is not
+            # flooded with more offloads every tick.
+            used = sum(s.allocator.allocated for s in segs) - sum(self.offloading.values())
             if cap == 0 or used <= self.cfg.high_watermark * cap:
                 return 0
             target = used - int((self.cfg.high_watermark - self.cfg.eviction_ratio) * cap)
@@ -130,6 +133,7 @@ class TieringMixin:
             return False
         obj.replicas.append(Replica(disk.name, off, obj.size, Tier.DISK, complete=False))
         obj.copying = True
+        self.offloading[obj.key] = sum(r.size for r in obj.memory())
         self.tasks.setdefault(owner, []).append(NodeTask("offload", obj.key, obj.size, src.offset))
         self.offloads += 1
         return True
@@ -159,6 +163,8 @@ class TieringMixin:
         """A node reports a copy finished (``ok``) or failed; the replica becomes readable or
         is freed. A report for an object that is gone makes the node delete its disk copy."""
         with self.lock:
+            if kind == "offload":
+                self.offloading.pop(ObjectKey(key), None)
             obj = self.objects.get(ObjectKey(key))
             tier = Tier.DISK if kind == "offload" else Tier.MEMORY
             rep = None
