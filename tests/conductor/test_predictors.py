@@ -85,6 +85,8 @@ def test_predictors_from_cost_model_and_calibration(tmp_path) -> None:  # type: 
     path = tmp_path / "cal.json"
     save_calibration(cm, path)
     assert Predictors.from_calibration(path).prefill.coefficients == cm.prefill
+    assert PrefillTimeModel.from_calibration(path).coefficients == cm.prefill
+    assert DecodeTBTModel.from_calibration(path).coefficients == cm.decode
     path.write_text("{not json")
     with pytest.raises(ConfigError):
         Predictors.from_calibration(path)

@@ -46,6 +46,11 @@ class PrefillTimeModel:
     def from_cost_model(cls, cm: CostModel) -> PrefillTimeModel:
         return cls(cm.prefill, float(cm.fit_error.get("prefill", 0.0)))
 
+    @classmethod
+    def from_calibration(cls, path: str | Path) -> PrefillTimeModel:
+        """From a ``kvcake calibrate`` file (``ConfigError`` when missing or malformed)."""
+        return cls.from_cost_model(load_calibration(path))
+
     def time(self, prompt_len: int, prefix_len: int = 0) -> float:
         """Seconds to prefill ``prompt_len`` tokens of which ``prefix_len`` are cached."""
         return self.coefficients.time(prompt_len, prefix_len)
@@ -107,6 +112,10 @@ class DecodeTBTModel:
     @classmethod
     def from_cost_model(cls, cm: CostModel) -> DecodeTBTModel:
         return cls(cm.decode, float(cm.fit_error.get("decode", 0.0)))
+
+    @classmethod
+    def from_calibration(cls, path: str | Path) -> DecodeTBTModel:
+        return cls.from_cost_model(load_calibration(path))
 
     def step_time(self, batch: float, total_context: float) -> float:
         """One iteration over ``batch`` sequences with ``total_context`` KV tokens; fractional
