@@ -1,68 +1,141 @@
-"""``kvcake demo``: the main job on the embedded default.
+"""``kvcake demo`` (``make demo``): the live system in a few minutes.
 
-Replays the bundled conversation-trace sample through the cost model (LLaMA3-70B on 8xA800) with
-a global LRU KV-cache pool of several sizes, and prints how much prefill compute reuse saves.
-Later stages (simulator, live cluster) extend this command.
+1. Start the default cluster (``configs/cluster.toml``: master + store-server + 1 prefill +
+   1 decode instance running the real SmolLM2-135M + the proxy) and hold a short multi-turn
+   conversation through the OpenAI endpoint, printing each answer with its TTFT and how many
+   prompt tokens came from the KV cache (later turns reuse earlier turns' KV).
+2. Start an emulated-backend cluster (``configs/emulated.toml``) and replay a slice of the
+   bundled Mooncake trace sample against it; print the summary.
+Both clusters are real processes and are stopped at the end (or on Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections import OrderedDict
+import asyncio
+import json
+import time
 from typing import Any
 
-from rich.console import Console
-from rich.progress import track
-from rich.table import Table
-
-from kvcake.core import costmodel
-from kvcake.core.trace import TRACE_BLOCK_TOKENS, TraceRecord, read_trace
-from kvcake.data import sample_trace_path
+QUESTIONS = (
+    "What is the capital of France?",
+    "What is a famous museum there?",
+    "Name one painting that hangs in it.",
+)
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("demo", help="run the main demo on the bundled trace sample")
-    p.add_argument("--trace", help="trace JSONL (default: the bundled sample)")
-    p.add_argument("--preset", default=costmodel.DEFAULT_PRESET, choices=sorted(costmodel.PRESETS))
-    p.add_argument("--limit", type=int, default=None, help="use only the first N requests")
+    p = sub.add_parser(
+        "demo",
+        help="start a local cluster, chat with the real model, replay a trace slice",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", help="real-model cluster TOML (default: configs/cluster.toml)")
+    p.add_argument("--emulated-config", help="default: configs/emulated.toml")
+    p.add_argument("--requests", type=int, default=40, help="trace requests to replay")
+    p.add_argument("--speedup", type=float, default=0.5, help="trace replay speed")
+    p.add_argument("--max-tokens", type=int, default=48, help="answer length per turn")
     p.set_defaults(func=_run)
 
 
-def prefill_with_pool(
-    records: list[TraceRecord], capacity_blocks: int, cm: costmodel.CostModel
-) -> tuple[float, float]:
-    """(hit rate, total prefill seconds) with one LRU pool of ``capacity_blocks`` blocks."""
-    lru: OrderedDict[int, None] = OrderedDict()
-    hits = total = 0
-    seconds = 0.0
-    for r in records:
-        prefix = 0
-        for h in r.hash_ids:
-            if h not in lru:
-                break
-            prefix += 1
-        for h in r.hash_ids:
-            lru[h] = None
-            lru.move_to_end(h)
-        while len(lru) > capacity_blocks:
-            lru.popitem(last=False)
-        cached = min(prefix * TRACE_BLOCK_TOKENS, r.input_length)
-        hits += cached
-        total += r.input_length
-        seconds += cm.prefill_time(r.input_length, cached)
-    return hits / max(total, 1), seconds
+def _chat_turn(url: str, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    import httpx
+
+    body = {
+        "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    t0 = time.perf_counter()
+    ttft: float | None = None
+    text: list[str] = []
+    usage: dict[str, Any] = {}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.read().decode()[:300]}")
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            doc = json.loads(line[6:])
+            if "error" in doc:
+                raise RuntimeError(doc["error"]["message"])
+            usage = doc.get("usage") or usage
+            for ch in doc.get("choices", []):
+                piece = ch.get("delta", {}).get("content")
+                if piece:
+                    ttft = ttft if ttft is not None else time.perf_counter() - t0
+                    text.append(piece)
+                    print(piece, end="", flush=True)
+    print()
+    return {"text": "".join(text), "ttft": ttft or 0.0, "usage": usage}
+
+
+def _conversation(args: argparse.Namespace) -> None:
+    from rich.console import Console
+
+    from kvcake.serve.config import default_cluster_file
+    from kvcake.serve.launcher import Cluster, load_serve_file
+
+    console = Console()
+    conf = load_serve_file(args.config or default_cluster_file(), {"cluster": {"proxy_port": 0}})
+    console.rule("[bold]1. a conversation with SmolLM2-135M on a disaggregated cluster")
+    cluster = Cluster(conf, quiet=True)
+    with console.status(f"starting master, store, prefill, decode, proxy (logs {cluster.run_dir})"):
+        cluster.start()
+    with cluster:
+        console.print(f"OpenAI endpoint: [bold]{cluster.url}/v1[/]")
+        messages: list[dict[str, str]] = []
+        for q in QUESTIONS:
+            messages.append({"role": "user", "content": q})
+            console.print(f"\n[bold cyan]user:[/] {q}\n[bold green]assistant:[/] ", end="")
+            ans = _chat_turn(cluster.url, messages, args.max_tokens)
+            use = ans["usage"]
+            cached = use.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+            console.print(
+                f"[dim]TTFT {ans['ttft'] * 1000:.0f} ms; prefix-cache hit {cached} of "
+                f"{use.get('prompt_tokens', 0)} prompt tokens[/]"
+            )
+            messages.append({"role": "assistant", "content": ans["text"]})
+        console.print("\nstopping the cluster...")
+
+
+def _replay(args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from kvcake.core.trace import read_trace, scale_time
+    from kvcake.data import sample_trace_path
+    from kvcake.serve.config import default_cluster_file
+    from kvcake.serve.launcher import Cluster, load_serve_file
+    from kvcake.serve.replay import ReplayOptions, RequestRecord, run_replay
+    from kvcake.serve.replay_cli import print_summary
+
+    console = Console()
+    path = args.emulated_config or default_cluster_file().with_name("emulated.toml")
+    conf = load_serve_file(path)
+    console.rule("[bold]2. replaying the Mooncake trace sample on an emulated cluster")
+    recs = scale_time(read_trace(sample_trace_path(), limit=args.requests), args.speedup)
+    cluster = Cluster(conf, quiet=True)
+    with console.status(f"starting the emulated cluster (logs {cluster.run_dir})"):
+        cluster.start()
+    with cluster, Progress(console=console) as bar:
+        task = bar.add_task(f"replaying {len(recs)} requests", total=len(recs))
+
+        def done(_: RequestRecord) -> None:
+            bar.update(task, advance=1)
+
+        opts = ReplayOptions(
+            url=cluster.url, tokens_per_block=512, max_context=conf.instance.max_context,
+            ttft_slo_s=conf.proxy.ttft_slo_s, tbt_slo_s=conf.proxy.tbt_slo_s, max_output=128,
+        )  # fmt: skip
+        summary = asyncio.run(run_replay(recs, opts, done))
+    keys = ("requests", "completed", "rejected", "errors", "dropped", "ttft_p50", "ttft_p99",
+            "tbt_p50", "tbt_p99", "prefix_hit_rate", "effective_capacity")  # fmt: skip
+    d = summary.as_dict()
+    print_summary(console, {k: d[k] for k in keys}, "trace replay (emulated LLaMA3-70B)")
 
 
 def _run(args: argparse.Namespace) -> int:
-    path = args.trace or sample_trace_path()
-    records = read_trace(path, limit=args.limit)
-    cm = costmodel.preset(args.preset)
-    table = Table(title=f"KV-cache reuse on {len(records):,} requests of {path} ({args.preset})")
-    for col in ("pool capacity (tokens)", "prefix hit rate", "prefill GPU time (s)", "saved"):
-        table.add_column(col, justify="right")
-    _, cold = prefill_with_pool(records, 0, cm)
-    for tokens in track((0, 100_000, 1_000_000, 10_000_000, 100_000_000), description="replaying"):
-        rate, secs = prefill_with_pool(records, tokens // TRACE_BLOCK_TOKENS, cm)
-        table.add_row(f"{tokens:,}", f"{rate:.1%}", f"{secs:,.0f}", f"{1 - secs / cold:.1%}")
-    Console().print(table)
+    _conversation(args)
+    _replay(args)
     return 0
