@@ -37,6 +37,7 @@ def _snap(**changes) -> ClusterSnapshot:  # type: ignore[no-untyped-def]
         ({"prefill": (pstate("p0", math.inf),)}, "queued_seconds"),
         ({"prefill": (pstate("p0", 0.0, bw=-5.0),)}, "fetch_bandwidth"),
         ({"prefill": (pstate("p0", 0.0, bw=math.nan),)}, "fetch_bandwidth"),
+        ({"prefill": (pstate("p0", 0.0), pstate("p1", None))}, "numbers"),  # type: ignore[arg-type]
         ({"block_tokens": 0}, "block_tokens"),
         ({"kv_bytes_per_token": -1}, "kv_bytes_per_token"),
         ({"link_bandwidth": 0.0}, "link_bandwidth"),

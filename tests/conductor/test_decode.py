@@ -64,6 +64,11 @@ def test_malformed_decode_state(bad) -> None:  # type: ignore[no-untyped-def]
         select_decode((decode("ok"), bad), PRED.decode, request())
 
 
+def test_non_numeric_decode_state() -> None:
+    with pytest.raises(SchedulingError, match="integer"):
+        select_decode((decode("d0", running=None),), PRED.decode, request())  # type: ignore[arg-type]
+
+
 def test_duplicate_decode_ids() -> None:
     with pytest.raises(SchedulingError, match="twice"):
         select_decode((decode("d0"), decode("d0")), PRED.decode, request())

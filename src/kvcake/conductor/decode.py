@@ -54,6 +54,24 @@ def select_decode(
 ) -> DecodeChoice | None:
     """Best decode instance for ``request`` (``only``: restrict to that id, e.g. colocated), or
     ``None`` when no candidate is healthy."""
+    try:
+        best, tbt, fits, healthy = _scan(states, model, request, only)
+    except TypeError:  # None or a string where a count belongs
+        raise SchedulingError("decode states must hold integer counts") from None
+    if len({d.instance_id for d in states}) != len(states):
+        raise SchedulingError("snapshot lists a decode instance twice")
+    if best < 0:
+        return None
+    return DecodeChoice(best, states[best].instance_id, tbt, fits, healthy)
+
+
+def _scan(
+    states: tuple[DecodeState, ...],
+    model: DecodeTBTModel,
+    request: RequestView,
+    only: InstanceId | None,
+) -> tuple[int, float, bool, int]:
+    """(best index or -1, its TBT, whether it fits, healthy count) — the hot loop."""
     c = model.coefficients
     need = request.prompt_len + request.expected_output
     best, best_fits, best_tbt, healthy = -1, False, math.inf, 0
@@ -73,11 +91,7 @@ def select_decode(
         # Fitting instances first, then the smallest TBT; ties keep the earlier instance.
         if (fits and not best_fits) or (fits == best_fits and tbt < best_tbt):
             best, best_fits, best_tbt = i, fits, tbt
-    if len({d.instance_id for d in states}) != len(states):
-        raise SchedulingError("snapshot lists a decode instance twice")
-    if best < 0:
-        return None
-    return DecodeChoice(best, states[best].instance_id, best_tbt, best_fits, healthy)
+    return best, best_tbt, best_fits, healthy
 
 
 def recheck_tbt(state: DecodeState, model: DecodeTBTModel, request: RequestView) -> float:

@@ -135,7 +135,12 @@ class ViewBuilder:
         bws = [p.fetch_bandwidth for p in pre]
         hs = [p.healthy for p in pre]
         # sum() is NaN/inf when any entry is: one C pass validates finiteness.
-        if pre and not (min(qs) >= 0 and min(bws) >= 0 and math.isfinite(sum(qs) + sum(bws))):
+        try:
+            ok = not pre or (min(qs) >= 0 and min(bws) >= 0 and math.isfinite(sum(qs) + sum(bws)))
+        except TypeError:  # e.g. None or a string where a number belongs
+            raise SchedulingError("prefill states must hold numbers in queued_seconds and "
+                                  "fetch_bandwidth") from None  # fmt: skip
+        if not ok:
             bad = {p.instance_id for p in pre if not (0 <= p.queued_seconds < _INF)}
             bad |= {p.instance_id for p in pre if not (0 <= p.fetch_bandwidth < _INF)}
             raise SchedulingError(
