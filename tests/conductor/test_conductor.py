@@ -61,6 +61,10 @@ def test_malformed_request_raises_scheduling_error() -> None:
         c.schedule(RequestView(RequestId("r"), 0.0, 0, (), 10), _snap())
     with pytest.raises(SchedulingError, match="expected_output"):
         c.schedule(RequestView(RequestId("r"), 0.0, 10, (), -1), _snap())
+    with pytest.raises(SchedulingError, match="non-numeric"):
+        c.schedule(RequestView(RequestId("r"), 0.0, None, (), 1), _snap())  # type: ignore[arg-type]
+    with pytest.raises(SchedulingError, match="non-numeric"):
+        c.schedule(request(), _snap(block_tokens="512"))
     # A trailing partial block is allowed (trace hash_ids name it).
     ok = RequestView(RequestId("r"), 0.0, 95, blocks(10), 10)
     assert isinstance(c.schedule(ok, _snap()), Accept)

@@ -142,6 +142,13 @@ class Conductor:
 
 
 def _check(request: RequestView, snap: ClusterSnapshot) -> None:
+    try:
+        _check_values(request, snap)
+    except TypeError:  # None or a string where a number belongs
+        raise SchedulingError("request or snapshot holds a non-numeric size") from None
+
+
+def _check_values(request: RequestView, snap: ClusterSnapshot) -> None:
     if snap.block_tokens <= 0 or snap.kv_bytes_per_token <= 0:
         raise SchedulingError("snapshot.block_tokens and kv_bytes_per_token must be > 0")
     if not (math.isfinite(snap.link_bandwidth) and snap.link_bandwidth > 0):
