@@ -74,7 +74,7 @@ class PrefillView:
         bt, L = self.block_tokens, self.request.prompt_len
         pt, xt = self.predictors.prefill, self.predictors.transfer
         have, full = self._have()
-        fetch = have * threshold < best * bt  # == local*thr < best (thr >= 1: best > local)
+        fetch = self.local < best / threshold  # best/local > thr; thr >= 1 so best > local
         want = min(best * bt, L)
         # Fetching instances: transfer (want - have) tokens (> 0 for every one of them), then
         # prefill with ``want`` cached; the constant part is folded into one term.
