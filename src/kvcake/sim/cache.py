@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import cast
 
 from kvcake.core.api import KVIndex
 from kvcake.core.ids import BlockHash, InstanceId
@@ -57,24 +58,25 @@ class LRUBlockCache:
         chain; vLLM's prefix cache breaks ties the same way)."""
         if self.capacity_blocks == 0:
             return
-        new: list[BlockHash] = []
         d = self._blocks
         mte = d.move_to_end
+        new: list[int] = []
         for b in reversed(blocks):
-            try:
+            if b in d:
                 mte(b)
-            except KeyError:
+            else:
                 d[b] = None
-                new.append(BlockHash(b))
+                new.append(b)
         self.inserted += len(new)
-        evicted: list[BlockHash] = []
+        evicted: list[int] = []
         over = len(d) - self.capacity_blocks
         if over > 0:
             pop = d.popitem
-            evicted = [BlockHash(pop(last=False)[0]) for _ in range(over)]
+            evicted = [pop(last=False)[0] for _ in range(over)]
             self.evictions += over
         if self.index is not None:
+            # BlockHash is a NewType over int: the ints are the hashes
             if new:
-                self.index.add(self.holder, new)
+                self.index.add(self.holder, cast(list[BlockHash], new))
             if evicted:
-                self.index.remove(self.holder, evicted)
+                self.index.remove(self.holder, cast(list[BlockHash], evicted))

@@ -176,7 +176,7 @@ def replicas(ctx: Context) -> ExpResult:
     ax.set_xlabel("trace time (min)")
     ax.set_ylabel(f"replicas (of {cfg.prefill_nodes} prefill nodes)")
     ax.set_title(f"Replicas of the hottest blocks over time ({name}, global-cache-aware)")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     rows = [[f"{h}", counts[h], f"{arr[:, j].mean():.2f}", int(arr[:, j].max())]
             for j, h in enumerate(hot)]  # fmt: skip
