@@ -107,9 +107,14 @@ class RemoteInstance(InstanceAPI):
         return await self._post("/rpc/prefill", task, PrefillResult)
 
     async def stream_tokens(
-        self, request_id: RequestId, first_token: int, prompt_len: int, sampling: SamplingParams
+        self,
+        request_id: RequestId,
+        first_token: int,
+        prompt_len: int,
+        sampling: SamplingParams,
+        prompt_tokens: tuple[int, ...] = (),
     ) -> AsyncIterator[TokenChunk]:
-        body = encode(StreamRequest(request_id, first_token, prompt_len, sampling))
+        body = encode(StreamRequest(request_id, first_token, prompt_len, sampling, prompt_tokens))
         finished = False
         try:
             async with self._http.stream("POST", "/rpc/stream", content=body) as r:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from kvcake.core.api import FinishReason, SamplingParams, TokenChunk
 from kvcake.core.errors import EngineError
+from kvcake.core.hashing import block_hashes
 from kvcake.core.ids import RequestId
 from kvcake.engine.backend import DecodeSeq
 
@@ -33,6 +34,7 @@ class _Running:
     loop: asyncio.AbstractEventLoop
     sampling: SamplingParams
     generated: int = 1  # the first token came from prefill
+    tokens: list[int] | None = None  # prompt + output, when the proxy sent the prompt
 
 
 class DecodeLoop:
@@ -76,10 +78,13 @@ class DecodeLoop:
         prompt_len: int,
         first_token: int,
         sampling: SamplingParams,
+        prompt_tokens: tuple[int, ...] = (),
     ) -> asyncio.Queue[TokenChunk]:
         queue: asyncio.Queue[TokenChunk] = asyncio.Queue()
         seq = DecodeSeq(rid, table, prompt_len, first_token, sampling)
         run = _Running(seq, queue, asyncio.get_running_loop(), sampling)
+        if prompt_tokens:
+            run.tokens = [*prompt_tokens, first_token]
         reason = self._finish_reason(run, first_token)
         if reason is not None:  # the prefill's token already ends it
             self._release(run.seq)
@@ -150,6 +155,8 @@ class DecodeLoop:
             for r, tok in zip(ok, tokens, strict=True):
                 r.seq.last_token = tok
                 r.generated += 1
+                if r.tokens is not None:
+                    r.tokens.append(tok)
                 reason = self._finish_reason(r, tok)
                 if reason is FinishReason.STOP:  # the stop token itself is not output
                     self._end(r, reason, None)
@@ -173,8 +180,24 @@ class DecodeLoop:
     ) -> None:
         """Caller holds ``_cv``."""
         self._running.pop(r.seq.request_id, None)
+        if error is None and reason is not FinishReason.ABORT and r.tokens is not None:
+            self._keep_kv(r)
         self._release(r.seq)
         self._emit(r, TokenChunk(r.seq.request_id, toks, reason, error))
+
+    def _keep_kv(self, r: _Running) -> None:
+        """Name the full blocks of prompt + answer (KV computed for ``num_computed`` tokens) so
+        they stay cached here, and put the answer's blocks into the pool: the next turn of the
+        conversation starts with this whole exchange as its prefix."""
+        assert r.tokens is not None
+        be = self.inst.backend
+        hashes = block_hashes(r.tokens[: r.seq.num_computed], be.block_tokens)
+        table = r.seq.block_table[: len(hashes)]
+        with self.inst.mu:
+            be.register_blocks(table, hashes)
+        first_new = len(r.tokens) - r.generated  # prompt length
+        self.inst.prefill.put_async(hashes[first_new // be.block_tokens :],
+                                    table[first_new // be.block_tokens :])  # fmt: skip
 
     def _release(self, seq: DecodeSeq) -> None:
         with self.inst.mu:

@@ -168,14 +168,23 @@ class Instance(InstanceAPI):
             raise InstanceError(f"no KV for request {request_id} on {self.instance_id}", 409)
 
     async def stream_tokens(
-        self, request_id: RequestId, first_token: int, prompt_len: int, sampling: SamplingParams
+        self,
+        request_id: RequestId,
+        first_token: int,
+        prompt_len: int,
+        sampling: SamplingParams,
+        prompt_tokens: tuple[int, ...] = (),
     ) -> AsyncIterator[TokenChunk]:
+        if prompt_tokens and len(prompt_tokens) != prompt_len:
+            raise BadRequest("prompt_tokens does not have prompt_len tokens")
         with self.mu:
             res = self.reserved.pop(request_id, None)
             table = res.blocks if res is not None else self.prefill.take_table(request_id)
         if table is None:
             raise InstanceError(f"no KV for request {request_id}", 409)
-        queue = self.decoder.join(request_id, table, prompt_len, first_token, sampling)
+        queue = self.decoder.join(
+            request_id, table, prompt_len, first_token, sampling, prompt_tokens
+        )
         while True:
             chunk = await queue.get()
             yield chunk

@@ -120,7 +120,9 @@ def build_app(inst: Instance) -> FastAPI:
             inst.check_stream(s.request_id, s.prompt_len)
         except Exception as exc:
             return _error(exc)
-        chunks = inst.stream_tokens(s.request_id, s.first_token, s.prompt_len, s.sampling)
+        chunks = inst.stream_tokens(
+            s.request_id, s.first_token, s.prompt_len, s.sampling, s.prompt_tokens
+        )
         return StreamingResponse(
             _ndjson(inst, s.request_id, chunks), media_type="application/x-ndjson"
         )

@@ -81,7 +81,7 @@ def build_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig, iid: Ins
         te = TransferEngine(directory=cfg.directory, hostname=cfg.host, listen_hosts=(cfg.host,))
     backend = BACKEND_FACTORIES[cfg.backend](cfg, kv, iid, te)
     pool = None
-    if cfg.use_store and cfg.directory and role is not Role.DECODE:
+    if cfg.use_store and cfg.directory:
         from kvcake.serve.store_glue import connect_store
 
         client = connect_store(cfg, te)

@@ -200,6 +200,14 @@ class PrefillWorker:
                 be.blocks.acquire(put)
             self._put_exec.submit(self._put, hashes[first_new:], put)
 
+    def put_async(self, hashes: list[BlockHash], blocks: list[int]) -> None:
+        """Put named blocks into the pool in the background (references held meanwhile)."""
+        if self.pool is None or not blocks:
+            return
+        with self.inst.mu:
+            self.inst.backend.blocks.acquire(blocks)
+        self._put_exec.submit(self._put, hashes, blocks)
+
     def _put(self, hashes: list[BlockHash], blocks: list[int]) -> None:
         assert self.pool is not None
         try:

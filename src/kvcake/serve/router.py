@@ -125,7 +125,7 @@ class Router:
         out.cached_tokens = result.cached_tokens
         self.metrics.prefix_hits.inc(result.cached_tokens)
         self.conductor.on_prefill_done(rid, time.monotonic() - self.t0)
-        async for ev in self._decode(rid, result, sampling, acc, out):
+        async for ev in self._decode(rid, result, sampling, acc, out, tuple(tokens)):
             yield ev
 
     async def _prefill(
@@ -170,7 +170,7 @@ class Router:
 
     async def _decode(
         self, rid: RequestId, result: PrefillResult, sampling: SamplingParams, acc: Accept,
-        out: Outcome,
+        out: Outcome, prompt: tuple[int, ...],
     ) -> AsyncIterator[Event]:  # fmt: skip
         d = self.cluster.instances[acc.decode]
         first = result.first_token
@@ -184,7 +184,7 @@ class Router:
         self.metrics.running.inc()
         finished = False
         try:
-            stream = d.stream_tokens(rid, first, result.prompt_tokens, sampling)
+            stream = d.stream_tokens(rid, first, result.prompt_tokens, sampling, prompt)
             async for chunk in stream:
                 if chunk.token_ids:
                     now = time.perf_counter()

@@ -68,6 +68,9 @@ class StreamRequest:
     first_token: int
     prompt_len: int
     sampling: SamplingParams
+    # Optional: the prompt itself, so the decode instance can name (and pool) the blocks of
+    # prompt + answer when the request ends — a later turn of the conversation reuses them.
+    prompt_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
