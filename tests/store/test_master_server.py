@@ -127,16 +127,3 @@ def test_http_endpoints(master_proc: Proc) -> None:
     assert re.search(r"kvcake_store_master_requests_total{op=\"PutStart\"} [1-9]", metrics)
     assert "kvcake_store_master_request_seconds_bucket" in metrics
     conn.close()
-
-
-def test_master_rejects_bad_config() -> None:
-    import subprocess
-    import sys
-
-    out = subprocess.run(
-        [sys.executable, "-m", "kvcake", "master", "--port", "0", "--allocation-strategy", "x"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 2 and "allocation_strategy" in out.stderr

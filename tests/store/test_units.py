@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import random
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -111,16 +109,19 @@ def test_disk_service_bad_input(tmp_path: Path) -> None:
         read_remote(addr, "k", memoryview(out))
 
 
-def test_store_server_bad_config_exits_clearly() -> None:
-    def run(*flags: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "kvcake", "store-server", *flags],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+def test_bad_config_exits_clearly(capsys: pytest.CaptureFixture[str]) -> None:
+    """In-process CLI (no server starts on these paths): exit 2 and a message naming the cause."""
+    from kvcake.cli import main
 
-    out = run("--segment-size", "0")
-    assert out.returncode == 2 and "segment_size" in out.stderr
-    out = run("--master", "127.0.0.1:1", "--segment-size", "1MB")
-    assert out.returncode == 2 and "cannot reach master" in out.stderr
+    cases = [
+        (["store-server", "--segment-size", "0"], "segment_size"),
+        (
+            ["store-server", "--master", "127.0.0.1:1", "--segment-size", "1MB"],
+            "cannot reach master",
+        ),
+        (["master", "--port", "0", "--allocation-strategy", "x"], "allocation_strategy"),
+        (["master", "--high-watermark", "2"], "high_watermark"),
+    ]
+    for argv, needle in cases:
+        assert main(argv) == 2
+        assert needle in capsys.readouterr().err

@@ -1,0 +1,197 @@
+"""The store client's read path (a mixin of :class:`~kvcake.store.client.Client`): replica
+choice, leases, staged batch reads, ``get_into`` straight into caller buffers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from kvcake.core.errors import KvcakeError, StoreError
+from kvcake.store import protocol as P
+from kvcake.store.disk import read_remote
+from kvcake.store.errors import (
+    InternalError,
+    InvalidParams,
+    LeaseExpired,
+    TransferFailed,
+    error_for,
+)
+from kvcake.store.rpc import MasterConnection
+from kvcake.store.staging import Staging
+
+
+def byte_view(value: Any) -> memoryview:
+    """A 1-D unsigned-byte view of any C-contiguous buffer (no copy)."""
+    if hasattr(value, "numpy") and hasattr(value, "is_contiguous"):  # torch tensor
+        if not value.is_contiguous():
+            raise InvalidParams("tensor must be contiguous")
+        value = value.detach().cpu().numpy()
+    try:
+        view = memoryview(value)
+    except TypeError as exc:
+        raise InvalidParams(f"{type(value).__name__} does not support the buffer protocol") from exc
+    if not view.c_contiguous:
+        raise InvalidParams("buffer must be C-contiguous")
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+class ReadPath:
+    """Needs the client's ``conn``, ``id``, ``host``, ``segments`` (own segment views),
+    ``engine`` and ``staging``; touches no other state."""
+
+    conn: MasterConnection
+    id: str
+    host: str
+    segments: dict[str, memoryview]
+    engine: Any
+    staging: Staging
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def _order(self, reps: list[P.ReplicaDesc]) -> list[P.ReplicaDesc]:
+        def rank(r: P.ReplicaDesc) -> int:
+            if r.tier == "disk":
+                return 3
+            return 0 if r.segment in self.segments else 1 if r.host == self.host else 2
+
+        return sorted(reps, key=rank)
+
+    def _read(self, key: str, res: P.KeyResult, out: memoryview, t0: float, lease_s: float) -> None:
+        errors = []
+        for rep in self._order(res.replicas):
+            try:
+                own = self.segments.get(rep.segment)
+                if own is not None:
+                    out[: res.size] = own[rep.offset : rep.offset + res.size]
+                elif rep.tier == "disk":
+                    read_remote(rep.endpoint, key, out[: res.size])
+                else:
+                    self.engine.read_into(rep.segment, rep.offset, out[: res.size])
+            except KvcakeError as exc:
+                errors.append(f"{rep.segment}: {exc}")
+                continue
+            if time.monotonic() - t0 > lease_s:
+                raise LeaseExpired(f"{key!r}: read outlived its lease; bytes may be stale")
+            return
+        raise TransferFailed(f"{key!r}: no replica readable ({'; '.join(errors)})")
+
+    def _lookup(self, keys: Sequence[str]) -> tuple[P.Reply, float, float]:
+        t0 = time.monotonic()
+        reply = self.conn.call(P.GetReplicas(self.id, list(keys)))
+        return reply, t0, reply.lease_ms / 1000
+
+    def get(self, key: str) -> bytearray:
+        """The value of ``key`` (a new bytearray: one copy, no second copy into ``bytes``);
+        raises ObjectNotFound on a miss."""
+        got = self.batch_get([key])[0]
+        if isinstance(got, StoreError):
+            raise got
+        return got
+
+    def batch_get(self, keys: Sequence[str]) -> list[bytearray | StoreError]:
+        reply, t0, lease_s = self._lookup(keys)
+        out: list[bytearray | StoreError | None] = []
+        fast: list[tuple[int, P.ReplicaDesc]] = []  # (index, remote memory replica)
+        for i, (key, res) in enumerate(zip(keys, reply.results, strict=True)):
+            best = self._order(res.replicas)[0] if res.code == 0 else None
+            if res.code != 0:
+                out.append(error_for(res.code, f"{key!r}: {res.message}"))
+            elif best is not None and best.tier == "memory" and best.segment not in self.segments:
+                out.append(None)
+                fast.append((i, best))
+            else:
+                out.append(self._get_one(key, res, t0, lease_s))
+        if fast:
+            self._get_staged(keys, reply.results, fast, out, t0, lease_s)
+        return [o if o is not None else InternalError("unreachable") for o in out]
+
+    def _get_staged(
+        self,
+        keys: Sequence[str],
+        results: list[P.KeyResult],
+        fast: list[tuple[int, P.ReplicaDesc]],
+        out: list[bytearray | StoreError | None],
+        t0: float,
+        lease_s: float,
+    ) -> None:
+        """One engine batch for several remote values, falling back per key on any failure."""
+        sizes = [results[i].size for i, _ in fast]
+        got: list[bytearray | Exception] = []
+        if self.staging.fits(sizes) and self.staging.lock.acquire(blocking=False):
+            try:
+                got = self.staging.read(
+                    [(n, r.segment, r.offset) for n, (_, r) in zip(sizes, fast, strict=True)]
+                )
+            finally:
+                self.staging.lock.release()
+        expired = time.monotonic() - t0 > lease_s
+        for j, (i, _) in enumerate(fast):
+            value = got[j] if got else None
+            if isinstance(value, bytearray) and not expired:
+                out[i] = value
+            elif isinstance(value, bytearray):
+                out[i] = LeaseExpired(f"{keys[i]!r}: read outlived its lease")
+            else:
+                out[i] = self._get_one(keys[i], results[i], t0, lease_s)
+
+    def _get_one(
+        self, key: str, res: P.KeyResult, t0: float, lease_s: float
+    ) -> bytearray | StoreError:
+        buf = bytearray(res.size)
+        try:
+            self._read(key, res, memoryview(buf), t0, lease_s)
+        except StoreError as exc:
+            return exc
+        return buf
+
+    def get_into(self, key: str, buffer: Any) -> int:
+        """Read ``key`` into ``buffer``; returns its size. InvalidParams if the buffer is too
+        small, ObjectNotFound on a miss."""
+        got = self.batch_get_into([key], [buffer])[0]
+        if isinstance(got, StoreError):
+            raise got
+        return got
+
+    def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[int | StoreError]:
+        if len(keys) != len(buffers):
+            raise InvalidParams(f"{len(keys)} keys but {len(buffers)} buffers")
+        views = [byte_view(b) for b in buffers]
+        reply, t0, lease_s = self._lookup(keys)
+        out: list[int | StoreError] = []
+        for key, view, res in zip(keys, views, reply.results, strict=True):
+            if res.code != 0:
+                out.append(error_for(res.code, f"{key!r}: {res.message}"))
+            elif view.readonly or view.nbytes < res.size:
+                out.append(
+                    InvalidParams(
+                        f"{key!r}: buffer of {view.nbytes} bytes (writable) cannot hold {res.size}"
+                    )
+                )
+            else:
+                try:
+                    self._read(key, res, view, t0, lease_s)
+                    out.append(res.size)
+                except StoreError as exc:
+                    out.append(exc)
+        return out
+
+    def get_size(self, key: str) -> int:
+        res = self.get_replica_desc(key)
+        return res.size
+
+    def get_replica_desc(self, key: str) -> P.KeyResult:
+        res = self.conn.call(P.GetReplicas(self.id, [key])).results[0]
+        if res.code:
+            raise error_for(res.code, f"{key!r}: {res.message}")
+        return res
+
+    def is_exist(self, key: str) -> bool:
+        return self.batch_is_exist([key])[0]
+
+    def batch_is_exist(self, keys: Sequence[str]) -> list[bool]:
+        reply = self.conn.call(P.Exist(self.id, list(keys)))
+        for r in reply.results:
+            if r.code < 0:
+                raise error_for(r.code, r.message)
+        return [r.code == 1 for r in reply.results]
