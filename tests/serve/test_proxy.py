@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -123,3 +124,22 @@ def test_layerwise_streaming_overlaps_prefill(emulated_cluster: Cluster) -> None
     assert t["stream_gap_s"] <= 1.1 * t["layer_transfer_max_s"], t
     # Without overlap the wait would be about all 80 layers' transfers.
     assert t["stream_gap_s"] < t["compute_s"] / 4, t
+
+
+def test_client_disconnect_frees_kv(emulated_cluster: Cluster) -> None:
+    """Closing the SSE stream aborts the request on the instances and frees its KV."""
+    c = emulated_cluster
+    body = {"prompt": list(range(700, 900)), "max_tokens": 3000, "stream": True}
+    with httpx.stream("POST", c.url + "/v1/completions", json=body, timeout=60) as r:
+        decode_url = c.instance_urls[r.headers["x-kvcake-decode"]]
+        lines = r.iter_lines()
+        for _ in range(4):
+            next(lines)
+        state = httpx.get(decode_url + "/rpc/state").json()["load"]
+        assert state["running_requests"] == 1 and state["kv_blocks_used"] > 0
+    for _ in range(100):  # the abort travels proxy -> instance asynchronously
+        load = httpx.get(decode_url + "/rpc/state").json()["load"]
+        if load["running_requests"] == 0 and load["kv_blocks_used"] == 0:
+            break
+        time.sleep(0.05)
+    assert load["running_requests"] == 0 and load["kv_blocks_used"] == 0, load
