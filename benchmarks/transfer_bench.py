@@ -85,22 +85,31 @@ def parse_sizes(text: str) -> list[int]:
     return [parse_size(s.strip().upper().replace("B", "") + "iB") for s in text.split(",")]
 
 
-def measure(run_batch: Callable[[], None], block: int, args: argparse.Namespace) -> list[float]:
-    """Seconds per batch of each repeat. A repeat runs the same number of batches: enough to
-    move ``--min-bytes`` or to last ``--repeat-s`` (whichever is fewer), at least
-    ``--min-batches``."""
-    run_batch()  # warm up connections and mappings
+def calibrate(run_batch: Callable[[], None], block: int, args: argparse.Namespace) -> int:
+    """Batches per repeat: enough to move ``--min-bytes`` or to last ``--repeat-s`` (whichever
+    is fewer), at least ``--min-batches``. Also warms up connections and mappings."""
+    run_batch()
     t = time.perf_counter()
     run_batch()
     one = max(time.perf_counter() - t, 1e-6)
     by_bytes = -(-args.min_bytes // (block * BATCH))
-    n = max(args.min_batches, min(by_bytes, int(args.repeat_s / one)))
-    out = []
+    return max(args.min_batches, min(by_bytes, int(args.repeat_s / one)))
+
+
+def measure_all(
+    methods: dict[str, Callable[[], None]], block: int, args: argparse.Namespace
+) -> dict[str, list[float]]:
+    """Seconds per batch for each method and repeat. Repeats are interleaved (A B C D, A B C D,
+    ...) so that every method sees the same share of the machine's background load."""
+    counts = {m: calibrate(fn, block, args) for m, fn in methods.items()}
+    out: dict[str, list[float]] = {m: [] for m in methods}
     for _ in range(args.repeats):
-        t = time.perf_counter()
-        for _ in range(n):
-            run_batch()
-        out.append((time.perf_counter() - t) / n)
+        for m, fn in methods.items():
+            n = counts[m]
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            out[m].append((time.perf_counter() - t) / n)
     return out
 
 
@@ -173,7 +182,7 @@ def layout(block: int) -> list[tuple[int, int]]:
     return [(i * block, ((i * 5) % BATCH) * block) for i in range(BATCH)]
 
 
-def engine_runs(engine, local: str, op, block: int):  # type: ignore[no-untyped-def]
+def engine_runs(engine, local: str, op, block: int, api: str):  # type: ignore[no-untyped-def]
     from kvcake.core.ids import SegmentName
     from kvcake.transfer import TransferRequest
 
@@ -182,10 +191,13 @@ def engine_runs(engine, local: str, op, block: int):  # type: ignore[no-untyped-
         for lo, to in layout(block)
     ]
 
-    def run() -> None:
+    def run_submit() -> None:
         engine.wait(engine.submit(reqs)).raise_for_errors()
 
-    return run
+    def run_transfer() -> None:
+        engine.transfer(reqs).raise_for_errors()
+
+    return run_submit if api == "submit" else run_transfer
 
 
 def latency(fn: Callable[[], None], iters: int) -> tuple[float, float]:
@@ -226,25 +238,17 @@ def run_all(args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:
             to_addr = [dst.ctypes.data + to for _, to in layout(block)]
             for op in (Op.WRITE, Op.READ):
                 name = op.name.lower()
-                tcp_run = engine_runs(tcp, "local-tcp", op, block)
-                rows.append(row("tcp", name, block, measure(tcp_run, block, args)))
-                if not args.skip_shm:
-                    shm_run = engine_runs(shm, "local-shm", op, block)
-                    rows.append(row("shm", name, block, measure(shm_run, block, args)))
-                sock_run = base.write if op is Op.WRITE else base.read
-                rows.append(
-                    row(
-                        "socket",
-                        name,
-                        block,
-                        measure(lambda f=sock_run, v=views: f(v), block, args),
-                    )
-                )
                 pairs = list(zip(to_addr, lo_addr, strict=True))
                 if op is Op.READ:
                     pairs = [(s_, d_) for d_, s_ in pairs]
-                mm = _memmove_fn(pairs, block)
-                rows.append(row("memmove", name, block, measure(mm, block, args)))
+                sock_run = base.write if op is Op.WRITE else base.read
+                methods = {"tcp": engine_runs(tcp, "local-tcp", op, block, args.api)}
+                if not args.skip_shm:
+                    methods["shm"] = engine_runs(shm, "local-shm", op, block, args.api)
+                methods["socket"] = lambda f=sock_run, v=views: f(v)
+                methods["memmove"] = _memmove_fn(pairs, block)
+                for m, times in measure_all(methods, block, args).items():
+                    rows.append(row(m, name, block, times))
                 print(f"  done {fmt_size(block)} {name}", file=sys.stderr, flush=True)
         buf = bytearray(4096)
         lat["tcp_read_4k_p50_us"], lat["tcp_read_4k_p99_us"] = latency(
@@ -351,6 +355,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--streams", type=int, default=TransferConfig.streams, help="TCP lanes per batch"
     )
     p.add_argument("--slice-size", type=int, default=1 << 20, help="TCP slice size in bytes")
+    p.add_argument(
+        "--api",
+        choices=("transfer", "submit"),
+        default="transfer",
+        help="batch call: transfer() (synchronous batch, first lane in the caller) or "
+        "submit()+wait() (lanes handed to the worker pool)",
+    )
     p.add_argument("--skip-shm", action="store_true", help="skip the shm transport")
     p.add_argument("--json", help="also write the results to this JSON file")
     args = p.parse_args(argv)
@@ -362,7 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows, lat = run_all(args)
     print(markdown(rows, lat))
     print(
-        f"\n(streams={args.streams}, slice_size={args.slice_size}, repeats={args.repeats}; "
+        f"\n(api={args.api}, streams={args.streams}, slice_size={args.slice_size}, "
+        f"repeats={args.repeats}; "
         f"ran {time.time() - t0:.0f} s; load average {os.getloadavg()[0]:.1f} at the end)"
     )
     if args.json:

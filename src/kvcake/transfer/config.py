@@ -17,7 +17,8 @@ class TransferConfig:
       batch are spread over ``streams`` connections and over every healthy path.
     - ``lane_bytes``: a batch opens one more parallel connection per this many bytes (so a batch
       of small requests stays on one pipelined connection, which is cheaper in Python).
-    - ``window``: slices in flight per connection (pipelining; replies are read as they come).
+    - ``window`` / ``window_bytes``: slices / bytes in flight per connection (pipelining: a
+      lane sends ahead and reads replies as they come, so a batch costs few wake-ups).
     - ``max_endpoints``: cap on pooled connections per engine; idle ones are evicted by SIEVE.
     - ``io_timeout_s``: a connection that makes no progress for this long counts as broken.
     - ``probe_interval_s``: a broken path is retried (probed) no sooner than this.
@@ -26,8 +27,9 @@ class TransferConfig:
     protocol: str = "auto"
     slice_size: int = size_field("1MiB")
     lane_bytes: int = size_field("4MiB")
-    streams: int = 4
-    window: int = 32
+    streams: int = 2
+    window: int = 64
+    window_bytes: int = size_field("64MiB")
     max_endpoints: int = 64
     workers: int = 8
     io_timeout_s: float = 10.0
@@ -46,6 +48,7 @@ class TransferConfig:
         require(self.lane_bytes >= 1, "transfer.lane_bytes must be >= 1")
         require(1 <= self.streams <= 256, "transfer.streams must be in [1, 256]")
         require(1 <= self.window <= 4096, "transfer.window must be in [1, 4096]")
+        require(self.window_bytes >= 1, "transfer.window_bytes must be >= 1")
         require(self.max_endpoints >= 1, "transfer.max_endpoints must be >= 1")
         require(self.workers >= 1, "transfer.workers must be >= 1")
         require(self.io_timeout_s > 0, "transfer.io_timeout_s must be > 0")

@@ -19,6 +19,14 @@ from kvcake.transfer.segments import SegmentTable
 from kvcake.transfer.stream import FrameReader, FrameWriter
 
 
+def _readable(conn: socket.socket) -> bool:
+    """Is more input (or EOF) waiting? Then replies may be held back and batched."""
+    try:
+        return bool(conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except BlockingIOError:
+        return False
+
+
 def _head(rid: int, msg: Ack | Fail, data_len: int = 0) -> bytes:
     meta = CODEC.encode(msg)
     return framing.pack_header(rid, len(meta), data_len) + meta
@@ -38,7 +46,7 @@ class TransferServer(ThreadedServer):
     def handle(self, conn: socket.socket, listen_address: str) -> None:
         reader, writer = FrameReader(conn), FrameWriter(conn)
         while True:
-            if not reader.has_frame_header():
+            if not reader.has_frame_header() and not _readable(conn):
                 writer.flush()  # about to block for input: the peer must see its replies
             hdr = reader.read_header(self.limits)
             if hdr is None:

@@ -67,17 +67,20 @@ class TransferHooks:
 
 class SliceQueue:
     """Slices striped over lanes (slice i -> lane i mod n, so every lane and hence every path
-    gets work); a lane whose own share is done steals from the back of the fullest other."""
+    gets work); a lane whose own share is done and has nothing in flight steals one slice from
+    the back of the fullest other."""
 
     def __init__(self, slices: list[Slice], lanes: int):
         self._qs = [collections.deque(slices[i::lanes]) for i in range(lanes)]
         self._lock = threading.Lock()
 
-    def pop(self, lane: int) -> Slice | None:
+    def pop(self, lane: int, steal: bool = True) -> Slice | None:
         with self._lock:
             own = self._qs[lane]
             if own:
                 return own.popleft()
+            if not steal:
+                return None
             victim = max(self._qs, key=len)
             return victim.pop() if victim else None
 
@@ -235,13 +238,15 @@ class TcpTransport(Transport):
         inflight: collections.deque[tuple[int, Slice]],
     ) -> tuple[Slice, TransferError | None] | None:
         """Run slices until the queue is empty; the last outcome is returned, not reported."""
-        window, max_bytes = self.cfg.window, max(2 * self.cfg.slice_size, self.cfg.lane_bytes)
+        window, max_bytes = self.cfg.window, self.cfg.window_bytes
         pending_bytes = 0
         while True:
             parts: list[Buffer] = []
             fresh = 0
             while len(inflight) < window and pending_bytes < max_bytes:
-                s = q.pop(lane)
+                # Steal only when idle, one slice at a time: a lane with a deep window would
+                # otherwise swallow the other lanes' shares (and paths) in one go.
+                s = q.pop(lane, steal=not inflight)
                 if s is None:
                     break
                 rid = ep.next_rid()
