@@ -80,3 +80,21 @@ def test_replay_against_cluster(emulated_cluster: Cluster) -> None:
     assert (first.prompt_tokens, second.prompt_tokens) == (64, 96)
     assert second.cached_tokens == 64 and first.output_tokens == 4
     assert s.ttft_p50 > 0 and 0 < s.effective_capacity <= 1
+
+
+def test_compare_sim_predicts_the_same_cluster() -> None:
+    from kvcake.core.trace import read_trace
+    from kvcake.data import sample_trace_path
+    from kvcake.serve.compare_sim import simulate_like
+    from kvcake.serve.config import default_cluster_file
+    from kvcake.serve.launcher import load_serve_file
+    from kvcake.serve.replay import prepare, summarize
+
+    conf = load_serve_file(default_cluster_file().with_name("emulated.toml"))
+    recs = read_trace(sample_trace_path(), limit=30)
+    opts = ReplayOptions(url="http://unused", max_context=65536, max_output=32)
+    reqs, _ = prepare(recs, opts)
+    dropped = sum(r.status == "dropped" for r in reqs)
+    pred = simulate_like(recs, summarize(reqs, 1.0, opts), conf, opts)
+    assert pred["completed"] + pred["rejected"] == len(recs) - dropped
+    assert 0 < pred["ttft_p50"] < 60 and 0 < pred["tbt_p50"] < 1

@@ -33,6 +33,12 @@ def register(sub: Any) -> None:
     p.add_argument("--model", default="")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write per-request JSON lines here (+ .summary.json)")
+    p.add_argument(
+        "--compare-sim",
+        action="store_true",
+        help="also simulate the cluster of --cluster-config; print side by side",
+    )
+    p.add_argument("--cluster-config", help="the cluster TOML the endpoint was started from")  # fmt: skip
     p.set_defaults(func=_replay)
 
 
@@ -44,6 +50,10 @@ def _replay(args: argparse.Namespace) -> int:
     from kvcake.data import sample_trace_path
     from kvcake.serve.replay import ReplayOptions, RequestRecord, run_replay
 
+    if args.compare_sim and not args.cluster_config:
+        from kvcake.core.errors import ConfigError
+
+        raise ConfigError("--compare-sim needs --cluster-config (the file given to `kvcake up`)")
     recs = time_window(read_trace(args.trace or sample_trace_path()), args.start_s * 1000,
                        args.end_s * 1000)  # fmt: skip
     if args.limit:
@@ -68,6 +78,8 @@ def _replay(args: argparse.Namespace) -> int:
 
         summary = asyncio.run(run_replay(recs, opts, done))
     print_summary(console, summary.as_dict(), f"replay of {len(recs)} requests")
+    if args.compare_sim:
+        _compare(console, recs, summary, opts, args.cluster_config)
     if args.out:
         with Path(args.out).open("w") as fh:
             for r in summary.per_request:
@@ -84,4 +96,19 @@ def print_summary(console: Any, d: dict[str, Any], title: str) -> None:
     t.add_column("value", justify="right")
     for k, v in d.items():
         t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
+    console.print(t)
+
+
+def _compare(console: Any, recs: Any, summary: Any, opts: Any, path: str) -> None:
+    from rich.table import Table
+
+    from kvcake.serve.compare_sim import side_by_side, simulate_like
+    from kvcake.serve.launcher import load_serve_file
+
+    predicted = simulate_like(recs, summary, load_serve_file(path), opts)
+    t = Table(title="measured vs simulated (same cluster config and cost model)")
+    for col in ("metric", "measured", "simulated"):
+        t.add_column(col, justify="right")
+    for row in side_by_side(summary.as_dict(), predicted):
+        t.add_row(*row)
     console.print(t)

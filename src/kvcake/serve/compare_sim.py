@@ -1,0 +1,82 @@
+"""``kvcake replay --compare-sim``: the simulator's prediction for the cluster just measured.
+
+The simulator runs the same records (the ones the replay did not drop, output lengths capped the
+same way) on a model of the same cluster: the instances' cost-model preset, prefill/decode
+counts, block size, KV capacities and conductor policy. An emulated backend spends
+``time_scale`` x the cost model; the simulator has no such knob, so it replays the trace
+``1 / time_scale`` times *faster* in unscaled time and its times are multiplied by
+``time_scale`` — the same schedule in the same units. (For the torch backend, give the cluster
+a calibration file; the simulator then uses its preset's model, which is reported.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from kvcake.core.trace import TraceRecord
+from kvcake.serve.config import ServeFile
+from kvcake.serve.replay import ReplayOptions, ReplaySummary
+
+
+def simulate_like(
+    records: Sequence[TraceRecord], summary: ReplaySummary, conf: ServeFile, opts: ReplayOptions
+) -> dict[str, float]:
+    from kvcake.sim.config import SimConfig
+    from kvcake.sim.runner import simulate
+
+    kept = [
+        replace(r, output_length=min(r.output_length, opts.max_output) or 1)
+        if opts.max_output
+        else r
+        for r, rec in zip(records, summary.per_request, strict=True)
+        if rec.status != "dropped"
+    ]
+    inst, c, p = conf.instance, conf.cluster, conf.proxy
+    scale = inst.time_scale if inst.backend == "emulated" and inst.time_scale > 0 else 1.0
+    bt = conf.kv.kv_block_tokens
+    scfg = SimConfig(
+        system="vllm-prefix" if c.colocated else "mooncake",
+        prefill_nodes=c.prefill,
+        decode_nodes=0 if c.colocated else c.decode,
+        preset=inst.preset,
+        block_tokens=bt,
+        cache_tokens=inst.kv_blocks * bt,
+        decode_kv_tokens=inst.kv_blocks * bt,
+        prefill_policy=p.policy,
+        admission_policy=p.admission,
+        ttft_slo_s=p.ttft_slo_s / scale,
+        tbt_slo_s=p.tbt_slo_s / scale,
+        speedup=1.0 / scale,  # records are already scaled by the replay's --speedup
+    )
+    res = simulate(kept, scfg)
+    done = res.completed
+    ttft, tbt = res.ttft[done] * scale, res.tbt[done] * scale
+    return {
+        "completed": float(done.sum()),
+        "rejected": float(res.rejected()),
+        "ttft_p50": _pct(ttft, 50),
+        "ttft_p99": _pct(ttft, 99),
+        "tbt_p50": _pct(tbt, 50),
+        "tbt_p99": _pct(tbt, 99),
+        "prefix_hit_rate": res.hit_rate(),
+        "effective_capacity": res.effective_share(scfg.tbt_slo_s, scfg.ttft_slo_s),
+    }
+
+
+def _pct(a: np.ndarray, q: float) -> float:
+    a = a[~np.isnan(a)]
+    return float(np.percentile(a, q)) if a.size else float("nan")
+
+
+def side_by_side(
+    measured: dict[str, Any], predicted: dict[str, float]
+) -> list[tuple[str, str, str]]:
+    rows = []
+    for k, v in predicted.items():
+        m = measured.get(k, float("nan"))
+        rows.append((k, f"{m:.3f}" if isinstance(m, float) else str(m), f"{v:.3f}"))
+    return rows
