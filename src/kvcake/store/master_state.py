@@ -38,6 +38,7 @@ from kvcake.store.strategy import make as make_strategy
 from kvcake.store.tiering import TieringMixin
 
 MAX_KEY_LEN = 4096
+MEMORY = Tier.MEMORY  # module constant: enum attribute lookups are slow on hot paths
 
 
 def check_key(key: str) -> ObjectKey:
@@ -56,6 +57,7 @@ class MasterState(TieringMixin):
         self.rng = random.Random(config.seed)
         self.strategy = make_strategy(config.allocation_strategy)
         self.segments: dict[SegmentName, Segment] = {}
+        self._mem_segments: list[Segment] | None = None
         self.objects: OrderedDict[ObjectKey, ObjectMeta] = OrderedDict()  # LRU order
         self.clients: dict[ClientId, ClientInfo] = {}
         self.tasks: dict[ClientId, list[NodeTask]] = {}
@@ -103,6 +105,7 @@ class MasterState(TieringMixin):
                 return []  # idempotent remount
             seg = Segment(name, client, host, tier, RangeAllocator(capacity), endpoint)
             self.segments[name] = seg
+            self._mem_segments = None
             self.clients[client].segments.add(name)
             return [k for k, size in (existing or []) if not self._adopt(seg, k, size)]
 
@@ -131,6 +134,7 @@ class MasterState(TieringMixin):
     def _drop_segment(self, seg: Segment) -> None:
         """Forget a segment and every replica on it; objects left without replicas vanish."""
         del self.segments[seg.name]
+        self._mem_segments = None
         info = self.clients.get(seg.client)
         if info is not None:
             info.segments.discard(seg.name)
@@ -186,7 +190,10 @@ class MasterState(TieringMixin):
         return obj.lease_until > self.clock()
 
     def memory_segments(self) -> list[Segment]:
-        return [s for s in self.segments.values() if s.tier is Tier.MEMORY]
+        """Memory-tier segments (cached: rebuilt only when a segment is mounted/unmounted)."""
+        if self._mem_segments is None:
+            self._mem_segments = [s for s in self.segments.values() if s.tier is MEMORY]
+        return self._mem_segments
 
     # --- writes -------------------------------------------------------------------------------
 
@@ -273,16 +280,18 @@ class MasterState(TieringMixin):
 
     def _try_place(self, size: int, opts: PutOptions, host: str) -> list[Replica]:
         segs = self.memory_segments()
-        by_name: dict[str, Segment] = {s.name: s for s in segs}
-        preferred = [by_name[n] for n in opts.preferred_segments if n in by_name]
-        rest = [s for s in self.strategy.order(segs, host, self.rng) if s not in preferred]
+        order = self.strategy.order(segs, host, self.rng)
+        if opts.preferred_segments:
+            by_name: dict[str, Segment] = {s.name: s for s in segs}
+            preferred = [by_name[n] for n in opts.preferred_segments if n in by_name]
+            order = preferred + [s for s in order if s not in preferred]
         reps: list[Replica] = []
-        for seg in [*preferred, *rest]:
+        for seg in order:
             if len(reps) == opts.replica_num:
                 break
             off = seg.allocator.allocate(size)
             if off is not None:
-                reps.append(Replica(seg.name, off, size, Tier.MEMORY, complete=True))
+                reps.append(Replica(seg.name, off, size, MEMORY, complete=True))
         return reps
 
     def put_end(self, client: ClientId, key: str) -> None:

@@ -5,7 +5,7 @@ masters in one test process do not collide."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -70,7 +70,11 @@ class MasterMetrics:
             "kvcake_store_master_bad_frames", "undecodable requests", registry=self.registry
         )
         self.registry.register(_PoolCollector(state))
+        self._children: dict[str, tuple[Any, Any]] = {}
 
     def observe(self, op: str, seconds: float) -> None:
-        self.ops.labels(op).inc()
-        self.latency.labels(op).observe(seconds)
+        children = self._children.get(op)
+        if children is None:  # labels() costs a lock and a dict build: resolve once per op
+            children = self._children[op] = (self.ops.labels(op), self.latency.labels(op))
+        children[0].inc()
+        children[1].observe(seconds)
