@@ -81,6 +81,26 @@ class EmulatedBackend(EngineBackend):
             val = ((pat + kv) & 0xFF).astype(np.uint8)[:, :, None]
             self._arr[blk[:, None], layers[None, :], kv, slot[:, None], :] = val
 
+    def _write_range(self, new: Sequence[int], start: int, table: Sequence[int]) -> None:
+        """Write tokens ``new`` at positions ``start...``: a partial first block token by token,
+        the rest whole blocks at a time (never touching positions before ``start``)."""
+        bt, end = self.block_tokens, start + len(new)
+        head_end = min(end, -(-start // bt) * bt)
+        if head_end > start:
+            pos = np.arange(start, head_end)
+            blk = np.asarray(table, dtype=np.int64)[pos // bt]
+            self._write(new[: head_end - start], pos, blk, None)
+        if end <= head_end:
+            return
+        nb = -(-(end - head_end) // bt)
+        toks = np.zeros(nb * bt, dtype=np.int64)
+        toks[: end - head_end] = np.asarray(new[head_end - start :], dtype=np.int64)
+        base = (toks * 31 + np.arange(head_end, head_end + nb * bt) * 7).reshape(nb, 1, 1, bt)
+        extra = np.arange(self.num_layers)[:, None] * 3 + np.arange(2)[None, :]
+        pat = ((base + extra[None, :, :, None]) & 0xFF).astype(np.uint8)
+        first = head_end // bt
+        self._arr[np.asarray(table[first : first + nb], dtype=np.int64)] = pat[..., None]
+
     def prefill(
         self,
         tokens: Sequence[int],
@@ -93,11 +113,10 @@ class EmulatedBackend(EngineBackend):
         total = self.cost_model.prefill_time(len(tokens), num_cached_tokens) * self.cfg.time_scale
         per_layer = total / self.num_layers
         t0 = time.perf_counter()
-        pos = np.arange(num_cached_tokens, len(tokens))
-        blk = np.asarray(block_table, dtype=np.int64)[pos // self.block_tokens]
+        # All layers written up front (cheap next to the emulated time), then each layer's
+        # callback at its deadline, as a GPU would finish layer after layer.
+        self._write_range(tokens[num_cached_tokens:], num_cached_tokens, block_table)
         for layer in range(self.num_layers):
-            self._write(tokens[num_cached_tokens:], pos, blk, layer)
-            # Sleep to the layer's deadline, so callback time overlaps "compute" as on a GPU.
             delay = t0 + per_layer * (layer + 1) - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)

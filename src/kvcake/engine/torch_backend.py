@@ -54,6 +54,10 @@ class TorchBackend(EngineBackend):
             load_calibration(calibration) if calibration else preset("smollm2-135m/cpu")
         )
 
+    def _check_ids(self, toks: torch.Tensor) -> None:
+        if int(toks.min()) < 0 or int(toks.max()) >= self.model_config.vocab:
+            raise EngineError(f"token ids must be in [0, {self.model_config.vocab})")
+
     # --- prefill ---------------------------------------------------------------------------
     def prefill_logits(
         self,
@@ -81,6 +85,7 @@ class TorchBackend(EngineBackend):
         write = num_cached_tokens < n
         start = min(num_cached_tokens, n - 1)
         toks = torch.tensor(list(tokens), dtype=torch.int64)
+        self._check_ids(toks)
         table = torch.tensor(list(block_table), dtype=torch.int64)
         chunk = self.cfg.prefill_chunk
         outs = []
@@ -125,8 +130,10 @@ class TorchBackend(EngineBackend):
             self.check_table(s.block_table, s.num_computed + 1)
             t = s.block_table[:nb]
             rows.append(t + [t[0]] * (nb - len(t)))  # pad with a valid id; masked out
+        last = torch.tensor([s.last_token for s in seqs], dtype=torch.int64)
+        self._check_ids(last)
         logits = self.model.decode(
-            torch.tensor([s.last_token for s in seqs], dtype=torch.int64),
+            last,
             torch.tensor([s.num_computed for s in seqs], dtype=torch.int64),
             torch.tensor(rows, dtype=torch.int64),
         )
