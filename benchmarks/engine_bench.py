@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -153,14 +154,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     be = TorchBackend(EngineConfig(num_kv_blocks=320, threads=args.threads, prefill_chunk=2048))
     ours, hf = Ours(be), HF(be.checkpoint)
     rows: list[dict[str, Any]] = []
-    say = print if not args.json else (lambda *_: None)
+
+    def say(*items: Any) -> None:
+        if not args.json:
+            print(*items, flush=True)
+
     ours.prefill(tokens(64, 0))
     hf.prefill(tokens(64, 0))  # warm-up
     for n in args.prefill:
         ids = tokens(n, n)
         a, b = median_pair(
-            lambda: timed(lambda: ours.prefill(ids)),
-            lambda: timed(lambda: hf.prefill(ids)),
+            partial(timed, partial(ours.prefill, ids)),
+            partial(timed, partial(hf.prefill, ids)),
             args.repeats,
         )
         rows.append({"metric": f"prefill {n} tok (tok/s)", "ours": n / a, "hf": n / b})
@@ -168,8 +173,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for batch in (1, 8):
         prompts = [tokens(128 - 4 * i, 100 + i) for i in range(batch)]
         a, b = median_pair(
-            lambda: ours.decode(prompts, args.steps),
-            lambda: hf.decode(prompts, args.steps),
+            partial(ours.decode, prompts, args.steps),
+            partial(hf.decode, prompts, args.steps),
             args.repeats,
         )
         toks = batch * args.steps

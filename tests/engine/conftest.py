@@ -64,4 +64,4 @@ def long_prompt(backend: Any) -> list[int]:
     text = "".join(f"Chapter {i}. {para}" for i in range(60)) + "In summary, the city"
     ids: list[int] = backend.tokenizer.encode(text)
     assert len(ids) >= 1500
-    return ids[-1600:]
+    return ids[-1536:]

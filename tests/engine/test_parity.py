@@ -54,12 +54,12 @@ def _check(fresh: Any, hf_model: Any, ids: list[int], steps: int) -> None:
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_matches_transformers(fresh: Any, hf_model: Any, prompt: str) -> None:
-    _check(fresh, hf_model, fresh.tokenizer.encode(prompt), steps=12)
+    _check(fresh, hf_model, fresh.tokenizer.encode(prompt), steps=8)
 
 
 def test_chat_prompt_matches_transformers(fresh: Any, hf_model: Any) -> None:
     ids = fresh.tokenizer.encode_chat([{"role": "user", "content": "Name a large animal."}])
-    _check(fresh, hf_model, ids, steps=10)
+    _check(fresh, hf_model, ids, steps=8)
 
 
 @pytest.mark.slow
@@ -67,7 +67,7 @@ def test_long_prompt_matches_transformers(
     fresh: Any, hf_model: Any, long_prompt: list[int]
 ) -> None:
     assert len(long_prompt) >= 1500
-    _check(fresh, hf_model, long_prompt, steps=6)
+    _check(fresh, hf_model, long_prompt, steps=4)
 
 
 def test_answers_capital_of_france(fresh: Any) -> None:
