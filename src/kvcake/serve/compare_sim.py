@@ -3,9 +3,10 @@
 The simulator runs the same records (the ones the replay did not drop, output lengths capped the
 same way) on a model of the same cluster: the instances' cost-model preset, prefill/decode
 counts, block size, KV capacities and conductor policy. An emulated backend spends
-``time_scale`` x the cost model; the simulator has no such knob, so it replays the trace
-``1 / time_scale`` times *faster* in unscaled time and its times are multiplied by
-``time_scale`` — the same schedule in the same units. (For the torch backend, give the cluster
+``time_scale`` x the cost model; the simulator has no such knob, so it works in unscaled time
+units (real seconds / ``time_scale``): arrivals ``1 / time_scale`` times further apart, SLOs
+divided by ``time_scale``, and its times multiplied by ``time_scale`` at the end — the same
+schedule in the same units. (For the torch backend, give the cluster
 a calibration file; the simulator then uses its preset's model, which is reported.)
 """
 
@@ -50,7 +51,7 @@ def simulate_like(
         admission_policy=p.admission,
         ttft_slo_s=p.ttft_slo_s / scale,
         tbt_slo_s=p.tbt_slo_s / scale,
-        speedup=1.0 / scale,  # records are already scaled by the replay's --speedup
+        speedup=scale,  # records are already scaled by the replay's --speedup
     )
     res = simulate(kept, scfg)
     done = res.completed
