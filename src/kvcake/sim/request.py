@@ -119,7 +119,11 @@ def tbt_many(run_lists: list[list[tuple[int, float, float]]]) -> np.ndarray:
     starts = np.repeat(np.cumsum(counts) - counts, counts)
     gaps = np.repeat(arr[:, 1], counts) + np.repeat(arr[:, 2], counts) * (np.arange(total) - starts)
     gap_req = np.repeat(run_req, counts)
-    sorted_gaps = gaps[np.lexsort((gaps, gap_req))]
+    # one float key per gap, ordered by (request, gap): request id + gap scaled into [0, 1)
+    # (argsort of one float array is several times faster than lexsort of two)
+    span = float(gaps.max() - gaps.min()) * 1.0001 + 1e-12
+    key = gap_req + (gaps - gaps.min()) / span
+    sorted_gaps = gaps[np.argsort(key)]
     per_req = np.bincount(gap_req, minlength=nreq)
     k = np.maximum(1, np.ceil(0.1 * per_req).astype(np.int64))
     end = np.cumsum(per_req)

@@ -44,6 +44,7 @@ class ColocatedInstance(DecodeBatch):
         "kv_used",
         "prefilling",
         "waiting",
+        "waiting_s",
     )
 
     def __init__(self, cl: VLLMCluster, idx: int) -> None:
@@ -57,13 +58,14 @@ class ColocatedInstance(DecodeBatch):
         self.prefilling: SimRequest | None = None  # head prompt in (chunked) prefill
         self.chunk_pos = 0  # chunked: tokens of ``prefilling`` already computed
         self.busy_until = 0.0  # whole-prompt prefill in progress until then
+        self.waiting_s = 0.0  # predicted prefill seconds of ``waiting`` (uncached)
         blocks = cl.cfg.decode_kv_tokens // cl.cfg.block_tokens
         self.cache = LRUBlockCache(blocks, self.iid, cl.index) if cl.prefix else None
 
     # --- load -------------------------------------------------------------------------------
 
     def queued_seconds(self, now: float) -> float:
-        pending = sum(self.cl.cm.prefill_time(r.prompt_len, 0) for r in self.waiting)
+        pending = self.waiting_s if self.waiting else 0.0
         if self.prefilling is not None:
             r = self.prefilling
             pending += self.cl.cm.prefill_time(r.prompt_len, self.chunk_pos)
@@ -73,6 +75,7 @@ class ColocatedInstance(DecodeBatch):
 
     def submit(self, now: float, req: SimRequest) -> None:
         self.waiting.append(req)
+        self.waiting_s += self.cl.cm.prefill_time(req.prompt_len, 0)
         if self.prefilling is not None or self.busy_until > now:
             return  # a prefill is running; its end runs the loop again
         if self.members:
@@ -110,6 +113,7 @@ class ColocatedInstance(DecodeBatch):
         cl = self.cl
         if self.prefilling is None and self.waiting and self._fits(self.waiting[0]):
             head = self.waiting.popleft()
+            self.waiting_s -= self.cl.cm.prefill_time(head.prompt_len, 0)
             self.prefilling = head
             self.chunk_pos = self._start(head, now)
         req = self.prefilling

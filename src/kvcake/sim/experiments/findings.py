@@ -56,11 +56,14 @@ def _capacity(r: ExpResult) -> str:
     d, th = r.data, r.data["thresholds_ms"]
     out = []
     for j, t in enumerate(th[:3]):
-        m = d["mooncake"]["capacity_rps"][j]
-        base = {k: d[k]["capacity_rps"][j] for k in ("vllm", "vllm-prefix", "vllm-chunked")}
-        rel = ", ".join(f"{k} {m / v - 1:+.0%}" if v else f"{k} (0 capacity)"
-                        for k, v in base.items())  # fmt: skip
-        out.append(f"at {t} ms Mooncake {m:.2f} req/s ({rel})")
+        for moon in ("mooncake", "mooncake-10p6d"):
+            if moon not in d:
+                continue
+            m = d[moon]["capacity_rps"][j]
+            base = {k: d[k]["capacity_rps"][j] for k in ("vllm", "vllm-prefix", "vllm-chunked")}
+            rel = ", ".join(f"{m / v - 1:+.0%} vs {k}" if v else f"{k} has 0 capacity"
+                            for k, v in base.items())  # fmt: skip
+            out.append(f"at {t} ms {moon} {m:.2f} req/s ({rel})")
     return "; ".join(out) + "."
 
 

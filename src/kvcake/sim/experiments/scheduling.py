@@ -72,6 +72,7 @@ def bandwidth(ctx: Context) -> ExpResult:
     ax.plot(bws, [o["avg_ttft_s"] for o in out], marker="o", label="average TTFT")
     ax.plot(bws, [o["p90_ttft_s"] for o in out], marker="s", ls="--", label="P90 TTFT")
     ax.set_xscale("log")
+    ax.minorticks_off()  # only the grid's bandwidths as tick labels
     ax.set_xticks(bws, [str(b) for b in bws])
     ax.set_xlabel("per-node network bandwidth (Gbps)")
     ax.set_ylabel("TTFT (s)")
@@ -97,15 +98,15 @@ def pd_ratio(ctx: Context) -> ExpResult:
     a1.bar(labels, [o["effective_share"] for o in out])
     a1.set_ylabel(f"effective share (TTFT<=30 s, TBT<={PD_TBT_THRESHOLD_S * 1000:.0f} ms)")
     a1.set_title(f"Effective requests by P/D split ({PD_SPEEDUP:g}x speed)")
-    a2.plot(labels, [o["avg_ttft_s"] for o in out], marker="o", label="avg TTFT (s)")
+    l1 = a2.plot(labels, [o["avg_ttft_s"] for o in out], marker="o", label="avg TTFT (s, log)")
+    a2.set_yscale("log")
     a2b = a2.twinx()
-    a2b.plot(labels, [o["avg_tbt_s"] * 1000 for o in out], marker="s", color="C1",
-             label="avg TBT (ms)")  # fmt: skip
-    a2.set_ylabel("average TTFT (s)")
+    l2 = a2b.plot(labels, [o["avg_tbt_s"] * 1000 for o in out], marker="s", color="C1",
+                  label="avg TBT (ms)")  # fmt: skip
+    a2.set_ylabel("average TTFT (s, log scale)")
     a2b.set_ylabel("average TBT (ms)", color="C1")
     a2.set_title("TTFT and TBT by P/D split")
-    a2.legend(loc="upper center")
-    a2b.legend(loc="upper right")
+    a2.legend(l1 + l2, [ln.get_label() for ln in l1 + l2], loc="upper center")
     for ax in (a1, a2):
         ax.grid(alpha=0.3)
     res = ExpResult("pd-ratio", "Prefill/decode split of 16 nodes (Fig. 15)",
