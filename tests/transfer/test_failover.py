@@ -37,7 +37,7 @@ def kill_after(engine, server, victim: str, n: int) -> threading.Event:  # type:
 
 @pytest.mark.parametrize("op", [Op.WRITE, Op.READ])
 def test_path_killed_mid_transfer_is_byte_exact(make_engine: EngineFactory, op: Op) -> None:
-    a = make_engine(protocol="tcp", config=cfg(streams=3))
+    a = make_engine(protocol="tcp", config=cfg(streams=3, window=2))
     b = make_engine(listen_hosts=NICS)
     src = pattern(SIZE, seed=10)
     dst = bytearray(SIZE)
@@ -63,7 +63,7 @@ def test_path_killed_mid_transfer_is_byte_exact(make_engine: EngineFactory, op: 
 
 
 def test_broken_path_avoided_until_probe_succeeds(make_engine: EngineFactory) -> None:
-    a = make_engine(protocol="tcp", config=cfg(streams=2, probe_interval_s=0.2))
+    a = make_engine(protocol="tcp", config=cfg(streams=2, window=2, probe_interval_s=0.2))
     b = make_engine(listen_hosts=NICS[:2])
     a.register_memory("a", pattern(1 << 20, seed=11))
     dst = bytearray(1 << 20)

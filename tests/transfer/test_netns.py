@@ -88,6 +88,7 @@ def test_veth_link_down_mid_transfer(netns: None) -> None:
         slice_size=256 << 10,
         lane_bytes=1 << 20,
         streams=2,
+        window=2,
         io_timeout_s=1.0,
         connect_timeout_s=1.0,
         probe_interval_s=0.2,

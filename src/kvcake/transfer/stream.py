@@ -12,10 +12,32 @@ from __future__ import annotations
 
 import socket
 
+from typing_extensions import Buffer
+
 from kvcake.core import framing
 from kvcake.core.errors import TruncatedFrame
 
 READAHEAD = 4096
+
+
+def send_all(sock: socket.socket, parts: list[Buffer]) -> None:
+    """``sendmsg`` every byte of ``parts`` (bytes or 1-D byte memoryviews, never copied).
+    The common case — everything fits the socket buffer — costs one call and no slicing."""
+    total = 0
+    for p in parts:
+        total += len(p)  # type: ignore[arg-type]
+    sent = sock.sendmsg(parts)
+    if sent == total:
+        return
+    rest: list[Buffer] = []
+    for p in parts:
+        n = len(p)  # type: ignore[arg-type]
+        if sent >= n:
+            sent -= n
+            continue
+        rest.append(memoryview(p)[sent:] if sent else p)
+        sent = 0
+    framing.sendall_parts(sock, rest)
 
 
 class FrameReader:
@@ -114,4 +136,4 @@ class FrameWriter:
     def flush(self) -> None:
         if self._parts:
             parts, self._parts, self._bytes = self._parts, [], 0
-            framing.sendall_parts(self.sock, parts)
+            send_all(self.sock, parts)  # type: ignore[arg-type]

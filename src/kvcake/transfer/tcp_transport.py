@@ -36,7 +36,7 @@ from kvcake.transfer.netserver import split_address
 from kvcake.transfer.paths import PathHealth
 from kvcake.transfer.pool import Endpoint, EndpointPool
 from kvcake.transfer.protocol import CODEC, Ack, Fail, Probe, ReadReq, WriteReq, request_limits
-from kvcake.transfer.stream import FrameReader
+from kvcake.transfer.stream import FrameReader, send_all
 from kvcake.transfer.transport import Task, Transport
 from kvcake.transfer.types import Op, PathInfo, SegmentInfo
 
@@ -72,16 +72,21 @@ class SliceQueue:
 
     def __init__(self, slices: list[Slice], lanes: int):
         self._qs = [collections.deque(slices[i::lanes]) for i in range(lanes)]
+        self._started = [False] * lanes
         self._lock = threading.Lock()
 
     def pop(self, lane: int, steal: bool = True) -> Slice | None:
         with self._lock:
+            self._started[lane] = True
             own = self._qs[lane]
             if own:
                 return own.popleft()
             if not steal:
                 return None
-            victim = max(self._qs, key=len)
+            # Only lanes that run are robbed, so every lane (and its path) gets its first slices
+            # even when another lane's thread happened to start much earlier.
+            started = [q for q, st in zip(self._qs, self._started, strict=True) if st]
+            victim = max(started, key=len)
             return victim.pop() if victim else None
 
     def push_front(self, lane: int, slices: list[Slice]) -> None:
@@ -159,7 +164,7 @@ class TcpTransport(Transport):
             rid = ep.next_rid()
             parts: list[Buffer] = []
             self._request(parts, rid, s)
-            framing.sendall_parts(ep.sock, parts)
+            send_all(ep.sock, parts)
             self.hooks.sent(addr)
             err = self._recv(ep.reader, rid, s)
         except (OSError, FramingError, PathFailure):
@@ -255,7 +260,7 @@ class TcpTransport(Transport):
                 self._request(parts, rid, s)
                 fresh += 1
             if parts:  # every new request of this round in one sendmsg
-                framing.sendall_parts(ep.sock, parts)
+                send_all(ep.sock, parts)
                 for _ in range(fresh):
                     self.hooks.sent(ep.address)
             if not inflight:
