@@ -75,3 +75,6 @@ def test_decode_instance_killed_mid_stream(tmp_path: object) -> None:
         view = httpx.get(c.url + "/v1/cluster").json()
         alive = {i["id"]: i["alive"] for i in view["instances"]}
         assert alive[victim] is False and alive[survivor] is True
+    from kvcake.transfer import cleanup_stale
+
+    cleanup_stale()  # the SIGKILLed instance could not remove its /dev/shm KV segment
