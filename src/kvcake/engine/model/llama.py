@@ -97,13 +97,14 @@ class PagedLlama:
         self.kv[blk, li, 1, slot] = v.reshape(n, -1)
 
     def _gather(self, li: int, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of the blocks in ``table`` ``[B, nb]`` → ``[B, kv_heads, nb * bt, hd]`` each."""
+        """K, V of the blocks in ``table`` ``[B, nb]`` → ``[B, kv_heads, nb * bt, hd]`` each.
+        One copy per tensor: K and V of a layer-block are each contiguous ``[bt, W]`` runs."""
         c = self.cfg
         b, nb = table.shape
-        g = self.kv[:, li].index_select(0, table.reshape(-1))  # [B*nb, 2, bt, W]
-        g = g.view(b, nb, 2, self.block_tokens, c.kv_heads, c.head_dim)
-        k = g[:, :, 0].reshape(b, nb * self.block_tokens, c.kv_heads, c.head_dim)
-        v = g[:, :, 1].reshape(b, nb * self.block_tokens, c.kv_heads, c.head_dim)
+        flat = table.reshape(-1)
+        shape = (b, nb * self.block_tokens, c.kv_heads, c.head_dim)
+        k = self.kv[:, li, 0].index_select(0, flat).view(shape)
+        v = self.kv[:, li, 1].index_select(0, flat).view(shape)
         return k.transpose(1, 2), v.transpose(1, 2)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
