@@ -63,6 +63,7 @@ def test_put_get_conventions(store: MooncakeDistributedStore) -> None:
     assert store.get_size("k") == 2
     assert store.get_size("missing") == -704
     assert store.is_exist("k") == 1 and store.is_exist("missing") == 0
+    assert store.is_exist("") == -1
     assert store.batch_is_exist(["k", "missing"]) == [1, 0]
     assert store.put_parts("parts", b"ab", memoryview(b"cd"), bytearray(b"e")) == 0
     assert store.get("parts") == b"abcde"

@@ -103,7 +103,7 @@ def test_vllm_prefill_stalls_decode() -> None:
 
 
 def test_deterministic_for_a_seed() -> None:
-    recs = _sample(400)
+    recs = _sample(250)
     cfg = SimConfig(prefill_policy="random", seed=7, speedup=2.0)
     a, b = simulate(recs, cfg), simulate(recs, cfg)
     for name in ("ttft", "tbt", "finish", "hit_tokens"):
@@ -113,7 +113,7 @@ def test_deterministic_for_a_seed() -> None:
 
 
 def test_overload_policies_reject() -> None:
-    recs = _sample(600)
+    recs = _sample(400)
     base = dict(speedup=8.0, tbt_slo_s=0.018, ttft_slo_s=5.0)
     out = {p: simulate(recs, SimConfig(admission_policy=p, **base)) for p in
            ("none", "per-stage", "early-rejection")}  # fmt: skip

@@ -160,14 +160,18 @@ class MooncakeDistributedStore(PointerMethods, TensorMethods, StoreBase):
     def get_size(self, key: str) -> int:
         return self.client.get_size(key)
 
-    @_returns(int)
     def is_exist(self, key: str) -> int:
-        if not key:
-            return E.INVALID_PARAMS
-        return int(self.client.is_exist(key))
+        """1 exists, 0 does not, -1 on any error (Mooncake's convention for this call)."""
+        if self._client is None or not isinstance(key, str) or not key:
+            return -1
+        try:
+            return int(self._client.is_exist(key))
+        except KvcakeError:
+            return -1
 
-    @_returns([])
     def batch_is_exist(self, keys: list[str]) -> list[int]:
+        if self._client is None:
+            return []
         return [self.is_exist(k) for k in keys]
 
     @_returns([])

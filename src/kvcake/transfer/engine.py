@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,12 +23,13 @@ from kvcake.core.ids import BatchId, SegmentName
 from kvcake.transfer import shm
 from kvcake.transfer.batch import Batch, Claimable, Job
 from kvcake.transfer.config import TransferConfig
-from kvcake.transfer.errors import InvalidRequest, TransferError, UnknownBatch, UnknownSegment
+from kvcake.transfer.errors import InvalidRequest, TransferError, UnknownBatch
 from kvcake.transfer.metadata import DirectoryClient
 from kvcake.transfer.paths import PathHealth
 from kvcake.transfer.planner import coalesce
 from kvcake.transfer.pool import EndpointPool
-from kvcake.transfer.segments import LocalSegment, SegmentTable, as_byte_view, check_range
+from kvcake.transfer.registry import SegmentRegistry, Topology
+from kvcake.transfer.segments import as_byte_view, check_range
 from kvcake.transfer.server import TransferServer
 from kvcake.transfer.shm_transport import ShmTransport
 from kvcake.transfer.tcp_transport import TcpTransport, TransferHooks, probe
@@ -43,19 +44,6 @@ from kvcake.transfer.types import (
 )
 
 log = logging.getLogger(__name__)
-
-# location -> (preferred listen hosts, secondary listen hosts): the topology matrix.
-Topology = Mapping[str, tuple[Sequence[str], Sequence[str]]]
-
-
-def host_identity() -> str:
-    """Same value for every process of this host (and its network namespaces)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            boot = fh.read().strip()
-    except OSError:
-        boot = "noboot"
-    return f"{os.uname().nodename}/{boot}"
 
 
 class TransferEngine:
@@ -76,17 +64,18 @@ class TransferEngine:
         self.config = base if protocol == base.protocol else _with(base, protocol=protocol)
         self.hostname = hostname
         self.owner = f"{hostname}/{os.getpid()}/{secrets.token_hex(4)}"
-        self.host_id = host_identity()
-        self.topology = dict(topology or {})
         if cleanup_stale_shm:
             shm.cleanup_stale()
-        self._segments = SegmentTable()
         self._lock = threading.Lock()
         self._batches: dict[int, Batch] = {}
         self._ids = itertools.count(1)
-        self._cache: dict[str, SegmentInfo] = {}
         self._closed = False
         self.directory = DirectoryClient(directory) if directory else None
+        self.registry = SegmentRegistry(
+            self.owner, hostname, self.directory, lambda: self.server.addresses, topology
+        )
+        self.host_id = self.registry.host_id
+        self._segments = self.registry.table
         self.server = TransferServer(self._segments, listen_hosts, self.config.server_max_data)
         self.server.start()
         cfg = self.config
@@ -95,7 +84,7 @@ class TransferEngine:
         self.hooks = TransferHooks()
         self.transports: dict[str, Transport] = {
             "shm": ShmTransport(self.owner, self.host_id, self._segments),
-            "tcp": TcpTransport(cfg, self.pool, self.health, self.hooks, self._forget),
+            "tcp": TcpTransport(cfg, self.pool, self.health, self.hooks, self.registry.forget),
         }
         self._executor = ThreadPoolExecutor(cfg.workers, thread_name_prefix="kvcake-xfer")
 
@@ -106,95 +95,28 @@ class TransferEngine:
         """This engine's transfer-server addresses (one per listen host)."""
         return list(self.server.addresses)
 
-    def _paths(self, location: str | None) -> tuple[PathInfo, ...]:
-        by_host = {a.rpartition(":")[0]: a for a in self.server.addresses}
-        if location is None or location not in self.topology:
-            return tuple(PathInfo(a, 0) for a in self.server.addresses)
-        preferred, secondary = self.topology[location]
-        out = [PathInfo(by_host[h], 0) for h in preferred if h in by_host]
-        out += [PathInfo(by_host[h], 1) for h in secondary if h in by_host]
-        return tuple(out)
-
-    def _publish(self, seg: LocalSegment, location: str | None) -> SegmentInfo:
-        info = SegmentInfo(
-            SegmentName(seg.name),
-            self.owner,
-            self.hostname,
-            self.host_id,
-            seg.size,
-            self._paths(location),
-            str(seg.region.path) if seg.region else None,
-        )
-        self._segments.add(seg)
-        try:
-            if self.directory is not None:
-                self.directory.publish(info)
-        except BaseException:
-            self._segments.pop(seg.name)
-            raise
-        self._cache[seg.name] = info
-        return info
-
     def register_memory(self, name: str, buffer: Any, location: str | None = None) -> SegmentInfo:
         """Expose a writable buffer-protocol object as segment ``name``. The caller keeps
         owning the memory and must keep it alive until :meth:`unregister`."""
         self._check_open()
-        view = as_byte_view(buffer)
-        if view.readonly:
-            raise InvalidRequest(f"segment {name!r}: buffer is read-only")
-        if view.nbytes == 0:
-            raise InvalidRequest(f"segment {name!r}: buffer is empty")
-        return self._publish(LocalSegment(name, view, keepalive=buffer), location)
+        return self.registry.register(name, buffer, location)
 
     def allocate_segment(self, name: str, size: int, location: str | None = None) -> memoryview:
         """Create a ``/dev/shm``-backed segment owned by the engine (same-host peers map it)."""
         self._check_open()
-        region = shm.create_region(name, size)
-        try:
-            self._publish(LocalSegment(name, region.view(), region=region), location)
-        except BaseException:
-            region.close()
-            raise
-        return self._segments.get(name).view
+        return self.registry.allocate(name, size, location)
 
     def unregister(self, name: str) -> None:
-        seg = self._segments.pop(name)
-        self._cache.pop(name, None)
-        if self.directory is not None:
-            try:
-                self.directory.unpublish(name, self.owner)
-            except TransferError as exc:
-                log.warning("could not unpublish %s: %s", name, exc)
-        if seg.region is not None:
-            with contextlib.suppress(BufferError):
-                seg.view.release()
-            seg.region.close()
+        """Unpublish ``name``; engine-owned shm memory is unlinked."""
+        self.registry.unregister(name)
 
     def segment_info(self, name: str) -> SegmentInfo:
         """Where segment ``name`` lives (this engine's or any peer's), asked afresh from the
         directory for a peer's segment; raises UnknownSegment."""
-        if name in self._segments:
-            return self._cache[name]
-        self._cache.pop(name, None)
-        return self._target(name)
-
-    def _target(self, name: str) -> SegmentInfo:
-        """Cached lookup used by transfers (dropped when a peer says it is gone)."""
-        info = self._cache.get(name)
-        if info is not None:
-            return info
-        if self.directory is None:
-            raise UnknownSegment(f"segment {name!r} is unknown (no directory configured)")
-        info = self.directory.lookup(name)
-        self._cache[name] = info
-        return info
+        return self.registry.info(name)
 
     def local_segments(self) -> list[str]:
-        return self._segments.names()
-
-    def _forget(self, name: str) -> None:
-        if name not in self._segments:
-            self._cache.pop(name, None)
+        return self.registry.names()
 
     # --- batches --------------------------------------------------------------------------
 
@@ -223,7 +145,7 @@ class TransferEngine:
                 valid.append((i, r))
         groups: dict[tuple[str, str, tuple[PathInfo, ...]], list[Job]] = {}
         for run in coalesce(valid):
-            target = self._target(run.target_segment)
+            target = self.registry.target(run.target_segment)
             local = self._segments.get(run.local_segment).view
             job = Job(
                 run.op,
@@ -254,7 +176,7 @@ class TransferEngine:
             raise InvalidRequest(f"length must be > 0, got {r.length}")
         local = self._segments.get(r.local_segment)
         check_range(r.local_segment, local.size, r.local_offset, r.length)
-        target = self._target(r.target_segment)
+        target = self.registry.target(r.target_segment)
         check_range(r.target_segment, target.size, r.target_offset, r.length)
 
     def _new_batch(self, n: int) -> Batch:
@@ -322,7 +244,7 @@ class TransferEngine:
         )
         self._validate(req)
         view = self._segments.get(local).view[local_offset : local_offset + length]
-        if self._try_fast(op, view, self._target(target), target_offset):
+        if self._try_fast(op, view, self.registry.target(target), target_offset):
             return
         self.transfer([req]).raise_for_errors()
 
@@ -361,7 +283,7 @@ class TransferEngine:
         view = as_byte_view(buf)
         if op is Op.READ and view.readonly:
             raise InvalidRequest("read_into needs a writable buffer")
-        target = self._target(target_segment)
+        target = self.registry.target(target_segment)
         check_range(target_segment, target.size, target_offset, view.nbytes)
         if self._try_fast(op, view, target, target_offset):
             return
