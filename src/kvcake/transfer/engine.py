@@ -230,7 +230,11 @@ class TransferEngine:
     def transfer(self, requests: Sequence[TransferRequest]) -> BatchResult:
         """Run a batch to completion in the calling thread (plus workers for extra lanes)."""
         batch = self._new_batch(len(requests))
-        self._run(batch, self._plan(batch, requests), inline=True)
+        return self._run_to_end(batch, self._plan(batch, requests))
+
+    def _run_to_end(self, batch: Batch, tasks: list[Task]) -> BatchResult:
+        """Run ``tasks`` inline, wait for every outcome and free the batch id."""
+        self._run(batch, tasks, inline=True)
         batch.wait(None)
         with self._lock:
             self._batches.pop(batch.id, None)
@@ -290,11 +294,7 @@ class TransferEngine:
         batch = self._new_batch(1)
         job = Job(op, view, target, target_offset, view.nbytes, [0], batch)
         tasks = self._transport_for(target).tasks(batch, [job])
-        self._run(batch, tasks, inline=True)
-        batch.wait(None)
-        with self._lock:
-            self._batches.pop(batch.id, None)
-        batch.result().raise_for_errors()
+        self._run_to_end(batch, tasks).raise_for_errors()
 
     def write(self, target_segment: str, target_offset: int, data: Any) -> None:
         """Write any (unregistered, possibly read-only) buffer to a target segment."""
