@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 import numpy as np
 
 from kvcake.conductor.predictors import DecodeTBTModel
+from kvcake.conductor.registry import make_named
 from kvcake.core.api import Accept, RequestView
 from kvcake.core.errors import ConfigError
 from kvcake.core.ids import RequestId
@@ -207,12 +208,4 @@ ADMISSION_POLICIES: dict[str, type[AdmissionPolicy]] = {
 def make_admission_policy(name: str, **params: Any) -> AdmissionPolicy:
     """``make_admission_policy("prediction", tbt_slo_s=0.2, decode=model)``; raises
     ``ConfigError`` for an unknown name or parameter."""
-    cls = ADMISSION_POLICIES.get(name)
-    if cls is None:
-        raise ConfigError(
-            f"unknown admission policy {name!r}; choose from {sorted(ADMISSION_POLICIES)}"
-        )
-    try:
-        return cls(**params)
-    except TypeError as exc:
-        raise ConfigError(f"admission policy {name!r}: {exc}") from None
+    return make_named("admission policy", ADMISSION_POLICIES, name, params)

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from kvcake.conductor.registry import make_named
 from kvcake.conductor.view import PrefillView
 from kvcake.core.api import Accept
 from kvcake.core.config import require
-from kvcake.core.errors import ConfigError
 from kvcake.core.ids import InstanceId
 
 if TYPE_CHECKING:
@@ -155,12 +155,4 @@ PREFILL_POLICIES: dict[str, type[PrefillPolicy]] = {
 def make_prefill_policy(name: str, **params: Any) -> PrefillPolicy:
     """``make_prefill_policy("global-cache-aware", threshold=2.0)``; raises ``ConfigError`` for an
     unknown name or parameter."""
-    cls = PREFILL_POLICIES.get(name)
-    if cls is None:
-        raise ConfigError(
-            f"unknown prefill policy {name!r}; choose from {sorted(PREFILL_POLICIES)}"
-        )
-    try:
-        return cls(**params)
-    except TypeError as exc:
-        raise ConfigError(f"prefill policy {name!r}: {exc}") from None
+    return make_named("prefill policy", PREFILL_POLICIES, name, params)
