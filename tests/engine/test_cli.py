@@ -15,7 +15,6 @@ def test_generate_answers_capital_of_france(capsys: pytest.CaptureFixture[str]) 
     code = main(
         [
             "generate",
-            "--chat",
             "What is the capital of France?",
             "--max-tokens",
             "12",
@@ -26,6 +25,13 @@ def test_generate_answers_capital_of_france(capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out
     assert code == 0
     assert "Paris" in out
+
+
+def test_generate_raw_continues_the_text(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["generate", "--raw", "The capital of France is", "--max-tokens", "4"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith("The capital of France is") and len(out.strip()) > 24
 
 
 def test_generate_rejects_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:

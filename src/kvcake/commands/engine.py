@@ -17,7 +17,18 @@ def register(sub: Any) -> None:
         "converted from its GGUF once and cached under $KVCAKE_CACHE_DIR or ~/.cache/kvcake.",
     )
     g.add_argument("prompt", help="the prompt text")
-    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user chat message")
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--chat",
+        dest="chat",
+        action="store_true",
+        default=None,
+        help="wrap the prompt as a user chat message (the default when the model has a chat "
+        "template, as SmolLM2-Instruct does)",
+    )
+    mode.add_argument(
+        "--raw", dest="chat", action="store_false", help="plain text completion of the prompt"
+    )
     g.add_argument("--model", default=None, help="'smollm2', a .gguf file or a checkpoint dir")
     g.add_argument("--config", help="TOML file with an [engine] table")
     g.add_argument("--max-tokens", type=int, default=64)
@@ -71,12 +82,14 @@ def _generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     llm = LLM(config=_engine_config(args))
     loaded = time.perf_counter() - t0
-    prompt: Any = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
+    # An instruct model answers a question only inside its chat template, so chat is the default.
+    chat = bool(llm.tokenizer.chat_template) if args.chat is None else args.chat
+    prompt: Any = [{"role": "user", "content": args.prompt}] if chat else args.prompt
     out = llm.generate(prompt, sp)[0]
     if out.error:
         print(f"kvcake: error: {out.error}", file=sys.stderr)
         return 1
-    print(out.text.strip() if args.chat else args.prompt + out.text)
+    print(out.text.strip() if chat else args.prompt + out.text)
     if args.stats:
         print(
             f"[{len(out.prompt_token_ids)} prompt tokens, {len(out.token_ids)} generated, "
