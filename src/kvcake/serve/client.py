@@ -77,26 +77,24 @@ class RemoteInstance(InstanceAPI):
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _post(self, path: str, body: Any, tp: type[T]) -> T:
+    async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """A 200 response; anything else raises (unreachable = ``InstanceUnavailable``)."""
         try:
-            r = await self._http.post(path, content=encode(body))
+            r = await self._http.request(method, path, **kw)
         except _TRANSPORT_ERRORS as exc:
             raise InstanceUnavailable(
                 f"{self.instance_id} unreachable: {exc!r}", self.instance_id
             ) from exc
         if r.status_code != 200:
             _raise_for(r.status_code, r.content, str(self.instance_id), self.instance_id)
+        return r
+
+    async def _post(self, path: str, body: Any, tp: type[T]) -> T:
+        r = await self._request("POST", path, content=encode(body))
         return decode(r.content, tp)
 
     async def fetch_state(self, since: int) -> InstanceState:
-        try:
-            r = await self._http.get("/rpc/state", params={"since": since}, timeout=5.0)
-        except _TRANSPORT_ERRORS as exc:
-            raise InstanceUnavailable(
-                f"{self.instance_id} unreachable: {exc!r}", self.instance_id
-            ) from exc
-        if r.status_code != 200:
-            _raise_for(r.status_code, r.content, str(self.instance_id), self.instance_id)
+        r = await self._request("GET", "/rpc/state", params={"since": since}, timeout=5.0)
         self.state = decode(r.content, InstanceState)
         return self.state
 
