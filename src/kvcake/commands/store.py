@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import signal
 import sys
-import threading
 from typing import Any
+
+from kvcake.commands._common import wait_for_signal
 
 
 def _add_config_flags(p: argparse.ArgumentParser, cls: type) -> None:
@@ -48,14 +48,6 @@ def register(sub: Any) -> None:
     s.set_defaults(func=_store_server)
 
 
-def _wait_for_signal() -> None:
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    while not done.wait(0.05):  # short: SIGTERM should stop us promptly
-        pass
-
-
 def _overrides(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
 
@@ -85,7 +77,7 @@ def _master(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        _wait_for_signal()
+        wait_for_signal()
     finally:
         master.stop()
     return 0
@@ -106,7 +98,7 @@ def _store_server(args: argparse.Namespace) -> int:
     server.start()
     print(f"store-server segment={server.segment_name} disk={server.disk_endpoint}", flush=True)
     try:
-        _wait_for_signal()
+        wait_for_signal()
     finally:
         server.stop()
     return 0

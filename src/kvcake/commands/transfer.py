@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
 from typing import Any
+
+from kvcake.commands._common import wait_for_signal
 
 
 def register(sub: Any) -> None:
@@ -109,20 +109,12 @@ def _server(args: argparse.Namespace) -> int:
             "segments": [n for n, _ in segments],
         }
         print(json.dumps(ready), flush=True)
-        _wait_for_signal()
+        wait_for_signal(0.5)
     finally:
         engine.close()
         if svc is not None:
             svc.stop()
     return 0
-
-
-def _wait_for_signal() -> None:
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    while not done.wait(0.5):
-        pass
 
 
 def _cleanup(args: argparse.Namespace) -> int:
