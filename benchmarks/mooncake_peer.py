@@ -420,6 +420,70 @@ def run_store(args: argparse.Namespace) -> dict[str, Any]:
     return {"rows": rows}
 
 
+# ---------------------------------------------------------------- driver (used by kvcake's benches)
+# These functions run under kvcake's Python: they only start this script under PYTHON.
+
+
+def probe(python: str | None) -> tuple[str | None, str]:
+    """``(PYTHON, "")`` when PYTHON (else $KVCAKE_MOONCAKE_PYTHON) imports Mooncake, else
+    ``(None, reason)``."""
+    python = python or os.environ.get("KVCAKE_MOONCAKE_PYTHON") or None
+    if not python:
+        return None, "no --mooncake PYTHON given and KVCAKE_MOONCAKE_PYTHON is not set"
+    try:
+        r = subprocess.run(
+            [python, "-c", "import mooncake.engine, mooncake.store"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{python} did not run: {exc}"
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        return None, f"{python} cannot import mooncake ({last})"
+    return python, ""
+
+
+def run_peer(python: str, mode: str, options: list[str]) -> dict[str, Any]:
+    """Run this script's ``mode`` under ``python``; its progress lines go to our stderr, its
+    JSON is returned. Raises RuntimeError (with the tail of its log) when it fails."""
+    import collections
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kvcake-mooncake-") as tmp:
+        out = os.path.join(tmp, "peer.json")
+        proc = subprocess.Popen(
+            [python, HERE, mode, *options, "--json", out],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_die_with_parent,
+        )
+        tail: collections.deque[str] = collections.deque(maxlen=25)
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                tail.append(line.rstrip())
+                if line.startswith("  mooncake"):
+                    print(line, end="", file=sys.stderr, flush=True)
+            rc = proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if rc != 0 or not os.path.exists(out):
+            log = "\n".join(tail)
+            raise RuntimeError(f"Mooncake peer failed (rc={rc}); last lines:\n{log}")
+        with open(out) as fh:
+            data: dict[str, Any] = json.load(fh)
+        return data
+
+
 # ---------------------------------------------------------------- main
 
 

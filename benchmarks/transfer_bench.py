@@ -13,7 +13,13 @@ requests, READ and WRITE, over
 Blocks sit at non-adjacent target offsets so the engine cannot coalesce them. Each figure is the
 median of ``--repeats`` runs (min and max shown); a run moves at least ``--min-bytes`` or
 ``--min-batches`` batches. Also the 4 KB round-trip latency (``transfer_sync_read``; p50/p99) and
-the same round trip over the bare socket. Optional ``--mooncake``: the real Mooncake engine.
+the same round trip over the bare socket.
+
+``--mooncake PYTHON`` (default: $KVCAKE_MOONCAKE_PYTHON): right after these runs, the real Mooncake
+Transfer Engine over TCP in the same topology (``benchmarks/mooncake_peer.py`` run by PYTHON, a
+separate venv with ``mooncake-transfer-engine-non-cuda``), then a side-by-side table with
+kvcake/Mooncake ratios. Without it (or when PYTHON cannot import mooncake) one line says so and the
+ratios use the figure recorded earlier on this machine kind (mooncake-reference.md).
 
 Run: ``kvcake bench transfer`` or ``python benchmarks/transfer_bench.py [--help]``.
 """
@@ -32,8 +38,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from types import ModuleType
 
 BATCH = 16
+# Mooncake 0.3.13 TCP, same topology, recorded earlier (mooncake-reference.md: 0.5-0.8 GB/s at
+# 1 MB and above): the upper end, used for ratios when no live peer runs.
+MOONCAKE_TCP_REF_GBPS = 0.8
 
 # The baseline peer: one request per block — op byte + u64 length; W: the bytes follow and
 # are received into a buffer (an ack byte per batch when asked), R: the bytes are sent back.
@@ -314,7 +324,87 @@ def check_targets(rows: list[Row], lat: dict[str, float]) -> list[tuple[str, str
     if "tcp_read_4k_p50_us" in lat:
         v = lat["tcp_read_4k_p50_us"]
         out.append(("tcp 4 KB read p50 <= 100 us", f"{v:.0f} us", v <= 100))
+    for op in ("write", "read"):
+        for block in (mb, 16 * mb):
+            t, mc = get(rows, "tcp", op, block), get(rows, "mooncake", op, block)
+            if t:
+                ref, src = (mc.gbps_med, "live") if mc else (MOONCAKE_TCP_REF_GBPS, "recorded")
+                ratio = t.gbps_med / ref
+                out.append(
+                    (
+                        f"tcp {op} {fmt_size(block)} >= 2x Mooncake ({src})",
+                        f"{ratio:.2f}x",
+                        ratio >= 2.0,
+                    )
+                )
     return out
+
+
+def side_by_side(rows: list[Row], lat: dict[str, float]) -> str:
+    """kvcake TCP next to Mooncake TCP per cell (live peer, else the recorded figure)."""
+    live = any(r.method == "mooncake" for r in rows)
+    src = "live peer, same run" if live else f"recorded {MOONCAKE_TCP_REF_GBPS} GB/s at 1 MB+"
+    lines = [
+        f"Side by side with Mooncake over TCP ({src}):",
+        "",
+        "| op | block | kvcake tcp GB/s | Mooncake GB/s | kvcake/Mooncake |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        if r.method != "tcp":
+            continue
+        mc = get(rows, "mooncake", r.op, r.block)
+        ref = mc.gbps_med if mc else (MOONCAKE_TCP_REF_GBPS if r.block >= 1 << 20 else None)
+        if ref is None:
+            lines.append(f"| {r.op} | {fmt_size(r.block)} | {r.gbps_med:.2f} | - | - |")
+        else:
+            lines.append(
+                f"| {r.op} | {fmt_size(r.block)} | {r.gbps_med:.2f} | {ref:.2f} | "
+                f"{r.gbps_med / ref:.2f}x |"
+            )
+    k, m = lat.get("tcp_read_4k_p50_us"), lat.get("mooncake_read_4k_p50_us")
+    if k and m:
+        k99, m99 = lat["tcp_read_4k_p99_us"], lat["mooncake_read_4k_p99_us"]
+        lines += [
+            "",
+            "| 4 KB sync read | kvcake p50/p99 (µs) | Mooncake p50/p99 (µs) | p50 speed-up |",
+            "|---|---:|---:|---:|",
+            f"| tcp | {k:.0f}/{k99:.0f} | {m:.0f}/{m99:.0f} | {m / k:.2f}x |",
+        ]
+    return "\n".join(lines)
+
+
+def peer_module() -> ModuleType:
+    """benchmarks/mooncake_peer.py (also when run through ``kvcake bench``, i.e. runpy)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mooncake_peer.py")
+    spec = importlib.util.spec_from_file_location("kvcake_mooncake_peer", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_mooncake(
+    peer: ModuleType, python: str, args: argparse.Namespace
+) -> tuple[list[Row], dict[str, float]]:
+    options = [
+        "--sizes",
+        ",".join(str(s) for s in parse_sizes(args.sizes)),
+        "--repeats",
+        str(args.repeats),
+        "--min-bytes",
+        str(args.min_bytes),
+        "--min-batches",
+        str(args.min_batches),
+        "--repeat-s",
+        str(args.repeat_s),
+        "--latency-iters",
+        str(args.latency_iters),
+    ]
+    data = peer.run_peer(python, "transfer", options)
+    return [Row(**r) for r in data["rows"]], dict(data["latency"])
 
 
 def markdown(rows: list[Row], lat: dict[str, float]) -> str:
@@ -364,14 +454,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--skip-shm", action="store_true", help="skip the shm transport")
     p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument(
+        "--mooncake",
+        metavar="PYTHON",
+        default=os.environ.get("KVCAKE_MOONCAKE_PYTHON"),
+        help="a Python that can import mooncake: also run the real Mooncake TE right after ours "
+        "(default: $KVCAKE_MOONCAKE_PYTHON)",
+    )
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
     # SIGTERM -> SystemExit, so the child processes are stopped by the finally blocks.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.time()
+    peer = peer_module()
+    mc_python, why = peer.probe(args.mooncake)
+    mooncake: dict[str, object] = {"live": False, "reason": why}
+    if mc_python is None:
+        print(f"Mooncake live peer skipped: {why}; ratios use the recorded figures")
     rows, lat = run_all(args)
+    if mc_python is not None:
+        try:
+            mc_rows, mc_lat = run_mooncake(peer, mc_python, args)
+            rows += mc_rows
+            lat.update(mc_lat)
+            mooncake = {"live": True, "python": mc_python}
+        except RuntimeError as exc:
+            print(f"Mooncake live peer failed, ratios use the recorded figures: {exc}")
+            mooncake = {"live": False, "reason": str(exc)}
     print(markdown(rows, lat))
+    print()
+    print(side_by_side(rows, lat))
     print(
         f"\n(api={args.api}, streams={args.streams}, slice_size={args.slice_size}, "
         f"repeats={args.repeats}; "
@@ -384,6 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "rows": [asdict(r) for r in rows],
                     "latency": lat,
                     "targets": check_targets(rows, lat),
+                    "mooncake": mooncake,
                 },
                 fh,
                 indent=1,
