@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Any
+from typing import Any, TypeVar
 
 from kvcake.commands._common import wait_for_signal
+
+T = TypeVar("T")
 
 
 def _add_config_flags(p: argparse.ArgumentParser, cls: type) -> None:
@@ -48,21 +50,19 @@ def register(sub: Any) -> None:
     s.set_defaults(func=_store_server)
 
 
-def _overrides(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
+def _load(args: argparse.Namespace, cls: type[T], section: str) -> T:
+    """``cls`` from --config's ``[section]``, the environment, and the flags given."""
+    from kvcake.core.config import load_config
+
+    over = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return load_config(cls, toml_path=args.config, section=section, overrides=over)
 
 
 def _master(args: argparse.Namespace) -> int:
-    from kvcake.core.config import load_config
     from kvcake.store.config import MasterConfig
     from kvcake.store.master_server import Master
 
-    cfg = load_config(
-        MasterConfig,
-        toml_path=args.config,
-        section="master",
-        overrides=_overrides(args, MasterConfig),
-    )
+    cfg = _load(args, MasterConfig, "master")
     master = Master(cfg)
     try:
         master.start()
@@ -84,16 +84,10 @@ def _master(args: argparse.Namespace) -> int:
 
 
 def _store_server(args: argparse.Namespace) -> int:
-    from kvcake.core.config import load_config
     from kvcake.store.config import StoreServerConfig
     from kvcake.store.server import StoreServer
 
-    cfg = load_config(
-        StoreServerConfig,
-        toml_path=args.config,
-        section="store",
-        overrides=_overrides(args, StoreServerConfig),
-    )
+    cfg = _load(args, StoreServerConfig, "store")
     server = StoreServer(cfg)
     server.start()
     print(f"store-server segment={server.segment_name} disk={server.disk_endpoint}", flush=True)
