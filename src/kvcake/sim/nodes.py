@@ -100,18 +100,17 @@ class DecodeNode:
 
     def admit(self, now: float) -> None:
         while self.waiting and self.kv_used + self.need(self.waiting[0]) <= self.capacity:
-            req = self.waiting.popleft()
-            self.kv_used += self.need(req)
-            self.pending_reqs -= 1
-            self.pending_ctx -= req.prompt_len
-            self.batch.add(now, req)
+            self._join_next(now)
         if self.waiting and not self.batch.size and self.kv_used == 0:
             # a single request larger than the whole memory: run it alone rather than deadlock
-            req = self.waiting.popleft()
-            self.kv_used += self.need(req)
-            self.pending_reqs -= 1
-            self.pending_ctx -= req.prompt_len
-            self.batch.add(now, req)
+            self._join_next(now)
+
+    def _join_next(self, now: float) -> None:
+        req = self.waiting.popleft()
+        self.kv_used += self.need(req)
+        self.pending_reqs -= 1
+        self.pending_ctx -= req.prompt_len
+        self.batch.add(now, req)
 
     def release(self, req: SimRequest) -> None:
         self.kv_used -= self.need(req)

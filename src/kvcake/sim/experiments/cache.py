@@ -13,15 +13,7 @@ from kvcake.core.ids import InstanceId
 from kvcake.core.trace import TraceRecord
 from kvcake.sim.cache import LRUBlockCache
 from kvcake.sim.config import SimConfig
-from kvcake.sim.experiments.common import (
-    Context,
-    ExpResult,
-    new_figure,
-    pmap,
-    save_figure,
-    workload,
-)  # fmt: skip
-from kvcake.sim.runner import simulate
+from kvcake.sim.experiments.common import Context, ExpResult, new_figure, pmap, run, workload
 
 CAPACITIES = [int(v) for v in (1e4, 3e4, 1e5, 3e5, 1e6, 3e6, 1e7, 3e7, 1e8, 3e8, 1e9)]
 SYNTH = ["toolagent-synth", "synthetic-synth"]
@@ -70,15 +62,14 @@ def cache_capacity(ctx: Context) -> ExpResult:
     ax.grid(alpha=0.3)
     cols = ["workload", *[f"{c:.0e}" for c in caps], "unbounded"]
     res = ExpResult("cache-capacity", "Hit rate vs cache capacity (Fig. 9)", cols, rows, data)
-    res.png = save_figure(fig, ctx.out_dir, res.name)
-    return res
+    return res.with_figure(fig, ctx.out_dir)
 
 
 def _gl_point(arg: tuple[str, str]) -> dict[str, float]:
     spec, policy = arg
     cfg = SimConfig(prefill_nodes=10, decode_nodes=6, cache_tokens=3_000_000,
                     prefill_policy=policy)  # fmt: skip
-    r = simulate(workload(spec)[1], cfg)
+    r = run(spec, cfg)
     return {"hit_rate": r.hit_rate(), "prefill_s": r.summary()["total_prefill_compute_s"],
             "avg_ttft_s": r.mean("ttft")}  # fmt: skip
 
@@ -130,8 +121,7 @@ def global_vs_local(ctx: Context) -> ExpResult:
                      "local LB = each node uses only its own cache, requests placed by load "
                      "(least-load); local CA = local-cache-aware placement, no fetches; global = "
                      "global-cache-aware (fetches from other nodes).")  # fmt: skip
-    res.png = save_figure(fig, ctx.out_dir, res.name)
-    return res
+    return res.with_figure(fig, ctx.out_dir)
 
 
 def hottest_prefixes(recs: Sequence[TraceRecord], counts: Counter[int], k: int) -> list[int]:
@@ -167,7 +157,7 @@ def replicas(ctx: Context) -> ExpResult:
         series.append(cluster.replica_counts(hot))
 
     cfg = SimConfig()
-    simulate(recs, cfg, observers=[(30.0, observe)])
+    run(ctx.main_trace, cfg, observers=[(30.0, observe)])
     arr = np.array(series) if series else np.zeros((0, len(hot)))
     fig, (ax,) = new_figure(width=8)
     for j, h in enumerate(hot):
@@ -183,5 +173,4 @@ def replicas(ctx: Context) -> ExpResult:
     res = ExpResult("replicas", "Replica counts of the hottest blocks (Fig. 11)",
                     ["block", "uses", "mean replicas", "max replicas"], rows,
                     {"t": t, "blocks": hot, "replicas": arr.tolist()})  # fmt: skip
-    res.png = save_figure(fig, ctx.out_dir, res.name)
-    return res
+    return res.with_figure(fig, ctx.out_dir)

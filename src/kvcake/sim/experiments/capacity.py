@@ -13,15 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvcake.sim.config import SimConfig
-from kvcake.sim.experiments.common import (
-    Context,
-    ExpResult,
-    new_figure,
-    pmap,
-    save_figure,
-    workload,
-)  # fmt: skip
-from kvcake.sim.runner import simulate
+from kvcake.sim.experiments.common import Context, ExpResult, new_figure, pmap, run, workload
 
 SYSTEMS = [
     ("mooncake", "Mooncake (8P+8D, global-cache-aware)", "global-cache-aware"),
@@ -40,7 +32,7 @@ def _run(arg: tuple[str, str, str, float]) -> dict[str, Any]:
     cfg = SimConfig(system=system, prefill_policy=policy, speedup=speed)
     if system == "mooncake-10p6d":  # the best split of the pd-ratio experiment
         cfg = cfg.with_(system="mooncake", prefill_nodes=10, decode_nodes=6)
-    r = simulate(workload(spec)[1], cfg)
+    r = run(spec, cfg)
     return {"share": [r.effective_share(t / 1000) for t in THRESHOLDS_MS],
             "avg_ttft_s": r.mean("ttft"), "avg_tbt_s": r.mean("tbt"), "wall_s": r.wall_s}  # fmt: skip
 
@@ -88,5 +80,4 @@ def capacity(ctx: Context) -> ExpResult:
                      f">= {TARGET:.0%} effective (TTFT <= 30 s, TBT <= threshold), interpolated. "
                      "vLLM baselines: 16 colocated instances; Mooncake 10P+6D is the best split "
                      "of the pd-ratio experiment.")  # fmt: skip
-    res.png = save_figure(fig, ctx.out_dir, res.name)
-    return res
+    return res.with_figure(fig, ctx.out_dir)

@@ -12,8 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from kvcake.core.trace import TraceRecord
+from kvcake.sim.config import SimConfig
+from kvcake.sim.metrics import SimResult
+from kvcake.sim.runner import simulate
 from kvcake.sim.traces import load_workload
 
+Observer = tuple[float, Callable[[float, Any], None]]  # (period s, fn(now, cluster))
 _WORKLOADS: dict[str, tuple[str, list[TraceRecord]]] = {}
 
 
@@ -22,6 +26,11 @@ def workload(spec: str) -> tuple[str, list[TraceRecord]]:
     if spec not in _WORKLOADS:
         _WORKLOADS[spec] = load_workload(spec)
     return _WORKLOADS[spec]
+
+
+def run(spec: str, cfg: SimConfig, observers: Sequence[Observer] = ()) -> SimResult:
+    """Replay workload ``spec`` (a trace path or synth preset) on the cluster ``cfg``."""
+    return simulate(workload(spec)[1], cfg, observers=observers)
 
 
 @dataclass
@@ -56,6 +65,11 @@ class ExpResult:
         }  # fmt: skip
         path.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
         return path
+
+    def with_figure(self, fig: Any, out_dir: Path) -> ExpResult:
+        """Save ``fig`` as ``out_dir/NAME.png`` and record it; returns self."""
+        self.png = save_figure(fig, out_dir, self.name)
+        return self
 
     @classmethod
     def load(cls, path: Path) -> ExpResult:

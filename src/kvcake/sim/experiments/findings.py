@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvcake.sim.experiments.common import ExpResult
+from kvcake.sim.experiments.scheduling import PAPER_TTFT
 
 
 def _sched(r: ExpResult) -> str:
     d = r.data
-    paper = {"random": 19.65, "least-load": 5.27, "local-cache-aware": 3.58,
-             "global-cache-aware": 3.07}  # fmt: skip
+    paper = PAPER_TTFT
     parts = []
     for p in ("random", "local-cache-aware", "global-cache-aware"):
         ours = d[p]["avg_ttft_s"] / d["least-load"]["avg_ttft_s"]

@@ -8,15 +8,7 @@ from typing import Any
 import numpy as np
 
 from kvcake.sim.config import SimConfig
-from kvcake.sim.experiments.common import (
-    Context,
-    ExpResult,
-    new_figure,
-    pmap,
-    save_figure,
-    workload,
-)  # fmt: skip
-from kvcake.sim.runner import simulate
+from kvcake.sim.experiments.common import Context, ExpResult, new_figure, pmap, run, workload
 
 POLICIES = [("per-stage", "baseline (per-stage)"), ("early-rejection", "early rejection"),
             ("prediction", "prediction-based")]  # fmt: skip
@@ -34,7 +26,7 @@ def _run(arg: tuple[str, str, float]) -> dict[str, Any]:
     spec, policy, slo = arg
     cfg = SimConfig(admission_policy=policy, speedup=SPEEDUP, tbt_slo_s=slo,
                     ttft_slo_s=TTFT_SLO_S)  # fmt: skip
-    r = simulate(workload(spec)[1], cfg)
+    r = run(spec, cfg)
     s: dict[str, Any] = r.summary(slo)
     s["load_t"], s["load_prefill"], s["load_decode"] = r.load.t, r.load.prefill, r.load.decode
     pl, dl = np.array(r.load.prefill), np.array(r.load.decode)
@@ -77,5 +69,4 @@ def overload(ctx: Context) -> ExpResult:
     res = ExpResult("overload", "Overload scheduling (arXiv Table 3)", cols, rows, data)
     res.notes.append(f"8P+8D, {workload(spec)[0]} trace at {SPEEDUP}x, TTFT SLO {TTFT_SLO_S} s; "
                      "effective = completed within both SLOs; load sampled every 10 s.")  # fmt: skip
-    res.png = save_figure(fig, ctx.out_dir, res.name)
-    return res
+    return res.with_figure(fig, ctx.out_dir)

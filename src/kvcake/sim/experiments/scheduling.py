@@ -8,15 +8,7 @@ from typing import Any
 import numpy as np
 
 from kvcake.sim.config import SimConfig
-from kvcake.sim.experiments.common import (
-    Context,
-    ExpResult,
-    new_figure,
-    pmap,
-    save_figure,
-    workload,
-)  # fmt: skip
-from kvcake.sim.runner import simulate
+from kvcake.sim.experiments.common import Context, ExpResult, new_figure, pmap, run, workload
 
 POLICIES = [
     ("random", "random"),
@@ -34,7 +26,7 @@ PD_TBT_THRESHOLD_S = 0.02
 
 def _run(arg: tuple[str, SimConfig]) -> dict[str, Any]:
     spec, cfg = arg
-    r = simulate(workload(spec)[1], cfg)
+    r = run(spec, cfg)
     s = r.summary(PD_TBT_THRESHOLD_S)
     s["p99_ttft_s"] = float(np.nanpercentile(r.ttft[r.completed], 99)) if r.n else 0.0
     return s
@@ -58,8 +50,7 @@ def prefill_scheduling(ctx: Context) -> ExpResult:
     res = ExpResult("prefill-scheduling", "Prefill scheduling policies (Fig. 5)",
                     ["policy", "avg TTFT s", "paper s", "p90 TTFT s", "hit rate", "avg queue s"],
                     rows, {p: o for (p, _), o in zip(POLICIES, out, strict=True)})  # fmt: skip
-    res.png = save_figure(fig, ctx.out_dir, res.name)
-    return res
+    return res.with_figure(fig, ctx.out_dir)
 
 
 def bandwidth(ctx: Context) -> ExpResult:
@@ -82,8 +73,7 @@ def bandwidth(ctx: Context) -> ExpResult:
     res = ExpResult("bandwidth", "TTFT vs network bandwidth (Fig. 13)",
                     ["Gbps", "avg TTFT s", "p90 TTFT s", "avg transfer s", "hit rate"], rows,
                     {str(b): o for b, o in zip(bws, out, strict=True)})  # fmt: skip
-    res.png = save_figure(fig, ctx.out_dir, res.name)
-    return res
+    return res.with_figure(fig, ctx.out_dir)
 
 
 def pd_ratio(ctx: Context) -> ExpResult:
@@ -114,5 +104,4 @@ def pd_ratio(ctx: Context) -> ExpResult:
                     {f"{p}P{d}D": o for (p, d), o in zip(PD_SPLITS, out, strict=True)})  # fmt: skip
     res.notes.append(f"{workload(spec)[0]} trace at {PD_SPEEDUP}x; effective = TTFT <= 30 s and "
                      f"TBT <= {PD_TBT_THRESHOLD_S * 1000:.0f} ms.")  # fmt: skip
-    res.png = save_figure(fig, ctx.out_dir, res.name)
-    return res
+    return res.with_figure(fig, ctx.out_dir)
