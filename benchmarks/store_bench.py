@@ -4,8 +4,15 @@ Values of 4 KB / 64 KB / 1 MB / 16 MB; single ops and batches of 16; put and get
 (median of --repeats) and per-call latency p50/p99; side by side with the Mooncake 0.3.13 figures
 measured in the same topology on this machine kind (docs: issue 4, mooncake-reference.md).
 
-    python benchmarks/store_bench.py [--protocol auto|tcp] [--repeats 5]
+    python benchmarks/store_bench.py [--protocol auto|tcp] [--repeats 5] [--mooncake PYTHON]
     kvcake bench store -- --protocol tcp
+
+``--mooncake PYTHON`` (default: $KVCAKE_MOONCAKE_PYTHON): right after kvcake's runs, the real
+Mooncake store in the same topology (mooncake_master + a store-server process + a client with no
+segment; ``benchmarks/mooncake_peer.py`` run by PYTHON, a separate venv with
+``mooncake-transfer-engine-non-cuda``), same sizes, repeats and loop; the table's Mooncake columns
+and ratios then come from that live run. Without it (or when PYTHON cannot import mooncake) one
+line says so and the recorded figures below are used.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 KB, MB = 1024, 1024 * 1024
@@ -160,8 +168,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="client keeps glibc's default malloc thresholds (see kvcake.store.memtune)",
     )
+    ap.add_argument(
+        "--mooncake",
+        metavar="PYTHON",
+        default=os.environ.get("KVCAKE_MOONCAKE_PYTHON"),
+        help="a Python that can import mooncake: also run the real Mooncake store right after "
+        "ours (default: $KVCAKE_MOONCAKE_PYTHON)",
+    )
     args = ap.parse_args(argv)
     from kvcake.store.client import Client
+
+    peer = peer_module()
+    mc_python, why = peer.probe(args.mooncake)
+    if mc_python is None:
+        print(f"Mooncake live peer skipped: {why}; ratios use the recorded figures", flush=True)
 
     master, minfo = spawn(["master", "--port", "0", "--http-port", "-1"], "master")
     node, _ = spawn(
@@ -188,16 +208,85 @@ def main(argv: Sequence[str] | None = None) -> int:
         for p in (node, master):
             p.terminate()
             p.wait(10)
-    print_table(rows, args)
+    live: dict[tuple[str, int], tuple[Cell, Cell]] = {}
+    if mc_python is not None:
+        try:
+            live = run_mooncake(peer, mc_python, args)
+        except RuntimeError as exc:
+            print(f"Mooncake live peer failed, ratios use the recorded figures: {exc}")
+    print_table(rows, args, live)
     return 0
 
 
-def print_table(rows: list[tuple[str, int, Cell, Cell]], args: argparse.Namespace) -> None:
+def peer_module() -> ModuleType:
+    """benchmarks/mooncake_peer.py (also when run through ``kvcake bench``, i.e. runpy)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mooncake_peer.py")
+    spec = importlib.util.spec_from_file_location("kvcake_mooncake_peer", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_mooncake(
+    peer: ModuleType, python: str, args: argparse.Namespace
+) -> dict[tuple[str, int], tuple[Cell, Cell]]:
+    """The live Mooncake cells, keyed by (size label, batch)."""
+    options = ["--sizes", args.sizes, "--repeats", str(args.repeats), "--segment", args.segment]
+    data = peer.run_peer(python, "store", options)
+    return {
+        (r["size"], int(r["batch"])): (Cell(**r["put"]), Cell(**r["get"])) for r in data["rows"]
+    }
+
+
+def goals(
+    rows: list[tuple[str, int, Cell, Cell]],
+    args: argparse.Namespace,
+    ref: Callable[[str, int], tuple[float, float]],
+) -> list[tuple[str, str, bool]]:
+    """Issue 4: default path >= 1.0x Mooncake in every cell and >= 5x on gets of 1 MB+;
+    --protocol tcp >= 1.0x on single ops."""
+    out = []
+    for label, batch, put, get in rows:
+        mp, mg = ref(label, batch)
+        mode = "single" if batch == 1 else f"batch {batch}"
+        for op, cell, m in (("put", put, mp), ("get", get, mg)):
+            ratio = cell.ops_per_s / m
+            if args.protocol == "auto":
+                need = 5.0 if op == "get" and SIZES[label] >= MB else 1.0
+            elif batch == 1:
+                need = 1.0
+            else:
+                continue
+            out.append(
+                (f"{label} {mode} {op} >= {need:g}x Mooncake", f"{ratio:.2f}x", ratio >= need)
+            )
+    return out
+
+
+def print_table(
+    rows: list[tuple[str, int, Cell, Cell]],
+    args: argparse.Namespace,
+    live: dict[tuple[str, int], tuple[Cell, Cell]] | None = None,
+) -> None:
+    live = live or {}
+
+    def ref(label: str, batch: int) -> tuple[float, float]:
+        if (label, batch) in live:
+            p, g = live[(label, batch)]
+            return p.ops_per_s, g.ops_per_s
+        r = MOONCAKE[label]
+        return (r[0], r[1]) if batch == 1 else (r[2], r[3])
+
     load = os.getloadavg()
     print(
         f"\nkvcake store, protocol={args.protocol}, tune_malloc={not args.no_tune_malloc}, median of {args.repeats} repeats "
         f"(latency per call: one op, or one batch of {BATCH}); load average "
-        f"{load[0]:.1f}/{load[1]:.1f} on {os.cpu_count()} CPUs\n"
+        f"{load[0]:.1f}/{load[1]:.1f} on {os.cpu_count()} CPUs; Mooncake columns: "
+        + ("live peer, same run, run right after kvcake" if live else "recorded figures")
+        + "\n"
     )
     print(
         "| size | mode | put op/s | put GB/s | put p50/p99 ms | put CPU µs/op | Mooncake put "
@@ -205,16 +294,36 @@ def print_table(rows: list[tuple[str, int, Cell, Cell]], args: argparse.Namespac
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for label, batch, put, get in rows:
-        ref = MOONCAKE[label]
-        mp, mg = (ref[0], ref[1]) if batch == 1 else (ref[2], ref[3])
+        mp, mg = ref(label, batch)
         mode = "single" if batch == 1 else f"batch {batch}"
         print(
             f"| {label} | {mode} | {put.ops_per_s:,.0f} | {put.gbps:.2f} | "
-            f"{put.p50_ms:.2f}/{put.p99_ms:.2f} | {put.cpu_us:,.0f} | {mp:,} | "
+            f"{put.p50_ms:.2f}/{put.p99_ms:.2f} | {put.cpu_us:,.0f} | {mp:,.0f} | "
             f"{put.ops_per_s / mp:.2f}x | {get.ops_per_s:,.0f} | {get.gbps:.2f} | "
-            f"{get.p50_ms:.2f}/{get.p99_ms:.2f} | {get.cpu_us:,.0f} | {mg:,} | "
+            f"{get.p50_ms:.2f}/{get.p99_ms:.2f} | {get.cpu_us:,.0f} | {mg:,.0f} | "
             f"{get.ops_per_s / mg:.2f}x |"
         )
+    if live:
+        print(
+            "\nMooncake (live, same topology): \n\n"
+            "| size | mode | put op/s | put GB/s | put p50/p99 ms | put CPU µs/op "
+            "| get op/s | get GB/s | get p50/p99 ms | get CPU µs/op |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for label, batch, _, _ in rows:
+            if (label, batch) not in live:
+                continue
+            put, get = live[(label, batch)]
+            mode = "single" if batch == 1 else f"batch {batch}"
+            print(
+                f"| {label} | {mode} | {put.ops_per_s:,.0f} | {put.gbps:.2f} | "
+                f"{put.p50_ms:.2f}/{put.p99_ms:.2f} | {put.cpu_us:,.0f} | "
+                f"{get.ops_per_s:,.0f} | {get.gbps:.2f} | "
+                f"{get.p50_ms:.2f}/{get.p99_ms:.2f} | {get.cpu_us:,.0f} |"
+            )
+    print("\n| goal | kvcake/Mooncake | met |\n|---|---:|---|")
+    for desc, val, ok in goals(rows, args, ref):
+        print(f"| {desc} | {val} | {'yes' if ok else 'NO'} |")
 
 
 if __name__ == "__main__":
