@@ -8,6 +8,8 @@ and the connection is closed (the stream may be unsynchronised).
 
 from __future__ import annotations
 
+from typing import get_args
+
 import msgspec
 
 from kvcake.core.framing import Codec
@@ -152,19 +154,7 @@ class ErrorReply(msgspec.Struct, tag=True):
     message: str
 
 
-REQUESTS = (
-    Heartbeat,
-    Mount,
-    Unmount,
-    PutStart,
-    PutEnd,
-    PutRevoke,
-    GetReplicas,
-    Exist,
-    Remove,
-    RemoveAll,
-    TakeTasks,
-    TaskDone,
-)
+# One list of request types: the codec takes them from the union, so the two cannot drift apart.
+REQUESTS: tuple[type[msgspec.Struct], ...] = get_args(Request)
 REQUEST_CODEC: Codec[msgspec.Struct] = Codec(*REQUESTS)
 REPLY_CODEC: Codec[msgspec.Struct] = Codec(Reply, ErrorReply)
