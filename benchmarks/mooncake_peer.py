@@ -429,7 +429,7 @@ def probe(python: str | None) -> tuple[str | None, str]:
     ``(None, reason)``."""
     python = python or os.environ.get("KVCAKE_MOONCAKE_PYTHON") or None
     if not python:
-        return None, "no --mooncake PYTHON given and KVCAKE_MOONCAKE_PYTHON is not set"
+        return None, "KVCAKE_MOONCAKE_PYTHON is not set and no --mooncake PYTHON was given"
     try:
         r = subprocess.run(
             [python, "-c", "import mooncake.engine, mooncake.store"],
