@@ -172,3 +172,37 @@ def test_cli_run_and_experiment_write_outputs(tmp_path: Path) -> None:
     doc = json.loads((out / "prefill-scheduling.json").read_text())
     assert len(doc["rows"]) == 4 and (out / "prefill-scheduling.png").stat().st_size > 0
     assert all(math.isfinite(float(r[1])) for r in doc["rows"])
+
+
+def test_cli_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    import dataclasses
+
+    from kvcake.commands.sim import EXPERIMENT_NAMES
+    from kvcake.sim.config import FIELD_HELP
+    from kvcake.sim.experiments import EXPERIMENTS
+
+    assert tuple(EXPERIMENTS) == EXPERIMENT_NAMES
+    assert set(FIELD_HELP) == {f.name for f in dataclasses.fields(SimConfig)}
+    for action in ("run", "experiment", "reproduce"):
+        with pytest.raises(SystemExit) as ex:
+            main(["sim", action, "--help"])
+        assert ex.value.code == 0
+        text = capsys.readouterr().out
+        flags = [w.rstrip(",") for w in text.split() if w.startswith("--") and w != "--help"]
+        assert flags
+        assert text.count("(default:") >= len(set(flags)) - 1  # all but --quick's own
+        assert "(default: None)" not in text
+
+
+def test_cli_missing_trace_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "nope.jsonl")
+    for argv in (["sim", "run", "--trace", missing],
+                 ["sim", "experiment", "replicas", "--trace", missing, "--out", str(tmp_path)],
+                 ["sim", "reproduce", "--trace", missing, "--out", str(tmp_path)]):  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"--trace {missing}: trace file not found" in err
+    assert main(["sim", "reproduce", "--only", "fig99", "--out", str(tmp_path)]) == 2
+    assert "unknown experiment(s) fig99" in capsys.readouterr().err

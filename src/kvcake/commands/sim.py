@@ -12,38 +12,73 @@ from typing import Any
 
 from kvcake.data import sample_trace_path
 
+EXPERIMENT_NAMES = ("cache-capacity", "prefill-scheduling", "global-vs-local", "capacity",
+                    "replicas", "bandwidth", "pd-ratio", "overload")  # fmt: skip
+TRACE_HELP = ("trace JSONL (Mooncake format) or a synthetic preset: toolagent-synth, "
+              "synthetic-synth")  # fmt: skip
+
+
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` unless the help text already says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        h = action.help or ""
+        return h if "(default:" in h else super()._get_help_string(action)
+
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("sim", help="trace-driven cluster simulator and the paper's experiments")
+    from kvcake.sim.config import FIELD_HELP, SimConfig
+
+    fmt = _DefaultsFormatter
+    p = sub.add_parser("sim", help="trace-driven cluster simulator and the paper's experiments",
+                       description=__doc__)  # fmt: skip
     ssub = p.add_subparsers(dest="sim_cmd", metavar="ACTION", required=True)
 
-    r = ssub.add_parser("run", help="replay one trace on one simulated cluster")
-    r.add_argument("--trace", help="trace JSONL or a synth preset (default: bundled sample)")
-    r.add_argument("--config", help="TOML file with a [sim] section")
-    r.add_argument("--json", help="write the summary as JSON here")
-    from kvcake.sim.config import SimConfig
-
+    r = ssub.add_parser("run", help="replay one trace on one simulated cluster",
+                        description="Replay one trace on one simulated cluster and print the "
+                        "summary. Precedence: flags > KVCAKE_SIM_<FIELD> variables > --config > "
+                        "defaults.", formatter_class=fmt)  # fmt: skip
+    r.add_argument("--trace", metavar="PATH",
+                   help=f"{TRACE_HELP} (default: the bundled sample trace)")  # fmt: skip
+    r.add_argument(
+        "--config", metavar="TOML", help="TOML file with a [sim] section (default: none)"
+    )
+    r.add_argument("--json", metavar="PATH", help="also write the summary as JSON here "
+                   "(default: not written)")  # fmt: skip
     for f in dataclasses.fields(SimConfig):
         r.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=None,
-                       help=f"(default: {f.default})")  # fmt: skip
+                       metavar=type(f.default).__name__.upper(),
+                       help=f"{FIELD_HELP[f.name]} (default: {f.default})")  # fmt: skip
     r.set_defaults(func=_run)
 
-    e = ssub.add_parser("experiment", help="run one experiment (table, PNG and JSON)")
-    e.add_argument("name", help="cache-capacity, prefill-scheduling, global-vs-local, capacity, "
-                   "replicas, bandwidth, pd-ratio, overload")  # fmt: skip
-    e.add_argument("--trace", action="append", help="trace JSONL (repeatable)")
-    e.add_argument("--out", default="results", help="output directory")
-    e.add_argument("--jobs", type=int, default=2, help="processes for independent runs")
-    e.add_argument("--quick", action="store_true", help="smaller grids")
+    e = ssub.add_parser("experiment", help="run one experiment (table, PNG and JSON)",
+                        description="Run one of the paper's experiments; grids: "
+                        "docs/experiments.md.", formatter_class=fmt)  # fmt: skip
+    e.add_argument("name", metavar="NAME", help=f"experiment: {', '.join(EXPERIMENT_NAMES)}")
+    _common_flags(e)
     e.set_defaults(func=_experiment)
 
-    a = ssub.add_parser("reproduce", help="run every experiment and write results/REPORT.md")
-    a.add_argument("--trace", action="append", help="trace JSONL (repeatable)")
-    a.add_argument("--out", default="results")
-    a.add_argument("--jobs", type=int, default=2)
-    a.add_argument("--quick", action="store_true")
-    a.add_argument("--only", help="comma-separated subset of experiments")
+    a = ssub.add_parser("reproduce", help="run every experiment and write results/REPORT.md",
+                        description="Run the experiments (two at a time with --jobs 2) and "
+                        "write OUT/REPORT.md comparing each with the paper.",
+                        formatter_class=fmt)  # fmt: skip
+    _common_flags(a)
+    a.add_argument("--only", metavar="NAMES", default="all",
+                   help="comma-separated subset of experiments; the report also includes "
+                   "earlier results found in --out")  # fmt: skip
     a.set_defaults(func=_reproduce)
+
+
+def _common_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", action="append", metavar="PATH", default=None,
+                   help=f"{TRACE_HELP}; repeatable, the first is the main trace "
+                   "(default: the bundled sample trace)")  # fmt: skip
+    p.add_argument("--out", default="results", metavar="DIR",
+                   help="output directory for NAME.png, NAME.json (and REPORT.md)")  # fmt: skip
+    p.add_argument("--jobs", type=int, default=2, metavar="N",
+                   help="worker processes for independent simulations")  # fmt: skip
+    p.add_argument("--quick", action="store_true",
+                   help="smaller grids (every other grid point; smoke runs and tests)")  # fmt: skip
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -56,9 +91,11 @@ def _run(args: argparse.Namespace) -> int:
     from kvcake.sim.traces import load_workload
 
     over = {f.name: getattr(args, f.name) for f in dataclasses.fields(SimConfig)}
-    cfg = load_config(SimConfig, toml_path=args.config, section="sim" if args.config else None,
+    cfg = load_config(SimConfig, toml_path=args.config, section="sim",
                       overrides=over)  # fmt: skip
-    name, recs = load_workload(args.trace or str(sample_trace_path()))
+    spec = args.trace or str(sample_trace_path())
+    _check_traces([spec])
+    name, recs = load_workload(spec)
     res = simulate(recs, cfg)
     summ = res.summary(cfg.tbt_slo_s)
     t = Table(title=f"{cfg.system} {cfg.prefill_nodes}P+{cfg.decode_nodes}D on {name}")
@@ -74,10 +111,27 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_traces(specs: list[str]) -> None:
+    """Fail before any work (and outside worker processes) when a trace is missing."""
+    from kvcake.core.errors import ConfigError
+    from kvcake.sim.traces import SYNTH_PRESETS
+
+    for spec in specs:
+        if spec not in SYNTH_PRESETS and not Path(spec).is_file():
+            what = "is a directory" if Path(spec).is_dir() else "not found"
+            raise ConfigError(f"--trace {spec}: trace file {what} (give a Mooncake-format "
+                              f"JSONL file or one of {', '.join(SYNTH_PRESETS)})")  # fmt: skip
+
+
 def _ctx(args: argparse.Namespace) -> Any:
+    from kvcake.core.errors import ConfigError
     from kvcake.sim.experiments import Context
 
-    return Context(args.trace or [str(sample_trace_path())], Path(args.out), args.jobs, args.quick)
+    traces = args.trace or [str(sample_trace_path())]
+    _check_traces(traces)
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+    return Context(traces, Path(args.out), args.jobs, args.quick)
 
 
 def _print(res: Any) -> None:
@@ -126,7 +180,13 @@ def _reproduce(args: argparse.Namespace) -> int:
     from kvcake.sim.experiments.report import write_report
 
     t = time.perf_counter()
-    names = args.only.split(",") if args.only else list(EXPERIMENTS)
+    names = list(EXPERIMENTS) if args.only in ("", "all") else args.only.split(",")
+    unknown = [n for n in names if n not in EXPERIMENTS]
+    if unknown:
+        from kvcake.core.errors import ConfigError
+
+        raise ConfigError(f"--only: unknown experiment(s) {', '.join(unknown)}; choose from "
+                          f"{', '.join(EXPERIMENTS)}")  # fmt: skip
     ctx = _ctx(args)
     jobs, ctx.jobs = ctx.jobs, 1  # parallel across experiments, not inside them
     heavy_first = sorted(names, key=lambda n: n not in ("capacity", "overload", "global-vs-local"))

@@ -79,3 +79,31 @@ class SimConfig:
 
     def with_(self, **changes: Any) -> SimConfig:
         return replace(self, **changes)
+
+
+# One line per field, for ``kvcake sim run --help`` (a test checks every field has one).
+FIELD_HELP: dict[str, str] = {
+    "system": f"cluster model, one of {', '.join(SYSTEMS)}",
+    "prefill_nodes": "prefill instances (8-GPU nodes); vLLM baselines: colocated = P + D",
+    "decode_nodes": "decode instances (8-GPU nodes); 0 allowed for vLLM baselines",
+    "preset": f"core.costmodel preset (model/hardware), one of {', '.join(sorted(PRESETS))}",
+    "block_tokens": "tokens per KV block (the trace's hash_ids granularity)",
+    "cache_tokens": "DRAM KV cache per prefill node, in tokens (LRU over blocks)",
+    "link_gbps": "per-node network bandwidth in Gbps (KV fetches and streaming to decode)",
+    "prefill_chunk_tokens": "Mooncake: prefill chunk size for long uncached suffixes",
+    "decode_kv_tokens": "KV tokens that fit in one instance's HBM after the weights",
+    "prefill_policy": "conductor prefill policy: random, round-robin, least-load, "
+    "local-cache-aware, global-cache-aware",
+    "admission_policy": "conductor admission: none, per-stage, early-rejection, prediction",
+    "kvcache_balancing_threshold": "Algorithm 1: fetch a remote prefix when it is this many "
+    "times longer than the local one",
+    "uniform_decode_s": "prediction admission's uniform decode time t_d in s "
+    "(0: expected output tokens x predicted TBT)",
+    "ttft_slo_s": "TTFT SLO in s (admission, effective-request metric)",
+    "tbt_slo_s": "TBT SLO in s (admission, effective-request metric)",
+    "expected_output_tokens": "output length the conductor assumes (it never sees the trace's)",
+    "vllm_batch_tokens": "vllm-chunked: tokens per iteration (running decodes + prefill chunk)",
+    "speedup": "replay speed: trace timestamps divided by this",
+    "seed": "seed of the conductor's random policy",
+    "sample_interval_s": "period of the prefill/decode load samples, simulated s",
+}
