@@ -206,3 +206,56 @@ def test_cli_missing_trace_is_a_clear_error(
         assert f"--trace {missing}: trace file not found" in err
     assert main(["sim", "reproduce", "--only", "fig99", "--out", str(tmp_path)]) == 2
     assert "unknown experiment(s) fig99" in capsys.readouterr().err
+
+
+def test_experiment_grids_match_docs() -> None:
+    import importlib
+
+    cache, capacity, overload, scheduling = (
+        importlib.import_module(f"kvcake.sim.experiments.{m}")
+        for m in ("cache", "capacity", "overload", "scheduling")
+    )
+
+    doc = (Path(__file__).parents[2] / "docs" / "experiments.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`"): line for line in doc.splitlines()
+            if line.startswith("| `")}  # fmt: skip
+    assert set(rows) == set(EXPERIMENT_NAMES_FOR_DOCS)
+
+    def g(xs: list[float]) -> str:
+        return ", ".join(f"{x:g}" for x in xs)
+
+    def e(xs: list[int]) -> str:
+        return ", ".join(f"{x:.0e}".replace("e+0", "e") for x in xs)
+
+    assert e(cache.CAPACITIES) in rows["cache-capacity"]
+    assert "Quick: " + e(cache.CAPACITIES[1::2]) in rows["cache-capacity"]
+    assert g(capacity.SPEEDS) in rows["capacity"]
+    assert g(capacity.SPEEDS[::2]) in rows["capacity"]
+    assert g(scheduling.BANDWIDTHS_GBPS) in rows["bandwidth"]
+    assert g(scheduling.BANDWIDTHS_GBPS[::2]) in rows["bandwidth"]
+    assert ", ".join(f"{p}P{d}D" for p, d in scheduling.PD_SPLITS) in rows["pd-ratio"]
+    assert f"{scheduling.PD_TBT_THRESHOLD_S * 1000:g} ms" in rows["pd-ratio"]
+    for slo in overload.TBT_SLOS_S:
+        assert f"{slo * 1000:g} ms" in rows["overload"]
+    for _, label, _ in capacity.SYSTEMS:
+        assert label.split(" (")[0].split(" +")[0] in rows["capacity"]
+
+
+EXPERIMENT_NAMES_FOR_DOCS = ("cache-capacity", "prefill-scheduling", "global-vs-local",
+                             "capacity", "replicas", "bandwidth", "pd-ratio", "overload")  # fmt: skip
+
+
+def test_capacity_runs_every_system_and_report_lists_every_experiment(tmp_path: Path) -> None:
+    import importlib
+
+    from kvcake.sim.experiments.report import ORDER, write_report
+
+    capacity = importlib.import_module("kvcake.sim.experiments.capacity")
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(r.to_json() + "\n" for r in _sample(20)))
+    for system, _, policy in capacity.SYSTEMS:  # mooncake-10p6d is not a SimConfig system
+        out = capacity._run((str(small), system, policy, 1.0))
+        assert len(out["share"]) == len(capacity.THRESHOLDS_MS)
+    assert tuple(ORDER) == EXPERIMENT_NAMES_FOR_DOCS
+    text = write_report([], tmp_path, "test", 0.0).read_text()
+    assert text.count("not run (no result") == len(ORDER)

@@ -160,6 +160,7 @@ def run_experiment(name: str, ctx: Any) -> Any:
     t = time.perf_counter()
     res = EXPERIMENTS[name](ctx)
     res.wall_s = time.perf_counter() - t
+    res.quick = ctx.quick
     res.save(ctx.out_dir)
     return res
 

@@ -29,9 +29,11 @@ TARGET = 0.9
 
 def _run(arg: tuple[str, str, str, float]) -> dict[str, Any]:
     spec, system, policy, speed = arg
-    cfg = SimConfig(system=system, prefill_policy=policy, speedup=speed)
+    cfg = SimConfig(prefill_policy=policy, speedup=speed)
     if system == "mooncake-10p6d":  # the best split of the pd-ratio experiment
-        cfg = cfg.with_(system="mooncake", prefill_nodes=10, decode_nodes=6)
+        cfg = cfg.with_(prefill_nodes=10, decode_nodes=6)
+    else:
+        cfg = cfg.with_(system=system)
     r = run(spec, cfg)
     return {"share": [r.effective_share(t / 1000) for t in THRESHOLDS_MS],
             "avg_ttft_s": r.mean("ttft"), "avg_tbt_s": r.mean("tbt"), "wall_s": r.wall_s}  # fmt: skip

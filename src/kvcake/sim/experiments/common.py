@@ -55,6 +55,7 @@ class ExpResult:
     notes: list[str] = field(default_factory=list)
     png: str = ""
     wall_s: float = 0.0
+    quick: bool = False  # run with the --quick grids
 
     def save(self, out_dir: Path) -> Path:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -62,6 +63,7 @@ class ExpResult:
         doc = {
             "name": self.name, "title": self.title, "columns": self.columns, "rows": self.rows,
             "data": self.data, "notes": self.notes, "png": self.png, "wall_s": self.wall_s,
+            "quick": self.quick,
         }  # fmt: skip
         path.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
         return path
