@@ -35,7 +35,15 @@ def register(sub: Any) -> None:
     p.add_argument("--emulated-config", help="default: configs/emulated.toml")
     p.add_argument("--requests", type=int, default=40, help="trace requests to replay")
     p.add_argument("--speedup", type=float, default=0.5, help="trace replay speed")
-    p.add_argument("--max-tokens", type=int, default=48, help="answer length per turn")
+    p.add_argument("--max-tokens", type=int, default=96, help="answer length per turn")
+    p.add_argument(
+        "--think-s",
+        type=float,
+        default=1.0,
+        help="pause between turns, as a user reading the answer (the decode instance puts "
+        "the answer's KV blocks into the pool asynchronously; the proxy sees them at its next "
+        "poll, so a next turn sent within ~0.2 s reuses only the earlier prompt's blocks)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -96,6 +104,7 @@ def _conversation(args: argparse.Namespace) -> None:
                 f"{use.get('prompt_tokens', 0)} prompt tokens[/]"
             )
             messages.append({"role": "assistant", "content": ans["text"]})
+            time.sleep(args.think_s)
         console.print("\nstopping the cluster...")
 
 
