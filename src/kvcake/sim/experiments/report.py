@@ -116,7 +116,7 @@ def write_report(results: list[ExpResult], out_dir: Path, command: str, wall_s: 
         paper, split, _ = PAPER[n]
         r = by_name.get(n)
         status = "not run (no result in this directory)" if r is None else (
-            f"run{' (--quick grid)' if r.quick else ''}, {r.wall_s:.0f} s")  # fmt: skip
+            f"{'--quick run' if r.quick else 'run'}, {r.wall_s:.0f} s")  # fmt: skip
         overview.append([f"`{n}`", paper.split(":")[0], split, status])
     lines += _table(["experiment", "paper", "cluster", "status"], overview)
     for n in [*ORDER, *[r.name for r in results if r.name not in ORDER]]:
