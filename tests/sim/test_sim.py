@@ -259,3 +259,19 @@ def test_capacity_runs_every_system_and_report_lists_every_experiment(tmp_path: 
     assert tuple(ORDER) == EXPERIMENT_NAMES_FOR_DOCS
     text = write_report([], tmp_path, "test", 0.0).read_text()
     assert text.count("not run (no result") == len(ORDER)
+
+
+def test_bench_dynamo_option_skips_with_a_reason(tmp_path: Path) -> None:
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "benchmarks" / "sim_bench.py"
+    spec = importlib.util.spec_from_file_location("sim_bench", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert "KVCAKE_DYNAMO_PYTHON is unset" in bench.dynamo_problem(None)
+    assert "not an executable file" in bench.dynamo_problem(str(tmp_path / "python"))
+    fake = tmp_path / "fakepy"
+    fake.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named dynamo' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    assert "No module named dynamo" in bench.dynamo_problem(str(fake))
