@@ -15,7 +15,6 @@ shows up as queueing, not only as longer transfers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
 
 from kvcake.core.api import (
     Accept,
@@ -25,24 +24,20 @@ from kvcake.core.api import (
     PrefillState,
     RequestView,
 )
-from kvcake.core.costmodel import CostModel, preset
-from kvcake.core.ids import BlockHash, InstanceId, RequestId
+from kvcake.core.ids import InstanceId
+from kvcake.sim.cluster import ClusterBase
 from kvcake.sim.config import SimConfig
 from kvcake.sim.events import EventQueue, Prio
 from kvcake.sim.nodes import DecodeNode, Job, PrefillNode
 from kvcake.sim.request import Outcome, SimRequest
-from kvcake.sim.sched import Scheduler, build_scheduler, make_index
+from kvcake.sim.sched import Scheduler
 
 
-class MooncakeCluster:
+class MooncakeCluster(ClusterBase):
     def __init__(self, cfg: SimConfig, eq: EventQueue, scheduler: Scheduler | None = None) -> None:
-        self.cfg = cfg
-        self.eq = eq
-        self.cm: CostModel = preset(cfg.preset)
+        super().__init__(cfg, eq, scheduler, colocated=False)
         self.kvbpt = self.cm.model.kv_bytes_per_token
         self.bw = cfg.link_bytes_per_s
-        self.index = make_index()
-        self.scheduler = scheduler or build_scheduler(cfg, colocated=False)
         cache_blocks = cfg.cache_tokens // cfg.block_tokens
         self.prefill = [
             PrefillNode(i, InstanceId(f"p{i}"), cache_blocks, self.index)
@@ -61,7 +56,6 @@ class MooncakeCluster:
         ]
         self._p_by_id = {n.iid: n for n in self.prefill}
         self._d_by_id = {n.iid: n for n in self.decode}
-        self.finished: list[SimRequest] = []
         self._decisions: dict[int, tuple[RequestView, Accept]] = {}
 
     # --- snapshot -------------------------------------------------------------------------
@@ -82,19 +76,11 @@ class MooncakeCluster:
     # --- arrival --------------------------------------------------------------------------
 
     def arrive(self, now: float, req: SimRequest) -> None:
-        view = RequestView(
-            RequestId(str(req.rid)),
-            now,
-            req.prompt_len,
-            cast(tuple[BlockHash, ...], req.blocks),  # NewType: same ints
-            self.cfg.expected_output_tokens,
-        )
-        decision = self.scheduler.schedule(view, self.snapshot(now))
-        if not isinstance(decision, Accept):
-            req.outcome = Outcome.REJECTED
-            self.finished.append(req)
+        got = self.decide(now, req)
+        if got is None:
             return
-        self._decisions[req.rid] = (view, decision)
+        self._decisions[req.rid] = got
+        decision = got[1]
         p, d = self._p_by_id[decision.prefill], self._d_by_id[decision.decode]
         req.prefill_inst, req.decode_inst = p.idx, d.idx
         d.pending_reqs += 1

@@ -19,17 +19,16 @@ decoded; a prompt starts only if its reservation fits; the prefix cache may only
 from __future__ import annotations
 
 from collections import deque
-from typing import cast
 
-from kvcake.core.api import Accept, ClusterSnapshot, DecodeState, PrefillState, RequestView
-from kvcake.core.costmodel import CostModel, preset
-from kvcake.core.ids import BlockHash, InstanceId, RequestId
+from kvcake.core.api import ClusterSnapshot, DecodeState, PrefillState, RequestView
+from kvcake.core.ids import InstanceId
 from kvcake.sim.batch import DecodeBatch
 from kvcake.sim.cache import LRUBlockCache
+from kvcake.sim.cluster import ClusterBase
 from kvcake.sim.config import SimConfig
 from kvcake.sim.events import EventQueue, Prio
 from kvcake.sim.request import Outcome, SimRequest
-from kvcake.sim.sched import Scheduler, build_scheduler, make_index
+from kvcake.sim.sched import Scheduler
 
 
 class ColocatedInstance(DecodeBatch):
@@ -177,18 +176,13 @@ class ColocatedInstance(DecodeBatch):
             self.pending.append(req)
 
 
-class VLLMCluster:
+class VLLMCluster(ClusterBase):
     def __init__(self, cfg: SimConfig, eq: EventQueue, scheduler: Scheduler | None = None) -> None:
-        self.cfg = cfg
-        self.eq = eq
-        self.cm: CostModel = preset(cfg.preset)
+        super().__init__(cfg, eq, scheduler, colocated=True)
         self.prefix = cfg.system == "vllm-prefix"
         self.chunked = cfg.system == "vllm-chunked"
-        self.index = make_index()
-        self.scheduler = scheduler or build_scheduler(cfg, colocated=True)
         self.inst = [ColocatedInstance(self, i) for i in range(cfg.nodes)]
         self._by_id = {n.iid: n for n in self.inst}
-        self.finished: list[SimRequest] = []
         self._views: dict[int, RequestView] = {}
 
     def snapshot(self, now: float) -> ClusterSnapshot:
@@ -207,15 +201,10 @@ class VLLMCluster:
         return ClusterSnapshot(now, pre, dec, self.index, self.cfg.block_tokens, kvb, bw)
 
     def arrive(self, now: float, req: SimRequest) -> None:
-        view = RequestView(
-            RequestId(str(req.rid)), now, req.prompt_len,
-            cast(tuple[BlockHash, ...], req.blocks), self.cfg.expected_output_tokens,
-        )  # fmt: skip
-        decision = self.scheduler.schedule(view, self.snapshot(now))
-        if not isinstance(decision, Accept):
-            req.outcome = Outcome.REJECTED
-            self.finished.append(req)
+        got = self.decide(now, req)
+        if got is None:
             return
+        view, decision = got
         self._views[req.rid] = view
         inst = self._by_id[decision.prefill]
         req.prefill_inst = req.decode_inst = inst.idx
