@@ -40,6 +40,31 @@ def test_reader_mixes_readahead_and_direct_receive() -> None:
         assert r.read_header(framing.DEFAULT_LIMITS) is None  # clean EOF
 
 
+@pytest.mark.parametrize("delay_s", [0.0, 0.02])
+def test_busy_polling_reader_gets_early_and_late_bytes(delay_s: float) -> None:
+    """Bytes inside the polling window and bytes after it (the blocking recv) both arrive;
+    EOF still reads as EOF."""
+    a, b = socket.socketpair()
+    with a, b:
+        frame = framing.pack_header(7, 3, 0) + b"abc"
+        timer = threading.Timer(delay_s, a.sendall, args=(frame,))
+        timer.start()
+        r = FrameReader(b, busy_poll_us=200)
+        hdr = r.read_header(framing.DEFAULT_LIMITS)
+        assert hdr is not None and hdr.request_id == 7 and r.read_bytes(3) == b"abc"
+        timer.join()
+        a.shutdown(socket.SHUT_WR)
+        assert r.read_header(framing.DEFAULT_LIMITS) is None
+
+
+def test_busy_poll_setting_is_validated() -> None:
+    from kvcake.core.errors import ConfigError
+    from kvcake.transfer import TransferConfig
+
+    with pytest.raises(ConfigError, match="busy_poll_us"):
+        TransferConfig(busy_poll_us=-1)
+
+
 def test_reader_truncated_header() -> None:
     a, b = socket.socketpair()
     with a, b:

@@ -41,7 +41,7 @@ class Client(ReadPath):
         self.cfg = config or ClientConfig(**kw)
         if self.cfg.tune_malloc:
             tune_malloc()
-        self.conn = MasterConnection(self.cfg.master, self.cfg.rpc_timeout_s)
+        self.conn = MasterConnection(self.cfg.master, self.cfg.rpc_timeout_s, self.cfg.busy_poll_us)
         hello = self.conn.call(P.Heartbeat("", self.cfg.hostname))
         if not hello.directory:
             raise StoreError("the master hosts no Transfer Engine directory", -1)

@@ -22,6 +22,7 @@ class MasterConfig:
     high_watermark: float = 0.90
     eviction_ratio: float = 0.05
     eviction_interval_s: float = 0.01
+    busy_poll_us: float = 50.0  # client requests: poll before sleeping (TransferConfig doc)
     allocation_strategy: str = "random"
     default_soft_pin_ttl_ms: int = 30 * 60 * 1000
     max_soft_pin_ttl_ms: int = 24 * 3600 * 1000
@@ -36,6 +37,7 @@ class MasterConfig:
         require(-1 <= self.http_port < 65536, "master.http_port must be -1, 0 or a port")
         require(self.client_ttl_s > 0, "master.client_ttl_s must be > 0")
         require(self.lease_ttl_s > 0, "master.lease_ttl_s must be > 0")
+        require(0 <= self.busy_poll_us <= 10_000, "master.busy_poll_us must be in [0, 10000]")
         require(self.put_start_timeout_s > 0, "master.put_start_timeout_s must be > 0")
         require(self.put_start_discard_s >= 0, "master.put_start_discard_s must be >= 0")
         require(0 < self.high_watermark <= 1, "master.high_watermark must be in (0, 1]")
@@ -57,6 +59,7 @@ class ClientConfig:
     segment_size: int = size_field(0)  # DRAM this client contributes; 0 = pure client
     rpc_timeout_s: float = 30.0
     tune_malloc: bool = True  # keep freed value buffers warm (see kvcake.store.memtune)
+    busy_poll_us: float = 50.0  # master replies: poll before sleeping (TransferConfig doc)
 
     def __post_init__(self) -> None:
         require(":" in self.master, f"client.master must be host:port, got {self.master!r}")
@@ -65,6 +68,7 @@ class ClientConfig:
             f"client.protocol must be auto, tcp or shm, got {self.protocol!r}",
         )
         require(self.rpc_timeout_s > 0, "client.rpc_timeout_s must be > 0")
+        require(0 <= self.busy_poll_us <= 10_000, "client.busy_poll_us must be in [0, 10000]")
 
 
 @dataclass(frozen=True)

@@ -154,13 +154,21 @@ class MasterHandlers:
 
 
 class MasterRpcServer(ThreadedServer):
-    def __init__(self, host: str, port: int, handlers: MasterHandlers, metrics: MasterMetrics):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        handlers: MasterHandlers,
+        metrics: MasterMetrics,
+        busy_poll_us: float = 0.0,
+    ):
         super().__init__((host,), port, name="master")
         self.handlers = handlers
         self.metrics = metrics
+        self.busy_poll_us = busy_poll_us
 
     def handle(self, conn: socket.socket, listen_address: str) -> None:
-        reader = BufferedFrames(conn, P.REQUEST_CODEC, LIMITS)
+        reader = BufferedFrames(conn, P.REQUEST_CODEC, LIMITS, self.busy_poll_us)
         while True:
             try:
                 frame = reader.read()
@@ -200,6 +208,7 @@ class Master:
             config.port,
             MasterHandlers(self.state, lambda: self.directory_address),
             self.metrics,
+            config.busy_poll_us,
         )
         self.http: Any = None
         self._stop = threading.Event()

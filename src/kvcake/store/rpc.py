@@ -15,6 +15,7 @@ from kvcake.core import framing
 from kvcake.core.errors import FramingError, TruncatedFrame
 from kvcake.store import protocol as P
 from kvcake.store.errors import RpcFailed, error_for
+from kvcake.transfer.stream import recv_polling
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -34,11 +35,13 @@ class BufferedFrames:
         sock: socket.socket,
         codec: framing.Codec[msgspec.Struct],
         limits: framing.FrameLimits = framing.DEFAULT_LIMITS,
+        busy_poll_us: float = 0.0,
     ):
         self.sock = sock
         self.codec = codec
         self.limits = limits
         self.buf = bytearray()
+        self._spin_ns = int(busy_poll_us * 1000)
 
     def read(self) -> framing.Frame[msgspec.Struct] | None:
         """The next frame; ``None`` on a clean EOF between frames."""
@@ -59,15 +62,16 @@ class BufferedFrames:
         return framing.Frame(hdr, msg, data)
 
     def _fill(self) -> bool:
-        chunk = self.sock.recv(1 << 16)
+        chunk = recv_polling(lambda flags: self.sock.recv(1 << 16, flags), self._spin_ns)
         self.buf += chunk
         return bool(chunk)
 
 
 class MasterConnection:
-    def __init__(self, address: str, timeout_s: float = 30.0):
+    def __init__(self, address: str, timeout_s: float = 30.0, busy_poll_us: float = 0.0):
         self.address = address
         self.timeout_s = timeout_s
+        self.busy_poll_us = busy_poll_us
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -84,7 +88,7 @@ class MasterConnection:
         secs = int(self.timeout_s)
         usecs = int((self.timeout_s - secs) * 1e6)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", secs, usecs))
-        self._reader = BufferedFrames(sock, P.REPLY_CODEC)
+        self._reader = BufferedFrames(sock, P.REPLY_CODEC, busy_poll_us=self.busy_poll_us)
         return sock
 
     def call(self, msg: msgspec.Struct) -> P.Reply:

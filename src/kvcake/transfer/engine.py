@@ -76,10 +76,14 @@ class TransferEngine:
         )
         self.host_id = self.registry.host_id
         self._segments = self.registry.table
-        self.server = TransferServer(self._segments, listen_hosts, self.config.server_max_data)
+        self.server = TransferServer(
+            self._segments, listen_hosts, self.config.server_max_data, self.config.busy_poll_us
+        )
         self.server.start()
         cfg = self.config
-        self.pool = EndpointPool(cfg.max_endpoints, cfg.connect_timeout_s, cfg.io_timeout_s)
+        self.pool = EndpointPool(
+            cfg.max_endpoints, cfg.connect_timeout_s, cfg.io_timeout_s, cfg.busy_poll_us
+        )
         self.health = PathHealth(lambda a: probe(a, cfg.connect_timeout_s), cfg.probe_interval_s)
         self.hooks = TransferHooks()
         self.transports: dict[str, Transport] = {

@@ -30,10 +30,11 @@ class Endpoint:
     sock: socket.socket
     id: int = field(default_factory=lambda: next(_ids))
     rid: int = 0
+    busy_poll_us: float = 0.0
     reader: FrameReader = field(init=False)
 
     def __post_init__(self) -> None:
-        self.reader = FrameReader(self.sock)
+        self.reader = FrameReader(self.sock, busy_poll_us=self.busy_poll_us)
 
     def next_rid(self) -> int:
         self.rid += 1
@@ -57,8 +58,11 @@ def set_io_timeout(sock: socket.socket, seconds: float) -> None:
 
 
 class EndpointPool:
-    def __init__(self, cap: int, connect_timeout_s: float, io_timeout_s: float):
+    def __init__(
+        self, cap: int, connect_timeout_s: float, io_timeout_s: float, busy_poll_us: float = 0.0
+    ):
         self.cap = cap
+        self._busy_poll_us = busy_poll_us
         self._connect_timeout = connect_timeout_s
         self._io_timeout = io_timeout_s
         self._cond = threading.Condition(threading.Lock())
@@ -121,7 +125,7 @@ class EndpointPool:
             raise PathFailure(f"cannot connect to {address}: {exc}") from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         set_io_timeout(sock, self._io_timeout)
-        ep = Endpoint(address, sock)
+        ep = Endpoint(address, sock, busy_poll_us=self._busy_poll_us)
         with self._cond:
             self._sieve.remove(placeholder)
             self._busy.discard(placeholder)

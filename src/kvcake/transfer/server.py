@@ -38,13 +38,20 @@ class TransferServer(ThreadedServer):
     Replies to pipelined requests are gathered and sent together once no further request is
     already buffered (one ``sendmsg`` for a run of acks or read responses)."""
 
-    def __init__(self, segments: SegmentTable, hosts: tuple[str, ...], max_data: int):
+    def __init__(
+        self,
+        segments: SegmentTable,
+        hosts: tuple[str, ...],
+        max_data: int,
+        busy_poll_us: float = 0.0,
+    ):
         super().__init__(hosts, 0, name="transfer")
         self.segments = segments
+        self.busy_poll_us = busy_poll_us
         self.limits = request_limits(max_data)
 
     def handle(self, conn: socket.socket, listen_address: str) -> None:
-        reader, writer = FrameReader(conn), FrameWriter(conn)
+        reader, writer = FrameReader(conn, busy_poll_us=self.busy_poll_us), FrameWriter(conn)
         while True:
             if not reader.has_frame_header() and not _readable(conn):
                 writer.flush()  # about to block for input: the peer must see its replies

@@ -11,6 +11,9 @@ one ``sendmsg`` (data sections by reference, never copied).
 from __future__ import annotations
 
 import socket
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from typing_extensions import Buffer
 
@@ -18,6 +21,7 @@ from kvcake.core import framing
 from kvcake.core.errors import TruncatedFrame
 
 READAHEAD = 4096
+T = TypeVar("T")
 
 
 def send_all(sock: socket.socket, parts: list[Buffer]) -> None:
@@ -40,9 +44,26 @@ def send_all(sock: socket.socket, parts: list[Buffer]) -> None:
     framing.sendall_parts(sock, rest)
 
 
+def recv_polling(recv: Callable[[int], T], spin_ns: int) -> T:
+    """``recv(flags)`` on a blocking socket: first without blocking (``MSG_DONTWAIT``), again
+    and again for up to ``spin_ns``, then blocking. See ``TransferConfig.busy_poll_us``."""
+    if spin_ns:
+        deadline = time.perf_counter_ns() + spin_ns
+        while True:
+            try:
+                return recv(socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if time.perf_counter_ns() >= deadline:
+                    break
+    return recv(0)
+
+
 class FrameReader:
-    def __init__(self, sock: socket.socket, readahead: int = READAHEAD):
+    """``busy_poll_us``: see ``TransferConfig.busy_poll_us`` (the socket must be blocking)."""
+
+    def __init__(self, sock: socket.socket, readahead: int = READAHEAD, busy_poll_us: float = 0.0):
         self.sock = sock
+        self._spin_ns = int(busy_poll_us * 1000)
         self._buf = bytearray(readahead)
         self._view = memoryview(self._buf)
         self._start = 0
@@ -61,11 +82,14 @@ class FrameReader:
             self._buf[:n] = self._view[self._start : self._end]
             self._start, self._end = 0, n
         while self._end < need:
-            got = self.sock.recv_into(self._view[self._end :])
+            got = self._recv(self._view[self._end :])
             if got == 0:
                 return False
             self._end += got
         return True
+
+    def _recv(self, view: memoryview) -> int:
+        return recv_polling(lambda flags: self.sock.recv_into(view, 0, flags), self._spin_ns)
 
     def read_header(self, limits: framing.FrameLimits) -> framing.FrameHeader | None:
         """The next header; ``None`` on a clean EOF between frames."""
