@@ -22,7 +22,7 @@ SYSTEMS = [
     ("vllm-prefix", "vLLM + prefix caching (local-cache-aware)", "local-cache-aware"),
     ("vllm-chunked", "vLLM + chunked prefill (least-load)", "least-load"),
 ]
-SPEEDS = [0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
+SPEEDS = [0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0]
 THRESHOLDS_MS = [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000]
 TARGET = 0.9
 

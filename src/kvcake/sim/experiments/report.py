@@ -3,6 +3,7 @@ differences explained."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -99,7 +100,8 @@ def write_report(results: list[ExpResult], out_dir: Path, command: str, wall_s: 
         "# kvcake simulator: reproduction of the Mooncake paper's scheduling results",
         "",
         f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command}` in "
-        f"{wall_s:.0f} s wall (2-core VM shared with other work).",
+        f"{wall_s:.0f} s wall on {os.cpu_count()} CPUs (load average "
+        f"{os.getloadavg()[0]:.1f} at the end).",
         "",
         "Cluster: one node = one 8xA800 instance running LLaMA3-70B (core.costmodel preset "
         "`llama3-70b/8xA800`, analytic, MFU 0.5); 16 nodes = 8 prefill + 8 decode unless a "
