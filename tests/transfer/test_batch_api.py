@@ -102,6 +102,21 @@ def test_many_small_requests_with_status(pair) -> None:  # type: ignore[no-untyp
     )
 
 
+def test_torch_tensor_segment(pair) -> None:  # type: ignore[no-untyped-def]
+    """A torch CPU tensor registers through its storage (no copy): writes land in it."""
+    import torch  # the engine extra, always installed by make test
+
+    a, _b, _local, target = pair
+    t = torch.zeros(4096, dtype=torch.float32)
+    a.register_memory("tensor", t)
+    target[0:16] = torch.arange(4, dtype=torch.float32).numpy().tobytes()
+    a.transfer([TransferRequest(Op.READ, "tensor", 64, "b", 0, 16)]).raise_for_errors()
+    assert t[16:20].tolist() == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(InvalidRequest):
+        a.register_memory("grad", torch.zeros(4, requires_grad=True))
+    a.unregister("tensor")
+
+
 def test_unregistered_buffers_and_numpy(pair) -> None:  # type: ignore[no-untyped-def]
     a, _b, _local, target = pair
     data = np.arange(10_000, dtype=np.float32)

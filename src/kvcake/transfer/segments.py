@@ -29,13 +29,20 @@ class LocalSegment:
 
 
 def as_byte_view(buffer: Any) -> memoryview:
-    """A writable, contiguous 1-D byte view of any buffer-protocol object."""
+    """A contiguous 1-D byte view of any buffer-protocol object, or of a torch CPU tensor's
+    storage (through ``tensor.numpy()``, which shares it: no copy, no torch import here)."""
     try:
         view = memoryview(buffer)
     except TypeError as exc:
-        raise InvalidRequest(
-            f"{type(buffer).__name__} does not support the buffer protocol"
-        ) from exc
+        to_numpy = getattr(buffer, "numpy", None)
+        if to_numpy is None:
+            raise InvalidRequest(
+                f"{type(buffer).__name__} does not support the buffer protocol"
+            ) from exc
+        try:
+            view = memoryview(to_numpy())
+        except (TypeError, RuntimeError) as exc2:  # e.g. a GPU tensor or one that needs grad
+            raise InvalidRequest(f"cannot view {type(buffer).__name__} as bytes: {exc2}") from exc2
     if not view.c_contiguous:
         raise InvalidRequest("buffer must be C-contiguous")
     return view.cast("B") if (view.format != "B" or view.ndim != 1) else view
