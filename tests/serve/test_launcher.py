@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,36 @@ def test_compare_sim_predicts_the_same_cluster() -> None:
     pred = simulate_like(recs, summarize(reqs, 1.0, opts), conf, opts)
     assert pred["completed"] + pred["rejected"] == len(recs) - dropped
     assert 0 < pred["ttft_p50"] < 60 and 0 < pred["tbt_p50"] < 1
+
+
+def test_up_detach_status_down(tmp_path: Path) -> None:
+    """The background cycle a user runs: `up --detach`, `status`, `down`; every process ends."""
+    run_dir = tmp_path / "runs"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        '[kv]\nmodel = "emulated-llama3-70b"\nkv_block_tokens = 32\n'
+        f'[cluster]\nproxy_port = 0\nstore_servers = 0\nrun_dir = "{run_dir}"\n'
+        '[instance]\nbackend = "emulated"\nkv_blocks = 64\nthreads = 1\n'
+    )
+    kv = [sys.executable, "-m", "kvcake"]
+    up = subprocess.run([*kv, "up", "--config", str(cfg), "--detach"], capture_output=True,
+                        text=True, timeout=300)  # fmt: skip
+    state = run_dir / "latest.json"
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "cluster up: http://127.0.0.1:" in up.stdout
+        pids = [int(p) for p in json.loads(state.read_text())["processes"].values()]
+        st = subprocess.run([*kv, "status", "--run-dir", str(run_dir)], capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+        assert st.returncode == 0 and "prefill" in st.stdout and "decode" in st.stdout, st.stdout
+    finally:
+        down = subprocess.run([*kv, "down", "--run-dir", str(run_dir)], capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+    assert down.returncode == 0 and not state.exists()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if Path(f"/proc/{p}").exists()], "cluster processes left running"
+    none = subprocess.run([*kv, "status", "--run-dir", str(run_dir)], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert none.returncode == 1 and "no cluster running" in none.stdout
