@@ -35,7 +35,7 @@ def test_prefill_sleeps_cost_model_time_and_streams_layers() -> None:
     )
     took = time.perf_counter() - t0
     want = be.cost_model.prefill_time(1500, 500) * 0.5
-    assert want * 0.95 <= took <= want + 0.2
+    assert want * 0.95 <= took <= want * 1.5 + 0.5  # upper bound generous: CI machines are busy
     assert [i for i, _ in seen] == list(range(8))
     assert seen[0][1] - t0 >= want / 8 * 0.9  # layer 0 completes after 1/8 of the time
     assert first >= 100
@@ -67,7 +67,7 @@ def test_decode_time_follows_cost_model() -> None:
     be.decode(seqs)
     took = time.perf_counter() - t0
     want = be.cost_model.decode_step_time(4, 4 * 201) * 2.0
-    assert want * 0.95 <= took <= want + 0.1
+    assert want * 0.95 <= took <= want * 1.5 + 0.5  # upper bound generous: CI machines are busy
 
 
 def test_scheduler_runs_on_emulated_backend_with_prefix_reuse() -> None:
