@@ -147,6 +147,27 @@ def test_prediction_counts_requests_in_decode_at_arrival_time() -> None:
     assert p.predicted_tbt(6.0, new, 1) == pytest.approx(0.02)
 
 
+def test_prediction_learns_the_uniform_decode_time() -> None:
+    """Without a configured t_d: expected_output * TBT until a request finishes, then the mean
+    of the observed decode durations (prefill end -> decode end)."""
+    model = DecodeTBTModel(DecodeCoefficients(0.01, 0.01, 0.0))
+    p = PredictionAdmission(30.0, 0.035, model)
+    r = request(rid="a")
+    assert p.decode_duration(r, 0.02) == pytest.approx(r.expected_output * 0.02)
+    p.on_accept(r, _accept(2.0), 0.0)
+    p.on_prefill_done(RequestId("a"), 3.0)
+    p.on_decode_done(RequestId("a"), 9.0)  # decoded for 6 s
+    p.on_accept(request(rid="b"), _accept(1.0), 10.0)
+    p.on_decode_done(RequestId("b"), 21.0)  # prefill predicted to end at 11: 10 s
+    assert p.decode_duration(request(rid="c"), 0.02) == pytest.approx(8.0)
+    p.on_accept(request(rid="c"), _accept(1.0), 30.0)  # decodes 31 .. 39 (learned 8 s)
+    new = request(rid="d")
+    assert p.predicted_tbt(38.5, new, 1) == pytest.approx(0.03)
+    assert p.predicted_tbt(39.5, new, 1) == pytest.approx(0.02)
+    p.on_abort(RequestId("c"))  # an abort teaches nothing
+    assert p.decode_duration(new, 0.02) == pytest.approx(8.0)
+
+
 def test_prediction_bookkeeping_grows_and_reuses_slots() -> None:
     p = _pred()
     for i in range(200):

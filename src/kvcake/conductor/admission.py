@@ -127,6 +127,8 @@ class PredictionAdmission(AdmissionPolicy):
             raise ConfigError("prediction admission needs a DecodeTBTModel")
         self.decode = decode
         self.uniform_decode_s = uniform_decode_s
+        self._td_sum = 0.0  # observed decode durations (prefill end -> decode end)
+        self._td_n = 0
         self._slot: dict[RequestId, int] = {}
         self._free: list[int] = []
         self._prefill_end = np.zeros(0)
@@ -140,8 +142,15 @@ class PredictionAdmission(AdmissionPolicy):
         return cls(config.ttft_slo_s, config.tbt_slo_s, decode, config.uniform_decode_s)
 
     def decode_duration(self, request: RequestView, tbt_s: float) -> float:
-        """t_d: the configured uniform value, else ``expected_output * predicted TBT``."""
-        return self.uniform_decode_s or request.expected_output * tbt_s
+        """t_d: the configured uniform value; else the mean decode duration observed so far
+        (the paper's uniform t_d, learned online: an output-length guess made at arrival
+        undercounts the requests still decoding when outputs run longer); before the first
+        finished request, ``expected_output * predicted TBT``."""
+        if self.uniform_decode_s:
+            return self.uniform_decode_s
+        if self._td_n:
+            return self._td_sum / self._td_n
+        return request.expected_output * tbt_s
 
     def predicted_tbt(self, at_s: float, request: RequestView, decode_instances: int) -> float:
         """Average TBT per decode instance at ``at_s`` with ``request`` added."""
@@ -180,6 +189,10 @@ class PredictionAdmission(AdmissionPolicy):
             self._decode_end[i] = now_s + self._duration[i]
 
     def on_decode_done(self, request_id: RequestId, now_s: float) -> None:
+        i = self._slot.get(request_id)
+        if i is not None and self._prefill_end[i] <= now_s:
+            self._td_sum += now_s - self._prefill_end[i]
+            self._td_n += 1
         self.on_abort(request_id)
 
     def on_abort(self, request_id: RequestId) -> None:
