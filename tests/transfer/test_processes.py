@@ -131,3 +131,18 @@ def test_transfer_server_rejects_bad_config() -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "--metadata" in out.stderr
+
+
+def test_shm_single_copy_skips_the_batch_machinery(
+    make_engine: EngineFactory, directory, server_proc
+) -> None:  # type: ignore[no-untyped-def]
+    server_proc("--directory", directory.address, "--segment", "r:4MiB")
+    a = make_engine()
+    a._new_batch = None  # type: ignore[assignment]  # a single shm copy must not need a batch
+    src = pattern(2 << 20, seed=31)
+    a.write("r", 4096, src)
+    back = bytearray(2 << 20)
+    a.read_into("r", 4096, back)
+    assert back == src
+    with pytest.raises(Exception, match="out of range|beyond|exceeds"):
+        a.read_into("r", (4 << 20) - 4, bytearray(8))

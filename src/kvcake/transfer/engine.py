@@ -257,11 +257,16 @@ class TransferEngine:
         self.transfer([req]).raise_for_errors()
 
     def _try_fast(self, op: Op, view: memoryview, target: SegmentInfo, offset: int) -> bool:
-        """One small TCP request: skip the batch machinery (the 4 KB latency path)."""
-        if view.nbytes > self.config.slice_size:
+        """One request in the caller's thread, without the batch machinery: a same-host copy
+        through the mapping (any size), or one small TCP request (the 4 KB latency path).
+        False: take the general path (which also reports any error)."""
+        try:
+            transport = self._transport_for(target)
+        except TransferError:
             return False
-        transport = self._transport_for(target)
-        if not isinstance(transport, TcpTransport):
+        if isinstance(transport, ShmTransport):
+            return transport.run_single(op, view, target, offset)
+        if view.nbytes > self.config.slice_size or not isinstance(transport, TcpTransport):
             return False
         return transport.run_single(op, view, target, offset)
 

@@ -52,6 +52,21 @@ class ShmTransport(Transport):
         slices = [s for j in jobs for s in cut(j, max(j.length, 1))]
         return [lambda: self._run(batch, slices)]
 
+    def run_single(self, op: Op, local: memoryview, target: SegmentInfo, offset: int) -> bool:
+        """One copy in the caller's thread (no batch, task or thread hand-off). False when it
+        cannot be done here (the general path then reports the error)."""
+        try:
+            span = self._target_view(target)[offset : offset + local.nbytes]
+        except (OSError, ValueError, shm.TransferError):
+            return False
+        if span.nbytes != local.nbytes:
+            return False
+        if op is Op.WRITE:
+            span[:] = local
+        else:
+            local[:] = span
+        return True
+
     def _run(self, batch: Batch, slices: list[Slice]) -> None:
         for s in slices:
             try:
