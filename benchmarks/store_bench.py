@@ -27,8 +27,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
+
+# The Mooncake peer script doubles as the shared measuring code (it imports neither kvcake nor,
+# at import time, Mooncake). A sibling file: ``kvcake bench`` runs us through runpy, which does
+# not put this directory on sys.path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mooncake_peer as peer
 
 KB, MB = 1024, 1024 * 1024
 SIZES = {"4KB": 4 * KB, "64KB": 64 * KB, "1MB": MB, "16MB": 16 * MB}
@@ -51,21 +56,6 @@ class Cell:
     cpu_us: float  # CPU time per op summed over client, master and store-server processes
 
 
-SERVER_PIDS: list[int] = []
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds() -> float:
-    """CPU time (user + system) of this process and the server processes so far: a figure
-    that, unlike op/s, does not depend on how busy the shared machine is."""
-    total = time.process_time()
-    for pid in SERVER_PIDS:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / TICK
-    return total
-
-
 def spawn(args: list[str], ready: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvcake", *args],
@@ -84,26 +74,6 @@ def spawn(args: list[str], ready: str) -> tuple[subprocess.Popen[str], dict[str,
             break
     proc.kill()
     raise SystemExit(f"kvcake {args[0]} did not start")
-
-
-def pct(xs: Sequence[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
-def measure(
-    run: Callable[[int], None], calls: int, ops_per_call: int
-) -> tuple[float, list[float], float]:
-    lat = []
-    c0 = cpu_seconds()
-    t0 = time.perf_counter()
-    for i in range(calls):
-        t = time.perf_counter()
-        run(i)
-        lat.append(time.perf_counter() - t)
-    elapsed = time.perf_counter() - t0
-    ops = calls * ops_per_call
-    return ops / elapsed, lat, (cpu_seconds() - c0) / ops
 
 
 def _ops(
@@ -140,11 +110,11 @@ def bench_cell(
     for r in range(repeats):
         keys = [[f"{label}/{batch}/{r}/{i}/{j}" for j in range(batch)] for i in range(calls)]
         put, get = _ops(client, keys, value, batch)
-        rate, lat, cpu = measure(put, calls, batch)
+        rate, lat, cpu = peer.measure(put, calls, batch)
         put_rates.append(rate)
         put_lat += lat
         put_cpu.append(cpu)
-        rate, lat, cpu = measure(get, calls, batch)
+        rate, lat, cpu = peer.measure(get, calls, batch)
         get_rates.append(rate)
         get_lat += lat
         get_cpu.append(cpu)
@@ -152,7 +122,7 @@ def bench_cell(
     cells = []
     for rates, lats, cpus in ((put_rates, put_lat, put_cpu), (get_rates, get_lat, get_cpu)):
         med = statistics.median(rates)
-        p50, p99 = pct(lats, 0.5) * 1e3, pct(lats, 0.99) * 1e3
+        p50, p99 = peer.pct(lats, 0.5) * 1e3, peer.pct(lats, 0.99) * 1e3
         cells.append(Cell(med, med * size / 1e9, p50, p99, statistics.median(cpus) * 1e6))
     return cells[0], cells[1]
 
@@ -178,7 +148,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from kvcake.store.client import Client
 
-    peer = peer_module()
     mc_python, why = peer.probe(args.mooncake)
     if mc_python is None:
         print(f"Mooncake live peer skipped: {why}; ratios use the recorded figures", flush=True)
@@ -187,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     node, _ = spawn(
         ["store-server", "--master", minfo["rpc"], "--segment-size", args.segment], "store-server"
     )
-    SERVER_PIDS[:] = [master.pid, node.pid]
+    peer.SERVER_PIDS[:] = [master.pid, node.pid]
     try:
         client = Client(
             master=minfo["rpc"], protocol=args.protocol, tune_malloc=not args.no_tune_malloc
@@ -211,28 +180,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     live: dict[tuple[str, int], tuple[Cell, Cell]] = {}
     if mc_python is not None:
         try:
-            live = run_mooncake(peer, mc_python, args)
+            live = run_mooncake(mc_python, args)
         except RuntimeError as exc:
             print(f"Mooncake live peer failed, ratios use the recorded figures: {exc}")
     print_table(rows, args, live)
     return 0
 
 
-def peer_module() -> ModuleType:
-    """benchmarks/mooncake_peer.py (also when run through ``kvcake bench``, i.e. runpy)."""
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mooncake_peer.py")
-    spec = importlib.util.spec_from_file_location("kvcake_mooncake_peer", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def run_mooncake(
-    peer: ModuleType, python: str, args: argparse.Namespace
-) -> dict[tuple[str, int], tuple[Cell, Cell]]:
+def run_mooncake(python: str, args: argparse.Namespace) -> dict[tuple[str, int], tuple[Cell, Cell]]:
     """The live Mooncake cells, keyed by (size label, batch)."""
     options = ["--sizes", args.sizes, "--repeats", str(args.repeats), "--segment", args.segment]
     data = peer.run_peer(python, "store", options)

@@ -38,7 +38,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from types import ModuleType
+
+# The Mooncake peer script doubles as the shared measuring code (it imports neither kvcake nor,
+# at import time, Mooncake). A sibling file: ``kvcake bench`` runs us through runpy, which does
+# not put this directory on sys.path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mooncake_peer as peer
 
 BATCH = 16
 # Mooncake 0.3.13 TCP, same topology, recorded earlier (mooncake-reference.md: 0.5-0.8 GB/s at
@@ -210,18 +215,6 @@ def engine_runs(engine, local: str, op, block: int, api: str):  # type: ignore[n
     return run_submit if api == "submit" else run_transfer
 
 
-def latency(fn: Callable[[], None], iters: int) -> tuple[float, float]:
-    for _ in range(min(200, iters)):
-        fn()
-    samples = []
-    for _ in range(iters):
-        t = time.perf_counter_ns()
-        fn()
-        samples.append(time.perf_counter_ns() - t)
-    samples.sort()
-    return samples[len(samples) // 2] / 1e3, samples[int(len(samples) * 0.99)] / 1e3
-
-
 def run_all(args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:
     import numpy as np
 
@@ -261,14 +254,14 @@ def run_all(args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:
                     rows.append(row(m, name, block, times))
                 print(f"  done {fmt_size(block)} {name}", file=sys.stderr, flush=True)
         buf = bytearray(4096)
-        lat["tcp_read_4k_p50_us"], lat["tcp_read_4k_p99_us"] = latency(
+        lat["tcp_read_4k_p50_us"], lat["tcp_read_4k_p99_us"] = peer.latency(
             lambda: tcp.transfer_sync_read("target", "local-tcp", 0, 0, 4096), args.latency_iters
         )
-        lat["shm_read_4k_p50_us"], lat["shm_read_4k_p99_us"] = latency(
+        lat["shm_read_4k_p50_us"], lat["shm_read_4k_p99_us"] = peer.latency(
             lambda: shm.transfer_sync_read("target", "local-shm", 0, 0, 4096), args.latency_iters
         )
         one = [memoryview(buf)]
-        lat["socket_read_4k_p50_us"], lat["socket_read_4k_p99_us"] = latency(
+        lat["socket_read_4k_p50_us"], lat["socket_read_4k_p99_us"] = peer.latency(
             lambda: base.read(one), args.latency_iters
         )
     finally:
@@ -374,21 +367,7 @@ def side_by_side(rows: list[Row], lat: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def peer_module() -> ModuleType:
-    """benchmarks/mooncake_peer.py (also when run through ``kvcake bench``, i.e. runpy)."""
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mooncake_peer.py")
-    spec = importlib.util.spec_from_file_location("kvcake_mooncake_peer", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def run_mooncake(
-    peer: ModuleType, python: str, args: argparse.Namespace
-) -> tuple[list[Row], dict[str, float]]:
+def run_mooncake(python: str, args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:
     options = [
         "--sizes",
         ",".join(str(s) for s in parse_sizes(args.sizes)),
@@ -467,7 +446,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM -> SystemExit, so the child processes are stopped by the finally blocks.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.time()
-    peer = peer_module()
     mc_python, why = peer.probe(args.mooncake)
     mooncake: dict[str, object] = {"live": False, "reason": why}
     if mc_python is None:
@@ -475,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows, lat = run_all(args)
     if mc_python is not None:
         try:
-            mc_rows, mc_lat = run_mooncake(peer, mc_python, args)
+            mc_rows, mc_lat = run_mooncake(mc_python, args)
             rows += mc_rows
             lat.update(mc_lat)
             mooncake = {"live": True, "python": mc_python}
