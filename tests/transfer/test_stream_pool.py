@@ -10,7 +10,7 @@ import pytest
 from kvcake.core import framing
 from kvcake.core.errors import TruncatedFrame
 from kvcake.transfer.pool import EndpointPool
-from kvcake.transfer.stream import FrameReader, FrameWriter
+from kvcake.transfer.stream import AdaptivePoll, FrameReader, FrameWriter, recv_adaptive
 
 from .conftest import EngineFactory
 
@@ -118,3 +118,32 @@ def test_pool_accounting_and_connect_failure(make_engine: EngineFactory) -> None
         pool.acquire("127.0.0.1:1")  # nothing listens on port 1
     pool.check()
     pool.close()
+
+
+def test_adaptive_poll_follows_the_client_gaps() -> None:
+    p = AdaptivePoll(50)  # base 50 µs, cap 500 µs
+    assert p.spin_ns == 50_000
+    for _ in range(4):
+        p.observe(100_000, 1, preempted=False)
+    assert p.spin_ns == 170_000  # 1.5 x 100 µs + 20 µs
+    p.observe(400_000, 2, preempted=False)
+    assert p.spin_ns == 500_000  # capped
+    p.observe(5_000_000, 3, preempted=False)  # an idle gap: back to the base window
+    assert p.spin_ns == 50_000
+    for _ in range(4):
+        p.observe(10_000, 4, preempted=False)
+    assert p.spin_ns == 50_000  # never below the base
+    p.observe(100_000, 5, preempted=True)  # a busy machine: base only for a while
+    assert p.spin_ns == 50_000
+    assert AdaptivePoll(0).spin_ns == 0
+
+
+def test_recv_adaptive_learns_from_the_wait() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        p = AdaptivePoll(50)
+        b.sendall(b"x")
+        assert recv_adaptive(lambda flags: a.recv(10, flags), p) == b"x"
+        threading.Timer(0.01, lambda: b.sendall(b"y")).start()
+        assert recv_adaptive(lambda flags: a.recv(10, flags), p) == b"y"  # slept in recv
+        assert p.spin_ns == 50_000  # a 10 ms gap is an idle client

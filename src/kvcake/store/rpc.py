@@ -15,7 +15,7 @@ from kvcake.core import framing
 from kvcake.core.errors import FramingError, TruncatedFrame
 from kvcake.store import protocol as P
 from kvcake.store.errors import RpcFailed, error_for
-from kvcake.transfer.stream import recv_polling
+from kvcake.transfer.stream import AdaptivePoll, recv_adaptive, recv_polling
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -36,12 +36,15 @@ class BufferedFrames:
         codec: framing.Codec[msgspec.Struct],
         limits: framing.FrameLimits = framing.DEFAULT_LIMITS,
         busy_poll_us: float = 0.0,
+        adaptive: bool = False,
     ):
         self.sock = sock
         self.codec = codec
         self.limits = limits
         self.buf = bytearray()
         self._spin_ns = int(busy_poll_us * 1000)
+        # The master's wait for a client's next request adapts (see AdaptivePoll).
+        self._poll = AdaptivePoll(busy_poll_us) if adaptive and busy_poll_us else None
 
     def read(self) -> framing.Frame[msgspec.Struct] | None:
         """The next frame; ``None`` on a clean EOF between frames."""
@@ -62,7 +65,11 @@ class BufferedFrames:
         return framing.Frame(hdr, msg, data)
 
     def _fill(self) -> bool:
-        chunk = recv_polling(lambda flags: self.sock.recv(1 << 16, flags), self._spin_ns)
+        recv = lambda flags: self.sock.recv(1 << 16, flags)  # noqa: E731
+        if self._poll is not None and not self.buf:  # waiting for a new frame
+            chunk = recv_adaptive(recv, self._poll)
+        else:
+            chunk = recv_polling(recv, self._spin_ns)
         self.buf += chunk
         return bool(chunk)
 

@@ -51,7 +51,8 @@ class TransferServer(ThreadedServer):
         self.limits = request_limits(max_data)
 
     def handle(self, conn: socket.socket, listen_address: str) -> None:
-        reader, writer = FrameReader(conn, busy_poll_us=self.busy_poll_us), FrameWriter(conn)
+        reader = FrameReader(conn, busy_poll_us=self.busy_poll_us, adaptive=True)
+        writer = FrameWriter(conn)
         while True:
             if not reader.has_frame_header() and not _readable(conn):
                 writer.flush()  # about to block for input: the peer must see its replies

@@ -10,6 +10,7 @@ one ``sendmsg`` (data sections by reference, never copied).
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -58,12 +59,84 @@ def recv_polling(recv: Callable[[int], T], spin_ns: int) -> T:
     return recv(0)
 
 
+PREEMPTED_NS = 200_000  # a spin iteration this long means another task had our CPU
+CONTENDED_NS = 500_000_000  # after that, spin only the base window for this long
+ADAPTIVE_CAP = 10  # an adaptive window grows to at most this many base windows
+
+
+class AdaptivePoll:
+    """A server connection's polling window, sized to the gaps its client leaves between
+    requests. A client running a loop of store operations comes back after the *other* hop of
+    each operation (a 1 MB copy, a transfer-server round trip: 60-200 µs), longer than the base
+    window, so a fixed window is spent in vain and every request pays a cold wake-up. Here the
+    window is ``1.5 x`` the longest of the last few gaps plus 20 µs, between ``base`` and
+    ``ADAPTIVE_CAP x base``; gaps above the cap (an idle client) and spins cut short by
+    preemption (a busy machine, where spinning only steals CPU from the peer) drop it back to
+    the base window. ``base_us == 0`` never polls."""
+
+    def __init__(self, base_us: float, history: int = 4):
+        self.base_ns = int(base_us * 1000)
+        self.cap_ns = self.base_ns * ADAPTIVE_CAP
+        self.spin_ns = self.base_ns
+        self._gaps = [0] * history
+        self._i = 0
+        self._contended_until = 0
+
+    def observe(self, gap_ns: int, now_ns: int, preempted: bool) -> None:
+        if preempted:
+            self._contended_until = now_ns + CONTENDED_NS
+        self._gaps[self._i] = gap_ns
+        self._i = (self._i + 1) % len(self._gaps)
+        longest = max(self._gaps)
+        if now_ns < self._contended_until or longest > self.cap_ns:
+            self.spin_ns = self.base_ns
+        else:
+            self.spin_ns = max(self.base_ns, min(self.cap_ns, longest * 3 // 2 + 20_000))
+
+
+def recv_adaptive(recv: Callable[[int], T], poll: AdaptivePoll) -> T:
+    """:func:`recv_polling` with the window of ``poll``, which learns from the wait."""
+    spin_ns = poll.spin_ns
+    t0 = last = time.perf_counter_ns()
+    preempted = False
+    if spin_ns:
+        deadline = t0 + spin_ns
+        while True:
+            try:
+                out = recv(socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                now = time.perf_counter_ns()
+                if now - last > PREEMPTED_NS:
+                    preempted = True
+                    break
+                if now >= deadline:
+                    break
+                last = now
+                os.sched_yield()  # a runnable peer on this CPU (the client?) goes first
+            else:
+                now = time.perf_counter_ns()
+                poll.observe(now - t0, now, preempted)
+                return out
+    out = recv(0)
+    now = time.perf_counter_ns()
+    poll.observe(now - t0, now, preempted)
+    return out
+
+
 class FrameReader:
     """``busy_poll_us``: see ``TransferConfig.busy_poll_us`` (the socket must be blocking)."""
 
-    def __init__(self, sock: socket.socket, readahead: int = READAHEAD, busy_poll_us: float = 0.0):
+    def __init__(
+        self,
+        sock: socket.socket,
+        readahead: int = READAHEAD,
+        busy_poll_us: float = 0.0,
+        adaptive: bool = False,
+    ):
         self.sock = sock
         self._spin_ns = int(busy_poll_us * 1000)
+        # Servers: the wait for the next request adapts (AdaptivePoll); others use the base.
+        self._poll = AdaptivePoll(busy_poll_us) if adaptive and busy_poll_us else None
         self._buf = bytearray(readahead)
         self._view = memoryview(self._buf)
         self._start = 0
@@ -89,6 +162,8 @@ class FrameReader:
         return True
 
     def _recv(self, view: memoryview) -> int:
+        if self._poll is not None and self._end == 0:  # waiting for a new frame
+            return recv_adaptive(lambda flags: self.sock.recv_into(view, 0, flags), self._poll)
         return recv_polling(lambda flags: self.sock.recv_into(view, 0, flags), self._spin_ns)
 
     def read_header(self, limits: framing.FrameLimits) -> framing.FrameHeader | None:
