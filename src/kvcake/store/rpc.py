@@ -95,7 +95,9 @@ class MasterConnection:
         secs = int(self.timeout_s)
         usecs = int((self.timeout_s - secs) * 1e6)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", secs, usecs))
-        self._reader = BufferedFrames(sock, P.REPLY_CODEC, busy_poll_us=self.busy_poll_us)
+        self._reader = BufferedFrames(
+            sock, P.REPLY_CODEC, busy_poll_us=self.busy_poll_us, adaptive=True
+        )
         return sock
 
     def call(self, msg: msgspec.Struct) -> P.Reply:
