@@ -65,6 +65,9 @@ class ReadPath:
     # --- reads ---------------------------------------------------------------------------------
 
     def _order(self, reps: list[P.ReplicaDesc]) -> list[P.ReplicaDesc]:
+        if len(reps) == 1:
+            return reps
+
         def rank(r: P.ReplicaDesc) -> int:
             if r.tier == "disk":
                 return 3
@@ -99,7 +102,12 @@ class ReadPath:
     def get(self, key: str) -> bytearray:
         """The value of ``key`` (a new bytearray: one copy, no second copy into ``bytes``);
         raises ObjectNotFound on a miss."""
-        got = self.batch_get([key])[0]
+        # batch_get([key]) without its batch bookkeeping (a single value never goes staged).
+        reply, t0, lease_s = self._lookup((key,))
+        res = reply.results[0]
+        if res.code != 0:
+            raise error_for(res.code, f"{key!r}: {res.message}")
+        got = self._get_one(key, res, t0, lease_s)
         if isinstance(got, StoreError):
             raise got
         return got
