@@ -27,7 +27,7 @@ from kvcake.store.errors import INTERNAL_ERROR, INVALID_PARAMS
 from kvcake.store.master_state import MasterState
 from kvcake.store.metadata import Tier
 from kvcake.store.metrics import MasterMetrics
-from kvcake.store.rpc import BufferedFrames
+from kvcake.store.rpc import BufferedFrames, send_msg
 from kvcake.transfer.netserver import ThreadedServer
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ class MasterRpcServer(ThreadedServer):
                 log.exception("master: %s failed", op)
                 reply = P.ErrorReply(INTERNAL_ERROR, f"internal error in {op}: {exc!r}")
             self.metrics.observe(op, time.perf_counter() - t0)
-            framing.send_frame(conn, P.REPLY_CODEC, frame.header.request_id, reply)
+            send_msg(conn, P.REPLY_CODEC, frame.header.request_id, reply)
 
 
 class Master:
