@@ -70,6 +70,35 @@ def test_long_prompt_matches_transformers(
     _check(fresh, hf_model, long_prompt, steps=4)
 
 
+def test_batched_decode_matches_transformers(fresh: Any, hf_model: Any) -> None:
+    """A decode batch (> 1 row) goes through the packed oneDNN copies of gate/up and the LM
+    head: each sequence of the batch still matches transformers run alone."""
+    if fresh.model.packed:
+        assert fresh.model.lm_head_p is not None and fresh.model.layers[0].gate_up_p is not None
+    prompts = [fresh.tokenizer.encode(p) for p in PROMPTS]
+    steps = 8
+    tables = [fresh.allocate_blocks(fresh.blocks_needed(len(ids) + steps)) for ids in prompts]
+    try:
+        seqs, got_logits = [], []
+        for i, (ids, table) in enumerate(zip(prompts, tables, strict=True)):
+            first = fresh.prefill_logits(ids, table, 0)[0]
+            seqs.append(DecodeSeq(RequestId(f"b{i}"), table, len(ids), int(first.argmax())))
+            got_logits.append([first])
+        for _ in range(steps - 1):
+            logits = fresh.decode_logits(seqs)
+            for i, s in enumerate(seqs):
+                got_logits[i].append(logits[i])
+                s.last_token = int(logits[i].argmax())
+    finally:
+        for table in tables:
+            fresh.free_blocks(table)
+    for ids, got in zip(prompts, got_logits, strict=True):
+        want_toks, want = reference(hf_model, ids, steps)
+        assert [int(g.argmax()) for g in got] == want_toks
+        for a, b in zip(got, want, strict=True):
+            assert torch.allclose(a, b, atol=LOGIT_ATOL, rtol=0), float((a - b).abs().max())
+
+
 def test_answers_capital_of_france(fresh: Any) -> None:
     ids = fresh.tokenizer.encode_chat(
         [{"role": "user", "content": "What is the capital of France?"}]
