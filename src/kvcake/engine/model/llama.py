@@ -154,16 +154,22 @@ class PagedLlama:
         self.kv[blk, li, 0, slot] = k.reshape(n, -1)
         self.kv[blk, li, 1, slot] = v.reshape(n, -1)
 
-    def _gather(self, li: int, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gather(
+        self, li: int, table: torch.Tensor, out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of the blocks in ``table`` ``[B, nb]`` → ``[B, kv_heads, nb * bt, hd]`` each.
-        One copy per tensor: K and V of a layer-block are each contiguous ``[bt, W]`` runs."""
+        One copy per tensor: K and V of a layer-block are each contiguous ``[bt, W]`` runs.
+        ``out`` (``[2, B * nb, bt, W]``, reused for every layer of a step) saves allocating and
+        page-faulting fresh buffers per layer."""
         c = self.cfg
         b, nb = table.shape
         flat = table.reshape(-1)
+        if out is None:
+            out = self.kv.new_empty((2, flat.shape[0], self.block_tokens, self.kv.shape[-1]))
+        torch.index_select(self.kv[:, li, 0], 0, flat, out=out[0])
+        torch.index_select(self.kv[:, li, 1], 0, flat, out=out[1])
         shape = (b, nb * self.block_tokens, c.kv_heads, c.head_dim)
-        k = self.kv[:, li, 0].index_select(0, flat).view(shape)
-        v = self.kv[:, li, 1].index_select(0, flat).view(shape)
-        return k.transpose(1, 2), v.transpose(1, 2)
+        return out[0].view(shape).transpose(1, 2), out[1].view(shape).transpose(1, 2)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         h = rms_norm(x, self.norm, self.cfg.rms_eps)
@@ -197,12 +203,13 @@ class PagedLlama:
             kpos = torch.arange(end)
             mask = kpos[None, :] <= pos[:, None]  # [n, end]
         x = self.embed[tokens]
+        buf = self.kv.new_empty((2, nb, self.block_tokens, self.kv.shape[-1])) if start else None
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, pos)
             if write:
                 self._store(li, k, v, blk, slot)
             if start:
-                kk, vv = self._gather(li, table[None, :nb])
+                kk, vv = self._gather(li, table[None, :nb], buf)
                 kk, vv = kk[:, :, :end], vv[:, :, :end]
             else:
                 kk, vv = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
@@ -234,10 +241,11 @@ class PagedLlama:
         if b > 1:
             mask = (torch.arange(span)[None, :] <= pos[:, None])[:, None, None, :]
         x = self.embed[tokens]
+        buf = self.kv.new_empty((2, tables.numel(), self.block_tokens, self.kv.shape[-1]))
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, pos)
             self._store(li, k, v, blk, slot)
-            kk, vv = self._gather(li, tables)
+            kk, vv = self._gather(li, tables, buf)
             # One query per sequence: fold the GQA group into the query axis (no K/V repeat).
             qq = q.view(b, c.kv_heads, rep, c.head_dim)
             o = F.scaled_dot_product_attention(qq, kk[:, :, :span], vv[:, :, :span], attn_mask=mask)
