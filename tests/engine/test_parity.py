@@ -8,12 +8,14 @@ from typing import Any
 import pytest
 import torch
 
+from kvcake.core.api import SamplingParams
 from kvcake.core.ids import RequestId
 from kvcake.engine.backend import DecodeSeq
 
 from .conftest import PROMPTS
 
 LOGIT_ATOL = 2e-3  # fp32 rounding differences only; logits are O(10)
+GREEDY = SamplingParams(max_tokens=1)
 
 
 def ours(be: Any, ids: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
@@ -97,6 +99,33 @@ def test_batched_decode_matches_transformers(fresh: Any, hf_model: Any) -> None:
         assert [int(g.argmax()) for g in got] == want_toks
         for a, b in zip(got, want, strict=True):
             assert torch.allclose(a, b, atol=LOGIT_ATOL, rtol=0), float((a - b).abs().max())
+
+
+def test_packed_and_mapped_weights_agree(fresh: Any) -> None:
+    """The same decode batch through the packed copies and through the mapped weights only
+    (``packed=False``): logits equal to fp32 rounding, same greedy tokens."""
+    from kvcake.engine.model.llama import PagedLlama
+    from kvcake.engine.model.weights import map_weights
+
+    plain = PagedLlama(
+        fresh.model_config, map_weights(fresh.checkpoint), fresh.model.kv, packed=False
+    )
+    prompts = [fresh.tokenizer.encode(p) for p in PROMPTS]
+    tables = [fresh.allocate_blocks(fresh.blocks_needed(len(ids) + 1)) for ids in prompts]
+    try:
+        last = [fresh.prefill(ids, t, 0, GREEDY) for ids, t in zip(prompts, tables, strict=True)]
+        nb = max(len(t) for t in tables)
+        args = (
+            torch.tensor(last),
+            torch.tensor([len(ids) for ids in prompts]),
+            torch.tensor([t + [t[0]] * (nb - len(t)) for t in tables]),
+        )
+        a, b = fresh.model.decode(*args), plain.decode(*args)
+    finally:
+        for t in tables:
+            fresh.free_blocks(t)
+    assert torch.allclose(a, b, atol=1e-3, rtol=0), float((a - b).abs().max())
+    assert a.argmax(-1).tolist() == b.argmax(-1).tolist()
 
 
 def test_answers_capital_of_france(fresh: Any) -> None:

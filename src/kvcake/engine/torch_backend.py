@@ -16,7 +16,7 @@ from kvcake.engine.backend import DecodeSeq, EngineBackend, LayerCallback
 from kvcake.engine.block_manager import BlockManager
 from kvcake.engine.config import EngineConfig, cache_root
 from kvcake.engine.kv_memory import KVLayout, KVMemory
-from kvcake.engine.model.llama import PagedLlama
+from kvcake.engine.model.llama import PagedLlama, can_pack
 from kvcake.engine.model.tokenizer import TextTokenizer
 from kvcake.engine.model.weights import ModelConfig, map_weights, resolve_checkpoint
 from kvcake.engine.sampling import sample
@@ -48,7 +48,9 @@ class TorchBackend(EngineBackend):
         kv = torch.from_numpy(self.memory.bytes.view(np.float32)).view(
             layout.num_blocks, layout.num_layers, 2, layout.block_tokens, layout.width
         )
-        self.model = PagedLlama(mc, map_weights(self.checkpoint), kv)
+        self.model = PagedLlama(
+            mc, map_weights(self.checkpoint), kv, packed=cfg.packed_weights and can_pack()
+        )
         self.blocks = BlockManager(layout.num_blocks, instance_id)
         self.cost_model = (
             load_calibration(calibration) if calibration else preset("smollm2-135m/cpu")

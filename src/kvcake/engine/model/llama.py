@@ -50,6 +50,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class Layer:
     __slots__ = (
         "down",
+        "down_p",
         "gate",
         "gate_up_p",
         "k",
@@ -73,6 +74,7 @@ class Layer:
         self.up = w[p + "mlp.up_proj.weight"]
         self.down = w[p + "mlp.down_proj.weight"]
         self.gate_up_p: torch.Tensor | None = None  # see PagedLlama.__init__
+        self.down_p: torch.Tensor | None = None
 
 
 class PagedLlama:
@@ -94,13 +96,14 @@ class PagedLlama:
         except KeyError as exc:
             raise EngineError(f"checkpoint is missing tensor {exc}") from exc
         # For decode batches (2..PACKED_MAX_ROWS rows): gate and up fused into one
-        # [2 * intermediate, hidden] matrix and the LM head, each reordered once into oneDNN's
-        # blocked layout (anonymous memory: 212 + 113 MB for SmolLM2-135M).
+        # [2 * intermediate, hidden] matrix, down and the LM head, each reordered once into
+        # oneDNN's blocked layout (anonymous memory: 212 + 106 + 113 MB for SmolLM2-135M).
         self.lm_head_p = pack(self.lm_head) if self.packed else None
         if self.packed:
             buf = torch.empty(2 * cfg.intermediate, cfg.hidden)  # one staging copy, reused
             for layer in self.layers:
                 layer.gate_up_p = pack(torch.cat((layer.gate, layer.up), out=buf))
+                layer.down_p = pack(layer.down)
         self.cfg = cfg
         self.kv = kv
         self.block_tokens = kv.shape[3]
@@ -123,8 +126,12 @@ class PagedLlama:
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return (x * cos) + (rotate_half(x) * sin)
 
+    def _rope_at(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin rows of ``pos`` as ``[N, 1, hd]`` (looked up once per forward)."""
+        return self.cos[pos][:, None, :], self.sin[pos][:, None, :]
+
     def _qkv(
-        self, layer: Layer, x: torch.Tensor, pos: torch.Tensor
+        self, layer: Layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x ``[N, hidden]`` → q ``[N, heads, hd]``, k/v ``[N, kv_heads, hd]`` (RoPE applied)."""
         c = self.cfg
@@ -132,20 +139,18 @@ class PagedLlama:
         q = F.linear(h, layer.q).view(-1, c.heads, c.head_dim)
         k = F.linear(h, layer.k).view(-1, c.kv_heads, c.head_dim)
         v = F.linear(h, layer.v).view(-1, c.kv_heads, c.head_dim)
-        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
+        cos, sin = rope
         return self._rope(q, cos, sin), self._rope(k, cos, sin), v
 
     def _finish(self, layer: Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Output projection, residual, SwiGLU MLP, residual."""
         x = x + F.linear(attn, layer.o)
         h = rms_norm(x, layer.norm_mlp, self.cfg.rms_eps)
-        if layer.gate_up_p is not None and self._small(h):
+        if layer.gate_up_p is not None and layer.down_p is not None and self._small(h):
             gu = packed_linear(h, layer.gate_up_p)
             n = self.cfg.intermediate
-            a = F.silu(gu[:, :n]) * gu[:, n:]
-        else:
-            a = F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up)
-        return x + F.linear(a, layer.down)
+            return x + packed_linear(F.silu(gu[:, :n]) * gu[:, n:], layer.down_p)
+        return x + F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
 
     def _store(
         self, li: int, k: torch.Tensor, v: torch.Tensor, blk: torch.Tensor, slot: torch.Tensor
@@ -203,9 +208,10 @@ class PagedLlama:
             kpos = torch.arange(end)
             mask = kpos[None, :] <= pos[:, None]  # [n, end]
         x = self.embed[tokens]
+        rope = self._rope_at(pos)
         buf = self.kv.new_empty((2, nb, self.block_tokens, self.kv.shape[-1])) if start else None
         for li, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, pos)
+            q, k, v = self._qkv(layer, x, rope)
             if write:
                 self._store(li, k, v, blk, slot)
             if start:
@@ -241,9 +247,10 @@ class PagedLlama:
         if b > 1:
             mask = (torch.arange(span)[None, :] <= pos[:, None])[:, None, None, :]
         x = self.embed[tokens]
+        rope = self._rope_at(pos)
         buf = self.kv.new_empty((2, tables.numel(), self.block_tokens, self.kv.shape[-1]))
         for li, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, pos)
+            q, k, v = self._qkv(layer, x, rope)
             self._store(li, k, v, blk, slot)
             kk, vv = self._gather(li, tables, buf)
             # One query per sequence: fold the GQA group into the query axis (no K/V repeat).
