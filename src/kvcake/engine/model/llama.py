@@ -39,7 +39,7 @@ def packed_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     variance = x.pow(2).mean(-1, keepdim=True)
-    return weight * (x * torch.rsqrt(variance + eps))
+    return (x * torch.rsqrt(variance + eps)).mul_(weight)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -124,7 +124,7 @@ class PagedLlama:
         return 1 < x.shape[0] <= PACKED_MAX_ROWS
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return (x * cos) + (rotate_half(x) * sin)
+        return (x * cos).add_(rotate_half(x).mul_(sin))
 
     def _rope_at(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin rows of ``pos`` as ``[N, 1, hd]`` (looked up once per forward)."""
@@ -144,13 +144,15 @@ class PagedLlama:
 
     def _finish(self, layer: Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Output projection, residual, SwiGLU MLP, residual."""
-        x = x + F.linear(attn, layer.o)
+        x = F.linear(attn, layer.o).add_(x)
         h = rms_norm(x, layer.norm_mlp, self.cfg.rms_eps)
         if layer.gate_up_p is not None and layer.down_p is not None and self._small(h):
             gu = packed_linear(h, layer.gate_up_p)
             n = self.cfg.intermediate
             return x + packed_linear(F.silu(gu[:, :n]) * gu[:, n:], layer.down_p)
-        return x + F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
+        # In place: no fresh [N, intermediate] temporaries (same ops, same rounding).
+        a = F.silu(F.linear(h, layer.gate), inplace=True).mul_(F.linear(h, layer.up))
+        return F.linear(a, layer.down).add_(x)
 
     def _store(
         self, li: int, k: torch.Tensor, v: torch.Tensor, blk: torch.Tensor, slot: torch.Tensor
