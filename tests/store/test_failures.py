@@ -24,12 +24,12 @@ def value_of(key: str, size: int) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-def wait_until(cond: object, timeout: float = 10.0) -> None:
+def wait_until(cond: object, timeout: float = 10.0, every_s: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():  # type: ignore[operator]
             return
-        time.sleep(0.05)
+        time.sleep(every_s)
     raise AssertionError("condition not reached in time")
 
 
@@ -141,7 +141,10 @@ def test_ssd_offload_promotion_and_restart(procs: Factory, tmp_path: Path) -> No
         keys = [f"k{i}" for i in range(64)]  # 2 MiB into 1 MiB of memory
         for k in keys:
             c.put(k, value_of(k, size))
-        wait_until(lambda: any("disk" in _tiers(c, k) for k in keys))
+        # Looking a key up leases it (0.2 s here) and leased objects are never evicted, so poll
+        # more slowly than the lease lapses: otherwise, when the puts outrun the master's
+        # eviction tick, the polling itself keeps every object leased and nothing offloads.
+        wait_until(lambda: any("disk" in _tiers(c, k) for k in keys), every_s=0.4)
         time.sleep(0.3)  # let the lookups' leases lapse
         on_disk = [k for k in keys if _tiers(c, k) == {"disk"}]
         assert on_disk, "nothing was offloaded"
