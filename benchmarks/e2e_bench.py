@@ -12,7 +12,7 @@ Two parts (``--part prefix|trace|all``):
   instances); throughput, TTFT and TBT percentiles, prefix hit rate, effective capacity.
 
 Run: ``kvcake bench e2e`` or ``python benchmarks/e2e_bench.py [--help]``. Prints JSON lines and
-a table; results recorded in docs/bench/e2e.md.
+a table; results recorded in docs/benchmarks.md.
 """
 
 from __future__ import annotations
