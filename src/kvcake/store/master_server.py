@@ -168,7 +168,7 @@ class MasterRpcServer(ThreadedServer):
         self.busy_poll_us = busy_poll_us
 
     def handle(self, conn: socket.socket, listen_address: str) -> None:
-        reader = BufferedFrames(conn, P.REQUEST_CODEC, LIMITS, self.busy_poll_us, adaptive=True)
+        reader = BufferedFrames(conn, P.REQUEST_CODEC, LIMITS, self.busy_poll_us)
         while True:
             try:
                 frame = reader.read()

@@ -15,7 +15,7 @@ from kvcake.core import framing
 from kvcake.core.errors import FramingError, TruncatedFrame
 from kvcake.store import protocol as P
 from kvcake.store.errors import RpcFailed, error_for
-from kvcake.transfer.stream import AdaptivePoll, recv_adaptive, recv_polling
+from kvcake.transfer.stream import Poller
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -45,15 +45,12 @@ class BufferedFrames:
         codec: framing.Codec[msgspec.Struct],
         limits: framing.FrameLimits = framing.DEFAULT_LIMITS,
         busy_poll_us: float = 0.0,
-        adaptive: bool = False,
     ):
         self.sock = sock
         self.codec = codec
         self.limits = limits
         self.buf = bytearray()
-        self._spin_ns = int(busy_poll_us * 1000)
-        # The master's wait for a client's next request adapts (see AdaptivePoll).
-        self._poll = AdaptivePoll(busy_poll_us) if adaptive and busy_poll_us else None
+        self._poller = Poller(busy_poll_us)
 
     def read(self) -> framing.Frame[msgspec.Struct] | None:
         """The next frame; ``None`` on a clean EOF between frames."""
@@ -75,10 +72,7 @@ class BufferedFrames:
 
     def _fill(self) -> bool:
         recv = lambda flags: self.sock.recv(1 << 16, flags)  # noqa: E731
-        if self._poll is not None and not self.buf:  # waiting for a new frame
-            chunk = recv_adaptive(recv, self._poll)
-        else:
-            chunk = recv_polling(recv, self._spin_ns)
+        chunk = self._poller.recv(recv, new_frame=not self.buf)
         self.buf += chunk
         return bool(chunk)
 
@@ -104,9 +98,7 @@ class MasterConnection:
         secs = int(self.timeout_s)
         usecs = int((self.timeout_s - secs) * 1e6)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", secs, usecs))
-        self._reader = BufferedFrames(
-            sock, P.REPLY_CODEC, busy_poll_us=self.busy_poll_us, adaptive=True
-        )
+        self._reader = BufferedFrames(sock, P.REPLY_CODEC, busy_poll_us=self.busy_poll_us)
         return sock
 
     def call(self, msg: msgspec.Struct) -> P.Reply:

@@ -34,7 +34,7 @@ class Endpoint:
     reader: FrameReader = field(init=False)
 
     def __post_init__(self) -> None:
-        self.reader = FrameReader(self.sock, busy_poll_us=self.busy_poll_us, adaptive=True)
+        self.reader = FrameReader(self.sock, busy_poll_us=self.busy_poll_us)
 
     def next_rid(self) -> int:
         self.rid += 1

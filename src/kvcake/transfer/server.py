@@ -51,7 +51,7 @@ class TransferServer(ThreadedServer):
         self.limits = request_limits(max_data)
 
     def handle(self, conn: socket.socket, listen_address: str) -> None:
-        reader = FrameReader(conn, busy_poll_us=self.busy_poll_us, adaptive=True)
+        reader = FrameReader(conn, busy_poll_us=self.busy_poll_us)
         writer = FrameWriter(conn)
         while True:
             if not reader.has_frame_header() and not _readable(conn):

@@ -123,6 +123,21 @@ def recv_adaptive(recv: Callable[[int], T], poll: AdaptivePoll) -> T:
     return out
 
 
+class Poller:
+    """How a reader waits for input: for a *new* frame with a window that adapts to the peer's
+    gaps (:class:`AdaptivePoll`), for the rest of a frame with the fixed base window; ``0``
+    never polls."""
+
+    def __init__(self, busy_poll_us: float):
+        self.base_ns = int(busy_poll_us * 1000)
+        self.adaptive = AdaptivePoll(busy_poll_us) if busy_poll_us else None
+
+    def recv(self, recv: Callable[[int], T], new_frame: bool) -> T:
+        if new_frame and self.adaptive is not None:
+            return recv_adaptive(recv, self.adaptive)
+        return recv_polling(recv, self.base_ns)
+
+
 class FrameReader:
     """``busy_poll_us``: see ``TransferConfig.busy_poll_us`` (the socket must be blocking)."""
 
@@ -131,12 +146,9 @@ class FrameReader:
         sock: socket.socket,
         readahead: int = READAHEAD,
         busy_poll_us: float = 0.0,
-        adaptive: bool = False,
     ):
         self.sock = sock
-        self._spin_ns = int(busy_poll_us * 1000)
-        # Servers: the wait for the next request adapts (AdaptivePoll); others use the base.
-        self._poll = AdaptivePoll(busy_poll_us) if adaptive and busy_poll_us else None
+        self._poller = Poller(busy_poll_us)
         self._buf = bytearray(readahead)
         self._view = memoryview(self._buf)
         self._start = 0
@@ -162,9 +174,8 @@ class FrameReader:
         return True
 
     def _recv(self, view: memoryview) -> int:
-        if self._poll is not None and self._end == 0:  # waiting for a new frame
-            return recv_adaptive(lambda flags: self.sock.recv_into(view, 0, flags), self._poll)
-        return recv_polling(lambda flags: self.sock.recv_into(view, 0, flags), self._spin_ns)
+        recv = lambda flags: self.sock.recv_into(view, 0, flags)  # noqa: E731
+        return self._poller.recv(recv, new_frame=self._end == 0)
 
     def read_header(self, limits: framing.FrameLimits) -> framing.FrameHeader | None:
         """The next header; ``None`` on a clean EOF between frames."""
