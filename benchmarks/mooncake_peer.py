@@ -65,16 +65,20 @@ def start(cmd: list[str], **kw: Any) -> subprocess.Popen[str]:
     return proc
 
 
+def terminate(proc: subprocess.Popen[str], grace_s: float) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``; a no-op for a process that already ended."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 def stop_all() -> None:
     while CHILDREN:
-        proc = CHILDREN.pop()
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        terminate(CHILDREN.pop(), 10)
 
 
 def free_port() -> int:
@@ -162,6 +166,8 @@ def layout(block: int) -> list[tuple[int, int]]:
 
 
 def calibrate(run: Callable[[], None], block: int, args: argparse.Namespace) -> int:
+    """Batches per repeat: enough to move ``--min-bytes`` or to last ``--repeat-s`` (whichever
+    is fewer), at least ``--min-batches``. Also warms up connections and mappings."""
     run()
     t = time.perf_counter()
     run()
@@ -424,6 +430,17 @@ def run_store(args: argparse.Namespace) -> dict[str, Any]:
 # These functions run under kvcake's Python: they only start this script under PYTHON.
 
 
+def add_mooncake_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    """The benches' ``--mooncake PYTHON`` option (default $KVCAKE_MOONCAKE_PYTHON)."""
+    parser.add_argument(
+        "--mooncake",
+        metavar="PYTHON",
+        default=os.environ.get("KVCAKE_MOONCAKE_PYTHON"),
+        help=f"a Python that can import mooncake: also run the real Mooncake {what} right after "
+        "ours (default: $KVCAKE_MOONCAKE_PYTHON)",
+    )
+
+
 def probe(python: str | None) -> tuple[str | None, str]:
     """``(PYTHON, "")`` when PYTHON (else $KVCAKE_MOONCAKE_PYTHON) imports Mooncake, else
     ``(None, reason)``."""
@@ -469,13 +486,7 @@ def run_peer(python: str, mode: str, options: list[str]) -> dict[str, Any]:
                     print(line, end="", file=sys.stderr, flush=True)
             rc = proc.wait()
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            terminate(proc, 30)
         if rc != 0 or not os.path.exists(out):
             log = "\n".join(tail)
             raise RuntimeError(f"Mooncake peer failed (rc={rc}); last lines:\n{log}")

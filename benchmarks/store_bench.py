@@ -138,13 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="client keeps glibc's default malloc thresholds (see kvcake.store.memtune)",
     )
-    ap.add_argument(
-        "--mooncake",
-        metavar="PYTHON",
-        default=os.environ.get("KVCAKE_MOONCAKE_PYTHON"),
-        help="a Python that can import mooncake: also run the real Mooncake store right after "
-        "ours (default: $KVCAKE_MOONCAKE_PYTHON)",
-    )
+    peer.add_mooncake_flag(ap, "store")
     args = ap.parse_args(argv)
     from kvcake.store.client import Client
 

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mooncake_peer as peer
 
-BATCH = 16
+BATCH = peer.BATCH  # one batch size for ours and the peer (peer.calibrate uses it)
 # Mooncake 0.3.13 TCP, same topology, recorded earlier (mooncake-reference.md: 0.5-0.8 GB/s at
 # 1 MB and above): the upper end, used for ratios when no live peer runs.
 MOONCAKE_TCP_REF_GBPS = 0.8
@@ -100,23 +100,12 @@ def parse_sizes(text: str) -> list[int]:
     return [parse_size(s.strip().upper().replace("B", "") + "iB") for s in text.split(",")]
 
 
-def calibrate(run_batch: Callable[[], None], block: int, args: argparse.Namespace) -> int:
-    """Batches per repeat: enough to move ``--min-bytes`` or to last ``--repeat-s`` (whichever
-    is fewer), at least ``--min-batches``. Also warms up connections and mappings."""
-    run_batch()
-    t = time.perf_counter()
-    run_batch()
-    one = max(time.perf_counter() - t, 1e-6)
-    by_bytes = -(-args.min_bytes // (block * BATCH))
-    return max(args.min_batches, min(by_bytes, int(args.repeat_s / one)))
-
-
 def measure_all(
     methods: dict[str, Callable[[], None]], block: int, args: argparse.Namespace
 ) -> dict[str, list[float]]:
     """Seconds per batch for each method and repeat. Repeats are interleaved (A B C D, A B C D,
     ...) so that every method sees the same share of the machine's background load."""
-    counts = {m: calibrate(fn, block, args) for m, fn in methods.items()}
+    counts = {m: peer.calibrate(fn, block, args) for m, fn in methods.items()}
     out: dict[str, list[float]] = {m: [] for m in methods}
     for _ in range(args.repeats):
         for m, fn in methods.items():
@@ -433,13 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--skip-shm", action="store_true", help="skip the shm transport")
     p.add_argument("--json", help="also write the results to this JSON file")
-    p.add_argument(
-        "--mooncake",
-        metavar="PYTHON",
-        default=os.environ.get("KVCAKE_MOONCAKE_PYTHON"),
-        help="a Python that can import mooncake: also run the real Mooncake TE right after ours "
-        "(default: $KVCAKE_MOONCAKE_PYTHON)",
-    )
+    peer.add_mooncake_flag(p, "TE")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
