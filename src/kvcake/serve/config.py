@@ -60,7 +60,8 @@ class ProxyConfig:
     port: int = 8000
     prefill: tuple[str, ...] = ()  # instance URLs, e.g. "http://127.0.0.1:8101"
     decode: tuple[str, ...] = ()
-    served_model_name: str = ""  # defaults to kv.model
+    # Names clients may send as `model` (the first is the one reported); () = kv.model.
+    served_model_name: tuple[str, ...] = ()
     policy: str = "global-cache-aware"  # conductor prefill policy
     admission: str = "early-rejection"  # conductor admission policy ("none" never rejects)
     ttft_slo_s: float = 30.0
@@ -69,6 +70,7 @@ class ProxyConfig:
     instance_timeout_s: float = 600.0
     link_bandwidth: float = 5e9  # bytes/s between instances / from the pool (for predictions)
     max_prompt_tokens: int = 8192
+    max_body_bytes: int = size_field("8MiB")  # larger request bodies get 413 before parsing
 
     def __post_init__(self) -> None:
         require(0 <= self.port <= 65535, f"proxy.port {self.port} out of range")
@@ -76,6 +78,7 @@ class ProxyConfig:
         require(self.poll_interval_s > 0, "proxy.poll_interval_s must be > 0")
         require(self.link_bandwidth > 0, "proxy.link_bandwidth must be > 0")
         require(self.max_prompt_tokens >= 1, "proxy.max_prompt_tokens must be >= 1")
+        require(self.max_body_bytes >= 1024, "proxy.max_body_bytes must be >= 1024")
 
 
 @dataclass(frozen=True)
