@@ -9,17 +9,24 @@ so one request never evicts its own prefix (capacity permitting).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import cast
+from collections.abc import Iterable, Sequence
+from typing import Protocol, cast
 
-from kvcake.core.api import KVIndex
 from kvcake.core.ids import BlockHash, InstanceId
+
+
+class IndexSink(Protocol):
+    """Where a cache publishes its blocks: the conductor's index (or a lagged front of it)."""
+
+    def add(self, holder: InstanceId, blocks: Iterable[BlockHash]) -> None: ...
+
+    def remove(self, holder: InstanceId, blocks: Iterable[BlockHash]) -> None: ...
 
 
 class LRUBlockCache:
     __slots__ = ("_blocks", "capacity_blocks", "evictions", "holder", "index", "inserted")
 
-    def __init__(self, capacity_blocks: int, holder: InstanceId, index: KVIndex | None) -> None:
+    def __init__(self, capacity_blocks: int, holder: InstanceId, index: IndexSink | None) -> None:
         if capacity_blocks < 0:
             raise ValueError("capacity_blocks must be >= 0")
         self.capacity_blocks = capacity_blocks

@@ -11,6 +11,22 @@ from kvcake.core.costmodel import PRESETS
 from kvcake.core.trace import TRACE_BLOCK_TOKENS
 
 SYSTEMS = ("mooncake", "vllm", "vllm-prefix", "vllm-chunked")
+FETCH_SOURCES = ("peer", "pool")
+
+
+def parse_failures(spec: str, prefill: int, decode: int) -> list[tuple[str, int, float]]:
+    """``"p0@300,d1@600"`` -> ``[("p", 0, 300.0), ("d", 1, 600.0)]`` (validated)."""
+    out: list[tuple[str, int, float]] = []
+    for part in filter(None, (x.strip() for x in spec.split(","))):
+        node, _, at = part.partition("@")
+        kind, num = node[:1], node[1:]
+        ok = kind in ("p", "d") and num.isdigit() and at.replace(".", "", 1).isdigit()
+        require(ok, f"sim.failures: {part!r} is not NODE@SECONDS (e.g. p0@300, d1@600)")
+        n = int(num)
+        require(n < (prefill if kind == "p" else decode),
+                f"sim.failures: {part!r} names a node that does not exist")  # fmt: skip
+        out.append((kind, n, float(at)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -39,6 +55,15 @@ class SimConfig:
     ttft_slo_s: float = 30.0
     tbt_slo_s: float = 0.1
     expected_output_tokens: int = 256  # what the conductor assumes (it never sees the trace's)
+    # realism (sim/pool.py; defaults keep the paper-reproduction model)
+    fetch_source: str = "peer"  # "pool": the live path (store pool, both NICs, SSD, lag)
+    pool_tokens_per_node: int = 3_000_000  # pool mode: store DRAM per node (prefill + decode)
+    ssd_tokens_per_node: int = 0  # pool mode: SSD tier per node
+    ssd_gbps: float = 25.0  # pool mode: SSD read bandwidth per node
+    index_lag_s: float = 0.0  # KV-index events reach the conductor this much later
+    predictor_noise: float = 0.0  # relative noise of the samples the predictors are fitted on
+    prefill_batch_tokens: int = 0  # pool mode: batch queued prompts up to this many new tokens
+    failures: str = ""  # node failures "p0@300,d1@600" (node @ trace seconds)
     # vLLM baselines
     vllm_batch_tokens: int = 2048  # chunked prefill: tokens per iteration (decode + chunk)
     # replay
@@ -65,6 +90,15 @@ class SimConfig:
         )
         require(self.ttft_slo_s > 0 and self.tbt_slo_s > 0, "sim SLOs must be positive")
         require(self.expected_output_tokens >= 1, "sim.expected_output_tokens must be >= 1")
+        require(self.fetch_source in FETCH_SOURCES, f"sim.fetch_source must be one of "
+                f"{FETCH_SOURCES}, got {self.fetch_source!r}")  # fmt: skip
+        require(self.pool_tokens_per_node >= 0 and self.ssd_tokens_per_node >= 0,
+                "sim.pool_tokens_per_node and sim.ssd_tokens_per_node must be >= 0")  # fmt: skip
+        require(self.ssd_gbps > 0, "sim.ssd_gbps must be positive")
+        require(self.index_lag_s >= 0, "sim.index_lag_s must be >= 0")
+        require(0 <= self.predictor_noise < 1, "sim.predictor_noise must be in [0, 1)")
+        require(self.prefill_batch_tokens >= 0, "sim.prefill_batch_tokens must be >= 0")
+        parse_failures(self.failures, self.prefill_nodes, self.decode_nodes)
         require(self.vllm_batch_tokens >= 16, "sim.vllm_batch_tokens must be >= 16")
         require(self.speedup > 0, "sim.speedup must be positive")
         require(self.sample_interval_s > 0, "sim.sample_interval_s must be positive")
@@ -102,6 +136,19 @@ FIELD_HELP: dict[str, str] = {
     "ttft_slo_s": "TTFT SLO in s (admission, effective-request metric)",
     "tbt_slo_s": "TBT SLO in s (admission, effective-request metric)",
     "expected_output_tokens": "output length the conductor assumes (it never sees the trace's)",
+    "fetch_source": "where a prefill node reads prefix blocks it lacks: peer (another prefill "
+    "node's cache, the paper's model) or pool (the live path: the store pool over both NICs)",
+    "pool_tokens_per_node": "fetch_source=pool: store-pool DRAM per node (prefill and decode "
+    "nodes), in tokens",
+    "ssd_tokens_per_node": "fetch_source=pool: store-pool SSD tier per node, in tokens",
+    "ssd_gbps": "fetch_source=pool: SSD read bandwidth per node in Gbps",
+    "index_lag_s": "KV-index add/remove events reach the conductor this many seconds late",
+    "predictor_noise": "relative noise of the timing samples the conductor's predictors are "
+    "fitted from (0: the simulator's own cost model, exact)",
+    "prefill_batch_tokens": "fetch_source=pool: batch queued prompts into one prefill call "
+    "up to this many new tokens (0: one prompt per call)",
+    "failures": "node failures, comma-separated NODE@SECONDS (p0@300 = prefill node 0 fails "
+    "at trace second 300)",
     "vllm_batch_tokens": "vllm-chunked: tokens per iteration (running decodes + prefill chunk)",
     "speedup": "replay speed: trace timestamps divided by this",
     "seed": "seed of the conductor's random policy",

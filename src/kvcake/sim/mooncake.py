@@ -29,6 +29,7 @@ from kvcake.sim.cluster import ClusterBase
 from kvcake.sim.config import SimConfig
 from kvcake.sim.events import EventQueue, Prio
 from kvcake.sim.nodes import DecodeNode, Job, PrefillNode
+from kvcake.sim.pool import LaggedIndex
 from kvcake.sim.request import Outcome, SimRequest
 from kvcake.sim.sched import Scheduler
 
@@ -39,9 +40,11 @@ class MooncakeCluster(ClusterBase):
         self.kvbpt = self.cm.model.kv_bytes_per_token
         self.bw = cfg.link_bytes_per_s
         cache_blocks = cfg.cache_tokens // cfg.block_tokens
+        # what the caches publish to: the conductor's index, possibly with a delivery lag
+        self.publish = LaggedIndex(self.index, eq, cfg.index_lag_s) if cfg.index_lag_s else None
+        pub = self.publish or self.index
         self.prefill = [
-            PrefillNode(i, InstanceId(f"p{i}"), cache_blocks, self.index)
-            for i in range(cfg.prefill_nodes)
+            PrefillNode(i, InstanceId(f"p{i}"), cache_blocks, pub) for i in range(cfg.prefill_nodes)
         ]
         self.decode = [
             DecodeNode(
@@ -117,7 +120,10 @@ class MooncakeCluster(ClusterBase):
         local = p.cache.prefix_len(req.blocks)
         fetched = self._fetchable(req, local, accept) if accept.fetch else 0
         cached = min((local + fetched) * self.cfg.block_tokens, req.prompt_len - 1)
-        t = self.cm.chunked_prefill_time(req.prompt_len, cached, self.cfg.prefill_chunk_tokens)
+        if self.cfg.predictor_noise:  # the queue estimate comes from the (fitted) predictor
+            t = self.scheduler.predictors.prefill.time(req.prompt_len, cached)
+        else:
+            t = self.cm.chunked_prefill_time(req.prompt_len, cached, self.cfg.prefill_chunk_tokens)
         load = cached * self.kvbpt / self.cm.hardware.h2d_bandwidth
         fetch = fetched * self.cfg.block_tokens * self.kvbpt / self.bw
         return local, fetched, cached, fetch + max(t, load)
@@ -131,25 +137,17 @@ class MooncakeCluster(ClusterBase):
         local, fetched, cached, _ = self.plan(p, req, job.accept)
         bt = self.cfg.block_tokens
         p.cache.touch(req.blocks[:local])
-        fetch_s = 0.0
         start_compute = now
         if fetched:
-            nbytes = fetched * bt * self.kvbpt
-            begin = max(now, p.nic_free)
-            start_compute = p.nic_free = begin + nbytes / self.bw
-            fetch_s = start_compute - now
+            start_compute = self._fetch(now, p, req.blocks[local : local + fetched])
             p.cache.insert(req.blocks[local : local + fetched])
+        fetch_s = start_compute - now
         compute = self.cm.chunked_prefill_time(
             req.prompt_len, cached, self.cfg.prefill_chunk_tokens
         )
         load = cached * self.kvbpt / self.cm.hardware.h2d_bandwidth
         end = start_compute + max(compute, load)
-        # layer-wise streaming of the whole prompt's KV to the decode node, behind the compute
-        stream = req.prompt_len * self.kvbpt / self.bw
-        sbegin = max(start_compute, p.nic_free)
-        layer = stream / self.cm.model.layers
-        req.kv_ready = max(sbegin + stream, end + layer)
-        p.nic_free = req.kv_ready
+        req.kv_ready = self._stream(p, req, start_compute, end)
         req.prefill_start = now
         req.prefill_compute = compute
         req.hit_tokens = cached
@@ -160,11 +158,30 @@ class MooncakeCluster(ClusterBase):
         p.busy_s += end - now
         self.eq.schedule(end, Prio.FINISH, self._prefill_done, p)
 
+    def _fetch(self, now: float, p: PrefillNode, blocks: Sequence[int]) -> float:
+        """Pull ``blocks`` into ``p`` (peer model: over ``p``'s one NIC FIFO); returns when
+        they have arrived."""
+        begin = max(now, p.nic_free)
+        p.nic_free = begin + len(blocks) * self.cfg.block_tokens * self.kvbpt / self.bw
+        return p.nic_free
+
+    def _stream(self, p: PrefillNode, req: SimRequest, start: float, end: float) -> float:
+        """Layer-wise streaming of the prompt's KV to the decode node behind the compute
+        (``start``..``end``); returns when the KV is complete there."""
+        stream = req.prompt_len * self.kvbpt / self.bw
+        layer = stream / self.cm.model.layers
+        p.nic_free = max(max(start, p.nic_free) + stream, end + layer)
+        return p.nic_free
+
+    def _computed(self, now: float, p: PrefillNode, req: SimRequest) -> None:
+        """The prompt's blocks exist now (peer model: they join ``p``'s cache = the pool)."""
+        p.cache.insert(req.blocks)
+
     def _prefill_done(self, now: float, p: PrefillNode) -> None:
         req = p.current
         assert req is not None
         p.current = None
-        p.cache.insert(req.blocks)  # newly computed blocks join the pool
+        self._computed(now, p, req)
         # The decode node returns the first token (computed by the prefill) once the KV has
         # arrived, so TTFT includes the exposed part of the layer-wise KV transfer.
         req.first_token = req.last_tok = req.kv_ready

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from kvcake.core.api import Accept, KVIndex
+from kvcake.core.api import Accept
 from kvcake.core.costmodel import DecodeCoefficients
 from kvcake.core.ids import InstanceId
 from kvcake.sim.batch import DecodeBatch, FinishFn
-from kvcake.sim.cache import LRUBlockCache
+from kvcake.sim.cache import IndexSink, LRUBlockCache
 from kvcake.sim.events import EventQueue
 from kvcake.sim.request import SimRequest
 
@@ -40,7 +40,7 @@ class PrefillNode:
         "queued_pred",
     )
 
-    def __init__(self, idx: int, iid: InstanceId, cache_blocks: int, index: KVIndex) -> None:
+    def __init__(self, idx: int, iid: InstanceId, cache_blocks: int, index: IndexSink) -> None:
         self.idx = idx
         self.iid = iid
         self.cache = LRUBlockCache(cache_blocks, iid, index)

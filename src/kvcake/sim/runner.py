@@ -30,6 +30,10 @@ def _factory(system: str) -> ClusterFactory:
         from kvcake.sim.mooncake import MooncakeCluster
 
         return MooncakeCluster
+    if system == "mooncake-pool":
+        from kvcake.sim.pooled import PooledCluster
+
+        return PooledCluster
     from kvcake.sim.vllm import VLLMCluster
 
     return VLLMCluster
@@ -60,7 +64,10 @@ def simulate(
     requests remain (e.g. replica counting)."""
     wall = time.perf_counter()
     eq = EventQueue()
-    cluster = _factory(cfg.system)(cfg, eq, scheduler)
+    kind = (
+        "mooncake-pool" if cfg.system == "mooncake" and cfg.fetch_source == "pool" else cfg.system
+    )
+    cluster = _factory(kind)(cfg, eq, scheduler)
     reqs = to_requests(records, cfg.speedup)
     result_load = SimResult.from_requests([]).load
     for r in reqs:  # the heap orders them; ties keep trace order

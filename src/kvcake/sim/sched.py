@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from kvcake.conductor import Conductor, ConductorConfig, Predictors, PrefixIndex
+from kvcake.conductor.predictors import DecodeTBTModel, PrefillTimeModel, TransferTimeModel
+from kvcake.core.costmodel import CostModel, preset
 
 if TYPE_CHECKING:
     from kvcake.sim.config import SimConfig
@@ -30,4 +34,25 @@ def build_scheduler(cfg: SimConfig, *, colocated: bool) -> Conductor:
         seed=cfg.seed,
         colocated=colocated,
     )
-    return Conductor(ccfg, Predictors.from_preset(cfg.preset))
+    return Conductor(ccfg, noisy_predictors(preset(cfg.preset), cfg.predictor_noise, cfg.seed))
+
+
+def noisy_predictors(cm: CostModel, noise: float, seed: int = 0, n: int = 64) -> Predictors:
+    """Predictors as the live proxy's calibrated admission gets them: least-squares fits of
+    ``n`` timing samples each, measured with multiplicative noise ``N(1, noise)`` (clipped at
+    0.05x). ``noise == 0`` returns the cost model's own (exact) predictors."""
+    if noise <= 0:
+        return Predictors.from_cost_model(cm)
+    rng = np.random.default_rng([seed, 17])
+    jitter = lambda: max(0.05, 1.0 + noise * float(rng.standard_normal()))  # noqa: E731
+    pre = []
+    for _ in range(n):
+        L = int(rng.integers(64, 32_768))
+        P = int(rng.integers(0, L)) if rng.random() < 0.5 else 0
+        pre.append((L, P, cm.prefill_time(L, P) * jitter()))
+    dec = []
+    for _ in range(n):
+        b = int(rng.integers(1, 128))
+        c = b * int(rng.integers(128, 16_384))
+        dec.append((b, c, cm.decode_step_time(b, c) * jitter()))
+    return Predictors(PrefillTimeModel.fit(pre), TransferTimeModel(), DecodeTBTModel.fit(dec))

@@ -1,0 +1,190 @@
+"""The Mooncake cluster as the live path runs it (``fetch_source = "pool"``): prefix blocks a
+prefill node lacks come from the store pool (:mod:`kvcake.sim.pool`), computed blocks are put
+into the pool over the network, and every transfer holds both ends' NICs.
+
+Differences from the paper model in :mod:`kvcake.sim.mooncake` (peer fetches over one NIC FIFO
+per prefill node):
+- a fetch reads from the store node(s) holding the blocks (their DRAM over their NIC, SSD
+  blocks at ``ssd_gbps``), into the prefill node's receive side; blocks on the prefill node's
+  own store share are local (no network);
+- the KV stream to decode holds the prefill node's transmit and the decode node's receive side;
+- after a prefill the blocks the pool lacks are put to their store nodes (prefill TX, store
+  RX); they become fetchable (and visible in the index) when the put completes;
+- queued prompts can be batched into one prefill call (``prefill_batch_tokens``): the batch
+  pays the per-call overhead once, and every member finishes when the batch does;
+- ``failures``: a failed prefill node leaves the snapshot (``healthy=False``) and the index, and
+  its queued requests are rescheduled; a failed decode node's requests fail (rejected after
+  prefill) and it takes no new ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvcake.core.api import Accept, ClusterSnapshot, DecodeState, PrefillState
+from kvcake.sim.config import SimConfig, parse_failures
+from kvcake.sim.events import EventQueue, Prio
+from kvcake.sim.mooncake import MooncakeCluster
+from kvcake.sim.nodes import PrefillNode
+from kvcake.sim.pool import Nic, StorePool
+from kvcake.sim.request import Outcome, SimRequest
+from kvcake.sim.sched import Scheduler
+
+
+class PooledCluster(MooncakeCluster):
+    def __init__(self, cfg: SimConfig, eq: EventQueue, scheduler: Scheduler | None = None) -> None:
+        super().__init__(cfg, eq, scheduler)
+        nodes = cfg.prefill_nodes + cfg.decode_nodes
+        bt = cfg.block_tokens
+        self.pool = StorePool(
+            cfg.pool_tokens_per_node * nodes // bt,
+            cfg.ssd_tokens_per_node * nodes // bt,
+            nodes,
+            self.publish or self.index,
+        )
+        self.nics = [Nic(self.bw) for _ in range(nodes)]  # prefill 0..P-1, then decode
+        self.ssd_bw = cfg.ssd_gbps * 1e9 / 8.0
+        self.block_bytes = bt * self.kvbpt
+        self.dead_p: set[int] = set()
+        self.dead_d: set[int] = set()
+        for kind, n, at in parse_failures(cfg.failures, cfg.prefill_nodes, cfg.decode_nodes):
+            self.eq.schedule(at / cfg.speedup, Prio.FINISH, self._fail, (kind, n))
+
+    # --- conductor's view: failed nodes are unhealthy -----------------------------------------
+
+    def snapshot(self, now: float) -> ClusterSnapshot:
+        snap = super().snapshot(now)
+        if not (self.dead_p or self.dead_d):
+            return snap
+        pre = tuple(
+            PrefillState(s.instance_id, s.queued_seconds, s.queued_requests, s.fetch_bandwidth,
+                         healthy=i not in self.dead_p)
+            for i, s in enumerate(snap.prefill)
+        )  # fmt: skip
+        dec = tuple(
+            DecodeState(s.instance_id, s.running_requests, s.running_context_tokens,
+                        s.kv_capacity_tokens, s.pending_requests, s.pending_context_tokens,
+                        healthy=i not in self.dead_d)
+            for i, s in enumerate(snap.decode)
+        )  # fmt: skip
+        return ClusterSnapshot(now, pre, dec, snap.kv_index, snap.block_tokens,
+                               snap.kv_bytes_per_token, snap.link_bandwidth)  # fmt: skip
+
+    # --- fetch source: the pool ---------------------------------------------------------------
+
+    def _fetchable(self, req: SimRequest, local: int, accept: Accept) -> int:
+        """Leading blocks beyond ``local`` that the pool holds, up to the end of the range
+        the conductor asked to fetch (whoever it named as holder: the live worker reads the
+        pool)."""
+        end = min(max(s.first_block + s.num_blocks for s in accept.fetch), len(req.blocks))
+        return self.pool.run(req.blocks, local, end) if end > local else 0
+
+    def _fetch(self, now: float, p: PrefillNode, blocks: Sequence[int]) -> float:
+        dram, ssd = self.pool.read(blocks)
+        rx = self.nics[p.idx]
+        stores = [s for s in {*dram, *ssd} if s != p.idx]  # own share: local DRAM, no network
+        net = sum(dram.get(s, 0) + ssd.get(s, 0) for s in stores) * self.block_bytes
+        begin = max([now, rx.rx_free, *(self.nics[s].tx_free for s in stores)])
+        dur = net / rx.bw
+        for s in {*dram, *ssd}:
+            d_s = ssd.get(s, 0) * self.block_bytes / self.ssd_bw
+            if s != p.idx:
+                d_s += (dram.get(s, 0) + ssd.get(s, 0)) * self.block_bytes / self.nics[s].bw
+                self.nics[s].tx_free = begin + d_s
+            dur = max(dur, d_s)
+        rx.rx_free = begin + dur
+        return rx.rx_free
+
+    def _stream(self, p: PrefillNode, req: SimRequest, start: float, end: float) -> float:
+        tx = self.nics[p.idx]
+        rx = self.nics[self.cfg.prefill_nodes + req.decode_inst]
+        stream = req.prompt_len * self.kvbpt / min(tx.bw, rx.bw)
+        layer = stream / self.cm.model.layers
+        # the links are busy for the bytes only (the stream trickles out with the compute)
+        busy = max(start, tx.tx_free, rx.rx_free) + stream
+        tx.tx_free = rx.rx_free = busy
+        return max(busy, end + layer)
+
+    def _computed(self, now: float, p: PrefillNode, req: SimRequest) -> None:
+        p.cache.insert(req.blocks)
+        if not self.pool.enabled:
+            return
+        new = self.pool.missing(req.blocks)
+        per: dict[int, int] = {}
+        for b in new:
+            s = self.pool.node_of(b)
+            if s != p.idx:
+                per[s] = per.get(s, 0) + 1
+        tx = self.nics[p.idx]
+        begin = max(now, tx.tx_free)
+        done = begin + sum(per.values()) * self.block_bytes / tx.bw
+        for s, n in per.items():
+            rx = self.nics[s]
+            rx.rx_free = max(rx.rx_free, begin) + n * self.block_bytes / rx.bw
+            done = max(done, rx.rx_free)
+        tx.tx_free = done
+        self.eq.schedule(done, Prio.FINISH, self._put_done, req.blocks)
+
+    def _put_done(self, _now: float, blocks: tuple[int, ...]) -> None:
+        self.pool.put(blocks)
+
+    # --- failures -------------------------------------------------------------------------
+
+    def _fail(self, now: float, what: tuple[str, int]) -> None:
+        kind, n = what
+        if kind == "p":
+            self._fail_prefill(now, n)
+        else:
+            self._fail_decode(now, n)
+
+    def _fail_prefill(self, now: float, n: int) -> None:
+        p = self.prefill[n]
+        self.dead_p.add(n)
+        self.index.drop_holder(p.iid)
+        p.cache = type(p.cache)(0, p.iid, None)  # its DRAM is gone
+        queued = list(p.queue)
+        p.queue.clear()
+        p.queued_pred = 0.0
+        for job in queued:  # the proxy re-routes what had not started
+            d = self.decode[job.req.decode_inst]
+            d.pending_reqs -= 1
+            d.pending_ctx -= job.req.prompt_len
+            view, _ = self._decisions.pop(job.req.rid)
+            self.scheduler.on_abort(view.request_id)
+            self.arrive(now, job.req)
+
+    def _fail_decode(self, now: float, n: int) -> None:
+        """Requests on the node are lost: those waiting now, those still decoding when they
+        would finish, and those whose KV arrives later (their batch keeps its timing, but
+        nothing it produces after ``now`` counts)."""
+        self.dead_d.add(n)
+        d = self.decode[n]
+        while d.waiting:
+            req = d.waiting.popleft()
+            d.pending_reqs -= 1
+            d.pending_ctx -= req.prompt_len
+            self._lost(now, req)
+
+    def _kv_ready(self, now: float, req: SimRequest) -> None:
+        if req.decode_inst in self.dead_d:
+            d = self.decode[req.decode_inst]
+            d.pending_reqs -= 1
+            d.pending_ctx -= req.prompt_len
+            self._lost(now, req)
+        else:
+            super()._kv_ready(now, req)
+
+    def _decode_finished(self, now: float, req: SimRequest) -> None:
+        if req.decode_inst in self.dead_d:
+            d = self.decode[req.decode_inst]
+            d.release(req)
+            self._lost(now, req)
+            d.admit(now)
+        else:
+            super()._decode_finished(now, req)
+
+    def _lost(self, now: float, req: SimRequest) -> None:
+        view, _ = self._decisions.pop(req.rid)
+        self.scheduler.on_abort(view.request_id)
+        req.outcome = Outcome.REJECTED_AFTER_PREFILL
+        self.finished.append(req)
