@@ -1,9 +1,11 @@
 """The OpenAI-compatible proxy (``kvcake proxy``): FastAPI app holding the conductor.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE when ``stream``),
-``GET /v1/models``, ``GET /health`` (503 until a prefill and a decode instance answer),
-``GET /metrics``, ``GET /v1/cluster`` (the live view, for ``kvcake status``). Errors are JSON
-``{"error": {"message", "type", "code"}}``: 400 bad request, 429 SLO rejection, 503 not ready.
+``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` (503 until a prefill and a decode
+instance answer), ``GET /metrics``, ``GET /v1/cluster`` (the live view, for ``kvcake status``).
+Errors are JSON ``{"error": {"message", "type", "code"}}``: 400 bad request, 404 unknown model,
+413 body too large, 429 SLO rejection, 503 not ready. Body decoding, validation and tokenization
+run on a small thread pool, so a huge prompt never stalls other requests or ``/health``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,35 +24,46 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvcake.core.api import FinishReason
+from kvcake.core.api import FinishReason, SamplingParams
 from kvcake.core.errors import KvcakeError
 from kvcake.core.ids import InstanceId
 from kvcake.serve import openai
+from kvcake.serve import openai_shapes as shapes
 from kvcake.serve.client import RemoteInstance
+from kvcake.serve.detok import Detokenizer
+from kvcake.serve.httpbody import BodyTooLarge, decode_json, read_limited
 from kvcake.serve.metrics import ProxyMetrics
 from kvcake.serve.router import NotReady, Outcome, Rejected, Router
 from kvcake.serve.state import LiveCluster
-from kvcake.serve.textcodec import IncrementalDecoder, TextCodec
+from kvcake.serve.textcodec import TextCodec
 from kvcake.serve.wire import BadRequest, InstanceError
 
 log = logging.getLogger(__name__)
+_PREP_INFLIGHT = 32
 
 
 @dataclass
 class ProxyState:
     urls: list[str]
-    model: str
+    models: tuple[str, ...]  # served names; the first is the default and the "root"
     codec_factory: Any  # (InstanceInfo) -> TextCodec
     conductor_factory: Any  # (InstanceInfo) -> Conductor
     link_bandwidth: float
     poll_interval_s: float
-    max_prompt_tokens: int
+    max_prompt_tokens: int  # the context: prompt + answer (also capped by the instances')
+    max_body_bytes: int = 8 << 20
     cluster: LiveCluster | None = None
     router: Router | None = None
     codec: TextCodec | None = None
     metrics: ProxyMetrics = field(default_factory=ProxyMetrics)
     outcomes: list[Outcome] = field(default_factory=list)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    # Bounded: 2 workers; at most _PREP_INFLIGHT bodies decoded or waiting to be, the others
+    # wait on the semaphore (their bodies are already capped by max_body_bytes).
+    prep_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="kvcake-prep")
+    )
+    prep_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(_PREP_INFLIGHT))
 
     def ready(self) -> bool:
         return self.cluster is not None and self.cluster.alive_any()
@@ -79,6 +93,8 @@ async def _connect_all(st: ProxyState) -> None:
         ):
             log.error("instance %s has a different KV layout than %s", r.instance_id, info)
     st.codec = st.codec_factory(info)
+    contexts = [r.info.max_context for r in remotes.values() if r.info.max_context > 0]
+    st.max_prompt_tokens = min([st.max_prompt_tokens, *contexts])
     cluster = LiveCluster(remotes, info.block_tokens, info.kv_bytes_per_token, st.link_bandwidth)
     await cluster.poll_once()
     st.cluster = cluster
@@ -87,7 +103,7 @@ async def _connect_all(st: ProxyState) -> None:
 
 
 def _err(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse(openai.error(message, kind, status), status_code=status)
+    return JSONResponse(shapes.error(message, kind, status), status_code=status)
 
 
 def build_app(st: ProxyState) -> FastAPI:
@@ -97,6 +113,7 @@ def build_app(st: ProxyState) -> FastAPI:
         yield
         st.stop.set()
         task.cancel()
+        st.prep_pool.shutdown(wait=False, cancel_futures=True)
         if st.cluster:
             await asyncio.gather(*(i.close() for i in st.cluster.instances.values()))
 
@@ -115,8 +132,14 @@ def build_app(st: ProxyState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> Response:
-        card = {"id": st.model, "object": "model", "created": 0, "owned_by": "kvcake"}
-        return JSONResponse({"object": "list", "data": [card]})
+        cards = [shapes.model_card(m, st.models[0]) for m in st.models]
+        return JSONResponse({"object": "list", "data": cards})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        if model_id not in st.models:
+            return _err(404, str(openai.ModelNotFound(model_id)), "model_not_found")
+        return JSONResponse(shapes.model_card(model_id, st.models[0]))
 
     @app.get("/v1/cluster")
     async def cluster() -> Response:
@@ -160,39 +183,57 @@ def _cluster_view(st: ProxyState) -> dict[str, Any]:
     return {"ready": st.ready(), "indexed_blocks": len(st.cluster.kv_index), "instances": rows}
 
 
-def _tokens(st: ProxyState, req: openai.GenRequest) -> list[int]:
+@dataclass(frozen=True)
+class Prepared:
+    req: openai.GenRequest
+    tokens: list[int]
+    sampling: SamplingParams
+
+
+def _prepare(st: ProxyState, raw: bytes, chat: bool) -> Prepared:
+    """Decode, validate and tokenize one body (on the prep pool, off the event loop)."""
     assert st.codec is not None
+    body = decode_json(raw)
+    req = openai.parse(body, chat=chat, vocab_size=st.codec.vocab_size, models=st.models)
     if req.prompt_ids is not None:
-        return list(req.prompt_ids)
+        tokens = list(req.prompt_ids)
+    else:
+        try:
+            if req.chat:
+                tokens = st.codec.encode_chat(req.messages)
+            else:
+                tokens = st.codec.encode(req.prompt_text or "")
+        except KvcakeError as exc:
+            raise BadRequest(str(exc)) from exc
+        except UnicodeError as exc:  # defensive: decode_json already refuses lone surrogates
+            raise BadRequest(f"the text is not valid Unicode: {exc}") from exc
+    return Prepared(req, tokens, req.sampling(len(tokens), st.max_prompt_tokens))
+
+
+async def _parse_request(st: ProxyState, request: Request, chat: bool) -> Prepared | Response:
     try:
-        if req.chat:
-            return st.codec.encode_chat(req.messages)
-        return st.codec.encode(req.prompt_text or "")
-    except KvcakeError as exc:
-        raise BadRequest(str(exc)) from exc
+        raw = await read_limited(request, st.max_body_bytes)
+        async with st.prep_gate:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(st.prep_pool, _prepare, st, raw, chat)
+    except BodyTooLarge as exc:
+        return _err(413, str(exc), "invalid_request_error")
+    except openai.ModelNotFound as exc:
+        return _err(404, str(exc), "model_not_found")
+    except BadRequest as exc:
+        return _err(400, str(exc), "invalid_request_error")
 
 
 async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
     if not st.ready() or st.router is None or st.codec is None:
         return _err(503, "the cluster is not ready (no healthy instances)", "unavailable")
-    try:
-        body = json.loads(await request.body())
-        req = openai.parse(
-            body, chat=chat, vocab_size=st.codec.vocab_size, max_tokens_cap=st.max_prompt_tokens
-        )
-        tokens = _tokens(st, req)
-        if len(tokens) + req.sampling.max_tokens > st.max_prompt_tokens:
-            raise BadRequest(
-                f"prompt ({len(tokens)} tokens) + max_tokens ({req.sampling.max_tokens}) exceeds "
-                f"the model context of {st.max_prompt_tokens} tokens"
-            )
-    except json.JSONDecodeError as exc:
-        return _err(400, f"the body is not valid JSON: {exc.msg}", "invalid_request_error")
-    except BadRequest as exc:
-        return _err(400, str(exc), "invalid_request_error")
+    prep = await _parse_request(st, request, chat)
+    if isinstance(prep, Response):
+        return prep
+    req, tokens = prep.req, prep.tokens
     rid = st.router.new_id()
     out = Outcome(str(rid), len(tokens))
-    gen = st.router.run(rid, tokens, req.sampling, out)
+    gen = st.router.run(rid, tokens, prep.sampling, out)
     try:
         first = await gen.__anext__()  # placement errors surface before any byte is sent
     except Rejected as exc:
@@ -206,76 +247,93 @@ async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
         st.metrics.errors.labels(exc.kind).inc()
         code = 400 if exc.status == 400 else 503
         return _err(code, str(exc), "invalid_request_error" if code == 400 else "unavailable")
-    model = req.model or st.model
+    meta = shapes.ResponseMeta(chat=req.chat, model=req.model)
     headers = {"x-kvcake-prefill": out.prefill, "x-kvcake-decode": out.decode}
+    det = Detokenizer(st.codec, req.stop)
     if req.stream:
         return StreamingResponse(
-            _sse(st, gen, first, out, req, model, request),
+            _sse(st, gen, first, out, req, meta, det),
             media_type="text/event-stream",
             headers=headers,
         )
-    resp = await _collect(st, gen, first, out, req, model)
+    resp = await _collect(st, gen, first, out, meta, det)
     resp.headers.update(headers)
     return resp
 
 
-async def _events(gen: AsyncIterator[Any], first: Any) -> AsyncIterator[Any]:
-    yield first
-    async for ev in gen:
-        yield ev
+Piece = tuple[str, FinishReason | None, str | None]  # text to send, finish, error
+
+
+async def _pieces(gen: AsyncIterator[Any], first: Any, det: Detokenizer) -> AsyncIterator[Piece]:
+    """The text of a request as it becomes final; the last piece carries the finish reason.
+    A stop string ends it early (the caller closes ``gen``, which aborts the request)."""
+    ev = first
+    while True:
+        text = det.feed(ev.tokens)
+        if det.stopped:
+            yield text, FinishReason.STOP, None
+            return
+        if ev.finish is FinishReason.ERROR:
+            yield text, FinishReason.ERROR, ev.error or "the request failed"
+            return
+        if ev.finish is not None:
+            yield text + det.finish(), ev.finish, None
+            return
+        yield text, None, None
+        try:
+            ev = await gen.__anext__()
+        except StopAsyncIteration:
+            yield det.finish(), None, None
+            return
 
 
 async def _collect(
-    st: ProxyState, gen: Any, first: Any, out: Outcome, req: openai.GenRequest, model: str
-) -> Response:
-    assert st.codec is not None
-    dec = IncrementalDecoder(st.codec)
+    st: ProxyState, gen: Any, first: Any, out: Outcome, meta: shapes.ResponseMeta,
+    det: Detokenizer,
+) -> Response:  # fmt: skip
     reason, error = None, None
-    async for ev in _events(gen, first):
-        dec.push(ev.tokens)
-        reason, error = ev.finish or reason, ev.error or error
+    try:
+        async for piece in _pieces(gen, first, det):
+            _, reason, error = piece
+    finally:
+        await gen.aclose()
     _record(st, out, reason, error)
     if reason is FinishReason.ERROR:
         return _err(502, error or "the request failed", "instance_error")
-    text = st.codec.decode(dec.ids)
-    use = openai.usage(out.prompt_tokens, len(dec.ids), out.cached_tokens)
-    doc = openai.response(out.request_id, req.chat, model, text, openai.finish_reason(reason), use)
+    use = shapes.usage(out.prompt_tokens, len(det.ids), out.cached_tokens)
+    doc = shapes.response(meta, det.text, shapes.finish_reason(reason), use)
     # An extension clients ignore: where the request ran and what prefill measured.
     doc["kvcake"] = {
         "prefill": out.prefill, "decode": out.decode, "ttft_s": out.ttft,
-        "token_ids": dec.ids, "prefill_timings": out.prefill_timings,
+        "token_ids": det.ids, "prefill_timings": out.prefill_timings,
     }  # fmt: skip
     return JSONResponse(doc)
 
 
+def _data(doc: Any) -> bytes:
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
 async def _sse(
-    st: ProxyState, gen: Any, first: Any, out: Outcome, req: openai.GenRequest, model: str,
-    request: Request,
+    st: ProxyState, gen: Any, first: Any, out: Outcome, req: openai.GenRequest,
+    meta: shapes.ResponseMeta, det: Detokenizer,
 ) -> AsyncIterator[bytes]:  # fmt: skip
-    assert st.codec is not None
-    dec = IncrementalDecoder(st.codec)
     reason, error, first_chunk = None, None, True
     try:
-        async for ev in _events(gen, first):
-            reason, error = ev.finish or reason, ev.error or error
-            text = dec.push(ev.tokens, final=ev.finish is not None)
+        async for text, reason, error in _pieces(gen, first, det):
             if reason is FinishReason.ERROR:
-                msg = openai.error(error or "the request failed", "instance_error", 502)
-                yield f"data: {json.dumps(msg)}\n\n".encode()
+                yield _data(shapes.error(error or "the request failed", "instance_error", 502))
                 break
-            if text or ev.finish is not None or first_chunk:
-                fr = openai.finish_reason(ev.finish)
-                c = openai.chunk(out.request_id, req.chat, model, text, fr, first_chunk)
+            if text or reason is not None or first_chunk:
+                fr = shapes.finish_reason(reason)
+                yield _data(shapes.chunk(meta, text, fr, first_chunk))
                 first_chunk = False
-                yield f"data: {json.dumps(c)}\n\n".encode()
         if req.include_usage:
-            c = openai.chunk(out.request_id, req.chat, model, None, None)
-            c["choices"] = []
-            c["usage"] = openai.usage(out.prompt_tokens, len(dec.ids), out.cached_tokens)
-            yield f"data: {json.dumps(c)}\n\n".encode()
+            use = shapes.usage(out.prompt_tokens, len(det.ids), out.cached_tokens)
+            yield _data(shapes.usage_chunk(meta, use))
         yield b"data: [DONE]\n\n"
     finally:
-        await gen.aclose()  # on a client disconnect this aborts the request on the instances
+        await gen.aclose()  # on a client disconnect or a stop string: abort on the instances
         _record(st, out, reason, error)
 
 

@@ -71,12 +71,13 @@ def run_proxy(
     sock = bind(cfg.host, cfg.port, "proxy (proxy.port / --port)")
     st = ProxyState(
         urls=list(dict.fromkeys(urls)),
-        model=cfg.served_model_name or kv.model,
+        models=cfg.served_model_name or (kv.model,),
         codec_factory=make_codec_factory(backend, model_path),
         conductor_factory=make_conductor_factory(cfg, colocated),
         link_bandwidth=cfg.link_bandwidth,
         poll_interval_s=cfg.poll_interval_s,
         max_prompt_tokens=cfg.max_prompt_tokens,
+        max_body_bytes=cfg.max_body_bytes,
     )
     port = sock.getsockname()[1]
     print(f"kvcake proxy on http://{cfg.host}:{port}/v1", flush=True)

@@ -4,6 +4,8 @@ there, so block keys are computed once, from the tokens the instances will see).
 * :class:`ModelCodec` — the real model's tokenizer and chat template (``kvcake.engine``).
 * :class:`ByteCodec` — for the emulated backend, which has no vocabulary: UTF-8 bytes map to ids
   ``256 + byte``; other ids render as ``<id>``. Token-id prompts (``replay``) need no codec.
+
+Streaming text (and ``stop`` strings) is :mod:`kvcake.serve.detok`'s job.
 """
 
 from __future__ import annotations
@@ -75,22 +77,3 @@ class ModelCodec:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(ids)
-
-
-class IncrementalDecoder:
-    """Streams text for a growing token list without splitting multi-byte characters: each
-    call returns only the newly stable suffix."""
-
-    def __init__(self, codec: TextCodec):
-        self.codec = codec
-        self.ids: list[int] = []
-        self.sent = 0
-
-    def push(self, new: Sequence[int], final: bool = False) -> str:
-        self.ids.extend(new)
-        text = self.codec.decode(self.ids)
-        if not final and text.endswith("\ufffd"):
-            return ""  # an incomplete character: wait for the next token
-        delta = text[self.sent :]
-        self.sent = len(text)
-        return delta

@@ -1,0 +1,55 @@
+"""A second proxy over the shared emulated cluster's instances, with its own [proxy] settings
+(model aliases, a small context and body limit), for the OpenAI surface tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from kvcake.serve.launcher import Cluster
+
+MODELS = ("kvcake-test", "alias-b")
+CONTEXT = 300
+BODY_LIMIT = 1 << 20
+
+
+@contextmanager
+def extra_proxy(cluster: Cluster, tmp: Path, **proxy: object) -> Iterator[str]:
+    settings = {"served_model_name": list(MODELS), "max_prompt_tokens": CONTEXT,
+                "max_body_bytes": BODY_LIMIT, "admission": "none", "poll_interval_s": 0.05,
+                **proxy}  # fmt: skip
+    cfg = tmp / "proxy.toml"
+    lines = ["[kv]", f"kv_block_tokens = {cluster.conf.kv.kv_block_tokens}", "[proxy]"]
+    for k, v in settings.items():
+        val = "[" + ", ".join(f'"{x}"' for x in v) + "]" if isinstance(v, list) else v
+        lines.append(f'{k} = "{val}"' if isinstance(v, str) else f"{k} = {val}")
+    cfg.write_text("\n".join(lines) + "\n")
+    urls = cluster.instance_urls
+    argv = [sys.executable, "-m", "kvcake", "proxy", "--config", str(cfg), "--backend",
+            "emulated", "--port", "0"]  # fmt: skip
+    for name, url in urls.items():
+        argv += ["--decode" if name.startswith("decode") else "--prefill", url]
+    log = (tmp / "proxy.log").open("w")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split()[-1].removesuffix("/v1")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        log.close()
