@@ -22,6 +22,7 @@ from kvcake.store import protocol as P
 from kvcake.store.config import ClientConfig
 from kvcake.store.errors import (
     InvalidParams,
+    RpcFailed,
     TransferFailed,
     error_for,
 )
@@ -41,7 +42,9 @@ class Client(ReadPath):
         self.cfg = config or ClientConfig(**kw)
         if self.cfg.tune_malloc:
             tune_malloc()
-        self.conn = MasterConnection(self.cfg.master, self.cfg.rpc_timeout_s, self.cfg.busy_poll_us)
+        self.conn = MasterConnection(
+            self.cfg.master, self.cfg.rpc_timeout_s, self.cfg.busy_poll_us, self.cfg.rpc_retries
+        )
         hello = self.conn.call(P.Heartbeat("", self.cfg.hostname))
         if not hello.directory:
             raise StoreError("the master hosts no Transfer Engine directory", -1)
@@ -63,7 +66,7 @@ class Client(ReadPath):
             self.engine.close()  # releases the shm segment it may have created
             self.conn.close()
             raise
-        hb_conn = MasterConnection(self.cfg.master, self.cfg.rpc_timeout_s)
+        hb_conn = MasterConnection(self.cfg.master, self.cfg.rpc_timeout_s, retries=0)
         ttl_s = hello.client_ttl_ms / 1000
         self.heartbeat = Heartbeater(hb_conn, self.id, self.host, ttl_s, self.remount_hooks)
         self.heartbeat.start()
@@ -114,16 +117,36 @@ class Client(ReadPath):
         if len(set(keys)) != len(keys):
             raise InvalidParams("duplicate keys in one batch")
         views = [byte_view(v) for v in values]
-        reply = self.conn.call(
-            P.PutStart(
-                self.id,
-                self.host,
-                list(keys),
-                [v.nbytes for v in views],
-                options or P.PutOptions(),
-                upsert,
-            )
+        start = P.PutStart(
+            self.id,
+            self.host,
+            list(keys),
+            [v.nbytes for v in views],
+            options or P.PutOptions(),
+            upsert,
         )
+        try:
+            reply = self.conn.call(start)
+        except RpcFailed:
+            # The master may have applied the PutStart before the link failed: revoke whatever
+            # it started, so the space is not held until the sweep (best effort).
+            self._revoke(list(keys))
+            raise
+        started = [k for k, r in zip(keys, reply.results, strict=True) if r.code == 0]
+        try:
+            return self._finish_puts(keys, views, reply, started)
+        except BaseException:
+            self._revoke(started)  # e.g. PutEnd lost, or interrupted mid-copy: undo half a put
+            raise
+
+    def _revoke(self, keys: list[str]) -> None:
+        if keys:
+            with contextlib.suppress(StoreError):
+                self.conn.call(P.PutRevoke(self.id, keys))
+
+    def _finish_puts(
+        self, keys: Sequence[str], views: list[memoryview], reply: P.Reply, started: list[str]
+    ) -> list[Result]:
         errors: dict[str, Exception] = {}
         writes: list[tuple[str, memoryview, P.ReplicaDesc]] = []
         for key, view, res in zip(keys, views, reply.results, strict=True):
@@ -132,12 +155,11 @@ class Client(ReadPath):
             writes += [(key, view, rep) for rep in res.replicas]
         for key, exc in self._write_all(writes).items():
             errors[key] = TransferFailed(f"{key!r}: {exc}")
-        failed = [k for k, r in zip(keys, reply.results, strict=True) if not r.code and k in errors]
-        done = [k for k in keys if k not in errors]
+        failed = [k for k in started if k in errors]
+        done = [k for k in started if k not in errors]
         results: list[Result] = [errors.get(k) for k in keys]  # type: ignore[misc]
         if failed:
-            with contextlib.suppress(StoreError):
-                self.conn.call(P.PutRevoke(self.id, failed))
+            self._revoke(failed)
         if done:
             end = self.conn.call(P.PutEnd(self.id, done))
             codes = dict(zip(done, end.results, strict=True))

@@ -29,6 +29,18 @@ class MasterConfig:
     promote_after_hits: int = 2  # disk-tier hits before an object is copied back to memory
     offload_on_evict: bool = True
     seed: int = 0
+    # Retry safety (docs/store.md, "Retry semantics"): remembered client sessions, and
+    # unacknowledged replies kept per session.
+    dedup_sessions: int = 4096
+    dedup_pending: int = 64
+    # Limits (docs/store.md, "Limits"): concurrent RPC connections, bytes of one request.
+    max_connections: int = 1024
+    max_request_bytes: int = size_field("16MiB")
+    # Work of one eviction step under the lock (objects looked at); the housekeeper loops.
+    evict_batch: int = 512
+    # KV events (zmq PUB on tcp://host:events_port; 0 = a free port, -1 = no events).
+    events_port: int = 0
+    events_buffer: int = 65536  # events queued for the publisher thread; beyond: dropped + gap
 
     def __post_init__(self) -> None:
         from kvcake.store.strategy import STRATEGIES
@@ -49,6 +61,16 @@ class MasterConfig:
             f"got {self.allocation_strategy!r}",
         )
         require(self.promote_after_hits >= 1, "master.promote_after_hits must be >= 1")
+        require(self.dedup_sessions >= 1, "master.dedup_sessions must be >= 1")
+        require(self.dedup_pending >= 1, "master.dedup_pending must be >= 1")
+        require(self.max_connections >= 1, "master.max_connections must be >= 1")
+        require(
+            4096 <= self.max_request_bytes <= 1 << 30,
+            "master.max_request_bytes must be in [4KiB, 1GiB]",
+        )
+        require(self.evict_batch >= 1, "master.evict_batch must be >= 1")
+        require(-1 <= self.events_port < 65536, "master.events_port must be -1, 0 or a port")
+        require(self.events_buffer >= 16, "master.events_buffer must be >= 16")
 
 
 @dataclass(frozen=True)
@@ -58,6 +80,7 @@ class ClientConfig:
     protocol: str = "auto"  # auto (shared memory on the same host) | tcp | shm
     segment_size: int = size_field(0)  # DRAM this client contributes; 0 = pure client
     rpc_timeout_s: float = 30.0
+    rpc_retries: int = 2  # re-sends after a timeout or broken connection (safe: deduplicated)
     tune_malloc: bool = True  # keep freed value buffers warm (see kvcake.store.memtune)
     busy_poll_us: float = 50.0  # master replies: poll before sleeping (TransferConfig doc)
 
@@ -68,6 +91,7 @@ class ClientConfig:
             f"client.protocol must be auto, tcp or shm, got {self.protocol!r}",
         )
         require(self.rpc_timeout_s > 0, "client.rpc_timeout_s must be > 0")
+        require(0 <= self.rpc_retries <= 10, "client.rpc_retries must be in [0, 10]")
         require(0 <= self.busy_poll_us <= 10_000, "client.busy_poll_us must be in [0, 10000]")
 
 

@@ -170,6 +170,7 @@ class DiskService(ThreadedServer):
                 frame = framing.read_frame(conn, REQ, LIMITS)
             except FramingError as exc:
                 framing.send_frame(conn, REP, 0, DiskReply(INVALID_PARAMS, str(exc)))
+                close_gracefully(conn)
                 return
             if frame is None:
                 return
@@ -189,6 +190,17 @@ class DiskService(ThreadedServer):
                 framing.send_frame(conn, REP, rid, DiskReply(CHECKSUM_MISMATCH, str(exc)))
             else:
                 framing.send_frame(conn, REP, rid, DiskReply(0), buf)
+
+
+def close_gracefully(conn: socket.socket, drain_s: float = 0.2) -> None:
+    """Half-close, then discard what the peer still sends for up to ``drain_s``: closing with
+    unread input makes the kernel send RST, which can destroy the error reply just sent."""
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(drain_s)
+        for _ in range(64):
+            if not conn.recv(1 << 16):
+                break
 
 
 def read_remote(endpoint: str, key: str, out: memoryview) -> None:

@@ -23,10 +23,13 @@ from kvcake.core.errors import FramingError, StoreError
 from kvcake.core.ids import ClientId, SegmentName
 from kvcake.store import protocol as P
 from kvcake.store.config import MasterConfig
+from kvcake.store.dedup import StaleRequest
+from kvcake.store.disk import close_gracefully
 from kvcake.store.errors import INTERNAL_ERROR, INVALID_PARAMS
 from kvcake.store.master_state import MasterState
 from kvcake.store.metadata import Tier
 from kvcake.store.metrics import MasterMetrics
+from kvcake.store.owners import ReleasingBackend, process_gone
 from kvcake.store.rpc import BufferedFrames, send_msg
 from kvcake.transfer.netserver import ThreadedServer
 
@@ -74,6 +77,17 @@ class MasterHandlers:
         }
 
     def dispatch(self, msg: msgspec.Struct) -> P.Reply:
+        """Answer one request. Mutating requests run through :meth:`MasterState.once`, so a
+        retried one (same ``rid``) is applied once and its first reply is replayed."""
+        rid = getattr(msg, "rid", None)
+        if rid is None:
+            return self._run(msg)
+        try:
+            return self.state.once(ClientId(msg.client), rid, lambda: self._run(msg))  # type: ignore[attr-defined]
+        except StaleRequest as exc:
+            return P.Reply(code=INVALID_PARAMS, message=f"stale duplicate: {exc}")
+
+    def _run(self, msg: msgspec.Struct) -> P.Reply:
         try:
             return self.table[type(msg)](msg)
         except StoreError as exc:
@@ -177,6 +191,7 @@ class MasterRpcServer(ThreadedServer):
                 with contextlib.suppress(OSError):
                     err = P.ErrorReply(INVALID_PARAMS, f"bad request: {exc}")
                     framing.send_frame(conn, P.REPLY_CODEC, 0, err)
+                close_gracefully(conn)
                 return
             if frame is None:
                 return
@@ -196,13 +211,14 @@ class Master:
 
     def __init__(self, config: MasterConfig, with_directory: bool = True):
         self.cfg = config
-        self.state = MasterState(config)
+        self.state = MasterState(config, owner_dead=self._segment_owner_dead)
         self.metrics = MasterMetrics(self.state)
         self.directory: Any = None
         if with_directory:
             from kvcake.transfer.metadata import DirectoryService
 
-            self.directory = DirectoryService(config.host, config.directory_port)
+            backend = ReleasingBackend(self._owner_gone)
+            self.directory = DirectoryService(config.host, config.directory_port, backend)
         self.rpc = MasterRpcServer(
             config.host,
             config.port,
@@ -237,6 +253,15 @@ class Master:
             self.http.start()
         self._housekeeper.start()
 
+    def _owner_gone(self, owner: str, host_id: str) -> bool:
+        """A directory name's holder is gone: its pid is gone on this host, or it is a store
+        client whose heartbeat lease expired."""
+        return process_gone(owner, host_id) or self.state.lease_expired(ClientId(owner))
+
+    def _segment_owner_dead(self, client: ClientId, segment: SegmentName) -> bool:
+        entry = self.directory.backend.get(segment) if self.directory is not None else None
+        return entry is not None and entry.owner == client and process_gone(client, entry.host_id)
+
     def _client_gone(self, client: ClientId) -> None:
         if self.directory is not None:
             self.directory.drop_owner(client)
@@ -246,6 +271,7 @@ class Master:
         while not self._stop.wait(self.cfg.eviction_interval_s):
             try:
                 self.state.maybe_evict()
+                self.state.sweep_processing()
                 now = time.monotonic()
                 if now >= next_expiry:
                     next_expiry = now + min(0.1, self.cfg.client_ttl_s / 4)

@@ -19,10 +19,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import TypeVar
 
 from kvcake.core.ids import ClientId, ObjectKey, SegmentName
 from kvcake.store.allocator import RangeAllocator
 from kvcake.store.config import MasterConfig
+from kvcake.store.dedup import DedupTable
 from kvcake.store.errors import (
     InvalidParams,
     NoSpace,
@@ -33,12 +35,13 @@ from kvcake.store.errors import (
     SegmentNotFound,
 )
 from kvcake.store.metadata import ClientInfo, NodeTask, ObjectMeta, Replica, Segment, Status, Tier
-from kvcake.store.protocol import PutOptions, ReplicaDesc
+from kvcake.store.protocol import PutOptions, ReplicaDesc, ReqId
 from kvcake.store.strategy import make as make_strategy
 from kvcake.store.tiering import TieringMixin
 
 MAX_KEY_LEN = 4096
 MEMORY = Tier.MEMORY  # module constant: enum attribute lookups are slow on hot paths
+R = TypeVar("R")
 
 
 def check_key(key: str) -> ObjectKey:
@@ -50,9 +53,21 @@ def check_key(key: str) -> ObjectKey:
 
 
 class MasterState(TieringMixin):
-    def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        config: MasterConfig,
+        clock: Callable[[], float] = time.monotonic,
+        owner_dead: Callable[[ClientId, SegmentName], bool] = lambda c, s: False,
+    ):
         self.cfg = config
         self.clock = clock
+        # Whether the process of ``client`` (holding ``segment``) is known to be gone, e.g. its
+        # pid no longer exists on this host: its segments are then released to a new owner.
+        self.owner_dead = owner_dead
+        self.dedup: DedupTable[object] = DedupTable(config.dedup_sessions, config.dedup_pending)
+        # PROCESSING objects in put_start order (the clock is monotonic): the sweep reads the head.
+        self.processing: OrderedDict[ObjectKey, ObjectMeta] = OrderedDict()
+        self.swept = 0
         self.lock = threading.RLock()
         self.rng = random.Random(config.seed)
         self.strategy = make_strategy(config.allocation_strategy)
@@ -67,6 +82,25 @@ class MasterState(TieringMixin):
         self.evicted_bytes = 0
         self.offloads = 0
         self.promotions = 0
+
+    # --- the mutation entry point ------------------------------------------------------------
+
+    def once(self, client: ClientId, rid: ReqId | None, apply: Callable[[], R]) -> R:
+        """Run one mutating request at most once: a duplicate of ``rid`` (a retry after a lost
+        reply) gets the first outcome back without running ``apply`` again; a duplicate the
+        client already acknowledged raises :class:`~kvcake.store.dedup.StaleRequest`.
+        ``apply`` runs under the lock and must return its outcome (errors included) rather
+        than raise, so that the outcome can be replayed. This is the one place every state
+        change passes through (the HA operation log hooks in here)."""
+        with self.lock:
+            if rid is None:
+                return apply()
+            got = self.dedup.lookup(client, rid.session, rid.seq, rid.ack)
+            if got is not None:
+                return got  # type: ignore[return-value]
+            out = apply()
+            self.dedup.record(client, rid.session, rid.seq, out)
+            return out
 
     # --- clients and segments ---------------------------------------------------------------
 
@@ -99,8 +133,15 @@ class MasterState(TieringMixin):
         with self.lock:
             self.touch(client, host)
             seg = self.segments.get(name)
+            if seg is not None and seg.client != client and self._gone(seg.client, name):
+                # The old owner's process is gone (killed and restarted under the same name):
+                # release its segments now instead of after its client TTL.
+                self._drop_client(seg.client)
+                seg = None
             if seg is not None and seg.client != client:
-                raise InvalidParams(f"segment {name!r} is mounted by another client")
+                raise InvalidParams(
+                    f"segment {name!r} is mounted by another client ({seg.client}), which is alive"
+                )
             if seg is not None:
                 return []  # idempotent remount
             seg = Segment(name, client, host, tier, RangeAllocator(capacity), endpoint)
@@ -108,6 +149,16 @@ class MasterState(TieringMixin):
             self._mem_segments = None
             self.clients[client].segments.add(name)
             return [k for k, size in (existing or []) if not self._adopt(seg, k, size)]
+
+    def _gone(self, client: ClientId, name: SegmentName) -> bool:
+        return self.lease_expired(client) or self.owner_dead(client, name)
+
+    def lease_expired(self, client: ClientId) -> bool:
+        """A known client that has been silent for longer than ``client_ttl_s`` (the
+        housekeeper has not expired it yet)."""
+        with self.lock:
+            info = self.clients.get(client)
+            return info is not None and info.last_seen < self.clock() - self.cfg.client_ttl_s
 
     def _adopt(self, seg: Segment, key: str, size: int) -> bool:
         obj = self.objects.get(ObjectKey(key))
@@ -147,16 +198,41 @@ class MasterState(TieringMixin):
                 self._drop_object(obj)
         self.discarded = [d for d in self.discarded if d[1] != seg.name]
 
+    def _drop_client(self, cid: ClientId) -> None:
+        """Forget a client: its segments, its unfinished puts, its dedup sessions, its tasks."""
+        info = self.clients.pop(cid, None)
+        for name in sorted(info.segments if info else ()):
+            if name in self.segments:
+                self._drop_segment(self.segments[name])
+        for obj in [o for o in self.processing.values() if o.writer == cid]:
+            self._drop_object(obj)
+        self.tasks.pop(cid, None)
+        self.dedup.forget_client(cid)
+
+    def sweep_processing(self) -> int:
+        """Drop puts left PROCESSING longer than ``put_start_timeout_s + put_start_discard_s``
+        (a writer that slow may be pre-empted anyway, and its space is reusable by then).
+        Puts of dead writers go in :meth:`expire_clients`. Bounded: only the stale head of
+        the put_start-ordered index is read."""
+        limit = self.clock() - self.cfg.put_start_timeout_s - self.cfg.put_start_discard_s
+        n = 0
+        with self.lock:
+            while self.processing:
+                obj = next(iter(self.processing.values()))
+                if obj.put_started > limit:
+                    break
+                self._drop_object(obj)
+                n += 1
+            self.swept += n
+        return n
+
     def expire_clients(self) -> list[ClientId]:
         """Unmount the segments of clients silent for longer than ``client_ttl_s``."""
         with self.lock:
             deadline = self.clock() - self.cfg.client_ttl_s
             dead = [c for c, info in self.clients.items() if info.last_seen < deadline]
             for cid in dead:
-                for name in sorted(self.clients[cid].segments):
-                    self._drop_segment(self.segments[name])
-                del self.clients[cid]
-                self.tasks.pop(cid, None)
+                self._drop_client(cid)
             return dead
 
     # --- replica helpers ----------------------------------------------------------------------
@@ -174,6 +250,7 @@ class MasterState(TieringMixin):
                 self._queue_task(rep.segment, NodeTask("delete", obj.key, obj.size, 0))
         obj.replicas = []
         self.objects.pop(obj.key, None)
+        self.processing.pop(obj.key, None)
 
     def _queue_task(self, segment: SegmentName, task: NodeTask) -> None:
         seg = self.segments.get(segment)
@@ -226,6 +303,7 @@ class MasterState(TieringMixin):
             obj = ObjectMeta(okey, size, Status.PROCESSING, client, self.clock(), reps)
             self._apply_pins(obj, opts)
             self.objects[okey] = obj
+            self.processing[okey] = obj
             return [self.describe(r) for r in reps]
 
     def _replace(
@@ -241,6 +319,7 @@ class MasterState(TieringMixin):
                 self.discarded.append((now + self.cfg.put_start_discard_s, rep.segment, rep.offset))
             obj.replicas = []
             self.objects.pop(obj.key)
+            self.processing.pop(obj.key, None)
             return None
         if not upsert:
             raise ObjectAlreadyExists(f"{obj.key!r} exists (put never overwrites; use upsert)")
@@ -255,6 +334,7 @@ class MasterState(TieringMixin):
                 self._queue_task(rep.segment, NodeTask("delete", obj.key, obj.size, 0))
             obj.replicas = mem
             obj.status, obj.writer, obj.put_started = Status.PROCESSING, client, now
+            self.processing[obj.key] = obj
             return obj
         self._drop_object(obj)
         return None
@@ -268,6 +348,11 @@ class MasterState(TieringMixin):
             obj.soft_pin_ttl_s, obj.soft_pin_until = 0.0, 0.0
 
     def _place(self, size: int, opts: PutOptions, host: str) -> list[Replica]:
+        if not self.memory_segments():
+            raise NoSpace(
+                "no memory segment is mounted in the pool: start a store-server "
+                "(kvcake store-server --master ...) or give a client segment_size > 0"
+            )
         reps = self._try_place(size, opts, host)
         if not reps:  # allocation failure: evict (no offload: space is needed now), retry once
             pool = sum(s.allocator.capacity for s in self.memory_segments())
@@ -298,6 +383,7 @@ class MasterState(TieringMixin):
         with self.lock:
             obj = self._writing(client, key)
             obj.status = Status.COMPLETE
+            self.processing.pop(obj.key, None)
             obj.soft_pin_until = self.clock() + obj.soft_pin_ttl_s if obj.soft_pin_ttl_s else 0.0
             self.objects.move_to_end(obj.key)
 

@@ -35,6 +35,18 @@ class PutOptions(msgspec.Struct, frozen=True):
 # --- requests --------------------------------------------------------------------------------
 
 
+class ReqId(msgspec.Struct, frozen=True, array_like=True):
+    """Identity of one mutating request, for the master's deduplication (docs/store.md, "Retry
+    semantics"). ``session`` is a random token per client connection object, ``seq`` increases
+    by one per request of that session (a retry re-sends the same ``seq``), ``ack`` is the
+    highest ``seq`` whose reply the session has received: the master forgets those replies and
+    refuses a request with ``seq <= ack`` as a stale duplicate."""
+
+    session: str
+    seq: int
+    ack: int = 0
+
+
 class Heartbeat(msgspec.Struct, tag=True):
     """``client=""`` is a probe: learn the directory and TTL without registering."""
 
@@ -51,11 +63,13 @@ class Mount(msgspec.Struct, tag=True):
     endpoint: str = ""
     # disk tier: (key, size) of copies the node verified on disk at start-up
     existing: list[tuple[str, int]] = []
+    rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
 
 
 class Unmount(msgspec.Struct, tag=True):
     client: str
     segment: str
+    rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
 
 
 class PutStart(msgspec.Struct, tag=True):
@@ -65,16 +79,19 @@ class PutStart(msgspec.Struct, tag=True):
     sizes: list[int]
     options: PutOptions = PutOptions()
     upsert: bool = False
+    rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
 
 
 class PutEnd(msgspec.Struct, tag=True):
     client: str
     keys: list[str]
+    rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
 
 
 class PutRevoke(msgspec.Struct, tag=True):
     client: str
     keys: list[str]
+    rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
 
 
 class GetReplicas(msgspec.Struct, tag=True):
@@ -91,16 +108,19 @@ class Remove(msgspec.Struct, tag=True):
     client: str
     keys: list[str]
     force: bool = False
+    rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
 
 
 class RemoveAll(msgspec.Struct, tag=True):
     client: str
     force: bool = False
-    pattern: str = ""  # a regular expression; "" = every key
+    pattern: str = ""  # a prefix or glob (docs/store.md, "Patterns"); "" = every key
+    rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
 
 
 class TakeTasks(msgspec.Struct, tag=True):
     client: str
+    rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
 
 
 class TaskDone(msgspec.Struct, tag=True):
@@ -108,7 +128,23 @@ class TaskDone(msgspec.Struct, tag=True):
     kind: str
     key: str
     ok: bool
+    rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
 
+
+# Requests that change the master's state: each carries a ``rid`` and is applied at most once.
+MUTATING: frozenset[str] = frozenset(
+    (
+        "Mount",
+        "Unmount",
+        "PutStart",
+        "PutEnd",
+        "PutRevoke",
+        "Remove",
+        "RemoveAll",
+        "TakeTasks",
+        "TaskDone",
+    )
+)
 
 Request = (
     Heartbeat

@@ -1,10 +1,13 @@
 """Blocking client side of the master RPC: one TCP connection, one call at a time (thread-safe
-by a lock), reconnected once on a broken connection."""
+by a lock). A call that times out or finds the connection broken is re-sent on a new connection
+(``retries`` times): mutating requests carry a :class:`~kvcake.store.protocol.ReqId` the master
+deduplicates on, so a re-sent request is applied once and gets the first outcome back."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import secrets
 import socket
 import struct
 import threading
@@ -78,13 +81,19 @@ class BufferedFrames:
 
 
 class MasterConnection:
-    def __init__(self, address: str, timeout_s: float = 30.0, busy_poll_us: float = 0.0):
+    def __init__(
+        self, address: str, timeout_s: float = 30.0, busy_poll_us: float = 0.0, retries: int = 1
+    ):
         self.address = address
         self.timeout_s = timeout_s
         self.busy_poll_us = busy_poll_us
+        self.retries = retries
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        self.session = secrets.token_hex(8)
+        self._seq = 0  # last ReqId.seq sent; under _lock
+        self._acked = 0  # last seq whose reply arrived
 
     def _connect(self) -> socket.socket:
         host, port = split_address(self.address)
@@ -105,7 +114,10 @@ class MasterConnection:
         """Send one request; return its reply, raising the typed error of a whole-call failure."""
         frame: framing.Frame[msgspec.Struct] | None = None
         with self._lock:
-            for attempt in (0, 1):
+            if type(msg).__name__ in P.MUTATING and getattr(msg, "rid", None) is None:
+                self._seq += 1
+                msg.rid = P.ReqId(self.session, self._seq, self._acked)  # type: ignore[attr-defined]
+            for attempt in range(self.retries + 1):
                 if self._sock is None:
                     self._sock = self._connect()
                 try:
@@ -116,8 +128,11 @@ class MasterConnection:
                     break
                 except (OSError, ConnectionError, FramingError) as exc:
                     self._close_locked()
-                    if attempt == 1:
+                    if attempt == self.retries:
                         raise RpcFailed(f"master {self.address}: {exc}") from exc
+            rid = getattr(msg, "rid", None)
+            if rid is not None:
+                self._acked = max(self._acked, rid.seq)
         assert frame is not None
         reply = frame.msg
         if isinstance(reply, P.ErrorReply):

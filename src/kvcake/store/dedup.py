@@ -1,0 +1,83 @@
+"""At-most-once execution of mutating master requests: the first outcome of each
+``(client, session, seq)`` is kept and replayed to a retry.
+
+A client session sends requests one at a time (``MasterConnection`` holds a lock per call) with
+``seq`` increasing by one and ``ack`` = the last ``seq`` it got a reply for, so per session the
+table normally holds one reply. Bounds: ``max_sessions`` sessions (least recently used ones are
+forgotten first) and ``max_pending`` unacknowledged replies per session (oldest forgotten first).
+A forgotten session's very late duplicate would run again: the bounds are sized so that this
+needs a client that vanished for longer than thousands of other sessions' lifetimes.
+
+Not thread-safe: :class:`~kvcake.store.master_state.MasterState` calls it under its lock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+R = TypeVar("R")
+
+
+class StaleRequest(Exception):
+    """A request whose reply the client already acknowledged (a delayed duplicate)."""
+
+
+@dataclass
+class _Session(Generic[R]):
+    acked: int = 0
+    replies: OrderedDict[int, R] = field(default_factory=OrderedDict)
+
+
+class DedupTable(Generic[R]):
+    def __init__(self, max_sessions: int = 4096, max_pending: int = 64):
+        if max_sessions < 1 or max_pending < 1:
+            raise ValueError("dedup bounds must be >= 1")
+        self.max_sessions = max_sessions
+        self.max_pending = max_pending
+        self._sessions: OrderedDict[tuple[str, str], _Session[R]] = OrderedDict()
+        self.replays = 0  # duplicates answered from the table (total)
+        self.stale = 0  # duplicates refused as already acknowledged (total)
+
+    def lookup(self, client: str, session: str, seq: int, ack: int) -> R | None:
+        """The stored outcome of a duplicate, ``None`` for a new request. Prunes acknowledged
+        replies; raises :class:`StaleRequest` for ``seq <= ack``."""
+        key = (client, session)
+        s = self._sessions.get(key)
+        if s is None:
+            s = self._sessions[key] = _Session()
+            while len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
+        else:
+            self._sessions.move_to_end(key)
+        if ack > s.acked:
+            s.acked = ack
+            for old in [q for q in s.replies if q <= ack]:
+                del s.replies[old]
+        if seq <= s.acked:
+            self.stale += 1
+            raise StaleRequest(f"request {seq} of session {session} was already acknowledged")
+        got = s.replies.get(seq)
+        if got is not None:
+            self.replays += 1
+        return got
+
+    def record(self, client: str, session: str, seq: int, outcome: R) -> None:
+        s = self._sessions.get((client, session))
+        if s is None:  # forgotten meanwhile (bounded table): nothing to replay later
+            return
+        s.replies[seq] = outcome
+        while len(s.replies) > self.max_pending:
+            s.replies.popitem(last=False)
+
+    def forget_client(self, client: str) -> None:
+        for key in [k for k in self._sessions if k[0] == client]:
+            del self._sessions[key]
+
+    def __len__(self) -> int:
+        return sum(len(s.replies) for s in self._sessions.values())
+
+    @property
+    def sessions(self) -> int:
+        return len(self._sessions)

@@ -1,0 +1,68 @@
+"""Is the owner of a segment gone? Used when a restarted process re-registers a segment name its
+killed predecessor still holds (SIGKILL gives no chance to unmount or unpublish).
+
+Owner ids are Transfer Engine owners, ``"<hostname>/<pid>/<token>"``. An owner is gone when it
+ran on this host (same :func:`~kvcake.transfer.registry.host_identity`) and its pid no longer
+exists, or when it is a store client whose heartbeat lease expired. A live owner is never
+released: a reused pid makes a dead owner look alive (safe side), never the reverse.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+from kvcake.transfer.errors import SegmentExists
+from kvcake.transfer.metadata import MemoryBackend, SegEntry
+from kvcake.transfer.registry import host_identity
+
+log = logging.getLogger(__name__)
+
+
+def pid_of(owner: str) -> int | None:
+    parts = owner.split("/")
+    if len(parts) < 3 or not parts[-2].isdigit():
+        return None
+    return int(parts[-2])
+
+
+def process_gone(owner: str, host_id: str, here: str | None = None) -> bool:
+    """True when ``owner`` ran on this host and its process no longer exists."""
+    if host_id != (here or host_identity()):
+        return False
+    pid = pid_of(owner)
+    if pid is None or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # exists, owned by someone else
+        return False
+    return False
+
+
+class ReleasingBackend(MemoryBackend):
+    """The master's directory storage: a name held by a gone owner (``owner_gone(owner,
+    host_id)``) is released to the new publisher, with every other entry of that owner."""
+
+    def __init__(self, owner_gone: Callable[[str, str], bool]):
+        super().__init__()
+        self.owner_gone = owner_gone
+
+    def put(self, entry: SegEntry) -> None:
+        try:
+            super().put(entry)
+        except SegmentExists:
+            old = self.get(entry.name)
+            if old is None or not self.owner_gone(old.owner, old.host_id):
+                raise
+            log.warning(
+                "directory: %r was held by %s, which is gone; released to %s",
+                entry.name,
+                old.owner,
+                entry.owner,
+            )
+            self.delete_owner(old.owner)
+            super().put(entry)
