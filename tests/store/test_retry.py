@@ -216,3 +216,18 @@ def test_put_survives_master_stalled_past_client_timeout(procs: Factory) -> None
             assert time.monotonic() - t0 >= 0.4
             assert c.get(f"k{i}") == value
         assert c.remove_all(force=True) == 4  # nothing left PROCESSING, nothing applied twice
+
+
+def test_sigkilled_node_restarts_under_its_name(procs: Factory) -> None:
+    """issue 12: a storage node SIGKILLed and restarted at once with the same segment name
+    (well inside the client TTL) gets its name back instead of 'already owned'."""
+    master = procs("master", "--port", "0", "--http-port", "-1", "--client-ttl-s", "30")
+    rpc = master.info["rpc"]
+    node = procs("store-server", "--master", rpc, "--segment-size", "4MiB", "--name", "node-a")
+    with Client(master=rpc) as c:
+        c.put("before", b"x" * 1000)
+        node.stop(signal.SIGKILL)
+        procs("store-server", "--master", rpc, "--segment-size", "4MiB", "--name", "node-a")
+        assert not c.is_exist("before")  # the dead node's objects went with its segment
+        c.put("after", b"y" * 1000)
+        assert c.get_replica_desc("after").replicas[0].segment == "node-a"

@@ -153,7 +153,13 @@ class Client(ReadPath):
             if res.code != 0:
                 errors[key] = error_for(res.code, f"{key!r}: {res.message}")
             writes += [(key, view, rep) for rep in res.replicas]
-        for key, exc in self._write_all(writes).items():
+        failed_writes = self._write_all(writes)
+        if failed_writes:  # stale cached locations (a node restarted under its name): retry once
+            again = [w for w in writes if w[0] in failed_writes]
+            for seg in {rep.segment for _, _, rep in again}:
+                self.engine.registry.forget(seg)
+            failed_writes = self._write_all(again)
+        for key, exc in failed_writes.items():
             errors[key] = TransferFailed(f"{key!r}: {exc}")
         failed = [k for k in started if k in errors]
         done = [k for k in started if k not in errors]

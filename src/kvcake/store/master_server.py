@@ -259,8 +259,8 @@ class Master:
         return process_gone(owner, host_id) or self.state.lease_expired(ClientId(owner))
 
     def _segment_owner_dead(self, client: ClientId, segment: SegmentName) -> bool:
-        entry = self.directory.backend.get(segment) if self.directory is not None else None
-        return entry is not None and entry.owner == client and process_gone(client, entry.host_id)
+        host_id = self.directory.backend.host_of(client) if self.directory is not None else None
+        return host_id is not None and process_gone(client, host_id)
 
     def _client_gone(self, client: ClientId) -> None:
         if self.directory is not None:

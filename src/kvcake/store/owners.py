@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 
 from kvcake.transfer.errors import SegmentExists
@@ -47,11 +49,25 @@ class ReleasingBackend(MemoryBackend):
     """The master's directory storage: a name held by a gone owner (``owner_gone(owner,
     host_id)``) is released to the new publisher, with every other entry of that owner."""
 
-    def __init__(self, owner_gone: Callable[[str, str], bool]):
+    def __init__(self, owner_gone: Callable[[str, str], bool], remember: int = 4096):
         super().__init__()
         self.owner_gone = owner_gone
+        # owner -> host_id of recent publishers (bounded), so the master can still tell where a
+        # released owner ran when its store segment is remounted by the successor.
+        self._hosts: OrderedDict[str, str] = OrderedDict()
+        self._hosts_lock = threading.Lock()
+        self._remember = remember
+
+    def host_of(self, owner: str) -> str | None:
+        with self._hosts_lock:
+            return self._hosts.get(owner)
 
     def put(self, entry: SegEntry) -> None:
+        with self._hosts_lock:
+            self._hosts[entry.owner] = entry.host_id
+            self._hosts.move_to_end(entry.owner)
+            while len(self._hosts) > self._remember:
+                self._hosts.popitem(last=False)
         try:
             super().put(entry)
         except SegmentExists:

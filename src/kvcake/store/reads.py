@@ -85,7 +85,7 @@ class ReadPath:
                 elif rep.tier == "disk":
                     read_remote(rep.endpoint, key, out[: res.size])
                 else:
-                    self.engine.read_into(rep.segment, rep.offset, out[: res.size])
+                    self._read_remote_memory(rep, out[: res.size])
             except KvcakeError as exc:
                 errors.append(f"{rep.segment}: {exc}")
                 continue
@@ -93,6 +93,15 @@ class ReadPath:
                 raise LeaseExpired(f"{key!r}: read outlived its lease; bytes may be stale")
             return
         raise TransferFailed(f"{key!r}: no replica readable ({'; '.join(errors)})")
+
+    def _read_remote_memory(self, rep: P.ReplicaDesc, out: memoryview) -> None:
+        try:
+            self.engine.read_into(rep.segment, rep.offset, out)
+        except KvcakeError:
+            # The cached location may name a dead predecessor of a node restarted under the
+            # same segment name: look it up afresh and try once more.
+            self.engine.registry.forget(rep.segment)
+            self.engine.read_into(rep.segment, rep.offset, out)
 
     def _lookup(self, keys: Sequence[str]) -> tuple[P.Reply, float, float]:
         t0 = time.monotonic()
