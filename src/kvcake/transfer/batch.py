@@ -9,7 +9,7 @@ is harmless). A job is done when all its slices are; its outcome is copied to ev
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvcake.core.ids import BatchId
@@ -43,6 +43,9 @@ class Slice:
     @property
     def local(self) -> memoryview:
         return self.job.local[self.offset : self.offset + self.length]
+
+
+_OK = RequestResult(True)
 
 
 def cut(job: Job, slice_size: int) -> list[Slice]:
@@ -101,20 +104,33 @@ class Batch:
 
     def slice_done(self, s: Slice, exc: BaseException | None = None) -> None:
         """Record one slice's outcome; finishing the last slice settles the job's members."""
-        job = s.job
         with self.cond:
-            if exc is not None and job.error is None:
-                job.error = exc
-            job.remaining -= 1
-            if job.remaining > 0:
-                return
-            if job.error is None:
-                res = RequestResult(True)
-            else:
-                res = RequestResult(False, str(job.error), type(job.error).__name__)
-            for i in job.members:
-                self._set(i, res)
-            self.cond.notify_all()
+            if self._settle(s, exc):
+                self.cond.notify_all()
+
+    def slices_done(self, outcomes: Sequence[tuple[Slice, BaseException | None]]) -> None:
+        """:meth:`slice_done` for a whole reply's slices: one lock, one wake-up."""
+        with self.cond:
+            settled = False
+            for s, exc in outcomes:
+                settled = self._settle(s, exc) or settled
+            if settled:
+                self.cond.notify_all()
+
+    def _settle(self, s: Slice, exc: BaseException | None) -> bool:
+        job = s.job
+        if exc is not None and job.error is None:
+            job.error = exc
+        job.remaining -= 1
+        if job.remaining > 0:
+            return False
+        if job.error is None:
+            res = _OK
+        else:
+            res = RequestResult(False, str(job.error), type(job.error).__name__)
+        for i in job.members:
+            self._set(i, res)
+        return True
 
     @property
     def done(self) -> bool:

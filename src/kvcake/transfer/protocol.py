@@ -5,7 +5,16 @@
     ReadReq{segment, offset, length}
         -> Ack{length}                  + data section (straight from segment memory)
     Probe{}  -> Ack{length=0}           (path liveness check)
+    WriteV{segments, desc}             + data section (every entry's bytes, in entry order)
+        -> AckV{failed}                 (after the bytes are in segment memory)
+    ReadV{segments, desc}
+        -> AckV{failed}                 + data section (the bytes of every entry that did not fail)
     any      -> Fail{kind, message}     (request refused; the connection stays usable)
+
+``WriteV``/``ReadV`` carry a whole batch of blocks in one frame: ``desc`` is a little-endian
+``int64`` array of ``(segment index, offset, length)`` rows (decoded through one numpy view),
+``segments`` the names the indices refer to. Each entry succeeds or fails alone: ``failed``
+lists ``(entry index, kind, message)`` of the refused ones (their write bytes are drained).
 
 The reply's ``request_id`` echoes the request's, so a pipelining client can match them. A
 malformed or oversized frame closes the connection (the stream cannot be resynchronised).
@@ -14,6 +23,7 @@ malformed or oversized frame closes the connection (the stream cannot be resynch
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 
 from kvcake.core import framing
 
@@ -42,7 +52,40 @@ class Fail(msgspec.Struct, tag=True, array_like=True):
     message: str
 
 
-CODEC: framing.Codec[msgspec.Struct] = framing.Codec(WriteReq, ReadReq, Probe, Ack, Fail)
+class WriteV(msgspec.Struct, tag=True, array_like=True):
+    segments: list[str]
+    desc: bytes
+
+
+class ReadV(msgspec.Struct, tag=True, array_like=True):
+    segments: list[str]
+    desc: bytes
+
+
+class AckV(msgspec.Struct, tag=True, array_like=True):
+    failed: list[tuple[int, str, str]] = []
+
+
+CODEC: framing.Codec[msgspec.Struct] = framing.Codec(
+    WriteReq, ReadReq, Probe, Ack, Fail, WriteV, ReadV, AckV
+)
+
+# One vectored frame holds at most this many entries: each is one iovec of one sendmsg /
+# recvmsg_into, and the kernel takes at most IOV_MAX (1024) per call.
+MAX_ENTRIES = 512
+DESC = np.dtype("<i8")
+
+
+def encode_desc(rows: np.ndarray) -> bytes:
+    """``rows``: an ``(n, 3)`` integer array of (segment index, offset, length)."""
+    return np.ascontiguousarray(rows, dtype=DESC).tobytes()
+
+
+def decode_desc(desc: bytes) -> np.ndarray:
+    """The ``(n, 3)`` int64 view of a ``desc`` (no copy); ValueError when it is malformed."""
+    if len(desc) % 24:
+        raise ValueError(f"descriptor table of {len(desc)} bytes is not a whole number of rows")
+    return np.frombuffer(desc, dtype=DESC).reshape(-1, 3)
 
 
 def request_limits(max_data: int) -> framing.FrameLimits:

@@ -13,8 +13,22 @@ import socket
 
 from kvcake.core import framing
 from kvcake.core.errors import TransferError
+from kvcake.transfer.errors import InvalidRequest
 from kvcake.transfer.netserver import ThreadedServer
-from kvcake.transfer.protocol import CODEC, Ack, Fail, Probe, ReadReq, WriteReq, request_limits
+from kvcake.transfer.protocol import (
+    CODEC,
+    MAX_ENTRIES,
+    Ack,
+    AckV,
+    Fail,
+    Probe,
+    ReadReq,
+    ReadV,
+    WriteReq,
+    WriteV,
+    decode_desc,
+    request_limits,
+)
 from kvcake.transfer.segments import SegmentTable
 from kvcake.transfer.stream import FrameReader, FrameWriter
 
@@ -27,7 +41,7 @@ def _readable(conn: socket.socket) -> bool:
         return False
 
 
-def _head(rid: int, msg: Ack | Fail, data_len: int = 0) -> bytes:
+def _head(rid: int, msg: Ack | AckV | Fail, data_len: int = 0) -> bytes:
     meta = CODEC.encode(msg)
     return framing.pack_header(rid, len(meta), data_len) + meta
 
@@ -73,6 +87,13 @@ class TransferServer(ThreadedServer):
         self, reader: FrameReader, writer: FrameWriter, hdr: framing.FrameHeader, msg: object
     ) -> None:
         rid = hdr.request_id
+        if isinstance(msg, WriteV):
+            self._write_v(reader, writer, hdr, msg)
+            return
+        if isinstance(msg, ReadV):
+            reader.skip(hdr.data_len)
+            self._read_v(writer, rid, msg)
+            return
         if isinstance(msg, WriteReq):
             try:
                 view = self.segments.resolve(msg.segment, msg.offset, hdr.data_len)
@@ -100,3 +121,75 @@ class TransferServer(ThreadedServer):
             writer.queue(
                 _head(rid, Fail("InvalidRequest", f"{type(msg).__name__} is not a request"))
             )
+
+    def _entries(self, msg: WriteV | ReadV) -> list[list[int]]:
+        """The (segment index, offset, length) rows of a vectored request; TransferError
+        when the table itself is unusable (then the whole frame is refused)."""
+        try:
+            rows: list[list[int]] = decode_desc(msg.desc).tolist()
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from exc
+        if not rows or len(rows) > MAX_ENTRIES:
+            raise InvalidRequest(
+                f"a vectored request has 1..{MAX_ENTRIES} entries, not {len(rows)}"
+            )
+        return rows
+
+    def _resolve(self, msg: WriteV | ReadV, row: list[int]) -> memoryview:
+        index, offset, length = row
+        if not 0 <= index < len(msg.segments):
+            raise InvalidRequest(f"segment index {index} not in the request's table")
+        return self.segments.resolve(msg.segments[index], offset, length)
+
+    def _write_v(
+        self, reader: FrameReader, writer: FrameWriter, hdr: framing.FrameHeader, msg: WriteV
+    ) -> None:
+        """Every entry's bytes straight into segment memory (one ``recvmsg_into`` per run of
+        good entries); a refused entry's bytes are drained, the others still land."""
+        rid = hdr.request_id
+        try:
+            rows = self._entries(msg)
+            if sum(max(r[2], 0) for r in rows) != hdr.data_len:
+                raise InvalidRequest("entry lengths do not add up to the data section")
+        except TransferError as exc:
+            reader.skip(hdr.data_len)
+            writer.queue(_head(rid, Fail(type(exc).__name__, str(exc))))
+            return
+        failed: list[tuple[int, str, str]] = []
+        run: list[memoryview] = []
+        for i, row in enumerate(rows):
+            try:
+                run.append(self._resolve(msg, row))
+            except TransferError as exc:
+                failed.append((i, type(exc).__name__, str(exc)))
+                if run:
+                    reader.read_into_views(run)
+                    run = []
+                reader.skip(max(row[2], 0))
+        if run:
+            reader.read_into_views(run)
+        writer.queue(_head(rid, AckV(failed)))
+
+    def _read_v(self, writer: FrameWriter, rid: int, msg: ReadV) -> None:
+        """One reply: the AckV (naming refused entries), then the good entries' bytes sent
+        straight from segment memory."""
+        try:
+            rows = self._entries(msg)
+        except TransferError as exc:
+            writer.queue(_head(rid, Fail(type(exc).__name__, str(exc))))
+            return
+        failed: list[tuple[int, str, str]] = []
+        views: list[memoryview] = []
+        total = 0
+        for i, row in enumerate(rows):
+            try:
+                v = self._resolve(msg, row)
+            except TransferError as exc:
+                failed.append((i, type(exc).__name__, str(exc)))
+                continue
+            views.append(v)
+            total += v.nbytes
+        if total > self.limits.max_data:
+            writer.queue(_head(rid, Fail("OutOfRange", f"read of {total} B is too large")))
+            return
+        writer.queue_parts(_head(rid, AckV(failed), total), views)

@@ -22,12 +22,17 @@ from kvcake.core import framing
 from kvcake.core.errors import TruncatedFrame
 
 READAHEAD = 4096
+IOV_CHUNK = 512  # iovecs per sendmsg / recvmsg_into (the kernel's IOV_MAX is 1024)
 T = TypeVar("T")
 
 
 def send_all(sock: socket.socket, parts: list[Buffer]) -> None:
     """``sendmsg`` every byte of ``parts`` (bytes or 1-D byte memoryviews, never copied).
     The common case — everything fits the socket buffer — costs one call and no slicing."""
+    if len(parts) > IOV_CHUNK:
+        for i in range(0, len(parts), IOV_CHUNK):
+            send_all(sock, parts[i : i + IOV_CHUNK])
+        return
     total = 0
     for p in parts:
         total += len(p)  # type: ignore[arg-type]
@@ -43,6 +48,28 @@ def send_all(sock: socket.socket, parts: list[Buffer]) -> None:
         rest.append(memoryview(p)[sent:] if sent else p)
         sent = 0
     framing.sendall_parts(sock, rest)
+
+
+def recv_exact_views(sock: socket.socket, views: list[memoryview]) -> None:
+    """Fill every view completely, in order, with as few ``recvmsg_into`` calls as the data's
+    arrival allows (at most ``IOV_CHUNK`` iovecs per call); EOF midway raises TruncatedFrame."""
+    views = list(views)  # partly filled views are replaced by their rest
+    j = 0
+    n_views = len(views)
+    while j < n_views:
+        chunk = views[j : j + IOV_CHUNK] if n_views - j > IOV_CHUNK else views[j:]
+        got = sock.recvmsg_into(chunk)[0]
+        if got == 0:
+            raise TruncatedFrame("peer closed inside a vectored data section")
+        for v in chunk:
+            n = v.nbytes
+            if got >= n:
+                got -= n
+                j += 1
+                continue
+            if got:  # a partly filled view: continue it next call
+                views[j] = v[got:]
+            break
 
 
 def recv_polling(recv: Callable[[int], T], spin_ns: int) -> T:
@@ -209,6 +236,24 @@ class FrameReader:
         if take < dest.nbytes:
             framing.recv_exact_into(self.sock, dest[take:])
 
+    def read_into_views(self, views: list[memoryview]) -> None:
+        """Fill every view of ``views`` in order, exactly: read-ahead bytes first, then one
+        ``recvmsg_into`` per wake-up with an iovec per remaining view (a batch of blocks costs
+        one system call, not one per block)."""
+        rest = views
+        if self.buffered:
+            rest = []
+            for k, v in enumerate(views):
+                take = min(self.buffered, v.nbytes)
+                if take:
+                    v[:take] = self._view[self._start : self._start + take]
+                    self._start += take
+                if take < v.nbytes:
+                    rest = [v[take:], *views[k + 1 :]]
+                    break
+        if rest:
+            recv_exact_views(self.sock, rest)
+
     def skip(self, n: int) -> None:
         """Discard ``n`` bytes (the data section of a refused request)."""
         scratch = memoryview(bytearray(min(n, 256 * 1024))) if n > self.buffered else None
@@ -240,6 +285,14 @@ class FrameWriter:
         if data is not None and data.nbytes:
             self._parts.append(data)
             self._bytes += data.nbytes
+        if self._bytes >= self._flush_bytes or len(self._parts) >= 512:
+            self.flush()
+
+    def queue_parts(self, head: bytes, data: list[memoryview]) -> None:
+        """A reply whose data section is several views (sent by reference, in order)."""
+        self._parts.append(head)
+        self._parts.extend(data)
+        self._bytes += len(head) + sum(v.nbytes for v in data)
         if self._bytes >= self._flush_bytes or len(self._parts) >= 512:
             self.flush()
 

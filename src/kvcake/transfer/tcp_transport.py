@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import math
 import socket
+import struct
 import threading
 from collections.abc import Callable
 
@@ -35,7 +36,19 @@ from kvcake.transfer.errors import (
 from kvcake.transfer.netserver import split_address
 from kvcake.transfer.paths import PathHealth
 from kvcake.transfer.pool import Endpoint, EndpointPool
-from kvcake.transfer.protocol import CODEC, Ack, Fail, Probe, ReadReq, WriteReq, request_limits
+from kvcake.transfer.protocol import (
+    CODEC,
+    MAX_ENTRIES,
+    Ack,
+    AckV,
+    Fail,
+    Probe,
+    ReadReq,
+    ReadV,
+    WriteReq,
+    WriteV,
+    request_limits,
+)
 from kvcake.transfer.stream import FrameReader, send_all
 from kvcake.transfer.transport import Task, Transport
 from kvcake.transfer.types import Op, PathInfo, SegmentInfo
@@ -133,6 +146,9 @@ class TcpTransport(Transport):
         self.health = health
         self.hooks = hooks
         self._on_unknown = on_unknown_segment
+        # A vectored frame carries at most this many bytes (the peer's server_max_data, assumed
+        # to be this engine's, bounds it; 16 MiB keeps a lane's replies coming).
+        self._frame_bytes = max(cfg.slice_size, min(cfg.server_max_data, 16 << 20))
 
     def usable(self, target: SegmentInfo) -> bool:
         return bool(target.paths)
@@ -200,23 +216,23 @@ class TcpTransport(Transport):
             except PathFailure:
                 self._path_failed(addr)
                 continue
-            inflight: collections.deque[tuple[int, Slice]] = collections.deque()
+            inflight: collections.deque[tuple[int, list[Slice]]] = collections.deque()
             try:
                 last = self._pump(batch, q, lane, ep, inflight)
             except (OSError, FramingError, PathFailure) as exc:
                 self.pool.release(ep, healthy=False)
                 self._path_failed(addr)
-                self._requeue(batch, q, lane, [s for _, s in inflight], exc)
+                self._requeue(batch, q, lane, [s for _, f in inflight for s in f], exc)
                 continue
             except Exception as exc:  # a bug or a released buffer: fail, never hang the batch
                 self.pool.release(ep, healthy=False)
                 err = TransferError(f"transfer aborted: {exc!r}")
-                for s in [s for _, s in inflight] + q.drain():
+                for s in [s for _, f in inflight for s in f] + q.drain():
                     batch.slice_done(s, err)
                 return
             self.pool.release(ep)
             if last is not None:  # reported after the release, so a finished batch holds none
-                batch.slice_done(*last)
+                batch.slices_done(last)
 
     def _path_failed(self, addr: str) -> None:
         self.health.mark_down(addr)
@@ -240,38 +256,133 @@ class TcpTransport(Transport):
         q: SliceQueue,
         lane: int,
         ep: Endpoint,
-        inflight: collections.deque[tuple[int, Slice]],
-    ) -> tuple[Slice, TransferError | None] | None:
-        """Run slices until the queue is empty; the last outcome is returned, not reported."""
+        inflight: collections.deque[tuple[int, list[Slice]]],
+    ) -> list[tuple[Slice, TransferError | None]] | None:
+        """Run slices until the queue is empty; the last reply's outcomes are returned, not
+        reported. Each round's slices go out as vectored frames (one per op and at most
+        ``MAX_ENTRIES`` / ``frame_bytes`` each) in one ``sendmsg``."""
         window, max_bytes = self.cfg.window, self.cfg.window_bytes
         pending_bytes = 0
+        pending = 0  # slices in flight
         while True:
-            parts: list[Buffer] = []
-            fresh = 0
-            while len(inflight) < window and pending_bytes < max_bytes:
+            fresh: list[Slice] = []
+            while pending + len(fresh) < window and pending_bytes < max_bytes:
                 # Steal only when idle, one slice at a time: a lane with a deep window would
                 # otherwise swallow the other lanes' shares (and paths) in one go.
-                s = q.pop(lane, steal=not inflight)
+                s = q.pop(lane, steal=not inflight and not fresh)
                 if s is None:
                     break
-                rid = ep.next_rid()
-                inflight.append((rid, s))
+                fresh.append(s)
                 pending_bytes += s.length
-                self._request(parts, rid, s)
-                fresh += 1
-            if parts:  # every new request of this round in one sendmsg
+            if fresh:
+                parts: list[Buffer] = []
+                for frame in self._frames(fresh):
+                    rid = ep.next_rid()
+                    inflight.append((rid, frame))
+                    self._vrequest(parts, rid, frame)
+                pending += len(fresh)
                 send_all(ep.sock, parts)
-                for _ in range(fresh):
-                    self.hooks.sent(ep.address)
+                if self.hooks.after_send is not None:
+                    for _ in fresh:
+                        self.hooks.sent(ep.address)
             if not inflight:
                 return None
-            rid, s = inflight[0]
-            err = self._recv(ep.reader, rid, s)
+            rid, frame = inflight[0]
+            outcomes = self._vrecv(ep.reader, rid, frame)
             inflight.popleft()
-            pending_bytes -= s.length
+            pending -= len(frame)
+            for s in frame:
+                pending_bytes -= s.length
             if not inflight and not q:
-                return s, err
-            batch.slice_done(s, err)
+                return outcomes
+            batch.slices_done(outcomes)
+
+    def _frames(self, slices: list[Slice]) -> list[list[Slice]]:
+        """Group a round's slices into frames: one op each, bounded entries and bytes."""
+        cap = self._frame_bytes
+        out: list[list[Slice]] = []
+        for op in (Op.WRITE, Op.READ):
+            cur: list[Slice] = []
+            size = 0
+            for s in slices:
+                if s.job.op is not op:
+                    continue
+                if cur and (len(cur) >= MAX_ENTRIES or size + s.length > cap):
+                    out.append(cur)
+                    cur, size = [], 0
+                cur.append(s)
+                size += s.length
+            if cur:
+                out.append(cur)
+        return out
+
+    def _vrequest(self, parts: list[Buffer], rid: int, frame: list[Slice]) -> None:
+        """One vectored request: header + meta (segment table, descriptor rows) and, for a
+        write, one part per slice straight from initiator memory."""
+        segs: dict[str, int] = {}
+        rows: list[int] = []
+        total = 0
+        for s in frame:
+            job = s.job
+            name = job.target.name
+            idx = segs.get(name)
+            if idx is None:
+                idx = segs[name] = len(segs)
+            rows += (idx, job.target_offset + s.offset, s.length)
+            total += s.length
+        desc = struct.pack(f"<{len(rows)}q", *rows)
+        if frame[0].job.op is Op.WRITE:
+            meta = CODEC.encode(WriteV(list(segs), desc))
+            parts.append(framing.pack_header(rid, len(meta), total) + meta)
+            parts.extend(s.local for s in frame)
+        else:
+            meta = CODEC.encode(ReadV(list(segs), desc))
+            parts.append(framing.pack_header(rid, len(meta), 0) + meta)
+
+    def _vrecv(
+        self, reader: FrameReader, rid: int, frame: list[Slice]
+    ) -> list[tuple[Slice, TransferError | None]]:
+        """Read the reply to a vectored request: per-slice outcomes (refusals returned); a
+        read's bytes land straight in initiator memory, one ``recvmsg_into`` per wake-up."""
+        hdr = reader.read_header(_REPLY_LIMITS)
+        if hdr is None:
+            raise framing.TruncatedFrame("transfer server closed the connection")
+        if hdr.request_id != rid:
+            raise framing.MalformedFrame(f"reply {hdr.request_id} does not match request {rid}")
+        msg = CODEC.decode(reader.read_bytes(hdr.meta_len))
+        if isinstance(msg, Fail):
+            if hdr.data_len:
+                raise framing.MalformedFrame("a Fail reply carries no data")
+            err = self._remote_error(msg.kind, msg.message, frame)
+            return [(s, err) for s in frame]
+        if not isinstance(msg, AckV):
+            raise framing.MalformedFrame(f"unexpected reply {type(msg).__name__}")
+        bad: dict[int, TransferError] = {}
+        for i, kind, message in msg.failed:
+            if not 0 <= i < len(frame):
+                raise framing.MalformedFrame(f"reply names entry {i} of {len(frame)}")
+            bad[i] = self._remote_error(kind, message, [frame[i]])
+        if frame[0].job.op is Op.READ:
+            views = [s.local for i, s in enumerate(frame) if i not in bad] if bad else None
+            if views is None:
+                views = [s.local for s in frame]
+            expect = 0
+            for v in views:
+                expect += v.nbytes
+            if hdr.data_len != expect:
+                raise framing.MalformedFrame(f"reply of {hdr.data_len} bytes, expected {expect}")
+            reader.read_into_views(views)
+        elif hdr.data_len:
+            raise framing.MalformedFrame("a write's reply carries no data")
+        if not bad:
+            return [(s, None) for s in frame]
+        return [(s, bad.get(i)) for i, s in enumerate(frame)]
+
+    def _remote_error(self, kind: str, message: str, slices: list[Slice]) -> TransferError:
+        if kind == "UnknownSegment":
+            for s in slices:
+                self._on_unknown(s.job.target.name)
+        return _REMOTE_ERRORS.get(kind, RemoteError)(f"remote: {message}")
 
     def _request(self, parts: list[Buffer], rid: int, s: Slice) -> None:
         seg = s.job.target.name
