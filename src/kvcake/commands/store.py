@@ -12,8 +12,9 @@ from kvcake.commands._common import wait_for_signal
 T = TypeVar("T")
 
 
-def _add_config_flags(p: argparse.ArgumentParser, cls: type) -> None:
-    p.add_argument("--config", help="TOML file (flags override it)")
+def _add_config_flags(p: argparse.ArgumentParser, cls: type, with_config: bool = True) -> None:
+    if with_config:
+        p.add_argument("--config", help="TOML file (flags override it)")
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else None
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
@@ -28,15 +29,20 @@ def _add_config_flags(p: argparse.ArgumentParser, cls: type) -> None:
 
 def register(sub: Any) -> None:
     from kvcake.store.config import MasterConfig, StoreServerConfig
+    from kvcake.store.ha.config import HaConfig
 
     m = sub.add_parser(
         "master",
         help="run the store master (metadata, allocation, eviction, directory, /metrics)",
         description="The Mooncake Store master: control plane only (data never passes through "
         "it). Hosts the Transfer Engine directory so one master starts a pool. Settings come "
-        "from flags, KVCAKE_MASTER_* variables or a TOML file ([master] section).",
+        "from flags, KVCAKE_MASTER_* variables or a TOML file ([master] section). "
+        "Durability/HA (docs/store.md): --state-dir DIR keeps the metadata across restarts; "
+        "--etcd-endpoints URL runs one of several masters, elected through etcd ([ha] section, "
+        "KVCAKE_HA_*).",
     )
     _add_config_flags(m, MasterConfig)
+    _add_config_flags(m, HaConfig, with_config=False)
     m.set_defaults(func=_master)
 
     s = sub.add_parser(
@@ -60,9 +66,15 @@ def _load(args: argparse.Namespace, cls: type[T], section: str) -> T:
 
 def _master(args: argparse.Namespace) -> int:
     from kvcake.store.config import MasterConfig
+    from kvcake.store.ha.config import HaConfig
     from kvcake.store.master_server import Master
 
     cfg = _load(args, MasterConfig, "master")
+    ha = _load(args, HaConfig, "ha")
+    if ha.enabled:
+        from kvcake.store.ha.cli import run_master
+
+        return run_master(cfg, ha)
     master = Master(cfg)
     try:
         master.start()

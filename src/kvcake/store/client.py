@@ -42,7 +42,7 @@ class Client(ReadPath):
         self.cfg = config or ClientConfig(**kw)
         if self.cfg.tune_malloc:
             tune_malloc()
-        self.conn = MasterConnection(
+        self.conn = _connection(
             self.cfg.master, self.cfg.rpc_timeout_s, self.cfg.busy_poll_us, self.cfg.rpc_retries
         )
         hello = self.conn.call(P.Heartbeat("", self.cfg.hostname))
@@ -66,7 +66,7 @@ class Client(ReadPath):
             self.engine.close()  # releases the shm segment it may have created
             self.conn.close()
             raise
-        hb_conn = MasterConnection(self.cfg.master, self.cfg.rpc_timeout_s, retries=0)
+        hb_conn = _connection(self.cfg.master, self.cfg.rpc_timeout_s, retries=0)
         ttl_s = hello.client_ttl_ms / 1000
         self.heartbeat = Heartbeater(hb_conn, self.id, self.host, ttl_s, self.remount_hooks)
         self.heartbeat.start()
@@ -79,11 +79,22 @@ class Client(ReadPath):
         self.conn.call(P.Mount(self.id, self.host, name, cap))
 
     def _remount(self) -> None:
+        self._follow_directory()
         if self.engine.directory is not None:  # the master dropped us from the directory
             for name in self.engine.local_segments():
                 self.engine.directory.publish(self.engine.segment_info(name))
         for name in self.segments:
             self._mount(name)
+
+    def _follow_directory(self) -> None:
+        """After a master failover (store/ha) the Transfer Engine directory lives elsewhere."""
+        where = self.conn.call(P.Heartbeat("", self.host)).directory
+        old = self.engine.directory
+        if old is not None and where and where != old.address:
+            from kvcake.transfer.metadata import DirectoryClient
+
+            self.engine.directory = self.engine.registry.directory = DirectoryClient(where)
+            old.close()
 
     # --- writes -------------------------------------------------------------------------------
 
@@ -237,6 +248,14 @@ class Client(ReadPath):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _connection(address: str, *args: Any, **kw: Any) -> MasterConnection:
+    if address.startswith("etcd://"):  # HA: find the leader through etcd and follow it
+        from kvcake.store.ha.resolve import FailoverConnection
+
+        return FailoverConnection(address, *args, **kw)
+    return MasterConnection(address, *args, **kw)
 
 
 def _raise(result: Result) -> None:

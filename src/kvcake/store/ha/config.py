@@ -1,0 +1,35 @@
+"""Settings of a durable / highly available master (``[ha]`` in TOML, ``KVCAKE_HA_*``, flags of
+``kvcake master``)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvcake.core.config import require
+
+
+@dataclass(frozen=True)
+class HaConfig:
+    etcd_endpoints: str = ""  # "http://127.0.0.1:2379[,...]": elect a leader and log to etcd
+    state_dir: Path | None = None  # without etcd: log + snapshot here, restart with the metadata
+    cluster: str = "kvcake"  # etcd key prefix /kvcake/<cluster>/ (several pools, one etcd)
+    ha_lease_ttl_s: int = 2  # leader lease: a dead leader is replaced about this long after
+    snapshot_every: int = 20_000  # logged records between two snapshots (compaction)
+
+    def __post_init__(self) -> None:
+        require(
+            not (self.etcd_endpoints and self.state_dir is not None),
+            "ha: give either --etcd-endpoints (HA) or --state-dir (one durable master), not both",
+        )
+        require(
+            bool(re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.cluster)),
+            f"ha.cluster must be 1-64 of [A-Za-z0-9_.-], got {self.cluster!r}",
+        )
+        require(2 <= self.ha_lease_ttl_s <= 60, "ha.ha_lease_ttl_s must be in [2, 60]")
+        require(self.snapshot_every >= 100, "ha.snapshot_every must be >= 100")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.etcd_endpoints) or self.state_dir is not None

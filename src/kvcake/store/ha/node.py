@@ -1,0 +1,97 @@
+"""The master processes of ``kvcake master --etcd-endpoints`` / ``--state-dir``.
+
+HA: every master campaigns; the winner replays the log from etcd into a fresh state, starts
+serving on its configured ports and publishes its address in the leader key; the others wait.
+When the term ends (lease lost, etcd unreachable for the lease TTL, a fenced log write) the
+leader stops serving at once, drops its state and campaigns again as a standby, so a master
+cut off from etcd neither acknowledges nor serves stale reads. SIGTERM resigns (revokes the
+lease) so a standby takes over without waiting for the TTL.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+
+from kvcake.store.config import MasterConfig
+from kvcake.store.ha.config import HaConfig
+from kvcake.store.ha.durable import DurableMaster
+from kvcake.store.ha.election import Election, LeaderInfo
+from kvcake.store.ha.etcd import Etcd
+from kvcake.store.ha.etcdlog import EtcdOpLog
+from kvcake.store.ha.filelog import FileOpLog
+from kvcake.store.ha.replay import build_state
+
+log = logging.getLogger(__name__)
+
+
+def open_state_dir(cfg: MasterConfig, ha: HaConfig) -> DurableMaster:
+    """A master that logs to ``ha.state_dir`` and starts from what it holds (not started)."""
+    assert ha.state_dir is not None
+    oplog = FileOpLog(ha.state_dir, ha.snapshot_every)
+    view = oplog.load()
+    log.warning(
+        "master: state dir %s: %d segments, %d objects",
+        ha.state_dir,
+        len(view.segments),
+        len(view.objects),
+    )
+    return DurableMaster(cfg, build_state(cfg, view), oplog)
+
+
+class HaMaster:
+    def __init__(
+        self,
+        cfg: MasterConfig,
+        ha: HaConfig,
+        on_leader: Callable[[DurableMaster, int], None] | None = None,
+    ):
+        self.cfg = cfg
+        self.ha = ha
+        self.name = f"{socket.gethostname()}/{os.getpid()}"
+        self.etcd = Etcd(ha.etcd_endpoints, timeout_s=max(1.0, ha.ha_lease_ttl_s / 2))
+        self.election = Election(self.etcd, ha.cluster, self.name, ha.ha_lease_ttl_s)
+        self.on_leader = on_leader
+        self.master: DurableMaster | None = None
+        self._term_over = threading.Event()
+
+    def run(self, stop: threading.Event) -> None:
+        """Campaign, lead, step down, repeat, until ``stop``."""
+        while self.election.campaign(stop):
+            self._term_over.clear()
+            try:
+                self.master = self._lead()
+            except Exception:
+                log.exception("ha: could not take over; resigning")
+                self.election.resign()
+                continue
+            if self.on_leader is not None:
+                self.on_leader(self.master, self.election.revision)
+            while not (stop.is_set() or self.election.lost.is_set() or self._term_over.is_set()):
+                stop.wait(0.05)
+            log.warning("ha: %s ends its term", self.name)
+            self.master.stop()
+            self.master = None
+            self.election.resign()
+        self.etcd.close()
+
+    def _lead(self) -> DurableMaster:
+        oplog = EtcdOpLog(
+            self.etcd, self.ha.cluster, self.election.revision, self.ha.snapshot_every
+        )
+        oplog.on_failure = lambda exc: self._term_over.set()
+        view = oplog.load()
+        master = DurableMaster(self.cfg, build_state(self.cfg, view), oplog)
+        try:
+            master.start()
+            info = LeaderInfo(self.name, master.rpc_address, master.http_address)
+            if not self.election.announce(info):
+                raise RuntimeError("lost the leader key before announcing")
+        except BaseException:
+            master.stop()
+            raise
+        log.warning("ha: replayed %d segments, %d objects", len(view.segments), len(view.objects))
+        return master

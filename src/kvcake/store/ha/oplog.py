@@ -1,0 +1,199 @@
+"""The operation log: an ABC and the group-commit machinery its backends share.
+
+Invariants (every backend):
+- ``append`` never blocks on I/O; it returns a ticket (the number of records appended so far).
+- Records become durable in append order; ``wait(ticket)`` returns only once every record up
+  to ``ticket`` is durable, and raises :class:`LogFailed` if that can no longer happen.
+- A failed log stays failed (a fenced or broken master must step down, not limp on): every
+  later ``append``/``wait`` raises.
+- ``load`` (once, before the first append) returns the durable view: the last snapshot plus
+  every entry after it. A torn tail (crash in the middle of a write) is dropped, not an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+from kvcake.core.errors import KvcakeError
+from kvcake.store.ha.view import Record, Snapshot, View
+
+log = logging.getLogger(__name__)
+MAX_ENTRY_RECORDS = 2048  # one log entry (one etcd txn / one file frame) stays well under 1 MiB
+
+
+class LogFailed(KvcakeError):
+    """The log cannot make a record durable (fenced by a new leader, storage broken)."""
+
+
+class OpLog(ABC):
+    @abstractmethod
+    def load(self) -> View:
+        """Snapshot + entries after it; positions the log after the last entry."""
+
+    @abstractmethod
+    def append(self, records: list[Record]) -> int:
+        """Queue ``records``; returns the ticket to :meth:`wait` for."""
+
+    @abstractmethod
+    def wait(self, ticket: int, timeout_s: float = 30.0) -> None:
+        """Block until records up to ``ticket`` are durable; raise LogFailed otherwise."""
+
+    @property
+    @abstractmethod
+    def appended(self) -> int:
+        """Ticket of the last appended record."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class GroupCommitLog(OpLog):
+    """A committer thread writes everything queued since its last write as ONE entry (up to
+    ``MAX_ENTRY_RECORDS``): concurrent requests share one fsync / etcd transaction. Every
+    ``snapshot_every`` records it writes a snapshot of the view and drops the entries it covers.
+    ``source`` (optional) is polled when idle so that housekeeping changes get logged too."""
+
+    def __init__(self, snapshot_every: int = 20_000):
+        self.snapshot_every = snapshot_every
+        self.view = View()
+        self.source: Callable[[], object] | None = None
+        self.on_failure: Callable[[Exception], None] | None = None
+        self._cv = threading.Condition()
+        self._pending: list[Record] = []
+        self._appended = 0
+        self._committed = 0
+        self._entry = 0  # number of the last entry written
+        self._since_snapshot = 0
+        self._failed: Exception | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="oplog-commit", daemon=True)
+
+    # --- backend ------------------------------------------------------------------------------
+
+    @abstractmethod
+    def _read_all(self) -> tuple[Snapshot | None, list[tuple[int, list[Record]]]]:
+        """The stored snapshot and the entries (number, records) in order."""
+
+    @abstractmethod
+    def _write_entry(self, number: int, records: list[Record]) -> None:
+        """Make one entry durable (raise LogFailed if fenced, another error if transient)."""
+
+    @abstractmethod
+    def _write_snapshot(self, snap: Snapshot) -> None:
+        """Store ``snap`` and drop the entries up to ``snap.seq``."""
+
+    # --- OpLog ---------------------------------------------------------------------------------
+
+    def load(self) -> View:
+        snap, entries = self._read_all()
+        self.view = View.of(snap) if snap is not None else View()
+        self._entry = self.view.seq
+        for number, records in entries:
+            if number <= self.view.seq:
+                continue
+            self.view.apply_all(number, records)
+            self._entry = number
+            self._since_snapshot += len(records)
+        self._thread.start()
+        return self.view
+
+    @property
+    def appended(self) -> int:
+        return self._appended
+
+    @property
+    def committed(self) -> int:
+        return self._committed
+
+    def append(self, records: list[Record]) -> int:
+        with self._cv:
+            if self._failed is not None:
+                raise LogFailed(f"operation log failed: {self._failed}")
+            self._pending.extend(records)
+            self._appended += len(records)
+            self._cv.notify_all()
+            return self._appended
+
+    def wait(self, ticket: int, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while self._committed < ticket:
+                if self._failed is not None:
+                    raise LogFailed(f"operation log failed: {self._failed}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise LogFailed(f"operation log: record {ticket} not durable in {timeout_s}s")
+                self._cv.wait(left)
+
+    def fail(self, exc: Exception) -> None:
+        with self._cv:
+            if self._failed is None:
+                self._failed = exc
+            self._cv.notify_all()
+        if self.on_failure is not None:
+            self.on_failure(exc)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                if not self._pending and not self._closed:
+                    self._cv.wait(0.05)
+                if self._closed and not self._pending:
+                    return
+                batch = self._pending[:MAX_ENTRY_RECORDS]
+            if not batch:
+                self._poll_source()
+                continue
+            try:
+                self._write_entry(self._entry + 1, batch)
+            except Exception as exc:
+                log.error("operation log: write failed, stepping down: %s", exc)
+                self.fail(exc)
+                return
+            with self._cv:
+                del self._pending[: len(batch)]
+                self._entry += 1
+                self.view.apply_all(self._entry, batch)
+                self._committed += len(batch)
+                self._since_snapshot += len(batch)
+                self._cv.notify_all()
+            if self._since_snapshot >= self.snapshot_every:
+                self._snapshot()
+
+    def _poll_source(self) -> None:
+        if self.source is None:
+            return
+        try:
+            self.source()
+        except LogFailed:
+            pass
+        except Exception:
+            log.exception("operation log: source poll failed")
+
+    def _snapshot(self) -> None:
+        try:
+            self._write_snapshot(self.view.snapshot())
+            self._since_snapshot = 0
+        except LogFailed as exc:
+            self.fail(exc)
+        except Exception:  # the log itself is intact: try again after more entries
+            log.exception("operation log: snapshot failed")
+            self._since_snapshot = self.snapshot_every // 2
+
+    def snapshot_now(self) -> None:
+        """Write a snapshot at once (tests, clean shutdown); waits for pending entries first."""
+        self.wait(self.appended)
+        with self._cv:
+            self._write_snapshot(self.view.snapshot())
+            self._since_snapshot = 0
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)

@@ -1,0 +1,103 @@
+"""What survives the master: the durable view of its metadata and the log records that change it.
+
+A record states the *current* durable form of one segment or one object (or that it is gone),
+never a delta, so replaying a record twice or a snapshot plus records it already covers yields
+the same view. Only COMPLETE objects and their complete replicas are recorded: leases, soft
+pins, LRU order, PROCESSING puts and in-flight tier copies reset on a new leader (as in
+Mooncake). Wire form: msgpack (msgspec), one batch of records per log entry.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SegRec(msgspec.Struct, tag="seg", array_like=True, frozen=True):
+    name: str
+    client: str
+    host: str
+    tier: str
+    capacity: int
+    endpoint: str = ""
+
+
+class SegGone(msgspec.Struct, tag="unseg", array_like=True, frozen=True):
+    name: str
+
+
+class ObjRec(msgspec.Struct, tag="obj", array_like=True, frozen=True):
+    key: str
+    size: int
+    hard_pin: bool
+    replicas: list[tuple[str, int, str]]  # (segment, offset, tier); the size is the object's
+
+
+class ObjGone(msgspec.Struct, tag="del", array_like=True, frozen=True):
+    key: str
+
+
+Record = SegRec | SegGone | ObjRec | ObjGone
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    seq: int  # the last log entry it covers
+    segments: list[SegRec]
+    objects: list[ObjRec]
+
+
+_ENC = msgspec.msgpack.Encoder()
+_REC_DEC = msgspec.msgpack.Decoder(list[Record])
+_SNAP_DEC = msgspec.msgpack.Decoder(Snapshot)
+
+
+def encode_records(records: list[Record]) -> bytes:
+    return _ENC.encode(records)
+
+
+def decode_records(data: bytes) -> list[Record]:
+    return _REC_DEC.decode(data)
+
+
+def encode_snapshot(snap: Snapshot) -> bytes:
+    return _ENC.encode(snap)
+
+
+def decode_snapshot(data: bytes) -> Snapshot:
+    return _SNAP_DEC.decode(data)
+
+
+class View:
+    """Segments and objects as the log says they are. Insertion order is last-change order,
+    which a replay uses as LRU order (oldest first). Not thread-safe: the log owns it."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.segments: dict[str, SegRec] = {}
+        self.objects: dict[str, ObjRec] = {}
+
+    def apply(self, rec: Record) -> None:
+        if isinstance(rec, ObjRec):
+            self.objects.pop(rec.key, None)
+            self.objects[rec.key] = rec
+        elif isinstance(rec, ObjGone):
+            self.objects.pop(rec.key, None)
+        elif isinstance(rec, SegRec):
+            self.segments[rec.name] = rec
+        else:
+            self.segments.pop(rec.name, None)
+
+    def apply_all(self, seq: int, records: list[Record]) -> None:
+        for rec in records:
+            self.apply(rec)
+        self.seq = max(self.seq, seq)
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.seq, list(self.segments.values()), list(self.objects.values()))
+
+    @staticmethod
+    def of(snap: Snapshot) -> View:
+        view = View()
+        view.seq = snap.seq
+        view.segments = {s.name: s for s in snap.segments}
+        view.objects = {o.key: o for o in snap.objects}
+        return view
