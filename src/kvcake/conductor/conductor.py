@@ -48,6 +48,14 @@ class Conductor:
         self._views = ViewBuilder(self.predictors)
         self.last_view: PrefillView | None = None  # the view of the latest decision (inspection)
 
+    def set_predictors(self, predictors: Predictors) -> None:
+        """Predict with new coefficients from now on (the live proxy refits them online from
+        what the instances measure); bookkeeping of requests in flight is kept."""
+        self.predictors = predictors
+        self._views = ViewBuilder(predictors)
+        if hasattr(self.admission, "decode"):
+            self.admission.decode = predictors.decode
+
     # -- arrival -------------------------------------------------------------------------------
 
     def schedule(

@@ -33,6 +33,9 @@ class ConductorConfig:
       ``best_len / local_len > threshold`` (``local_len == 0`` counts as infinitely better).
     * ``uniform_decode_s``: the decode duration t_d that prediction-based admission assumes for
       every request; 0 means ``expected_output * predicted TBT`` of the request itself.
+    * ``expected_output_tokens``: the output length the conductor *predicts* for a request
+      (decode KV fit, decode duration) — capped by the request's ``max_tokens``, which is a
+      limit, not a prediction.
     * ``seed``: seeds the random policy.
     * ``colocated``: prefill and decode run on the same instance (vLLM-like baseline); the decode
       instance is then the ``DecodeState`` with the prefill instance's id.
@@ -44,6 +47,7 @@ class ConductorConfig:
     tbt_slo_s: float = 0.3
     kvcache_balancing_threshold: float = 1.2
     uniform_decode_s: float = 0.0
+    expected_output_tokens: int = 256
     seed: int = 0
     colocated: bool = False
 
@@ -66,6 +70,10 @@ class ConductorConfig:
         require(
             math.isfinite(t) and t >= 1.0,
             f"conductor.kvcache_balancing_threshold must be a finite ratio >= 1, got {t}",
+        )
+        require(
+            self.expected_output_tokens >= 1,
+            f"conductor.expected_output_tokens must be >= 1, got {self.expected_output_tokens}",
         )
         u = self.uniform_decode_s
         require(math.isfinite(u) and u >= 0, f"conductor.uniform_decode_s must be >= 0, got {u}")

@@ -22,6 +22,7 @@ from kvcake.core.errors import EngineError
 from kvcake.core.ids import RequestId
 from kvcake.engine.backend import DecodeSeq, EngineBackend
 from kvcake.engine.block_manager import KVCacheFull
+from kvcake.engine.sampling import finish_reason
 
 
 @dataclass
@@ -166,12 +167,10 @@ class Scheduler:
 
     def _emit(self, req: Request, tok: int, done: list[Request]) -> None:
         req.output.append(tok)
-        sp = req.sampling
-        stop = tok in sp.stop_token_ids or (not sp.ignore_eos and tok == self.backend.eos_token_id)
-        if stop:
-            self._finish(req, FinishReason.STOP, done)
-        elif len(req.output) >= sp.max_tokens:
-            self._finish(req, FinishReason.LENGTH, done)
+        eos = () if self.backend.eos_token_id is None else (self.backend.eos_token_id,)
+        reason = finish_reason(tok, len(req.output), req.sampling, eos)
+        if reason is not None:
+            self._finish(req, reason, done)
 
     def _finish(
         self, req: Request, reason: FinishReason, done: list[Request], error: str | None = None

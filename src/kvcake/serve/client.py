@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
@@ -22,6 +21,7 @@ from kvcake.core.api import (
 )
 from kvcake.core.ids import InstanceId, RequestId
 from kvcake.serve.wire import (
+    AbortAck,
     AbortRequest,
     InstanceError,
     InstanceInfo,
@@ -89,8 +89,8 @@ class RemoteInstance(InstanceAPI):
             _raise_for(r.status_code, r.content, str(self.instance_id), self.instance_id)
         return r
 
-    async def _post(self, path: str, body: Any, tp: type[T]) -> T:
-        r = await self._request("POST", path, content=encode(body))
+    async def _post(self, path: str, body: Any, tp: type[T], **kw: Any) -> T:
+        r = await self._request("POST", path, content=encode(body), **kw)
         return decode(r.content, tp)
 
     async def fetch_state(self, since: int) -> InstanceState:
@@ -134,10 +134,21 @@ class RemoteInstance(InstanceAPI):
                 f"{self.instance_id} ended the stream without finishing", self.instance_id
             )
 
-    async def abort(self, request_id: RequestId) -> None:
-        # An instance that is gone has freed everything anyway.
-        with contextlib.suppress(InstanceError):
-            await self._post("/rpc/abort", AbortRequest(request_id), dict)
+    async def abort(self, request_id: RequestId, writer_stopped: bool = False) -> bool:
+        """Abort on this instance; True once it confirmed it writes nothing more for the
+        request. An instance that cannot be reached answers False (a dead one frees everything
+        anyway; a live but partitioned one fences the blocks)."""
+        try:
+            ack = await self._post(
+                "/rpc/abort", AbortRequest(request_id, writer_stopped), AbortAck, timeout=90.0
+            )
+        except InstanceError:
+            return False
+        return ack.stopped
+
+    async def kv_check(self) -> dict[str, int]:
+        r = await self._request("GET", "/rpc/kv", timeout=5.0)
+        return decode(r.content, dict)
 
     async def drain(self) -> None:
         await self._post("/rpc/drain", {}, dict)

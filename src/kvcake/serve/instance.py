@@ -3,10 +3,14 @@
 Threads and ownership: the asyncio loop answers RPCs; one *prefill thread* runs prefills one at a
 time; one *decode thread* runs continuous-batching iterations. The backend's compute is called by
 those two threads only, and never concurrently on a colocated (``both``) instance — there they
-share ``compute_lock``, so a prefill stalls decoding exactly as in a vLLM-like server. Block
-accounting (``backend.blocks``) is touched under ``mu`` only. KV memory is owned by the backend
-(a Transfer Engine segment when a directory is configured); blocks reserved for a request stay
-allocated until it finishes, is aborted or its reservation expires.
+share ``compute_lock``, so a prefill stalls decoding exactly as in a vLLM-like server.
+
+The KV blocks have one owner, :class:`~kvcake.serve.kvblocks.KVBlocks` (its own leaf lock,
+reservations, fences, KV events); the prefill worker and the decode loop get narrow
+dependencies (``PrefillDeps`` / ``DecodeDeps``), never the instance. KV memory is owned by the
+backend (a Transfer Engine segment when a directory is configured); blocks reserved for a
+request stay allocated until it finishes, is aborted (and its writer has stopped) or its
+reservation expires.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -34,21 +37,17 @@ from kvcake.core.api import (
     TokenChunk,
     segment_of,
 )
+from kvcake.core.errors import EngineError
 from kvcake.core.ids import InstanceId, RequestId
 from kvcake.engine.backend import EngineBackend
-from kvcake.serve.decode_loop import DecodeLoop
-from kvcake.serve.events import EventLog
-from kvcake.serve.prefill_worker import PrefillWorker
+from kvcake.engine.block_manager import KVCacheFull
+from kvcake.serve.decode_loop import DecodeDeps, DecodeLoop
+from kvcake.serve.kvblocks import KVBlocks
+from kvcake.serve.kvlink import KVLink
+from kvcake.serve.online_fit import OnlineFit
+from kvcake.serve.prefill_worker import AbortLog, PrefillDeps, PrefillWorker
+from kvcake.serve.store_glue import PoolWriter
 from kvcake.serve.wire import BadRequest, InstanceError, InstanceInfo, InstanceUnavailable
-
-RESERVATION_TTL_S = 300.0  # a reservation nobody streams from is reclaimed after this
-
-
-@dataclass
-class Reserved:
-    blocks: list[int]
-    num_tokens: int
-    created: float = field(default_factory=time.monotonic)
 
 
 class _Metrics:
@@ -94,16 +93,37 @@ class Instance(InstanceAPI):
         self.eos_token_ids = eos_token_ids
         self.model_name = model_name or backend.model_name
         self.dtype = dtype
-        self.mu = threading.RLock()
         self.compute_lock = threading.Lock() if role is Role.BOTH else None
         self.metrics = _Metrics(role)
         self.metrics_registry = self.metrics.registry
-        self.events = EventLog(instance_id, backend.blocks)
-        self.reserved: dict[RequestId, Reserved] = {}
-        self.aborted: set[RequestId] = set()
+        self.kv = KVBlocks(backend.blocks, backend.block_tokens, instance_id)
+        self.time_scale = float(getattr(getattr(backend, "cfg", None), "time_scale", 1.0))
+        cm, ts = backend.cost_model, self.time_scale
+        self.fit = OnlineFit(
+            type(cm.prefill)(cm.prefill.c0 * ts, cm.prefill.c1 * ts, cm.prefill.c2 * ts),
+            type(cm.decode)(cm.decode.d0 * ts, cm.decode.d1 * ts, cm.decode.d2 * ts),
+        )
+        self.aborted = AbortLog()
         self.draining = False
-        self.prefill = PrefillWorker(self, pool)
-        self.decoder = DecodeLoop(self, max_batch)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.writer = None
+        if pool is not None:
+            self.writer = PoolWriter(
+                pool, self.kv, backend.memory.block_view, backend.layout.num_blocks // 4,
+                name=f"put-{instance_id}",
+            )  # fmt: skip
+        link = None
+        if transfer is not None:
+            link = KVLink(transfer, self.segment, backend.layout)
+        self.link = link
+        self.prefill = PrefillWorker(PrefillDeps(
+            str(instance_id), backend, self.kv, self.compute, self.aborted, self.metrics,
+            self.fit, max_context, vocab_size, self.time_scale, link, pool, self.writer,
+        ))  # fmt: skip
+        self.decoder = DecodeLoop(DecodeDeps(
+            str(instance_id), backend, self.kv, self.compute, self.metrics, self.fit,
+            eos_token_ids, max_context, self.writer,
+        ), max_batch)  # fmt: skip
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -113,6 +133,16 @@ class Instance(InstanceAPI):
     def close(self) -> None:
         self.decoder.stop()
         self.prefill.close()
+        if self.writer is not None:
+            self.writer.close()
+        if self.link is not None:
+            self.link.close()
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background, keeping a reference until it ends."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def info(self) -> InstanceInfo:
         cm = self.backend.cost_model
@@ -130,7 +160,7 @@ class Instance(InstanceAPI):
                 "prefill": [cm.prefill.c0, cm.prefill.c1, cm.prefill.c2],
                 "decode": [cm.decode.d0, cm.decode.d1, cm.decode.d2],
                 "source": cm.source,
-                "time_scale": float(getattr(getattr(self.backend, "cfg", None), "time_scale", 1.0)),
+                "time_scale": self.time_scale,
             },
         )
 
@@ -139,13 +169,14 @@ class Instance(InstanceAPI):
         self._check_accepting(Role.DECODE)
         if not 1 <= num_tokens <= self.max_context:
             raise BadRequest(f"num_tokens {num_tokens} outside [1, {self.max_context}]")
-        with self.mu:
-            self._expire_reservations()
-            if request_id in self.reserved:
-                raise BadRequest(f"request {request_id} already has a reservation")
-            blocks = self.backend.allocate_blocks(self.backend.blocks_needed(num_tokens))
-            self.reserved[request_id] = Reserved(blocks, num_tokens)
-            self.aborted.discard(request_id)
+        if request_id in self.aborted:  # the abort overtook the reservation
+            raise InstanceError(f"request {request_id} was aborted", 409, "aborted")
+        try:
+            blocks = self.kv.reserve(request_id, num_tokens)
+        except KVCacheFull:
+            raise
+        except EngineError as exc:
+            raise BadRequest(str(exc)) from exc
         lay = self.backend.layout
         return KVReservation(
             request_id, self.instance_id, self.segment, tuple(blocks), lay.block_tokens,
@@ -162,9 +193,7 @@ class Instance(InstanceAPI):
         """Validate a stream call before the HTTP response starts."""
         if self.role is Role.PREFILL:
             raise InstanceError("a prefill instance does not decode", 400, "wrong_role")
-        with self.mu:
-            owned = request_id in self.reserved or self.prefill.kept_table(request_id) is not None
-        if not owned:
+        if not self.kv.owns(request_id):
             raise InstanceError(f"no KV for request {request_id} on {self.instance_id}", 409)
 
     async def stream_tokens(
@@ -177,9 +206,7 @@ class Instance(InstanceAPI):
     ) -> AsyncIterator[TokenChunk]:
         if prompt_tokens and len(prompt_tokens) != prompt_len:
             raise BadRequest("prompt_tokens does not have prompt_len tokens")
-        with self.mu:
-            res = self.reserved.pop(request_id, None)
-            table = res.blocks if res is not None else self.prefill.take_table(request_id)
+        table = self.kv.take(request_id)
         if table is None:
             raise InstanceError(f"no KV for request {request_id}", 409)
         queue = self.decoder.join(
@@ -191,16 +218,21 @@ class Instance(InstanceAPI):
             if chunk.finish_reason is not None:
                 return
 
-    async def abort(self, request_id: RequestId) -> None:
-        with self.mu:
+    async def abort(self, request_id: RequestId, writer_stopped: bool = True) -> bool:
+        """End ``request_id`` here, whatever stage it is in. Returns whether this instance
+        writes nothing more for it (a prefill in progress has stopped and its writes resolved).
+        ``writer_stopped``: the request's prefill (elsewhere) confirmed it stopped writing into
+        this instance's reservation, so the blocks may be reused at once (else they are fenced).
+        """
+        stopped = True
+        if self.role is not Role.DECODE:
+            stopped = await self.prefill.abort(request_id)
+        if self.role is not Role.PREFILL:
             self.aborted.add(request_id)
-            res = self.reserved.pop(request_id, None)
-            if res is not None:
-                self.backend.free_blocks(res.blocks)
-            table = self.prefill.take_table(request_id)
-            if table is not None:
-                self.backend.free_blocks(table)
-        self.decoder.abort(request_id)
+            colocated_stopped = stopped if self.role is Role.BOTH else writer_stopped
+            self.kv.release(request_id, colocated_stopped)
+            self.decoder.abort(request_id)
+        return stopped
 
     async def drain(self) -> None:
         self.draining = True
@@ -208,9 +240,8 @@ class Instance(InstanceAPI):
             await asyncio.sleep(0.05)
 
     def load_report(self) -> LoadReport:
-        with self.mu:
-            used = self.backend.blocks.num_used
-            total = self.backend.layout.num_blocks
+        self.kv.expire()
+        used, total = self.kv.num_used, self.kv.capacity
         q_req, q_tok, q_s = self.prefill.queue_stats()
         running, ctx = self.decoder.stats()
         self.metrics.kv_used.set(used)
@@ -233,16 +264,25 @@ class Instance(InstanceAPI):
         )
 
     def kv_events(self, since_seq: int) -> list[KVEvent]:
-        with self.mu:
-            return self.events.since(since_seq)
+        return self.kv.events_since(since_seq)
 
     def event_bounds(self) -> tuple[int, int]:
-        with self.mu:
-            return self.events.bounds()
+        return self.kv.event_bounds()
 
     def pool_event(self, kind: KVEventKind, hashes: list[Any]) -> None:
-        with self.mu:
-            self.events.pool(kind, hashes)
+        self.kv.pool_event(kind, hashes)
+
+    def kv_check(self) -> dict[str, int]:
+        """The block accounting, checked (``GET /rpc/kv``; tests assert on it)."""
+        out = self.kv.check()
+        running, _ = self.decoder.stats()
+        q_req, _, _ = self.prefill.queue_stats()
+        out.update(
+            running=running, prefill_queued=q_req, aborted_ids=len(self.aborted),
+            preemptions=self.decoder.preemptions,
+            pinned_by_puts=self.writer.pinned if self.writer is not None else 0,
+        )  # fmt: skip
+        return out
 
     # --- helpers -------------------------------------------------------------------------------
     def _check_accepting(self, role: Role) -> None:
@@ -253,11 +293,6 @@ class Instance(InstanceAPI):
                 f"{self.instance_id} is a {self.role.value} instance, not {role.value}", 400,
                 "wrong_role",
             )  # fmt: skip
-
-    def _expire_reservations(self) -> None:
-        now = time.monotonic()
-        for rid in [r for r, v in self.reserved.items() if now - v.created > RESERVATION_TTL_S]:
-            self.backend.free_blocks(self.reserved.pop(rid).blocks)
 
     def compute(self) -> contextlib.AbstractContextManager[Any]:
         return self.compute_lock if self.compute_lock is not None else contextlib.nullcontext()

@@ -7,7 +7,6 @@ answers. A token stream whose HTTP client goes away aborts the request (frees it
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -22,6 +21,7 @@ from kvcake.core.ids import RequestId
 from kvcake.engine.block_manager import KVCacheFull
 from kvcake.serve.instance import Instance
 from kvcake.serve.wire import (
+    AbortAck,
     AbortRequest,
     InstanceError,
     InstanceState,
@@ -49,6 +49,10 @@ def _error(exc: Exception) -> Response:
         log.exception("internal error")
         status, kind = 500, "internal_error"
     return Response(error_body(str(exc), kind), status_code=status, media_type=JSON)
+
+
+async def _now(value: Any) -> Any:
+    return value
 
 
 async def _guard(fn: Callable[[], Awaitable[Any]]) -> Response:
@@ -79,9 +83,14 @@ def build_app(inst: Instance) -> FastAPI:
     async def state(since: int = 0) -> Response:
         events = inst.kv_events(since)
         first, last = inst.event_bounds()
-        return Response(
-            encode(InstanceState(inst.load_report(), tuple(events), first, last)), media_type=JSON
+        st = InstanceState(
+            inst.load_report(), tuple(events), first, last, inst.fit.fitted().as_dict()
         )
+        return Response(encode(st), media_type=JSON)
+
+    @app.get("/rpc/kv")
+    async def kv() -> Response:
+        return await _guard(lambda: _now(inst.kv_check()))
 
     @app.post("/rpc/reserve_kv")
     async def reserve(request: Request) -> Response:
@@ -103,14 +112,14 @@ def build_app(inst: Instance) -> FastAPI:
     @app.post("/rpc/abort")
     async def abort(request: Request) -> Response:
         async def run() -> Any:
-            await inst.abort(decode(await request.body(), AbortRequest).request_id)
-            return {}
+            a = decode(await request.body(), AbortRequest)
+            return AbortAck(await inst.abort(a.request_id, a.writer_stopped))
 
         return await _guard(run)
 
     @app.post("/rpc/drain")
     async def drain() -> Response:
-        asyncio.get_running_loop().create_task(inst.drain())
+        inst.spawn(inst.drain())
         return Response(b"{}", media_type=JSON)
 
     @app.post("/rpc/stream")
@@ -140,4 +149,6 @@ async def _ndjson(
             yield encode(c) + b"\n"
     finally:
         if not finished:  # client went away (or we failed): free the request's KV
-            await inst.abort(rid)
+            # Decoding starts after the prefill confirmed every write: nothing writes any more.
+            # Spawned, so a cancelled response cannot cut the cleanup short.
+            inst.spawn(inst.abort(rid, writer_stopped=True))

@@ -1,7 +1,8 @@
 """Moving KV bytes of a request between this instance and the rest of the cluster.
 
-* :class:`KVSender` streams layer ranges of local blocks into a decode instance's reserved
-  blocks over the Transfer Engine (asynchronous submits; :meth:`KVSender.finish` waits for all).
+* :class:`KVLink` / :class:`KVSender` stream layer ranges of local blocks into a decode
+  instance's reserved blocks over the Transfer Engine (asynchronous submits; one completion
+  thread per decode peer; :meth:`KVSender.finish` / :meth:`KVSender.cancel` wait for all).
 * :class:`PoolLink` reads prefix blocks from and writes new blocks to the store (the pool).
 
 Both work on the engine's ``block-layer-kv`` layout: layer ``l`` of block ``b`` is one contiguous
@@ -14,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,11 +28,69 @@ from kvcake.engine.kv_memory import KVLayout
 log = logging.getLogger(__name__)
 
 
+class _Waiter:
+    """One thread per decode peer that collects Transfer Engine completions in submit order and
+    hands each to the sender that submitted it (one thread per peer, not per request)."""
+
+    def __init__(self, engine: Any, name: str):
+        self.engine = engine
+        self._q: queue.SimpleQueue[tuple[Any, float, int, KVSender] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._main, daemon=True, name=name)
+        self._thread.start()
+
+    def add(self, bid: Any, submitted: float, layer: int, sender: KVSender) -> None:
+        self._q.put((bid, submitted, layer, sender))
+
+    def _main(self) -> None:
+        while (item := self._q.get()) is not None:
+            bid, submitted, layer, sender = item
+            try:
+                result: Any = self.engine.wait(bid, sender.timeout_s)
+            except Exception as exc:
+                result = exc
+            sender._completed(submitted, time.perf_counter(), layer, result)
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(5)
+
+
+class KVLink:
+    """An instance's outgoing KV streams: one completion waiter per decode peer (bounded by
+    ``max_peers``; the least recently used one is retired when a new peer appears)."""
+
+    def __init__(self, engine: Any, local_segment: SegmentName, layout: KVLayout,
+                 max_peers: int = 64):  # fmt: skip
+        self.engine, self.local, self.layout = engine, local_segment, layout
+        self.max_peers = max_peers
+        self._waiters: OrderedDict[str, _Waiter] = OrderedDict()
+        self._mu = threading.Lock()
+
+    def sender(self, local_blocks: Sequence[int], reservation: KVReservation) -> KVSender:
+        with self._mu:
+            w = self._waiters.pop(reservation.segment, None)
+            if w is None:
+                w = _Waiter(self.engine, f"kv-sender-{reservation.segment}")
+                if len(self._waiters) >= self.max_peers:
+                    # Queued completions of the old peer are still collected before it exits.
+                    self._waiters.popitem(last=False)[1].close()
+            self._waiters[reservation.segment] = w
+        return KVSender(self.engine, self.local, self.layout, local_blocks, reservation, w)
+
+    def close(self) -> None:
+        with self._mu:
+            for w in self._waiters.values():
+                w.close()
+            self._waiters.clear()
+
+
 class KVSender:
     """Writes one request's KV into ``reservation`` (a decode instance's blocks).
 
     Not thread-safe: one prefill thread drives it. Timestamps (``time.perf_counter``) of every
-    layer's compute end and transfer end are kept for the overlap check (``timings``)."""
+    layer's compute end and transfer end are kept for the overlap check (``timings``).
+    :meth:`finish` and :meth:`cancel` return only once every submitted write has an outcome —
+    the fence an abort relies on: after them, this request writes nothing more."""
 
     def __init__(
         self,
@@ -39,6 +99,7 @@ class KVSender:
         layout: KVLayout,
         local_blocks: Sequence[int],
         reservation: KVReservation,
+        waiter: _Waiter,
     ):
         if reservation.block_bytes != layout.block_bytes or (
             reservation.layer_bytes != layout.layer_bytes
@@ -59,22 +120,21 @@ class KVSender:
         self.res = reservation
         self.layer_compute_done: dict[int, float] = {}
         self.bytes_sent = 0
-        # A waiter thread collects completions as they happen, so per-layer transfer times are
-        # measured, not inflated by when ``finish`` gets round to them.
-        self._pending: queue.SimpleQueue[tuple[int, float, int] | None] = queue.SimpleQueue()
-        self._done: list[tuple[float, float, int, Any]] = []  # (submitted, done, layer, result)
-        self._waiter = threading.Thread(target=self._wait_all, daemon=True, name="kv-sender")
-        self._waiter.start()
         self.timeout_s = 60.0
+        self._waiter = waiter
+        self._cv = threading.Condition()
+        self._submitted = 0
+        self._done: list[tuple[float, float, int, Any]] = []  # (submitted, done, layer, result)
 
-    def _wait_all(self) -> None:
-        while (item := self._pending.get()) is not None:
-            bid, submitted, layer = item
-            try:
-                result: Any = self.engine.wait(bid, self.timeout_s)
-            except Exception as exc:
-                result = exc
-            self._done.append((submitted, time.perf_counter(), layer, result))
+    def _completed(self, submitted: float, done: float, layer: int, result: Any) -> None:
+        with self._cv:
+            self._done.append((submitted, done, layer, result))
+            self._cv.notify_all()
+
+    def _submit(self, reqs: list[Any], now: float, layer: int) -> None:
+        bid = self.engine.submit(reqs)
+        self._submitted += 1
+        self._waiter.add(bid, now, layer, self)
 
     def _request(self, i: int, offset_in_block: int, length: int) -> Any:
         from kvcake.transfer import Op, TransferRequest
@@ -95,7 +155,7 @@ class KVSender:
             return
         reqs = [self._request(i, 0, self.layout.block_bytes) for i in range(first, first + count)]
         self.bytes_sent += count * self.layout.block_bytes
-        self._pending.put((self.engine.submit(reqs), time.perf_counter(), -1))
+        self._submit(reqs, time.perf_counter(), -1)
 
     def send_layer(self, layer: int, first: int) -> None:
         """Layer ``layer`` of blocks ``first..`` (the freshly computed part)."""
@@ -106,19 +166,24 @@ class KVSender:
             return
         reqs = [self._request(i, off, self.layout.layer_bytes) for i in range(first, first + n)]
         self.bytes_sent += n * self.layout.layer_bytes
-        self._pending.put((self.engine.submit(reqs), now, layer))
+        self._submit(reqs, now, layer)
 
-    def cancel(self) -> None:
-        """Stop the waiter after a failed prefill (in-flight writes finish on their own)."""
-        self._pending.put(None)
-        self._waiter.join(self.timeout_s)
+    def _wait_all(self, timeout: float) -> bool:
+        with self._cv:
+            return self._cv.wait_for(lambda: len(self._done) >= self._submitted, timeout)
+
+    def cancel(self) -> bool:
+        """After a failed or aborted prefill: wait until every submitted write has an outcome
+        (no more bytes land in the reservation). False if some are still unresolved after the
+        write timeout — the decode side then keeps the blocks fenced."""
+        return self._wait_all(self.timeout_s + 5.0)
 
     def finish(self) -> dict[str, float]:
         """Wait for every transfer; raise :class:`TransferError` if any failed. Returns timings
         for the overlap check: ``stream_gap_s`` (last layer computed -> all KV written) and
         per-layer transfer times (submit -> complete) of the layers before the last."""
-        self._pending.put(None)
-        self._waiter.join()
+        if not self._wait_all(self.timeout_s + 5.0):
+            raise TransferError("KV transfer to the decode instance did not complete")
         for *_, result in self._done:
             if isinstance(result, Exception):
                 raise TransferError(f"KV transfer to the decode instance failed: {result}")

@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from kvcake.conductor.predictors import Predictors
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TBT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -63,6 +68,38 @@ class ProxyMetrics:
         self.rejections = Counter(
             "kvcake:request_rejections", "Requests rejected (HTTP 429)", ["reason"], registry=r
         )
+        self.ttft_prediction_error = Histogram(
+            "kvcake:ttft_prediction_error_ratio",
+            "|predicted - measured| / measured TTFT of accepted requests",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0),
+            registry=r,
+        )
+        self.ttft_prediction_error_median = Gauge(
+            "kvcake:ttft_prediction_error_median",
+            "Median of the last 256 requests' |predicted - measured| / measured TTFT",
+            registry=r,
+        )
+        self.fitted = Gauge(
+            "kvcake:cost_model_coefficient",
+            "Cost-model coefficient the conductor predicts with (fitted online; seconds)",
+            ["stage", "coef"],
+            registry=r,
+        )
+        self.fit_error = Gauge(
+            "kvcake:cost_model_fit_error",
+            "Mean relative error of the online fit over the instances' recent samples",
+            ["stage"],
+            registry=r,
+        )
         self.errors = Counter(
             "kvcake:request_errors", "Requests that ended with an error", ["kind"], registry=r
         )
+
+    def set_fitted(self, p: Predictors) -> None:
+        pc, dc = p.prefill.coefficients, p.decode.coefficients
+        for name, v in (("c0", pc.c0), ("c1", pc.c1), ("c2", pc.c2)):
+            self.fitted.labels("prefill", name).set(v)
+        for name, v in (("d0", dc.d0), ("d1", dc.d1), ("d2", dc.d2)):
+            self.fitted.labels("decode", name).set(v)
+        self.fit_error.labels("prefill").set(p.prefill.fit_error)
+        self.fit_error.labels("decode").set(p.decode.fit_error)

@@ -1,34 +1,43 @@
 """The prefill side of an instance: one prefill at a time on a dedicated thread.
 
 For a task it (1) reuses the longest locally cached prefix, (2) reads further prefix blocks the
-conductor named from the pool into fresh local blocks and keeps them (live replication: they are
-registered, so the proxy's index learns this instance holds them too), (3) ships reused blocks
-to the decode instance whole, (4) computes the rest — the backend chunks it — and streams each
-layer's KV to the decode instance as soon as that layer is done, (5) names the new full blocks
-and puts them into the pool in the background, (6) waits for every KV write before answering.
+conductor named (``Accept.fetch``) from the **store pool** into fresh local blocks — the store
+client picks the replica; the live system never reads another instance's memory, which is why
+the conductor's ``BlockSource.holder`` for such blocks is the pool — and keeps them (live
+replication: they are registered, so the proxy's index learns this instance holds them too),
+(3) ships reused blocks to the decode instance whole, (4) computes the rest — the backend chunks
+it — and streams each layer's KV to the decode instance as soon as that layer is done, (5) names
+the new full blocks and puts them into the pool in the background, (6) waits for every KV write
+before answering.
+
+Abort: :meth:`PrefillWorker.abort` marks the request and returns only once the worker no longer
+writes for it — a queued task is refused when it reaches the thread, a running one stops at the
+next layer and waits for its in-flight writes (``KVSender.cancel``). The answer says whether
+every write resolved (``True``), so the decode side may free the reserved blocks at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import contextlib
 import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from kvcake.core.api import KVEventKind, PrefillResult, PrefillTask
-from kvcake.core.errors import EngineError
+from kvcake.core.api import PrefillResult, PrefillTask
 from kvcake.core.hashing import block_hashes
 from kvcake.core.ids import BlockHash, RequestId
-from kvcake.serve.kvlink import KVSender, PoolLink
+from kvcake.engine.backend import EngineBackend
+from kvcake.serve.kvblocks import KVBlocks
+from kvcake.serve.kvlink import KVLink, KVSender, PoolLink
+from kvcake.serve.online_fit import OnlineFit
+from kvcake.serve.store_glue import PoolWriter
 from kvcake.serve.wire import BadRequest, InstanceError
 
-if TYPE_CHECKING:
-    from kvcake.serve.instance import Instance
-
-log = logging.getLogger(__name__)
+ABORT_ACK_TIMEOUT_S = 70.0  # > KVSender's write timeout: the ack always comes
 
 
 class Aborted(InstanceError):
@@ -36,20 +45,64 @@ class Aborted(InstanceError):
         super().__init__(f"request {rid} was aborted", 409, "aborted")
 
 
+class AbortLog:
+    """Ids of aborted requests, bounded (oldest forgotten first): an abort can arrive before
+    the task it cancels, so ids are remembered for a while, not forever."""
+
+    def __init__(self, max_ids: int = 4096):
+        self.max_ids = max_ids
+        self._ids: OrderedDict[RequestId, None] = OrderedDict()
+        self._mu = threading.Lock()
+
+    def add(self, rid: RequestId) -> None:
+        with self._mu:
+            self._ids[rid] = None
+            self._ids.move_to_end(rid)
+            while len(self._ids) > self.max_ids:
+                self._ids.popitem(last=False)
+
+    def discard(self, rid: RequestId) -> None:
+        with self._mu:
+            self._ids.pop(rid, None)
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+@dataclass
+class PrefillDeps:
+    """What the prefill worker may touch of its instance (nothing else)."""
+
+    name: str
+    backend: EngineBackend  # compute (``prefill``) and KV memory views only
+    kv: KVBlocks
+    compute: Callable[[], contextlib.AbstractContextManager[Any]]
+    aborted: AbortLog
+    metrics: Any  # serve.instance._Metrics
+    fit: OnlineFit
+    max_context: int
+    vocab_size: int
+    time_scale: float = 1.0
+    link: KVLink | None = None
+    pool: PoolLink | None = None
+    writer: PoolWriter | None = None
+
+
 class PrefillWorker:
-    def __init__(self, inst: Instance, pool: PoolLink | None):
-        self.inst = inst
-        self.pool = pool
-        self._exec = ThreadPoolExecutor(1, thread_name_prefix=f"prefill-{inst.instance_id}")
-        self._put_exec = ThreadPoolExecutor(1, thread_name_prefix=f"put-{inst.instance_id}")
+    def __init__(self, deps: PrefillDeps):
+        self.d = deps
+        self._exec = _single_thread(f"prefill-{deps.name}")
         self._queue: dict[RequestId, tuple[int, float]] = {}  # rid -> (tokens, predicted s)
+        self._active: dict[RequestId, threading.Event] = {}
+        self._clean: dict[RequestId, bool] = {}  # did an aborted run's writes all resolve?
         self._qlock = threading.Lock()
-        self._kept: dict[RequestId, list[int]] = {}  # colocated: tables waiting for decode
         self.recent_s = 0.0
 
     def close(self) -> None:
         self._exec.shutdown(wait=False, cancel_futures=True)
-        self._put_exec.shutdown(wait=True)
 
     def busy(self) -> bool:
         with self._qlock:
@@ -60,20 +113,14 @@ class PrefillWorker:
             vals = list(self._queue.values())
         return len(vals), sum(v[0] for v in vals), sum(v[1] for v in vals)
 
-    def kept_table(self, rid: RequestId) -> list[int] | None:
-        return self._kept.get(rid)
-
-    def take_table(self, rid: RequestId) -> list[int] | None:
-        return self._kept.pop(rid, None)
-
     async def submit(self, task: PrefillTask) -> PrefillResult:
         self._validate(task)
-        cm = self.inst.backend.cost_model
-        with self.inst.mu:
-            local = self.inst.backend.blocks.cached_prefix_len(task.block_hashes)
-        scale = float(getattr(getattr(self.inst.backend, "cfg", None), "time_scale", 1.0))
-        cached = min(local * self.inst.backend.block_tokens, len(task.prompt_tokens) - 1)
-        predicted = cm.prefill_time(len(task.prompt_tokens), cached) * scale
+        d = self.d
+        local = d.kv.cached_prefix_len(task.block_hashes)
+        cached = min(local * d.kv.block_tokens, len(task.prompt_tokens) - 1)
+        predicted = (
+            d.backend.cost_model.prefill_time(len(task.prompt_tokens), cached) * d.time_scale
+        )
         with self._qlock:
             self._queue[task.request_id] = (len(task.prompt_tokens) - cached, predicted)
         loop = asyncio.get_running_loop()
@@ -83,56 +130,83 @@ class PrefillWorker:
             with self._qlock:
                 self._queue.pop(task.request_id, None)
 
+    async def abort(self, rid: RequestId) -> bool:
+        """Mark ``rid`` aborted; returns once nothing writes for it any more (see module doc)."""
+        self.d.aborted.add(rid)
+        deadline = time.monotonic() + ABORT_ACK_TIMEOUT_S
+        while (ev := self._active.get(rid)) is not None and not ev.is_set():
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+        with self._qlock:
+            return self._clean.pop(rid, True)
+
     def _validate(self, task: PrefillTask) -> None:
-        n, inst = len(task.prompt_tokens), self.inst
-        if not 1 <= n <= inst.max_context:
-            raise BadRequest(f"prompt of {n} tokens outside [1, {inst.max_context}]")
-        if any(not 0 <= t < inst.vocab_size for t in task.prompt_tokens):
-            raise BadRequest(f"token ids must be in [0, {inst.vocab_size})")
-        if list(task.block_hashes) != block_hashes(task.prompt_tokens, inst.backend.block_tokens):
+        n, d = len(task.prompt_tokens), self.d
+        if not 1 <= n <= d.max_context:
+            raise BadRequest(f"prompt of {n} tokens outside [1, {d.max_context}]")
+        if any(not 0 <= t < d.vocab_size for t in task.prompt_tokens):
+            raise BadRequest(f"token ids must be in [0, {d.vocab_size})")
+        if list(task.block_hashes) != block_hashes(task.prompt_tokens, d.kv.block_tokens):
             raise BadRequest("block_hashes do not match the prompt (wrong kv_block_tokens?)")
 
     # --- on the prefill thread -------------------------------------------------------------
     def _run(self, task: PrefillTask, queued_at: float) -> PrefillResult:
-        inst, be = self.inst, self.inst.backend
+        rid = task.request_id
+        ev = threading.Event()
+        self._active[rid] = ev
+        try:
+            if rid in self.d.aborted:
+                raise Aborted(rid)
+            return self._prefill(task, queued_at)
+        finally:
+            ev.set()
+            self._active.pop(rid, None)
+
+    def _prefill(self, task: PrefillTask, queued_at: float) -> PrefillResult:
+        d, be, rid = self.d, self.d.backend, task.request_id
         t0 = time.perf_counter()
-        if task.request_id in inst.aborted:
-            raise Aborted(task.request_id)
         n_tokens = len(task.prompt_tokens)
         table, n_local, n_fetched = self._acquire_blocks(task)
-        cached = (n_local + n_fetched) * be.block_tokens
+        cached = (n_local + n_fetched) * d.kv.block_tokens
+        first_new = cached // d.kv.block_tokens
         t_fetch = time.perf_counter()
-        sender = None
+        sender: KVSender | None = None
         try:
             if task.decode is not None:
-                sender = KVSender(inst.transfer, inst.segment, be.layout, table, task.decode)
-                sender.send_blocks(0, cached // be.block_tokens)
-            first_new = cached // be.block_tokens
+                if d.link is None:
+                    raise InstanceError("this instance has no Transfer Engine")
+                sender = d.link.sender(table, task.decode)
+                sender.send_blocks(0, first_new)
 
             def on_layer(layer: int) -> None:
-                if task.request_id in inst.aborted:  # the client went away: stop computing
-                    raise Aborted(task.request_id)
+                if rid in d.aborted:  # stop computing and writing at the next layer
+                    raise Aborted(rid)
                 if sender is not None:
                     sender.send_layer(layer, first_new)
 
-            with inst.compute():
-                if task.request_id in inst.aborted:
-                    raise Aborted(task.request_id)
+            with d.compute():
+                if rid in d.aborted:
+                    raise Aborted(rid)
                 first = be.prefill(task.prompt_tokens, table, cached, task.sampling, on_layer)
             t_compute = time.perf_counter()
             stream = sender.finish() if sender is not None else {}
         except BaseException:
-            if sender is not None:
-                sender.cancel()
-            with inst.mu:
-                be.free_blocks(table)
+            clean = sender.cancel() if sender is not None else True
+            with self._qlock:
+                if rid in d.aborted:
+                    self._clean[rid] = clean
+                    while len(self._clean) > 1024:  # acks nobody came for
+                        self._clean.pop(next(iter(self._clean)))
+            d.kv.free(table)
             raise
         self._after(task, table, first_new)
         t_end = time.perf_counter()
         self.recent_s = t_end - queued_at
-        inst.metrics.prefill_s.observe(t_compute - t_fetch)
-        inst.metrics.cached_tokens.inc(cached)
-        inst.metrics.computed_tokens.inc(n_tokens - cached)
+        d.fit.add_prefill(n_tokens, cached, t_compute - t_fetch)
+        d.metrics.prefill_s.observe(t_compute - t_fetch)
+        d.metrics.cached_tokens.inc(cached)
+        d.metrics.computed_tokens.inc(n_tokens - cached)
         timings = {
             "queue_s": t0 - queued_at,
             "fetch_s": t_fetch - t0,
@@ -141,81 +215,58 @@ class PrefillWorker:
             "fetched_blocks": float(n_fetched),
             **stream,
         }
-        return PrefillResult(task.request_id, first, n_tokens, cached, n_tokens - cached, timings)
+        return PrefillResult(rid, first, n_tokens, cached, n_tokens - cached, timings)
 
     def _acquire_blocks(self, task: PrefillTask) -> tuple[list[int], int, int]:
         """The request's block table: reused local blocks, then blocks read from the pool,
         then fresh blocks for the rest. Returns (table, local blocks, fetched blocks)."""
-        be, n_tokens = self.inst.backend, len(task.prompt_tokens)
-        need = be.blocks_needed(n_tokens)
+        kv, n_tokens = self.d.kv, len(task.prompt_tokens)
         hashes = list(task.block_hashes)
-        with self.inst.mu:
-            local = be.lookup_prefix(hashes)
-            if len(local) * be.block_tokens >= n_tokens:  # keep >= 1 token to compute
-                be.free_blocks(local[-1:])
-                local = local[:-1]
-            try:
-                rest = be.allocate_blocks(need - len(local))
-            except EngineError:
-                be.free_blocks(local)
-                raise
+        local = kv.lookup_prefix(hashes, keep_tokens=n_tokens)
+        try:
+            rest = kv.allocate(kv.blocks_for(n_tokens) - len(local))
+        except BaseException:
+            kv.free(local)
+            raise
         table = local + rest
-        fetched = self._fetch(task, hashes, table, len(local))
+        try:
+            fetched = self._fetch(task, hashes, table, len(local))
+        except BaseException:
+            kv.free(table)
+            raise
         return table, len(local), fetched
 
     def _fetch(
         self, task: PrefillTask, hashes: Sequence[BlockHash], table: list[int], n: int
     ) -> int:
         """Read prefix blocks ``n..`` the conductor said exist elsewhere from the pool."""
-        if self.pool is None or not task.fetch:
+        d = self.d
+        if d.pool is None or not task.fetch:
             return 0
         want = max(s.first_block + s.num_blocks for s in task.fetch)
-        full_limit = (len(task.prompt_tokens) - 1) // self.inst.backend.block_tokens
+        full_limit = (len(task.prompt_tokens) - 1) // d.kv.block_tokens
         want = min(want, full_limit, len(hashes))
-        if want <= n:
+        if want <= n or task.request_id in d.aborted:
             return 0
-        views = [self.inst.backend.memory.block_view(b) for b in table[n:want]]
-        got = self.pool.get_into(hashes[n:want], views)
-        if got:
-            with self.inst.mu:  # replicate: this instance now holds them too
-                self.inst.backend.register_blocks(table[n : n + got], hashes[n : n + got])
+        views = [d.backend.memory.block_view(b) for b in table[n:want]]
+        got = d.pool.get_into(hashes[n:want], views)
+        if got:  # replicate: this instance now holds them too
+            d.kv.register(table[n : n + got], hashes[n : n + got])
         return got
 
     def _after(self, task: PrefillTask, table: list[int], first_new: int) -> None:
-        inst, be = self.inst, self.inst.backend
+        d = self.d
         hashes = list(task.block_hashes)
-        with inst.mu:
-            be.register_blocks(table[: len(hashes)], hashes)
-            if task.decode is None:
-                self._kept[task.request_id] = table  # colocated: decode uses these blocks
-            else:
-                put = table[first_new : len(hashes)]
-                if self.pool is not None and put:
-                    be.blocks.acquire(put)  # keep them from eviction until the put is done
-                    self._put_exec.submit(self._put, hashes[first_new:], put)
-                be.free_blocks(table)
-        if task.decode is None and self.pool is not None and first_new < len(hashes):
-            put = table[first_new : len(hashes)]
-            with inst.mu:
-                be.blocks.acquire(put)
-            self._put_exec.submit(self._put, hashes[first_new:], put)
+        d.kv.register(table[: len(hashes)], hashes)
+        if d.writer is not None and first_new < len(hashes):
+            d.writer.put(hashes[first_new:], table[first_new : len(hashes)], block=True)
+        if task.decode is None:
+            d.kv.keep(task.request_id, table)  # colocated: the decode loop takes these blocks
+        else:
+            d.kv.free(table)
 
-    def put_async(self, hashes: list[BlockHash], blocks: list[int]) -> None:
-        """Put named blocks into the pool in the background (references held meanwhile)."""
-        if self.pool is None or not blocks:
-            return
-        with self.inst.mu:
-            self.inst.backend.blocks.acquire(blocks)
-        self._put_exec.submit(self._put, hashes, blocks)
 
-    def _put(self, hashes: list[BlockHash], blocks: list[int]) -> None:
-        assert self.pool is not None
-        try:
-            views = [self.inst.backend.memory.block_view(b) for b in blocks]
-            stored = self.pool.put(hashes, views)
-            self.inst.pool_event(KVEventKind.STORED, stored)
-        except Exception:
-            log.exception("putting %d blocks into the pool failed", len(blocks))
-        finally:
-            with self.inst.mu:
-                self.inst.backend.free_blocks(blocks)
+def _single_thread(name: str) -> Any:
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(1, thread_name_prefix=name)

@@ -236,14 +236,18 @@ async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
     gen = st.router.run(rid, tokens, prep.sampling, out)
     try:
         first = await gen.__anext__()  # placement errors surface before any byte is sent
-    except Rejected as exc:
-        return _err(429, str(exc), "rate_limit_exceeded")
+    except Rejected as exc:  # type says why (ttft_slo / tbt_slo / no_capacity)
+        resp = _err(429, str(exc), exc.kind)
+        resp.headers["Retry-After"] = str(exc.retry_after_s)
+        return resp
     except NotReady as exc:
         return _err(503, str(exc), "unavailable")
     except InstanceError as exc:
         if exc.kind == "kv_full":
             st.metrics.rejections.labels("kv_full").inc()
-            return _err(429, str(exc), "rate_limit_exceeded")
+            resp = _err(429, str(exc), "no_capacity")
+            resp.headers["Retry-After"] = "1"
+            return resp
         st.metrics.errors.labels(exc.kind).inc()
         code = 400 if exc.status == 400 else 503
         return _err(code, str(exc), "invalid_request_error" if code == 400 else "unavailable")

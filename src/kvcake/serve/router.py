@@ -1,10 +1,19 @@
 """The life of one request in the proxy: place it (conductor), reserve decode KV, prefill,
 then relay the decode instance's tokens.
 
-``Router.run`` is an async generator of :class:`Event` s. A ``Rejected`` error (HTTP 429) can
-only happen before anything streamed. If an instance fails before the first token, the request is
-re-placed once on the survivors; after the first token it ends with an error. Closing the
-generator (the client went away) aborts the request on both instances, freeing its KV.
+``Router.run`` is an async generator of :class:`Event` s with **one terminal hook**: whatever
+way it ends — finished, first token already a stop token, rejected, an instance error, the
+client gone (generator closed or cancelled) — one ``finally`` calls exactly one of the
+conductor's ``on_decode_done`` (the request finished decoding) or ``on_abort`` (anything else),
+and, unless it finished, aborts it on both instances. The abort runs as a detached task (a
+cancelled request cannot cut it short) and in a fixed order: first the prefill instance, which
+answers once it writes nothing more for the request, then the decode instance, told whether
+that was confirmed so it frees the reserved blocks at once or keeps them fenced.
+
+A ``Rejected`` error (HTTP 429) can only happen before anything streamed. If an instance fails
+before the first token, the request is re-placed once on the survivors (under a new attempt
+id, so the instances never confuse the two attempts); after the first token it ends with an
+error.
 """
 
 from __future__ import annotations
@@ -12,11 +21,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvcake.conductor import admission as adm
 from kvcake.core.api import (
     Accept,
     FinishReason,
@@ -29,6 +41,7 @@ from kvcake.core.api import (
 from kvcake.core.errors import KvcakeError
 from kvcake.core.hashing import block_hashes
 from kvcake.core.ids import InstanceId, RequestId
+from kvcake.engine.sampling import finish_reason
 from kvcake.serve.metrics import ProxyMetrics
 from kvcake.serve.state import LiveCluster, Pending
 from kvcake.serve.wire import InstanceError, InstanceUnavailable
@@ -36,9 +49,24 @@ from kvcake.serve.wire import InstanceError, InstanceUnavailable
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
 
+# Error types of a 429 (the ``type`` of the OpenAI error body).
+TTFT_SLO, TBT_SLO, NO_CAPACITY = "ttft_slo", "tbt_slo", "no_capacity"
+_KIND_OF_REASON = {
+    adm.TTFT_SLO: TTFT_SLO,
+    adm.TBT_SLO: TBT_SLO,
+    adm.PREDICTED_TBT_SLO: TBT_SLO,
+    adm.TBT_SLO_AFTER_PREFILL: TBT_SLO,
+}
+
 
 class Rejected(KvcakeError):
-    """The conductor predicts the request would miss its SLOs (HTTP 429)."""
+    """The cluster cannot serve the request within its SLOs now (HTTP 429). ``kind`` is one of
+    ``ttft_slo``, ``tbt_slo``, ``no_capacity``; ``retry_after_s`` the suggested wait."""
+
+    def __init__(self, message: str, kind: str = NO_CAPACITY, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.kind = kind
+        self.retry_after_s = max(1, math.ceil(retry_after_s))
 
 
 class NotReady(KvcakeError):
@@ -59,6 +87,7 @@ class Outcome:
     finish_reason: str | None = None
     error: str | None = None
     prefill_timings: dict[str, float] = field(default_factory=dict)
+    predicted_ttft_s: float | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -72,6 +101,18 @@ class Event:
     error: str | None = None
 
 
+@dataclass
+class _Life:
+    """Where a request is: set as it moves, read by the terminal hook."""
+
+    rid: RequestId
+    acc: Accept | None = None  # the decision the conductor currently tracks
+    attempt_id: RequestId | None = None  # the id the instances know it by
+    finished: bool = False  # decode ended normally (stop / length)
+    prefilled: bool = False  # the prefill answered: nothing writes any more
+    release_decode: bool = False  # finished without decoding: free the decode reservation
+
+
 class Router:
     def __init__(
         self, cluster: LiveCluster, conductor: Any, metrics: ProxyMetrics, eos: tuple[int, ...]
@@ -83,58 +124,124 @@ class Router:
         self.t0 = time.monotonic()
         self.gates: dict[InstanceId, asyncio.Semaphore] = {}
         self.reserve_wait_s = float(getattr(conductor.config, "ttft_slo_s", 30.0))
+        self.expected_output = int(getattr(conductor.config, "expected_output_tokens", 256))
+        self._cleanups: set[asyncio.Task[None]] = set()
+        self._fitted_at = -1
+        self.ttft_errors: deque[float] = deque(maxlen=256)
 
     def new_id(self) -> RequestId:
         return RequestId(f"req-{int(time.time() * 1000)}-{next(_ids)}")
 
+    @property
+    def in_cleanup(self) -> int:
+        return len(self._cleanups)
+
     def _place(self, view: RequestView) -> Accept:
         if not self.cluster.alive_any():
             raise NotReady("no healthy prefill/decode instances")
+        self._refresh_predictors()
         snap = self.cluster.snapshot(time.monotonic() - self.t0)
         decision = self.conductor.schedule(view, snap)
         if isinstance(decision, Reject):
             self.metrics.rejections.labels(decision.reason).inc()
+            kind = _KIND_OF_REASON.get(decision.reason, NO_CAPACITY)
+            slo = float(getattr(self.conductor.config, "ttft_slo_s", 30.0))
+            wait = decision.expected_ttft_s - slo if kind == TTFT_SLO else 1.0
             raise Rejected(
                 f"request rejected: {decision.reason} (predicted TTFT "
-                f"{decision.expected_ttft_s:.2f} s, TBT {decision.expected_tbt_s:.3f} s)"
-            )
+                f"{decision.expected_ttft_s:.2f} s, TBT {decision.expected_tbt_s:.3f} s)",
+                kind, wait,
+            )  # fmt: skip
         assert isinstance(decision, Accept)
         return decision
+
+    def _refresh_predictors(self) -> None:
+        """Predict with the instances' online-fitted coefficients (new after every poll)."""
+        if self._fitted_at == self.cluster.polls or not hasattr(self.conductor, "set_predictors"):
+            return
+        self._fitted_at = self.cluster.polls
+        p = self.cluster.fitted_predictors(self.conductor.predictors)
+        if p is not None:
+            self.conductor.set_predictors(p)
+            self.metrics.set_fitted(p)
 
     async def run(
         self, rid: RequestId, tokens: list[int], sampling: SamplingParams, out: Outcome
     ) -> AsyncIterator[Event]:
         hashes = tuple(block_hashes(tokens, self.cluster.block_tokens))
         view = RequestView(
-            rid, time.monotonic() - self.t0, len(tokens), hashes, sampling.max_tokens
-        )
+            rid, time.monotonic() - self.t0, len(tokens), hashes,
+            min(sampling.max_tokens, self.expected_output),
+        )  # fmt: skip
         self.metrics.prompt_tokens.inc(len(tokens))
         self.metrics.prefix_queries.inc(len(tokens))
-        result, acc = None, None
-        for attempt in range(2):
-            acc = self._place(view)
-            try:
-                result = await self._prefill(rid, tokens, hashes, sampling, acc, out)
-                break
-            except InstanceUnavailable as exc:
-                self._on_failure(acc, exc)
-                self.conductor.on_abort(rid)
-                if attempt == 1:
-                    raise
-        assert result is not None and acc is not None
-        out.cached_tokens = result.cached_tokens
-        self.metrics.prefix_hits.inc(result.cached_tokens)
-        self.conductor.on_prefill_done(rid, time.monotonic() - self.t0)
-        async for ev in self._decode(rid, result, sampling, acc, out, tuple(tokens)):
-            yield ev
+        life = _Life(rid)
+        try:
+            result = None
+            for attempt in range(2):
+                life.acc = self._place(view)
+                life.attempt_id = rid if attempt == 0 else RequestId(f"{rid}.{attempt}")
+                try:
+                    result = await self._prefill(life, tokens, hashes, sampling, out)
+                    break
+                except InstanceUnavailable as exc:
+                    self._on_failure(life.acc, exc)
+                    self._end(life)  # this attempt: abort hook + cleanup on the instances
+                    if attempt == 1:
+                        raise
+            assert result is not None and life.acc is not None
+            life.prefilled = True
+            out.cached_tokens = result.cached_tokens
+            self.metrics.prefix_hits.inc(result.cached_tokens)
+            self.conductor.on_prefill_done(life.attempt_id, time.monotonic() - self.t0)
+            async for ev in self._decode(life, result, sampling, out, tuple(tokens)):
+                yield ev
+        finally:
+            self._end(life)
+
+    def _end(self, life: _Life) -> None:
+        """The terminal hook: exactly one conductor hook per accepted attempt, and the
+        instances' cleanup unless it finished."""
+        acc, aid = life.acc, life.attempt_id
+        life.acc = None
+        if acc is None or aid is None:
+            return  # rejected (nothing tracked) or already ended
+        if life.finished:
+            self.conductor.on_decode_done(aid, time.monotonic() - self.t0)
+            if life.release_decode:
+                self._spawn(self._abort(acc, aid, True))
+            return
+        self.conductor.on_abort(aid)
+        self._spawn(self._abort(acc, aid, life.prefilled))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def _abort(self, acc: Accept, aid: RequestId, prefilled: bool) -> None:
+        """Prefill first (its answer fences the writes), then decode."""
+        p = self.cluster.instances.get(acc.prefill)
+        d = self.cluster.instances.get(acc.decode)
+        try:
+            stopped = prefilled
+            if p is not None and not prefilled:
+                stopped = await p.abort(aid)
+            if d is not None and (d is not p or prefilled):
+                await d.abort(aid, writer_stopped=stopped)
+        except Exception:  # cleanup must never raise into the event loop
+            log.exception("aborting %s failed", aid)
 
     async def _prefill(
-        self, rid: RequestId, tokens: list[int], hashes: tuple[Any, ...], sampling: SamplingParams,
-        acc: Accept, out: Outcome,
+        self, life: _Life, tokens: list[int], hashes: tuple[Any, ...], sampling: SamplingParams,
+        out: Outcome,
     ) -> PrefillResult:  # fmt: skip
+        acc, rid = life.acc, life.attempt_id
+        assert acc is not None and rid is not None
         p = self.cluster.instances[acc.prefill]
         d = self.cluster.instances[acc.decode]
         out.prefill, out.decode = str(acc.prefill), str(acc.decode)
+        out.predicted_ttft_s = acc.expected_ttft_s
         pend = self.cluster.pending.setdefault(acc.decode, Pending())
         pend.requests += 1
         pend.tokens += len(tokens)
@@ -143,69 +250,76 @@ class Router:
         cached = min(cached * self.cluster.block_tokens, len(tokens))
         predicted = float(self.conductor.predictors.prefill.time(len(tokens), cached))
         ppend.prefill_s += predicted
+        ppend.prefill_requests += 1
         self.metrics.waiting.inc()
-        reserved = False
-        # The prefill queue is held here, not on the instance: decode KV is then reserved only
-        # when the prefill is about to run, so queued requests do not pin decode memory.
+        # The prefill queue is held here (the one source of truth the snapshot reads): decode
+        # KV is then reserved only when the prefill is about to run, so queued requests do not
+        # pin decode memory, and a reservation is young when its writer starts.
         gate = self.gates.setdefault(acc.prefill, asyncio.Semaphore(1))
         try:
             async with gate:
                 reservation = None
                 if acc.prefill != acc.decode:
-                    reservation = await self._reserve(d, rid, len(tokens) + sampling.max_tokens)
-                    reserved = True
+                    # The prompt plus a margin; the decode loop grows it as the answer grows.
+                    margin = min(sampling.max_tokens, self.cluster.block_tokens)
+                    reservation = await self._reserve(d, rid, len(tokens) + margin)
                 task = PrefillTask(rid, tuple(tokens), hashes, sampling, acc.fetch, reservation)
                 result = await p.submit_prefill(task)
             out.prefill_timings = dict(result.timings)
             return result
-        except BaseException:
-            if reserved or acc.prefill == acc.decode:
-                await d.abort(rid)
-            raise
         finally:
             pend.requests -= 1
             pend.tokens -= len(tokens)
             ppend.prefill_s = max(0.0, ppend.prefill_s - predicted)
+            ppend.prefill_requests -= 1
             self.metrics.waiting.dec()
 
     async def _decode(
-        self, rid: RequestId, result: PrefillResult, sampling: SamplingParams, acc: Accept,
-        out: Outcome, prompt: tuple[int, ...],
+        self, life: _Life, result: PrefillResult, sampling: SamplingParams, out: Outcome,
+        prompt: tuple[int, ...],
     ) -> AsyncIterator[Event]:  # fmt: skip
+        acc, rid = life.acc, life.attempt_id
+        assert acc is not None and rid is not None
         d = self.cluster.instances[acc.decode]
         first = result.first_token
-        stop = not sampling.ignore_eos and (first in self.eos or first in sampling.stop_token_ids)
         out.token_times.append(time.perf_counter())
-        if stop:
-            await d.abort(rid)
+        self._record_ttft_error(out)
+        reason = finish_reason(first, 1, sampling, self.eos)
+        if reason is FinishReason.STOP:  # the stop token is not output
+            life.finished = life.release_decode = True  # the hook frees the reservation
             yield Event((), FinishReason.STOP)
             return
         yield Event((first,))
         self.metrics.running.inc()
-        finished = False
         try:
             stream = d.stream_tokens(rid, first, result.prompt_tokens, sampling, prompt)
             async for chunk in stream:
                 if chunk.token_ids:
                     now = time.perf_counter()
                     out.token_times.extend([now] * len(chunk.token_ids))
-                finished = chunk.finish_reason is not None
+                if chunk.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+                    life.finished = True
                 yield Event(chunk.token_ids, chunk.finish_reason, chunk.error)
+                if chunk.finish_reason is not None:
+                    return
         except InstanceError as exc:
             self._on_failure(acc, exc, decode_only=True)
-            finished = True
             yield Event((), FinishReason.ERROR, f"decode instance failed mid-stream: {exc}")
         finally:
             self.metrics.running.dec()
-            if not finished:
-                await d.abort(rid)
-                self.conductor.on_abort(rid)
-            else:
-                self.conductor.on_decode_done(rid, time.monotonic() - self.t0)
+
+    def _record_ttft_error(self, out: Outcome) -> None:
+        ttft, pred = out.ttft, out.predicted_ttft_s
+        if ttft and pred is not None and ttft > 0:
+            err = abs(pred - ttft) / ttft
+            self.ttft_errors.append(err)
+            self.metrics.ttft_prediction_error.observe(err)
+            s = sorted(self.ttft_errors)
+            self.metrics.ttft_prediction_error_median.set(s[len(s) // 2])
 
     async def _reserve(self, d: Any, rid: RequestId, n: int) -> Any:
-        """Reserve prompt + output KV on the decode instance (so decoding never runs out).
-        While it is full, wait for requests to finish — up to the TTFT SLO, then reject."""
+        """Reserve KV for the prompt on the decode instance. While it is full, wait for
+        requests to finish — up to the TTFT SLO, then reject (``no_capacity``)."""
         deadline = time.monotonic() + self.reserve_wait_s
         while True:
             try:
@@ -214,7 +328,7 @@ class Router:
                 if exc.kind != "kv_full" or time.monotonic() > deadline:
                     if exc.kind == "kv_full":
                         self.metrics.rejections.labels("decode_kv_full").inc()
-                        raise Rejected(f"decode KV memory full: {exc}") from exc
+                        raise Rejected(f"decode KV memory full: {exc}", NO_CAPACITY) from exc
                     raise
             await asyncio.sleep(0.05)
 

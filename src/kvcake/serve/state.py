@@ -14,8 +14,10 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvcake.conductor.index import PrefixIndex
+from kvcake.conductor.predictors import DecodeTBTModel, Predictors, PrefillTimeModel
 from kvcake.core.api import (
     ClusterSnapshot,
     DecodeState,
@@ -23,6 +25,7 @@ from kvcake.core.api import (
     PrefillState,
     Role,
 )
+from kvcake.core.costmodel import DecodeCoefficients, PrefillCoefficients
 from kvcake.core.ids import InstanceId
 from kvcake.serve.client import RemoteInstance
 from kvcake.serve.wire import InstanceError
@@ -37,7 +40,10 @@ class Pending:
 
     requests: int = 0
     tokens: int = 0
-    prefill_s: float = 0.0  # predicted prefill seconds dispatched, not finished (prefill side)
+    # Prefill side: the prefill queue. The proxy holds it (one running prefill per instance,
+    # the rest wait in the router), so this is its one source of truth.
+    prefill_s: float = 0.0  # predicted prefill seconds dispatched, not finished
+    prefill_requests: int = 0
 
 
 @dataclass
@@ -99,16 +105,31 @@ class LiveCluster:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
 
+    def fitted_predictors(self, current: Predictors) -> Predictors | None:
+        """``current`` with the prefill / decode coefficients the instances fitted online (mean
+        over the live instances of each role that reported some samples); None if none did."""
+        pre = [_fitted(i) for i in self.alive(Role.PREFILL) if _has(i, "prefill")]
+        dec = [_fitted(i) for i in self.alive(Role.DECODE) if _has(i, "decode")]
+        if not pre and not dec:
+            return None
+        p, d = current.prefill, current.decode
+        if pre:
+            c = [sum(float(f["prefill"][k]) for f in pre) / len(pre) for k in range(3)]
+            err = sum(float(f.get("prefill_error", 0.0)) for f in pre) / len(pre)
+            p = PrefillTimeModel(PrefillCoefficients(*c), err)
+        if dec:
+            c = [sum(float(f["decode"][k]) for f in dec) / len(dec) for k in range(3)]
+            err = sum(float(f.get("decode_error", 0.0)) for f in dec) / len(dec)
+            d = DecodeTBTModel(DecodeCoefficients(*c), err)
+        return Predictors(p, current.transfer, d)
+
     def snapshot(self, now_s: float) -> ClusterSnapshot:
         prefill = tuple(
             PrefillState(
                 instance_id=i.instance_id,
-                # The proxy's own count is current; reports lag by up to one poll interval.
-                queued_seconds=max(
-                    i.load_report().queued_prefill_seconds,
-                    self.pending.get(i.instance_id, Pending()).prefill_s,
-                ),
-                queued_requests=i.load_report().queued_requests,
+                # The queue is the proxy's (router gates): current, where reports lag a poll.
+                queued_seconds=self.pending.get(i.instance_id, Pending()).prefill_s,
+                queued_requests=self.pending.get(i.instance_id, Pending()).prefill_requests,
                 healthy=i.alive and i.load_report().healthy,
             )
             for i in self.alive(Role.PREFILL)
@@ -136,3 +157,13 @@ class LiveCluster:
             kv_bytes_per_token=self.kv_bytes_per_token,
             link_bandwidth=self.link_bandwidth,
         )
+
+
+def _fitted(inst: RemoteInstance) -> dict[str, Any]:
+    return inst.state.fitted if inst.state is not None else {}
+
+
+def _has(inst: RemoteInstance, role: str) -> bool:
+    """The instance reported coefficients fitted from at least one sample of ``role``."""
+    f = _fitted(inst)
+    return bool(f) and int(f.get(f"{role}_samples", 0)) > 0 and len(f.get(role, ())) == 3

@@ -6,9 +6,10 @@ proxy, the instances and the simulator share one set of shapes). Endpoints of an
     POST /rpc/reserve_kv   ReserveKV          -> KVReservation
     POST /rpc/prefill      PrefillTask        -> PrefillResult
     POST /rpc/stream       StreamRequest      -> NDJSON stream of TokenChunk (one per line)
-    POST /rpc/abort        AbortRequest       -> {}
+    POST /rpc/abort        AbortRequest       -> AbortAck (after the request stopped writing)
     POST /rpc/drain                           -> {}
     GET  /rpc/state?since=N                   -> InstanceState (load report + KV events)
+    GET  /rpc/kv                              -> block accounting, checked (tests, debugging)
     GET  /health, GET /metrics
 
 Errors are ``{"error": {"message", "type"}}`` with status 400 (bad input), 409 (unknown or
@@ -76,6 +77,17 @@ class StreamRequest:
 @dataclass(frozen=True)
 class AbortRequest:
     request_id: RequestId
+    # The request's prefill confirmed it writes nothing more into this instance's reservation
+    # (the proxy aborted it there first), so reserved blocks may be reused at once; otherwise
+    # they are fenced (kept allocated) for a quarantine period.
+    writer_stopped: bool = False
+
+
+@dataclass(frozen=True)
+class AbortAck:
+    # This instance writes nothing more for the request (a running prefill stopped and every
+    # KV write it had submitted resolved).
+    stopped: bool = True
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,9 @@ class InstanceState:
     events: tuple[KVEvent, ...]
     first_seq: int  # smallest seq still buffered (a gap below it means: resync)
     last_seq: int
+    # Cost-model coefficients fitted online from this instance's own prefills / decode steps
+    # (serve.online_fit.Fitted.as_dict); the proxy's conductor predicts with them.
+    fitted: dict[str, Any] = field(default_factory=dict)
 
 
 _enc = msgspec.json.Encoder()

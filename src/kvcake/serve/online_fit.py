@@ -1,0 +1,111 @@
+"""Cost-model coefficients fitted online from what an instance really spends.
+
+Each instance records ``(prompt_len, prefix_len, seconds)`` per prefill and ``(batch, context,
+seconds)`` per decode iteration in bounded windows and refits ``core.costmodel``'s polynomials
+from them; the proxy's conductor predicts with the fitted values (``InstanceState.fitted``).
+
+Seeding and robustness: before any sample the seed (the calibration file of ``kvcake
+calibrate`` or the backend's preset, times ``time_scale``) is used as is. With a few samples, or
+samples that span too little of the input range to pin three coefficients, the seed is scaled by
+the median measured/predicted ratio (one robust number). A full least-squares fit replaces that
+only when it explains the window better and predicts positive times over the sampled range.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvcake.core.costmodel import DecodeCoefficients, PrefillCoefficients, fit_decode, fit_prefill
+
+MIN_FULL_FIT = 8  # samples before a three-coefficient least-squares fit is tried
+
+
+@dataclass(frozen=True)
+class Fitted:
+    prefill: tuple[float, float, float]
+    decode: tuple[float, float, float]
+    prefill_samples: int
+    decode_samples: int
+    prefill_error: float  # mean |pred - measured| / measured over the window
+    decode_error: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "prefill": list(self.prefill), "decode": list(self.decode),
+            "prefill_samples": self.prefill_samples, "decode_samples": self.decode_samples,
+            "prefill_error": self.prefill_error, "decode_error": self.decode_error,
+        }  # fmt: skip
+
+
+def _rel_err(pred: np.ndarray, t: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred - t) / np.maximum(t, 1e-9))) if t.size else 0.0
+
+
+def _choose(
+    seed: tuple[float, float, float], feats: np.ndarray, t: np.ndarray, full: tuple[float, ...]
+) -> tuple[tuple[float, float, float], float]:
+    """Scaled seed, or the full fit when it is better and sane."""
+    s = np.asarray(seed)
+    base = feats @ s
+    ratio = float(np.median(t / np.maximum(base, 1e-12))) if t.size else 1.0
+    scaled = tuple(float(c * ratio) for c in s)
+    best, err = scaled, _rel_err(feats @ np.asarray(scaled), t)
+    if full:
+        pred = feats @ np.asarray(full)
+        e = _rel_err(pred, t)
+        if e < err and bool(np.all(pred > 0)):
+            best, err = (float(full[0]), float(full[1]), float(full[2])), e
+    return best, err  # type: ignore[return-value]
+
+
+class OnlineFit:
+    def __init__(
+        self, prefill_seed: PrefillCoefficients, decode_seed: DecodeCoefficients, window: int = 256
+    ):
+        self._pseed = (prefill_seed.c0, prefill_seed.c1, prefill_seed.c2)
+        self._dseed = (decode_seed.d0, decode_seed.d1, decode_seed.d2)
+        self._prefill: deque[tuple[int, int, float]] = deque(maxlen=window)
+        self._decode: deque[tuple[int, int, float]] = deque(maxlen=window)
+        self._mu = threading.Lock()
+        self._cache: Fitted | None = None
+
+    def add_prefill(self, prompt_len: int, prefix_len: int, seconds: float) -> None:
+        if prompt_len > prefix_len and seconds > 0:
+            with self._mu:
+                self._prefill.append((prompt_len, prefix_len, seconds))
+                self._cache = None
+
+    def add_decode(self, batch: int, context: int, seconds: float) -> None:
+        if batch > 0 and seconds > 0:
+            with self._mu:
+                self._decode.append((batch, context, seconds))
+                self._cache = None
+
+    def fitted(self) -> Fitted:
+        with self._mu:
+            if self._cache is None:
+                self._cache = self._fit(list(self._prefill), list(self._decode))
+            return self._cache
+
+    def _fit(self, pre: list[tuple[int, int, float]], dec: list[tuple[int, int, float]]) -> Fitted:
+        pc, pe = self._pseed, 0.0
+        if pre:
+            feats = np.array([[1.0, L - P, L * L - P * P] for L, P, _ in pre])
+            full: tuple[float, ...] = ()
+            if len(pre) >= MIN_FULL_FIT and len({L - P for L, P, _ in pre}) >= 3:
+                c, _ = fit_prefill(pre)
+                full = (c.c0, c.c1, c.c2)
+            pc, pe = _choose(self._pseed, feats, np.array([t for *_, t in pre]), full)
+        dc, de = self._dseed, 0.0
+        if dec:
+            feats = np.array([[1.0, b, c] for b, c, _ in dec])
+            full = ()
+            if len(dec) >= MIN_FULL_FIT and len({b for b, _, _ in dec}) >= 3:
+                d, _ = fit_decode(dec)
+                full = (d.d0, d.d1, d.d2)
+            dc, de = _choose(self._dseed, feats, np.array([t for *_, t in dec]), full)
+        return Fitted(pc, dc, len(pre), len(dec), pe, de)
