@@ -16,7 +16,7 @@ from kvcake.core.ids import BatchId
 from kvcake.transfer.types import BatchResult, BatchStatus, Op, RequestResult, SegmentInfo
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Job:
     op: Op
     local: memoryview  # exactly ``length`` bytes of initiator memory
@@ -29,7 +29,7 @@ class Job:
     error: BaseException | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Slice:
     job: Job
     offset: int  # within the job
@@ -49,6 +49,9 @@ _OK = RequestResult(True)
 
 
 def cut(job: Job, slice_size: int) -> list[Slice]:
+    if job.length <= slice_size:
+        job.remaining = 1
+        return [Slice(job, 0, job.length)]
     out = [
         Slice(job, off, min(slice_size, job.length - off))
         for off in range(0, job.length, slice_size)

@@ -26,7 +26,7 @@ from kvcake.transfer.config import TransferConfig
 from kvcake.transfer.errors import InvalidRequest, TransferError, UnknownBatch
 from kvcake.transfer.metadata import DirectoryClient
 from kvcake.transfer.paths import PathHealth
-from kvcake.transfer.planner import coalesce
+from kvcake.transfer.planner import Item, merge
 from kvcake.transfer.pool import EndpointPool
 from kvcake.transfer.registry import SegmentRegistry, Topology
 from kvcake.transfer.segments import as_byte_view, check_range
@@ -138,40 +138,76 @@ class TransferEngine:
 
     def _plan(self, batch: Batch, requests: Sequence[TransferRequest]) -> list[Task]:
         """Validate each request (failing bad ones alone), coalesce, group per transport and
-        owner, and return the tasks that execute the rest."""
-        valid: list[tuple[int, TransferRequest]] = []
+        owner, and return the tasks that execute the rest. Requests are grouped by (op,
+        local segment, target segment) first, so each segment is looked up once per batch."""
+        groups: dict[tuple[Op, str, str], list[Item]] = {}
         for i, r in enumerate(requests):
             try:
-                self._validate(r)
+                if not isinstance(r.op, Op):
+                    raise InvalidRequest(f"op must be Op.READ or Op.WRITE, got {r.op!r}")
+                if r.length <= 0:
+                    raise InvalidRequest(f"length must be > 0, got {r.length}")
+                key = (r.op, r.local_segment, r.target_segment)
+                item = (r.target_offset, r.local_offset, r.length, i)
             except TransferError as exc:
                 batch.fail_request(i, exc)
-            else:
-                valid.append((i, r))
-        groups: dict[tuple[str, str, tuple[PathInfo, ...]], list[Job]] = {}
-        for run in coalesce(valid):
-            target = self.registry.target(run.target_segment)
-            local = self._segments.get(run.local_segment).view
-            job = Job(
-                run.op,
-                local[run.local_offset : run.local_offset + run.length],
-                target,
-                run.target_offset,
-                run.length,
-                run.members,
-                batch,
-            )
+                continue
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = []
+            g.append(item)
+        by_owner: dict[tuple[str, str, tuple[PathInfo, ...]], list[Job]] = {}
+        for (op, lname, tname), items in groups.items():
+            valid = self._check_group(batch, lname, tname, items)
+            if not valid:
+                continue
+            target = self.registry.target(tname)
             try:
                 transport = self._transport_for(target)
             except TransferError as exc:
-                for i in run.members:
-                    batch.fail_request(i, exc)
+                for it in valid:
+                    batch.fail_request(it[3], exc)
                 continue
-            groups.setdefault((transport.name, target.owner, target.paths), []).append(job)
+            local = self._segments.get(lname).view
+            jobs = by_owner.setdefault((transport.name, target.owner, target.paths), [])
+            for lo, to, n, members in merge(valid):
+                jobs.append(Job(op, local[lo : lo + n], target, to, n, members, batch))
         return [
             t
-            for (name, _, _), jobs in groups.items()
+            for (name, _, _), jobs in by_owner.items()
             for t in self.transports[name].tasks(batch, jobs)
         ]
+
+    def _check_group(self, batch: Batch, lname: str, tname: str, items: list[Item]) -> list[Item]:
+        """The items whose local and target ranges are in bounds; the others fail alone (in
+        the order of checks of :meth:`_validate`: local segment, its range, target, its range)."""
+        try:
+            lsize = self._segments.get(lname).size
+        except TransferError as exc:
+            for it in items:
+                batch.fail_request(it[3], exc)
+            return []
+        try:
+            tsize = self.registry.target(tname).size
+        except TransferError as exc:
+            terr: TransferError | None = exc
+            tsize = -1
+        else:
+            terr = None
+        valid: list[Item] = []
+        for it in items:
+            to, lo, n, i = it
+            if lo >= 0 and lo + n <= lsize and terr is None and to >= 0 and to + n <= tsize:
+                valid.append(it)
+                continue
+            try:
+                check_range(lname, lsize, lo, n)
+                if terr is not None:
+                    raise terr
+                check_range(tname, tsize, to, n)
+            except TransferError as exc:
+                batch.fail_request(i, exc)
+        return valid
 
     def _validate(self, r: TransferRequest) -> None:
         if not isinstance(r.op, Op):

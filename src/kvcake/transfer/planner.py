@@ -25,35 +25,34 @@ class Run:
     members: list[int] = field(default_factory=list)
 
 
+Item = tuple[int, int, int, int]  # (target offset, local offset, length, request index)
+
+
+def merge(items: list[Item]) -> list[tuple[int, int, int, list[int]]]:
+    """Coalesce the validated requests of one (op, local segment, target segment) group:
+    ``(local offset, target offset, length, members)`` per contiguous run."""
+    items.sort()
+    runs: list[tuple[int, int, int, list[int]]] = []
+    lo_end = to_end = -1
+    for to, lo, n, i in items:
+        if lo == lo_end and to == to_end:
+            plo, pto, pn, members = runs[-1]
+            runs[-1] = (plo, pto, pn + n, members)
+            members.append(i)
+        else:
+            runs.append((lo, to, n, [i]))
+        lo_end, to_end = lo + n, to + n
+    return runs
+
+
 def coalesce(requests: list[tuple[int, TransferRequest]]) -> list[Run]:
     """Merge contiguous neighbours among already-validated ``(index, request)`` pairs."""
-    ordered = sorted(
-        requests,
-        key=lambda ir: (ir[1].op, ir[1].local_segment, ir[1].target_segment, ir[1].target_offset),
-    )
-    runs: list[Run] = []
-    for i, r in ordered:
-        last = runs[-1] if runs else None
-        if (
-            last is not None
-            and last.op == r.op
-            and last.local_segment == r.local_segment
-            and last.target_segment == r.target_segment
-            and last.local_offset + last.length == r.local_offset
-            and last.target_offset + last.length == r.target_offset
-        ):
-            last.length += r.length
-            last.members.append(i)
-        else:
-            runs.append(
-                Run(
-                    r.op,
-                    r.local_segment,
-                    r.local_offset,
-                    r.target_segment,
-                    r.target_offset,
-                    r.length,
-                    [i],
-                )
-            )
-    return runs
+    groups: dict[tuple[Op, str, str], list[Item]] = {}
+    for i, r in requests:
+        key = (r.op, r.local_segment, r.target_segment)
+        groups.setdefault(key, []).append((r.target_offset, r.local_offset, r.length, i))
+    return [
+        Run(op, ls, lo, ts, to, n, members)
+        for (op, ls, ts), items in groups.items()
+        for lo, to, n, members in merge(items)
+    ]
