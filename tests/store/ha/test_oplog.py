@@ -1,0 +1,138 @@
+"""The operation log and replay against real files and a real etcd (no master processes)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from kvcake.core.errors import ConfigError
+from kvcake.store.config import MasterConfig
+from kvcake.store.errors import RpcFailed
+from kvcake.store.ha.config import HaConfig
+from kvcake.store.ha.election import Election
+from kvcake.store.ha.etcd import Etcd
+from kvcake.store.ha.etcdlog import EtcdOpLog, cluster_prefix
+from kvcake.store.ha.filelog import FileOpLog
+from kvcake.store.ha.oplog import LogFailed
+from kvcake.store.ha.replay import build_state
+from kvcake.store.ha.resolve import parse_etcd_address
+from kvcake.store.ha.view import ObjGone, ObjRec, SegRec, View
+from tests.store.ha.conftest import EtcdServer
+
+SEG = SegRec("seg-a", "node/1/x", "127.0.0.1", "memory", 1 << 20)
+
+
+def _objs(n: int, start: int = 0) -> list[ObjRec]:
+    return [ObjRec(f"k{i}", 100, False, [("seg-a", i * 128, "memory")]) for i in range(start, n)]
+
+
+def test_replay_rebuilds_allocations_and_drops_lies() -> None:
+    view = View()
+    for rec in [SEG, *_objs(50)]:
+        view.apply(rec)
+    view.apply(ObjRec("overlap", 100, True, [("seg-a", 128 * 3 + 64, "memory")]))
+    view.apply(ObjRec("nowhere", 100, False, [("seg-b", 0, "memory")]))
+    view.apply(ObjGone("k7"))
+    state = build_state(MasterConfig(http_port=-1), view)
+    state.check()
+    assert set(state.objects) == {f"k{i}" for i in range(50) if i != 7}
+    seg = state.segments["seg-a"]
+    assert seg.allocator.allocated == 49 * 128
+    # New allocations land only in free space: the gap of k7 first (first fit).
+    assert seg.allocator.allocate(100) == 7 * 128
+    assert state.touch(seg.client, "127.0.0.1") is False  # asked to remount once
+    state.check()
+
+
+def test_file_log_survives_a_torn_tail(tmp_path: pytest.TempPathFactory) -> None:
+    log = FileOpLog(tmp_path)  # type: ignore[arg-type]
+    assert not log.load().objects
+    log.wait(log.append([SEG, *_objs(10)]))
+    log.wait(log.append([ObjGone("k3")]))
+    log.close()
+    with open(tmp_path / "oplog", "ab") as fh:  # type: ignore[operator]
+        fh.write(b"\x40\x00\x00\x00garbage-from-a-crash")
+    log2 = FileOpLog(tmp_path)  # type: ignore[arg-type]
+    view = log2.load()
+    assert set(view.objects) == {f"k{i}" for i in range(10)} - {"k3"}
+    log2.wait(log2.append(_objs(12, 10)))  # appends after the dropped tail
+    log2.close()
+    log3 = FileOpLog(tmp_path)  # type: ignore[arg-type]
+    assert len(log3.load().objects) == 11
+    log3.close()
+
+
+def test_file_snapshot_compacts(tmp_path: pytest.TempPathFactory) -> None:
+    log = FileOpLog(tmp_path, snapshot_every=100)  # type: ignore[arg-type]
+    log.load()
+    log.wait(log.append([SEG]))
+    for i in range(0, 300, 10):
+        log.wait(log.append(_objs(i + 10, i)))
+    log.close()
+    assert (tmp_path / "snapshot").exists()  # type: ignore[operator]
+    assert (tmp_path / "oplog").stat().st_size < 100 * 30  # type: ignore[operator]
+    log2 = FileOpLog(tmp_path)  # type: ignore[arg-type]
+    assert len(log2.load().objects) == 300
+    log2.close()
+
+
+def _leader(etcd: EtcdServer, cluster: str, name: str) -> tuple[Etcd, Election]:
+    client = Etcd(etcd.url)
+    election = Election(client, cluster, name, ttl_s=2)
+    assert election.campaign(threading.Event())
+    return client, election
+
+
+def test_etcd_group_commit_fencing_and_replay(etcd: EtcdServer) -> None:
+    client, first = _leader(etcd, "t-fence", "first")
+    log = EtcdOpLog(client, "t-fence", first.revision)
+    log.load()
+    log.wait(log.append([SEG]))
+
+    def worker(w: int) -> None:
+        for i in range(25):
+            log.wait(log.append(_objs(w * 100 + i + 1, w * 100 + i)))
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    entries = client.get_prefix(cluster_prefix("t-fence") + b"log/")
+    assert len(entries) < 1 + 200  # several records per etcd transaction
+    # The lease ends (as if the first leader hung); a second master takes over.
+    client.revoke(first.lease)
+    other, second = _leader(etcd, "t-fence", "second")
+    with pytest.raises(LogFailed, match="fenced"):
+        log.wait(log.append([ObjGone("k0")]))
+    with pytest.raises(LogFailed):
+        log.append([ObjGone("k1")])  # a failed log stays failed
+    log.close()
+    log2 = EtcdOpLog(other, "t-fence", second.revision, snapshot_every=100)
+    view = log2.load()
+    assert len(view.objects) == 200 and "k0" in view.objects
+    log2.wait(log2.append(_objs(1100, 1000)))  # crosses snapshot_every: snapshot + compaction
+    log2.close()
+    assert other.get(cluster_prefix("t-fence") + b"snap/meta") is not None
+    log3 = EtcdOpLog(other, "t-fence", second.revision)
+    assert len(log3.load().objects) == 300
+    log3.close()
+    second.resign()
+    first.resign()
+    client.close()
+    other.close()
+
+
+def test_bad_addresses_and_settings() -> None:
+    assert parse_etcd_address("etcd://127.0.0.1:2379") == ("127.0.0.1:2379", "kvcake")
+    assert parse_etcd_address("etcd://a:1,b:2/pool") == ("a:1,b:2", "pool")
+    for bad in ("127.0.0.1:2379", "etcd://", "etcd:///x"):
+        with pytest.raises(RpcFailed):
+            parse_etcd_address(bad)
+    with pytest.raises(ConfigError):
+        HaConfig(cluster="has space")
+    with pytest.raises(ConfigError):
+        HaConfig(etcd_endpoints="http://127.0.0.1:1", state_dir="/tmp/x")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        HaConfig(ha_lease_ttl_s=1)
