@@ -85,7 +85,7 @@ def _master(args: argparse.Namespace) -> int:
     # One parseable line so launchers (tests, the cluster launcher) learn the bound ports.
     print(
         f"master rpc={master.rpc_address} directory={master.directory_address} "
-        f"http={master.http_address}",
+        f"http={master.http_address} events={master.events_address}",
         flush=True,
     )
     try:

@@ -251,6 +251,104 @@ class PoolView:
         return entered, left
 
 
+# --- store (pool) events ------------------------------------------------------------------------
+# Published by the store master (zmq PUB, docs/store.md "KV events"); consumed by the proxy's pool
+# index (serve.pool_events), the vLLM integration and observability. Stable: add fields only at
+# the end with defaults, never rename or reuse a kind.
+
+STORE_EVENTS_TOPIC = b"kvcake.store.kv"  # first frame of every message; the second is the batch
+
+
+class StoreEventKind(StrEnum):
+    """What happened to ``keys`` in the pool. A consumer tracks, per key, the set of tiers
+    (``"memory"``, ``"disk"``) holding a readable copy; a key is in the pool while that set is
+    not empty."""
+
+    # keys now have a readable copy in ``tier`` (put ended, offload/promotion done, disk adopted)
+    STORED = "stored"
+    EVICTED_MEMORY = "evicted_memory"  # the memory copies of keys were evicted (tier "memory")
+    EVICTED_DISK = "evicted_disk"  # the disk copies of keys were dropped (tier "disk")
+    REMOVED = "removed"  # keys left the pool from every tier (remove, remove_all, overwrite)
+    # ``segment`` left the pool (node died or unmounted); keys lost their last copy in ``tier``
+    SEGMENT_LOST = "segment_lost"
+
+
+@dataclass(frozen=True)
+class StoreEvent:
+    """One change of the pool. ``seq`` increases by one per event of a ``publisher`` (one
+    master run); a consumer that sees a gap, or a new publisher, resynchronises from a
+    :class:`StoreSnapshot`."""
+
+    seq: int
+    publisher: str
+    kind: StoreEventKind
+    keys: tuple[str, ...]
+    tier: str = ""  # "memory" | "disk"; "" for REMOVED
+    segment: str = ""  # SEGMENT_LOST: the segment that left
+    timestamp: float = 0.0  # master wall clock (time.time()) when the change was applied
+
+
+@dataclass(frozen=True)
+class StoreSnapshot:
+    """The pool's readable contents as of event ``seq`` of ``publisher``: key -> tiers."""
+
+    publisher: str
+    seq: int
+    keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+class PoolView:
+    """Pure consumer-side state of the store events: key -> tiers, with gap detection.
+
+    ``apply`` returns the keys that entered and left the pool with that event; it returns
+    ``None`` (and sets ``in_sync = False``) on a gap or a new publisher, after which the caller
+    must ``load`` a snapshot. Events older than the loaded snapshot are ignored."""
+
+    def __init__(self) -> None:
+        self.tiers: dict[str, set[str]] = {}
+        self.publisher = ""
+        self.seq = -1
+        self.in_sync = False
+
+    def load(self, snap: StoreSnapshot) -> tuple[list[str], list[str]]:
+        """Replace the contents; returns (entered, left) relative to the previous contents."""
+        old = set(self.tiers)
+        self.tiers = {k: set(t) for k, t in snap.keys.items() if t}
+        self.publisher, self.seq, self.in_sync = snap.publisher, snap.seq, True
+        return [k for k in self.tiers if k not in old], [k for k in old if k not in self.tiers]
+
+    def apply(self, ev: StoreEvent) -> tuple[list[str], list[str]] | None:
+        if not self.in_sync or ev.publisher != self.publisher:
+            self.in_sync = False
+            return None
+        if ev.seq <= self.seq:
+            return [], []  # already reflected by the snapshot
+        if ev.seq != self.seq + 1:
+            self.in_sync = False
+            return None
+        self.seq = ev.seq
+        entered: list[str] = []
+        left: list[str] = []
+        for key in ev.keys:
+            before = bool(self.tiers.get(key))
+            if ev.kind is StoreEventKind.STORED:
+                self.tiers.setdefault(key, set()).add(ev.tier)
+            elif ev.kind is StoreEventKind.REMOVED:
+                self.tiers.pop(key, None)
+            else:  # evicted / segment lost: that tier's copy is gone
+                t = self.tiers.get(key)
+                if t is not None:
+                    t.discard(ev.tier or "memory")
+                    if not t:
+                        del self.tiers[key]
+            after = bool(self.tiers.get(key))
+            if after and not before:
+                entered.append(key)
+            elif before and not after:
+                left.append(key)
+        return entered, left
+
+
 class InstanceAPI(ABC):
     """What the proxy asks of a prefill or decode instance (live) — the simulator models the
     same operations. Implementations own their KV memory; callers never free it directly."""

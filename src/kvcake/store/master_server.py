@@ -58,9 +58,15 @@ def _per_key(keys: list[str], fn: Callable[[str], P.KeyResult]) -> P.Reply:
 class MasterHandlers:
     """Maps each request type to a handler (a registry, so new calls are one entry)."""
 
-    def __init__(self, state: MasterState, directory: Callable[[], str]):
+    def __init__(
+        self,
+        state: MasterState,
+        directory: Callable[[], str],
+        events: Callable[[], str] = lambda: "",
+    ):
         self.state = state
         self.directory = directory
+        self.events = events
         self.table: dict[type, Callable[[Any], P.Reply]] = {
             P.Heartbeat: self.heartbeat,
             P.Mount: self.mount,
@@ -74,6 +80,7 @@ class MasterHandlers:
             P.RemoveAll: self.remove_all,
             P.TakeTasks: self.take_tasks,
             P.TaskDone: self.task_done,
+            P.KvSnapshot: self.kv_snapshot,
         }
 
     def dispatch(self, msg: msgspec.Struct) -> P.Reply:
@@ -96,7 +103,12 @@ class MasterHandlers:
     def heartbeat(self, m: P.Heartbeat) -> P.Reply:
         known = self.state.touch(ClientId(m.client), m.host) if m.client else True
         ttl = int(self.state.cfg.client_ttl_s * 1000)
-        return P.Reply(count=0 if known else 1, client_ttl_ms=ttl, directory=self.directory())
+        return P.Reply(
+            count=0 if known else 1,
+            client_ttl_ms=ttl,
+            directory=self.directory(),
+            events=self.events(),
+        )
 
     def mount(self, m: P.Mount) -> P.Reply:
         if m.tier not in ("memory", "disk"):
@@ -162,6 +174,9 @@ class MasterHandlers:
         tasks = self.state.take_tasks(ClientId(m.client))
         return P.Reply(tasks=[(t.kind, t.key, t.size, t.mem_offset) for t in tasks])
 
+    def kv_snapshot(self, m: P.KvSnapshot) -> P.Reply:
+        return P.Reply(snapshot=self.state.kv_snapshot(), events=self.events())
+
     def task_done(self, m: P.TaskDone) -> P.Reply:
         self.state.task_done(ClientId(m.client), m.kind, m.key, m.ok)
         return P.Reply()
@@ -222,11 +237,14 @@ class Master:
         self.rpc = MasterRpcServer(
             config.host,
             config.port,
-            MasterHandlers(self.state, lambda: self.directory_address),
+            MasterHandlers(self.state, lambda: self.directory_address, lambda: self.events_address),
             self.metrics,
             config.busy_poll_us,
         )
         self.http: Any = None
+        self.publisher: Any = None
+        if config.events_port < 0:
+            self.state.events.enabled = False
         self._stop = threading.Event()
         self._housekeeper = threading.Thread(target=self._housekeep, name="master-housekeeping")
 
@@ -239,12 +257,21 @@ class Master:
         return str(self.directory.address) if self.directory is not None else ""
 
     @property
+    def events_address(self) -> str:
+        return str(self.publisher.address) if self.publisher is not None else ""
+
+    @property
     def http_address(self) -> str:
         return self.http.address if self.http is not None else ""
 
     def start(self) -> None:
         if self.directory is not None:
             self.directory.start()
+        if self.cfg.events_port >= 0:
+            from kvcake.store.events import EventPublisher
+
+            self.publisher = EventPublisher(self.state.events, self.cfg.host, self.cfg.events_port)
+            self.publisher.start()
         self.rpc.start()
         if self.cfg.http_port >= 0:
             from kvcake.store.http import MasterHttp
@@ -292,3 +319,5 @@ class Master:
             self.http.stop()
         if self.directory is not None:
             self.directory.stop()
+        if self.publisher is not None:
+            self.publisher.stop()

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
+from kvcake.core.api import StoreEventKind, StoreSnapshot
 from kvcake.core.ids import ClientId, ObjectKey, SegmentName
 from kvcake.store.allocator import RangeAllocator
 from kvcake.store.config import MasterConfig
@@ -34,6 +35,7 @@ from kvcake.store.errors import (
     ReplicaNotReady,
     SegmentNotFound,
 )
+from kvcake.store.events import EventLog
 from kvcake.store.metadata import ClientInfo, NodeTask, ObjectMeta, Replica, Segment, Status, Tier
 from kvcake.store.protocol import PutOptions, ReplicaDesc, ReqId
 from kvcake.store.strategy import make as make_strategy
@@ -42,6 +44,12 @@ from kvcake.store.tiering import TieringMixin
 MAX_KEY_LEN = 4096
 MEMORY = Tier.MEMORY  # module constant: enum attribute lookups are slow on hot paths
 R = TypeVar("R")
+
+
+def readable_tiers(obj: ObjectMeta) -> set[Tier]:
+    if obj.status is not Status.COMPLETE:
+        return set()
+    return {r.tier for r in obj.replicas if r.complete}
 
 
 def check_key(key: str) -> ObjectKey:
@@ -68,6 +76,7 @@ class MasterState(TieringMixin):
         # PROCESSING objects in put_start order (the clock is monotonic): the sweep reads the head.
         self.processing: OrderedDict[ObjectKey, ObjectMeta] = OrderedDict()
         self.swept = 0
+        self.events = EventLog(config.events_buffer)
         self.lock = threading.RLock()
         self.rng = random.Random(config.seed)
         self.strategy = make_strategy(config.allocation_strategy)
@@ -148,7 +157,12 @@ class MasterState(TieringMixin):
             self.segments[name] = seg
             self._mem_segments = None
             self.clients[client].segments.add(name)
-            return [k for k, size in (existing or []) if not self._adopt(seg, k, size)]
+            rejected = [k for k, size in (existing or []) if not self._adopt(seg, k, size)]
+            if existing:
+                bad = set(rejected)
+                adopted = [k for k, _ in existing if k not in bad]
+                self.events.emit(StoreEventKind.STORED, adopted, Tier.DISK.value)
+            return rejected
 
     def _gone(self, client: ClientId, name: SegmentName) -> bool:
         return self.lease_expired(client) or self.owner_dead(client, name)
@@ -189,14 +203,19 @@ class MasterState(TieringMixin):
         info = self.clients.get(seg.client)
         if info is not None:
             info.segments.discard(seg.name)
+        lost: list[str] = []
         for key in list(self.objects):
             obj = self.objects[key]
             if not any(r.segment == seg.name for r in obj.replicas):
                 continue
+            had = seg.tier in readable_tiers(obj)
             obj.replicas = [r for r in obj.replicas if r.segment != seg.name]
             if obj.status is Status.PROCESSING or not obj.readable():
-                self._drop_object(obj)
+                self._drop_object(obj, None)
+            if had and seg.tier not in readable_tiers(obj):
+                lost.append(key)
         self.discarded = [d for d in self.discarded if d[1] != seg.name]
+        self.events.emit(StoreEventKind.SEGMENT_LOST, lost, seg.tier.value, seg.name)
 
     def _drop_client(self, cid: ClientId) -> None:
         """Forget a client: its segments, its unfinished puts, its dedup sessions, its tasks."""
@@ -242,7 +261,15 @@ class MasterState(TieringMixin):
         if seg is not None:
             seg.allocator.release(rep.offset)
 
-    def _drop_object(self, obj: ObjectMeta) -> None:
+    def _drop_object(
+        self, obj: ObjectMeta, event: StoreEventKind | None = StoreEventKind.REMOVED
+    ) -> None:
+        """Forget ``obj`` and free its replicas; ``event`` is published if it was readable
+        (``None``: the caller publishes)."""
+        if event is not None and obj.status is Status.COMPLETE and obj.readable():
+            self.events.emit(
+                event, (obj.key,), Tier.MEMORY.value if event is not StoreEventKind.REMOVED else ""
+            )
         self.offloading.pop(obj.key, None)
         for rep in obj.replicas:
             self._free(rep)
@@ -333,6 +360,7 @@ class MasterState(TieringMixin):
                 self._free(rep)
                 self._queue_task(rep.segment, NodeTask("delete", obj.key, obj.size, 0))
             obj.replicas = mem
+            self.events.emit(StoreEventKind.REMOVED, (obj.key,))  # invisible while rewritten
             obj.status, obj.writer, obj.put_started = Status.PROCESSING, client, now
             self.processing[obj.key] = obj
             return obj
@@ -384,6 +412,7 @@ class MasterState(TieringMixin):
             obj = self._writing(client, key)
             obj.status = Status.COMPLETE
             self.processing.pop(obj.key, None)
+            self.events.emit(StoreEventKind.STORED, (obj.key,), Tier.MEMORY.value)
             obj.soft_pin_until = self.clock() + obj.soft_pin_ttl_s if obj.soft_pin_ttl_s else 0.0
             self.objects.move_to_end(obj.key)
 
@@ -432,6 +461,16 @@ class MasterState(TieringMixin):
             if not force and (obj.status is Status.PROCESSING or obj.copying):
                 raise ReplicaNotReady(f"{key!r} is being written")
             self._drop_object(obj)
+
+    def kv_snapshot(self) -> StoreSnapshot:
+        """What is readable now, as of the last published event (for subscribers' resync)."""
+        with self.lock:
+            keys = {}
+            for k, o in self.objects.items():
+                tiers = readable_tiers(o)
+                if tiers:
+                    keys[str(k)] = tuple(sorted(t.value for t in tiers))
+            return StoreSnapshot(self.events.publisher, self.events.seq, keys)
 
     def remove_all(self, force: bool = False, pattern: str = "") -> int:
         try:

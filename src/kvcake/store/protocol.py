@@ -12,6 +12,7 @@ from typing import get_args
 
 import msgspec
 
+from kvcake.core.api import StoreSnapshot
 from kvcake.core.framing import Codec
 
 
@@ -123,6 +124,12 @@ class TakeTasks(msgspec.Struct, tag=True):
     rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
 
 
+class KvSnapshot(msgspec.Struct, tag=True):
+    """The pool's readable keys and the event ``seq`` they reflect (KV event resync)."""
+
+    client: str
+
+
 class TaskDone(msgspec.Struct, tag=True):
     client: str
     kind: str
@@ -159,6 +166,7 @@ Request = (
     | RemoveAll
     | TakeTasks
     | TaskDone
+    | KvSnapshot
 )
 
 # --- replies ---------------------------------------------------------------------------------
@@ -183,6 +191,8 @@ class Reply(msgspec.Struct, tag=True):
     tasks: list[tuple[str, str, int, int]] = []  # (kind, key, size, mem_offset)
     rejected: list[str] = []  # mount(disk): copies the node must delete
     directory: str = ""  # heartbeat: the Transfer Engine directory the master hosts
+    events: str = ""  # heartbeat: the zmq PUB endpoint of the master's KV events ("" = none)
+    snapshot: StoreSnapshot | None = None  # KvSnapshot
 
 
 class ErrorReply(msgspec.Struct, tag=True):

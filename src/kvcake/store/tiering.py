@@ -13,8 +13,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
+from kvcake.core.api import StoreEventKind
 from kvcake.core.ids import ClientId, ObjectKey, SegmentName
 from kvcake.store.config import MasterConfig
+from kvcake.store.events import EventLog
 from kvcake.store.metadata import NodeTask, ObjectMeta, Replica, Segment, Status, Tier
 
 
@@ -31,11 +33,14 @@ class TieringMixin:
     evicted_bytes: int
     offloads: int
     promotions: int
+    events: EventLog
 
     def _free(self, rep: Replica) -> None:
         raise NotImplementedError
 
-    def _drop_object(self, obj: ObjectMeta) -> None:
+    def _drop_object(
+        self, obj: ObjectMeta, event: StoreEventKind | None = StoreEventKind.REMOVED
+    ) -> None:
         raise NotImplementedError
 
     def _queue_task(self, segment: SegmentName, task: NodeTask) -> None:
@@ -72,17 +77,21 @@ class TieringMixin:
         """Free (or start offloading) at least ``need`` memory bytes if possible; returns the
         bytes freed or scheduled."""
         done = 0
+        evicted: list[str] = []
         with self.lock:
-            # Cheapest first: memory copies of objects already on disk, then the rest; soft
-            # pins only when nothing else is left.
-            for allow_soft, on_disk_only in ((False, True), (False, False), (True, False)):
-                for obj in list(self.objects.values()):
-                    if done >= need:
-                        return done
-                    if on_disk_only and not any(r.complete for r in obj.disk()):
-                        continue
-                    if self._evictable(obj, allow_soft):
-                        done += self._evict_one(obj, offload)
+            try:
+                # Cheapest first: memory copies of objects already on disk, then the rest; soft
+                # pins only when nothing else is left.
+                for allow_soft, on_disk_only in ((False, True), (False, False), (True, False)):
+                    for obj in list(self.objects.values()):
+                        if done >= need:
+                            return done
+                        if on_disk_only and not any(r.complete for r in obj.disk()):
+                            continue
+                        if self._evictable(obj, allow_soft):
+                            done += self._evict_one(obj, offload, evicted)
+            finally:
+                self.events.emit(StoreEventKind.EVICTED_MEMORY, evicted, Tier.MEMORY.value)
         return done
 
     def _evictable(self, obj: ObjectMeta, allow_soft: bool) -> bool:
@@ -92,15 +101,17 @@ class TieringMixin:
             return False
         return allow_soft or obj.soft_pin_until <= self.clock()
 
-    def _evict_one(self, obj: ObjectMeta, offload: bool) -> int:
+    def _evict_one(self, obj: ObjectMeta, offload: bool, evicted: list[str]) -> int:
         mem = obj.memory()
         freed = sum(r.size for r in mem)
         if any(r.complete for r in obj.disk()):
             for rep in mem:
                 self._free(rep)
             obj.replicas = obj.disk()
+            evicted.append(obj.key)
         elif not (offload and self._start_offload(obj)):
-            self._drop_object(obj)
+            self._drop_object(obj, None)
+            evicted.append(obj.key)
         self.evicted_objects += 1
         self.evicted_bytes += freed
         return freed
@@ -182,12 +193,18 @@ class TieringMixin:
                 obj.replicas.remove(rep)
                 return
             rep.complete = True
+            visible = obj.status is Status.COMPLETE
+            if visible:
+                self.events.emit(StoreEventKind.STORED, (obj.key,), tier.value)
             if kind == "promote":
                 obj.disk_hits = 0
             elif not self.leased(obj):  # the offload was for space: release the memory now
+                had_memory = any(r.complete for r in obj.memory())
                 for mem in obj.memory():
                     self._free(mem)
                 obj.replicas = obj.disk()
+                if visible and had_memory:
+                    self.events.emit(StoreEventKind.EVICTED_MEMORY, (obj.key,), Tier.MEMORY.value)
 
     def check(self) -> None:
         """Assert allocator invariants and that every replica lies in a mounted segment."""

@@ -1,0 +1,122 @@
+"""The master's KV events: :class:`EventLog` numbers pool changes as the state applies them
+(under the state lock, so ``seq`` order is the order of the changes) and keeps a bounded queue;
+:class:`EventPublisher` sends the queue on a zmq PUB socket bound to loopback.
+
+Message: two frames, :data:`~kvcake.core.api.STORE_EVENTS_TOPIC` and a msgpack list of
+:class:`~kvcake.core.api.StoreEvent` (several events per message when they queue up). When idle
+for a second: topic ``<topic>.tick`` and msgpack ``[publisher, last seq]``, so a subscriber
+that missed the last events notices without waiting for the next change. When the
+queue overflows (no one drains it fast enough) the oldest events are dropped: subscribers see a
+gap in ``seq`` and resynchronise from a snapshot, as they would after a missed message.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from kvcake.core.api import STORE_EVENTS_TOPIC, StoreEvent, StoreEventKind
+
+log = logging.getLogger(__name__)
+ENCODER = msgspec.msgpack.Encoder()
+BATCH_DECODER = msgspec.msgpack.Decoder(list[StoreEvent])
+MAX_BATCH = 1024  # events per zmq message
+TICK_TOPIC = STORE_EVENTS_TOPIC + b".tick"  # idle: msgpack [publisher, last seq] once a second
+TICK_S = 1.0
+
+
+class EventLog:
+    """Thread-safe append side (the state calls :meth:`emit` under its own lock)."""
+
+    def __init__(self, maxlen: int = 65536, publisher: str = ""):
+        self.publisher = publisher or f"master-{secrets.token_hex(6)}"
+        self.seq = 0  # last assigned
+        self.dropped = 0
+        self._queue: deque[StoreEvent] = deque()
+        self._maxlen = maxlen
+        self._cv = threading.Condition()
+        self.enabled = True
+
+    def emit(
+        self, kind: StoreEventKind, keys: Iterable[str], tier: str = "", segment: str = ""
+    ) -> None:
+        ks = tuple(keys)
+        if not ks and kind is not StoreEventKind.SEGMENT_LOST:
+            return
+        with self._cv:
+            self.seq += 1
+            if not self.enabled:
+                return
+            self._queue.append(
+                StoreEvent(self.seq, self.publisher, kind, ks, tier, segment, time.time())
+            )
+            if len(self._queue) > self._maxlen:
+                self._queue.popleft()
+                self.dropped += 1
+            self._cv.notify()
+
+    def take(self, timeout: float, limit: int = MAX_BATCH) -> list[StoreEvent]:
+        with self._cv:
+            if not self._queue:
+                self._cv.wait(timeout)
+            n = min(limit, len(self._queue))
+            return [self._queue.popleft() for _ in range(n)]
+
+    def wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+
+class EventPublisher:
+    """A thread sending :class:`EventLog` batches on ``tcp://host:port`` (0 = a free port)."""
+
+    def __init__(self, events: EventLog, host: str = "127.0.0.1", port: int = 0):
+        import zmq
+
+        self.events = events
+        self._ctx: Any = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.PUB)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, 10_000)  # messages; beyond, zmq drops -> a gap
+        if port:
+            self._sock.bind(f"tcp://{host}:{port}")
+        else:
+            self._sock.bind_to_random_port(f"tcp://{host}")
+        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="master-events", daemon=True)
+        self.sent = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.is_set():
+            batch = self.events.take(0.2)
+            if not batch:
+                if time.monotonic() - last >= TICK_S:  # lets idle subscribers notice a loss
+                    last = time.monotonic()
+                    tick = ENCODER.encode([self.events.publisher, self.events.seq])
+                    self._sock.send_multipart([TICK_TOPIC, tick])
+                continue
+            last = time.monotonic()
+            try:
+                self._sock.send_multipart([STORE_EVENTS_TOPIC, ENCODER.encode(batch)])
+                self.sent += len(batch)
+            except Exception:  # a send failure must not stop the thread; subscribers resync
+                log.exception("master: publishing %d events failed", len(batch))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.events.wake()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+        self._sock.close(0)
