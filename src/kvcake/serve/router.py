@@ -193,7 +193,7 @@ class Router:
             life.prefilled = True
             out.cached_tokens = result.cached_tokens
             self.metrics.prefix_hits.inc(result.cached_tokens)
-            self.conductor.on_prefill_done(life.attempt_id, time.monotonic() - self.t0)
+            self.conductor.on_prefill_done(rid, time.monotonic() - self.t0)
             async for ev in self._decode(life, result, sampling, out, tuple(tokens)):
                 yield ev
         finally:
@@ -206,12 +206,13 @@ class Router:
         life.acc = None
         if acc is None or aid is None:
             return  # rejected (nothing tracked) or already ended
+        # The conductor knows the request by its id, the instances by the attempt's.
         if life.finished:
-            self.conductor.on_decode_done(aid, time.monotonic() - self.t0)
+            self.conductor.on_decode_done(life.rid, time.monotonic() - self.t0)
             if life.release_decode:
                 self._spawn(self._abort(acc, aid, True))
             return
-        self.conductor.on_abort(aid)
+        self.conductor.on_abort(life.rid)
         self._spawn(self._abort(acc, aid, life.prefilled))
 
     def _spawn(self, coro: Any) -> None:
@@ -270,8 +271,11 @@ class Router:
         finally:
             pend.requests -= 1
             pend.tokens -= len(tokens)
-            ppend.prefill_s = max(0.0, ppend.prefill_s - predicted)
             ppend.prefill_requests -= 1
+            # Reset when the queue empties so float rounding cannot accumulate.
+            ppend.prefill_s = (
+                max(0.0, ppend.prefill_s - predicted) if ppend.prefill_requests else 0.0
+            )
             self.metrics.waiting.dec()
 
     async def _decode(
