@@ -71,6 +71,7 @@ class ProxyConfig:
     link_bandwidth: float = 5e9  # bytes/s between instances / from the pool (for predictions)
     max_prompt_tokens: int = 8192
     max_body_bytes: int = size_field("8MiB")  # larger request bodies get 413 before parsing
+    master: str = ""  # store master RPC host:port: its KV events keep the pool index ("" = off)
 
     def __post_init__(self) -> None:
         require(0 <= self.port <= 65535, f"proxy.port {self.port} out of range")

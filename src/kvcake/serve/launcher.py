@@ -138,6 +138,7 @@ class Cluster:
     def _start_all(self) -> None:
         c = self.conf.cluster
         directory, master = self._start_pool()
+        self.master_rpc = master  # the proxy follows the pool through its KV events
         roles = ["colocated"] * c.prefill if c.colocated else ["prefill"] * c.prefill
         roles += [] if c.colocated else ["decode"] * c.decode
         counts: dict[str, int] = {}
@@ -198,7 +199,8 @@ class Cluster:
         urls = list(self.instance_urls.items())
         pre = tuple(u for n, u in urls if not n.startswith("decode"))
         dec = tuple(u for n, u in urls if n.startswith("decode"))
-        proxy = replace(p, host=c.host, port=c.proxy_port, prefill=pre, decode=dec)
+        proxy = replace(p, host=c.host, port=c.proxy_port, prefill=pre, decode=dec,
+                        master=getattr(self, "master_rpc", ""))  # fmt: skip
         cfg = self.run_dir / "proxy.toml"
         cfg.write_text(toml_dump({"kv": self.conf.kv, "proxy": proxy}))
         argv = ["proxy", "--config", str(cfg), "--backend", self.conf.instance.backend]

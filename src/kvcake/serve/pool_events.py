@@ -150,3 +150,15 @@ class PoolEvents:
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
+
+
+_TASKS: set[asyncio.Task[None]] = set()  # keeps running subscribers referenced
+
+
+def start(index: KVIndex, master: str, stop: asyncio.Event) -> PoolEvents:
+    """Run a :class:`PoolEvents` on the current loop until ``stop`` (the proxy's hook)."""
+    pe = PoolEvents(index, master)
+    task = asyncio.get_running_loop().create_task(pe.run(stop))
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
+    return pe

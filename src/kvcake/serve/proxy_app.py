@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kvcake.core.api import FinishReason, SamplingParams
 from kvcake.core.errors import KvcakeError
 from kvcake.core.ids import InstanceId
-from kvcake.serve import openai
+from kvcake.serve import openai, pool_events
 from kvcake.serve import openai_shapes as shapes
 from kvcake.serve.client import RemoteInstance
 from kvcake.serve.detok import Detokenizer
@@ -52,6 +52,7 @@ class ProxyState:
     poll_interval_s: float
     max_prompt_tokens: int  # the context: prompt + answer (also capped by the instances')
     max_body_bytes: int = 8 << 20
+    master: str = ""  # store master RPC host:port; "" = no store events (pool_events)
     cluster: LiveCluster | None = None
     router: Router | None = None
     codec: TextCodec | None = None
@@ -99,6 +100,9 @@ async def _connect_all(st: ProxyState) -> None:
     await cluster.poll_once()
     st.cluster = cluster
     st.router = Router(cluster, st.conductor_factory(info), st.metrics, info.eos_token_ids)
+    if st.master:  # the store's KV events keep the pool holder current (evictions included)
+        cluster.pool_from_store = True
+        pool_events.start(cluster.kv_index, st.master, st.stop)
     await cluster.run(st.poll_interval_s, st.stop)
 
 

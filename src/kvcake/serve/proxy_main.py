@@ -78,6 +78,7 @@ def run_proxy(
         poll_interval_s=cfg.poll_interval_s,
         max_prompt_tokens=cfg.max_prompt_tokens,
         max_body_bytes=cfg.max_body_bytes,
+        master=cfg.master,
     )
     port = sock.getsockname()[1]
     print(f"kvcake proxy on http://{cfg.host}:{port}/v1", flush=True)

@@ -28,6 +28,7 @@ from kvcake.core.api import (
 from kvcake.core.costmodel import DecodeCoefficients, PrefillCoefficients
 from kvcake.core.ids import InstanceId
 from kvcake.serve.client import RemoteInstance
+from kvcake.serve.events import POOL
 from kvcake.serve.wire import InstanceError
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class LiveCluster:
     kv_bytes_per_token: int
     link_bandwidth: float
     kv_index: KVIndex = field(default_factory=PrefixIndex)
+    pool_from_store: bool = False  # the store master's events own the POOL holder (pool_events)
     seqs: dict[InstanceId, int] = field(default_factory=dict)
     pending: dict[InstanceId, Pending] = field(default_factory=dict)
     polls: int = 0
@@ -94,7 +96,8 @@ class LiveCluster:
         if since < 0:
             self.kv_index.drop_holder(iid)
         for ev in st.events:
-            self.kv_index.apply(ev)
+            if not (self.pool_from_store and ev.instance_id == POOL):
+                self.kv_index.apply(ev)
         self.seqs[iid] = max(st.last_seq, since)
 
     async def run(self, interval: float, stop: asyncio.Event) -> None:
