@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kvcake.core.errors import ConfigError
@@ -118,12 +119,21 @@ def test_up_detach_status_down(tmp_path: Path) -> None:
     try:
         assert up.returncode == 0, up.stderr
         assert "cluster up: http://127.0.0.1:" in up.stdout
-        pids = [int(p) for p in json.loads(state.read_text())["processes"].values()]
-        st = subprocess.run([*kv, "status", "--run-dir", str(run_dir)], capture_output=True,
+        doc = json.loads(state.read_text())
+        pids = [int(p["pid"]) for p in doc["processes"].values()]
+        st = subprocess.run([*kv, "status", "--config", str(cfg)], capture_output=True,
                             text=True, timeout=60)  # fmt: skip
         assert st.returncode == 0 and "prefill" in st.stdout and "decode" in st.stdout, st.stdout
+        assert "restarts 0" in st.stdout and "directory=127.0.0.1:" in st.stdout, st.stdout
+        # A second `up` on the same run dir refuses and leaves the running cluster alone.
+        again = subprocess.run([*kv, "up", "--config", str(cfg), "--detach"],
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert again.returncode == 2 and "already running" in again.stderr, again.stderr
+        assert json.loads(state.read_text())["supervisor_pid"] == doc["supervisor_pid"]
+        assert all(Path(f"/proc/{p}").exists() for p in pids)
+        assert httpx.get(doc["url"] + "/health", timeout=10).status_code == 200
     finally:
-        down = subprocess.run([*kv, "down", "--run-dir", str(run_dir)], capture_output=True,
+        down = subprocess.run([*kv, "down", "--config", str(cfg)], capture_output=True,
                               text=True, timeout=120)  # fmt: skip
     assert down.returncode == 0 and not state.exists()
     deadline = time.monotonic() + 20
@@ -133,3 +143,55 @@ def test_up_detach_status_down(tmp_path: Path) -> None:
     none = subprocess.run([*kv, "status", "--run-dir", str(run_dir)], capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert none.returncode == 1 and "no cluster running" in none.stdout
+
+
+def test_down_never_signals_a_reused_pid(tmp_path: Path) -> None:
+    """A stale record whose pids now belong to other processes: `down` leaves them alone."""
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        doc = {"supervisor_pid": bystander.pid, "supervisor_start_ticks": 1, "url": "http://x",
+               "run_dir": str(tmp_path), "processes": {"proxy": {"pid": bystander.pid,
+                                                                   "start_ticks": 1}}}  # fmt: skip
+        (tmp_path / "latest.json").write_text(json.dumps(doc))
+        r = subprocess.run([sys.executable, "-m", "kvcake", "down", "--run-dir", str(tmp_path)],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert r.returncode == 0 and "not signalled" in r.stdout, r.stdout
+        time.sleep(0.3)
+        assert bystander.poll() is None  # still running
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_supervisor_restarts_killed_children_on_their_ports(tmp_path: Path) -> None:
+    """SIGKILL an instance and the proxy: each is restarted on its old port (the exit signal is
+    recorded) and the cluster serves again at the same URL."""
+    from kvcake.serve.supervisor import RestartPolicy, Supervisor
+
+    # With a store master: its directory releases a dead owner's segment names.
+    c = make_cluster(tmp_path, cluster={"prefill": 1, "decode": 1, "store_servers": 1,
+                                        "store_size": "32MB"})  # fmt: skip
+    c.supervisor = Supervisor(c, RestartPolicy(base_s=0.2))
+    body = {"prompt": [300] * 40, "max_tokens": 2}
+    with c:
+        for name in ("decode-0", "proxy"):
+            ch = c.child(name)
+            old_pid = ch.proc.pid  # type: ignore[union-attr]
+            ch.proc.kill()  # type: ignore[union-attr]
+            deadline = time.monotonic() + 90
+            ok = False
+            while time.monotonic() < deadline and not ok:
+                time.sleep(0.3)
+                try:
+                    r = httpx.post(c.url + "/v1/completions", json=body, timeout=10)
+                    ok = r.status_code == 200 and ch.restarts == 1
+                except httpx.HTTPError:
+                    pass
+            assert ok, (name, ch.last_exit, ch.log.read_text()[-2000:])
+            assert ch.proc.pid != old_pid and ch.last_exit == "killed by SIGKILL"  # type: ignore[union-attr]
+        state = json.loads((c.run_dir / "cluster.json").read_text())
+        assert state["processes"]["decode-0"]["restarts"] == 1
+        assert state["processes"]["proxy"]["last_exit"] == "killed by SIGKILL"
+    from kvcake.transfer import cleanup_stale
+
+    cleanup_stale()

@@ -4,9 +4,12 @@ Order: master (hosts the Transfer Engine directory; without a store, a bare
 ``kvcake transfer-server --metadata`` does), store-servers, prefill/decode (or colocated)
 instances, proxy. Every child is a real process whose output goes to ``<run_dir>/<name>.log``;
 the launcher learns bound addresses from each child's one "ready" line, waits for the proxy's
-``/health`` and writes ``<run_dir>/cluster.json`` (pids, URLs) for ``kvcake status``/``down``.
-A child that exits during startup stops everything and its log tail is shown. Stopping sends
-SIGTERM to the children in reverse order (then SIGKILL after a grace period).
+``/health`` and writes ``<run_dir>/cluster.json`` (pids and their start times, every port,
+restarts) for ``kvcake status``/``down``. A child that exits during startup stops everything and
+its log tail is shown. Once up, every port a child bound is written back into its argv / config
+file, so a restart (``Cluster(supervise=True)``: :mod:`kvcake.serve.supervisor`, or by hand with
+``kvcake decode --config <run_dir>/decode-0.toml``) comes back at the same address. Stopping
+sends SIGTERM to the children in reverse order (then SIGKILL after a grace period).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,8 @@ import httpx
 from kvcake.core.config import KVLayoutConfig
 from kvcake.core.errors import ConfigError, KvcakeError
 from kvcake.serve.config import ClusterConfig, InstanceConfig, ProxyConfig, ServeFile
+from kvcake.serve.runstate import proc_start_ticks
+from kvcake.serve.supervisor import Supervisor
 
 STATE_FILE = "cluster.json"
 
@@ -42,7 +48,13 @@ class Child:
     argv: list[str]
     log: Path
     proc: subprocess.Popen[bytes] | None = None
-    info: dict[str, str] = field(default_factory=dict)
+    info: dict[str, str] = field(default_factory=dict)  # what its ready line said (addresses)
+    started: float = 0.0  # monotonic time of the last (re)start
+    start_ticks: int = 0  # /proc start time of ``proc``: `kvcake down` checks it before signalling
+    restarts: int = 0
+    failures: int = 0  # consecutive quick failures (the supervisor's backoff)
+    restart_at: float | None = None
+    last_exit: str = ""
 
 
 def toml_dump(sections: dict[str, Any]) -> str:
@@ -100,8 +112,14 @@ def check_model(backend: str) -> None:
 class Cluster:
     """A supervised local cluster. Use as a context manager (stops everything on exit)."""
 
-    def __init__(self, conf: ServeFile, run_dir: Path | None = None, quiet: bool = False):
+    def __init__(
+        self, conf: ServeFile, run_dir: Path | None = None, quiet: bool = False,
+        supervise: bool = False,
+    ):  # fmt: skip
         self.conf = conf
+        self.lock = threading.RLock()
+        self.stopping = False
+        self.supervisor: Supervisor | None = Supervisor(self) if supervise else None
         stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
         self.run_dir = run_dir or Path(conf.cluster.run_dir) / stamp
         self.children: list[Child] = []
@@ -132,8 +150,36 @@ class Cluster:
         except BaseException:
             self.stop()
             raise
+        self._pin_ports()
         self.write_state()
+        if self.supervisor is not None:
+            self.supervisor.start()
         return self.url
+
+    def _pin_ports(self) -> None:
+        """Write every bound port back into the children's argv / config files, so a
+        restarted child listens where its peers already look for it."""
+        for ch in self.children:
+            if ch.name == "master":
+                rpc, dir_, http = (
+                    ch.info[k].rsplit(":", 1)[1] for k in ("rpc", "directory", "http")
+                )
+                ch.argv = _set_flags(ch.argv, {"--port": rpc, "--directory-port": dir_,
+                                                "--http-port": http})  # fmt: skip
+            elif ch.name == "directory":
+                dport = ch.info["directory"].rsplit(":", 1)[1]
+                ch.argv = _set_flags(ch.argv, {"--metadata-port": dport})
+            elif "url" in ch.info:
+                self._pin_config_port(ch, int(ch.info["url"].rsplit(":", 1)[1].split("/")[0]))
+
+    def _pin_config_port(self, ch: Child, port: int) -> None:
+        from kvcake.core.config import load_config
+
+        cfg = Path(ch.argv[ch.argv.index("--config") + 1])
+        sec = "proxy" if ch.name == "proxy" else "instance"
+        tp = ProxyConfig if ch.name == "proxy" else InstanceConfig
+        cur: Any = load_config(tp, toml_path=cfg, section=sec)
+        cfg.write_text(toml_dump({"kv": self.conf.kv, sec: replace(cur, port=port)}))
 
     def _start_all(self) -> None:
         c = self.conf.cluster
@@ -158,8 +204,6 @@ class Cluster:
         self._start_proxy()
 
     def _instance_config(self, iid: str, port: int, directory: str, master: str) -> InstanceConfig:
-        from dataclasses import replace
-
         return replace(
             self.conf.instance, id=iid, host=self.conf.cluster.host, port=port,
             directory=directory, master=master,
@@ -179,12 +223,22 @@ class Cluster:
             return ch.info["directory"], ""
         ch = self._spawn("master", ["master", "--host", c.host, "--port", str(c.master_port),
                                     "--http-port", "0", "--directory-port", "0"])  # fmt: skip
-        self._wait_line(ch, r"master rpc=(?P<rpc>\S+) directory=(?P<directory>\S+)")
+        self._wait_line(
+            ch, r"master rpc=(?P<rpc>\S+) directory=(?P<directory>\S+) http=(?P<http>\S+)"
+        )
         self.say(f"  master       rpc {ch.info['rpc']}, directory {ch.info['directory']}")
         stores = [
             self._spawn(
                 f"store-{i}",
-                ["store-server", "--master", ch.info["rpc"], "--segment-size", str(c.store_size)],
+                [
+                    "store-server",
+                    "--master",
+                    ch.info["rpc"],
+                    "--segment-size",
+                    str(c.store_size),
+                    "--name",
+                    f"store-{i}",
+                ],
             )
             for i in range(c.store_servers)
         ]
@@ -194,8 +248,6 @@ class Cluster:
 
     def _start_proxy(self) -> None:
         c, p = self.conf.cluster, self.conf.proxy
-        from dataclasses import replace
-
         urls = list(self.instance_urls.items())
         pre = tuple(u for n, u in urls if not n.startswith("decode"))
         dec = tuple(u for n, u in urls if n.startswith("decode"))
@@ -212,15 +264,28 @@ class Cluster:
     # --- processes ---------------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str]) -> Child:
         log = self.run_dir / f"{name}.log"
-        argv = [sys.executable, "-m", "kvcake", *args]
-        fh = log.open("wb")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
-        fh.close()
-        ch = Child(name, argv, log, proc)
-        self.children.append(ch)
+        ch = Child(name, [sys.executable, "-m", "kvcake", *args], log)
+        self._popen(ch, "wb")
+        with self.lock:
+            self.children.append(ch)
         return ch
+
+    def _popen(self, ch: Child, mode: str) -> None:
+        with ch.log.open(mode) as fh:
+            if mode == "ab":
+                fh.write(f"\n--- restart #{ch.restarts + 1} after: {ch.last_exit} ---\n".encode())
+                fh.flush()
+            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            ch.proc = subprocess.Popen(ch.argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)  # fmt: skip
+        ch.started = time.monotonic()
+        ch.start_ticks = proc_start_ticks(ch.proc.pid)
+
+    def respawn(self, ch: Child) -> None:
+        """Start an exited child again (same argv, ports pinned by ``_pin_ports``)."""
+        with self.lock:
+            if not self.stopping:
+                self._popen(ch, "ab")
 
     def _wait_line(self, ch: Child, pattern: str) -> None:
         deadline = time.monotonic() + self.conf.cluster.startup_timeout_s
@@ -260,6 +325,10 @@ class Cluster:
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM tier by tier (proxy, instances, storage, master/directory), so nobody
         loses a peer it still needs while shutting down; SIGKILL after ``grace_s``."""
+        with self.lock:
+            self.stopping = True
+        if self.supervisor is not None:
+            self.supervisor.stop()
         tiers: list[list[Child]] = [[], [], [], []]
         for ch in self.children:
             tier = {"proxy": 0, "store": 2, "master": 3, "directory": 3}
@@ -277,19 +346,41 @@ class Cluster:
             state.unlink()
 
     def write_state(self) -> None:
+        with self.lock:
+            if self.stopping:
+                return
+            procs = {
+                c.name: {"pid": c.proc.pid, "start_ticks": c.start_ticks, "restarts": c.restarts,
+                         "last_exit": c.last_exit, "alive": c.proc.poll() is None,
+                         "addresses": dict(c.info)}
+                for c in self.children if c.proc is not None
+            }  # fmt: skip
         doc = {
             "supervisor_pid": os.getpid(),
+            "supervisor_start_ticks": proc_start_ticks(os.getpid()),
             "url": self.url,
             "run_dir": str(self.run_dir),
-            "processes": {c.name: c.proc.pid for c in self.children if c.proc is not None},
+            "processes": procs,
             "instances": self.instance_urls,
         }
-        (self.run_dir / STATE_FILE).write_text(json.dumps(doc, indent=2))
-        latest = Path(self.conf.cluster.run_dir) / "latest.json"
-        latest.write_text(json.dumps(doc, indent=2))
+        text = json.dumps(doc, indent=2)
+        for path in (self.run_dir / STATE_FILE, Path(self.conf.cluster.run_dir) / "latest.json"):
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)  # readers never see half a file
 
     def dead_children(self) -> list[str]:
         return [c.name for c in self.children if c.proc is not None and c.proc.poll() is not None]
+
+
+def _set_flags(argv: list[str], values: dict[str, str]) -> list[str]:
+    out = list(argv)
+    for flag, v in values.items():
+        if flag in out:
+            out[out.index(flag) + 1] = v
+        else:
+            out += [flag, v]
+    return out
 
 
 def _wait(ch: Child, timeout: float) -> None:

@@ -31,13 +31,42 @@ def register(sub: Any) -> None:
     p.add_argument("--detach", action="store_true", help="run in the background")
     p.set_defaults(func=_up)
 
-    s = sub.add_parser("status", help="show the cluster started by `kvcake up`")
-    s.add_argument("--run-dir", default="runs", help="cluster.run_dir of that cluster")
+    s = sub.add_parser("status", help="show the cluster started by `kvcake up`: processes, "
+                       "ports, restarts, load")  # fmt: skip
+    _run_dir_args(s)
     s.set_defaults(func=_status)
 
     d = sub.add_parser("down", help="stop the cluster started by `kvcake up --detach`")
-    d.add_argument("--run-dir", default="runs")
+    _run_dir_args(d)
     d.set_defaults(func=_down)
+
+
+def _run_dir_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="the cluster TOML given to `kvcake up` (for its run_dir)")
+    p.add_argument("--run-dir", help="cluster.run_dir of that cluster (default: runs)")
+
+
+def _run_dir(args: argparse.Namespace) -> str:
+    if args.run_dir:
+        return str(args.run_dir)
+    if args.config:
+        from kvcake.serve.launcher import load_serve_file
+
+        return load_serve_file(args.config).cluster.run_dir
+    return "runs"
+
+
+def _refuse_if_running(run_dir: str) -> bool:
+    from kvcake.serve.runstate import live_cluster
+
+    st = live_cluster(run_dir)
+    if st is None:
+        return False
+    print(f"kvcake: error: a cluster is already running from {run_dir} (supervisor pid "
+          f"{st['supervisor_pid']}, endpoint {st['url']}/v1); it was left untouched. Stop it "
+          f"with `kvcake down --run-dir {run_dir}` or set cluster.run_dir to another "
+          "directory.", file=sys.stderr)  # fmt: skip
+    return True
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -49,26 +78,11 @@ def _up(args: argparse.Namespace) -> int:
         "instance": {"backend": args.backend},
         "cluster": {"prefill": args.prefill, "decode": args.decode, "proxy_port": args.port},
     })  # fmt: skip
+    if _refuse_if_running(conf.cluster.run_dir):
+        return 2
     if args.detach:
-        argv = [sys.executable, "-m", "kvcake", *[a for a in sys.argv[1:] if a != "--detach"]]
-        if args.config is None:
-            argv += ["--config", path]
-        log = Path(conf.cluster.run_dir)
-        log.mkdir(parents=True, exist_ok=True)
-        latest = log / "latest.json"
-        latest.unlink(missing_ok=True)
-        with (log / "supervisor.log").open("wb") as fh:
-            proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT,
-                                    start_new_session=True)  # fmt: skip
-        deadline = time.monotonic() + conf.cluster.startup_timeout_s + 30
-        while time.monotonic() < deadline and proc.poll() is None and not latest.exists():
-            time.sleep(0.2)
-        if not latest.exists():
-            print((log / "supervisor.log").read_text()[-3000:], file=sys.stderr)
-            return 2
-        print(f"cluster up: {json.loads(latest.read_text())['url']}/v1 (stop: kvcake down)")
-        return 0
-    cluster = Cluster(conf)
+        return _detach(args, conf, path)
+    cluster = Cluster(conf, supervise=True)
     print(f"starting cluster ({conf.instance.backend}), logs in {cluster.run_dir}", flush=True)
     stop = {"now": False}
 
@@ -79,15 +93,10 @@ def _up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         url = cluster.start()
-        print(f"ready: OpenAI endpoint {url}/v1  (Ctrl-C stops the cluster)", flush=True)
-        reported: set[str] = set()
+        print(f"ready: OpenAI endpoint {url}/v1  (Ctrl-C stops the cluster; crashed processes "
+              "are restarted)", flush=True)  # fmt: skip
         while not stop["now"]:
-            for name in set(cluster.dead_children()) - reported:
-                print(f"warning: {name} exited (log {cluster.run_dir / (name + '.log')})")
-                reported.add(name)
-            if "proxy" in reported:
-                break
-            time.sleep(0.5)
+            time.sleep(0.2)
     finally:
         print("stopping cluster...", flush=True)
         cluster.stop()
@@ -95,19 +104,50 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _detach(args: argparse.Namespace, conf: Any, path: str) -> int:
+    argv = [sys.executable, "-m", "kvcake", *[a for a in sys.argv[1:] if a != "--detach"]]
+    if args.config is None:
+        argv += ["--config", path]
+    log = Path(conf.cluster.run_dir)
+    log.mkdir(parents=True, exist_ok=True)
+    latest = log / "latest.json"
+    latest.unlink(missing_ok=True)  # a stale record (its supervisor is gone: checked above)
+    with (log / "supervisor.log").open("wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + conf.cluster.startup_timeout_s + 30
+    while time.monotonic() < deadline and proc.poll() is None and not latest.exists():
+        time.sleep(0.2)
+    if not latest.exists():
+        print((log / "supervisor.log").read_text()[-3000:], file=sys.stderr)
+        return 2
+    print(f"cluster up: {json.loads(latest.read_text())['url']}/v1 (stop: kvcake down)")
+    return 0
+
+
 def _state(run_dir: str) -> dict[str, Any] | None:
     p = Path(run_dir) / "latest.json"
-    return json.loads(p.read_text()) if p.exists() else None
+    try:
+        doc: dict[str, Any] = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc
 
 
 def _status(args: argparse.Namespace) -> int:
     import httpx
 
-    st = _state(args.run_dir)
+    run_dir = _run_dir(args)
+    st = _state(run_dir)
     if st is None:
-        print(f"no cluster running (no {args.run_dir}/latest.json)")
+        print(f"no cluster running (no {run_dir}/latest.json)")
         return 1
-    print(f"endpoint {st['url']}/v1   logs {st['run_dir']}")
+    print(f"endpoint {st['url']}/v1   logs {st['run_dir']}   supervisor pid {st['supervisor_pid']}")
+    for name, p in st["processes"].items():
+        addrs = "  ".join(f"{k}={v}" for k, v in p.get("addresses", {}).items())
+        last = f"  last exit: {p['last_exit']}" if p.get("last_exit") else ""
+        print(f"  {name:<12} pid {p['pid']:<8} {'up' if p.get('alive') else 'DOWN':<5} "
+              f"restarts {p.get('restarts', 0):<3} {addrs}{last}")  # fmt: skip
     try:
         view = httpx.get(st["url"] + "/v1/cluster", timeout=5).json()
     except httpx.HTTPError as exc:
@@ -121,23 +161,40 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _signal_recorded(st: dict[str, Any]) -> None:
+    """SIGTERM each recorded process that is still the one the launcher started."""
+    from kvcake.serve.runstate import pid_is
+
+    for name, p in st["processes"].items():
+        pid, ticks = int(p["pid"]), int(p.get("start_ticks", 0))
+        if not pid_is(pid, ticks):
+            print(f"  {name}: pid {pid} is gone or is another process now; not signalled")
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
 def _down(args: argparse.Namespace) -> int:
-    st = _state(args.run_dir)
+    from kvcake.serve.runstate import pid_is
+
+    run_dir = _run_dir(args)
+    st = _state(run_dir)
     if st is None:
         print("no cluster running")
         return 1
-    pid = int(st["supervisor_pid"])
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
+    latest = Path(run_dir) / "latest.json"
+    pid, ticks = int(st["supervisor_pid"]), int(st.get("supervisor_start_ticks", 0))
+    if not pid_is(pid, ticks):
         print(f"supervisor {pid} is gone; stopping its processes directly")
-        for p in st["processes"].values():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(p), signal.SIGTERM)
-        (Path(args.run_dir) / "latest.json").unlink(missing_ok=True)
+        _signal_recorded(st)
+        latest.unlink(missing_ok=True)
         return 0
-    deadline = time.monotonic() + 40
-    while time.monotonic() < deadline and (Path(args.run_dir) / "latest.json").exists():
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and latest.exists():
         time.sleep(0.2)
+    if latest.exists():
+        print(f"the supervisor (pid {pid}) did not stop within 60 s", file=sys.stderr)
+        return 1
     print("cluster stopped")
     return 0

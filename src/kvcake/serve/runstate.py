@@ -1,0 +1,34 @@
+"""A running cluster's record on disk (``<run_dir>/latest.json``, written by the launcher) and
+how to tell that a recorded pid is still the process that was started (its start time)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def proc_start_ticks(pid: int) -> int:
+    """The process's start time in clock ticks since boot (0 if it is gone): with the pid, it
+    identifies a process across pid reuse."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def pid_is(pid: int, ticks: int) -> bool:
+    """True if ``pid`` is still the process that started at ``ticks``."""
+    return ticks != 0 and proc_start_ticks(pid) == ticks
+
+
+def live_cluster(run_dir: str | Path) -> dict[str, Any] | None:
+    """The state of the cluster whose supervisor still runs in ``run_dir`` (``latest.json``)."""
+    p = Path(run_dir) / "latest.json"
+    try:
+        doc: dict[str, Any] = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    pid, ticks = int(doc.get("supervisor_pid", 0)), int(doc.get("supervisor_start_ticks", 0))
+    return doc if pid and pid_is(pid, ticks) else None

@@ -1,0 +1,108 @@
+"""Keeps a started cluster's processes running: a child that exits (crash, OOM, ``kill -9``) is
+logged with its exit code or signal and started again, with the same argv, config and ports,
+after a backoff that doubles with every quick failure (0.5 s, 1 s, 2 s... up to 30 s) and resets
+once the child has stayed up for ``stable_s``.
+
+Invariant: the supervisor never restarts a child while the cluster is stopping, and every
+restart is counted in ``Child.restarts`` (shown by ``kvcake status``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    base_s: float = 0.5
+    max_s: float = 30.0
+    stable_s: float = 30.0  # up this long: the next failure starts the backoff over
+
+    def delay(self, failures: int) -> float:
+        return float(min(self.max_s, self.base_s * 2 ** max(0, failures - 1)))
+
+
+class Supervised(Protocol):
+    """What the supervisor needs from a cluster (``launcher.Cluster``)."""
+
+    children: list[Any]
+    lock: threading.RLock
+    stopping: bool
+
+    def respawn(self, ch: Any) -> None: ...
+
+    def write_state(self) -> None: ...
+
+    def say(self, msg: str) -> None: ...
+
+
+class Supervisor:
+    def __init__(self, cluster: Supervised, policy: RestartPolicy | None = None):
+        self.cluster = cluster
+        self.policy = policy or RestartPolicy()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> None:
+        """One pass: notice exits, restart the children whose backoff has passed."""
+        now = time.monotonic()
+        with self.cluster.lock:
+            if self.cluster.stopping:
+                return
+            for ch in self.cluster.children:
+                self._check_child(ch, now)
+
+    def _check_child(self, ch: Any, now: float) -> None:
+        rc = ch.proc.poll() if ch.proc is not None else None
+        if rc is None:
+            if ch.failures and now - ch.started > self.policy.stable_s:
+                ch.failures = 0
+            return
+        if ch.restart_at is None:  # just noticed
+            ch.failures += 1
+            ch.last_exit = describe_exit(rc)
+            delay = self.policy.delay(ch.failures)
+            ch.restart_at = now + delay
+            self.cluster.say(
+                f"supervisor: {ch.name} (pid {ch.proc.pid}) {ch.last_exit}; restarting in "
+                f"{delay:.1f} s (restart #{ch.restarts + 1}, log {ch.log})"
+            )
+            self.cluster.write_state()
+        elif now >= ch.restart_at:
+            ch.restart_at = None
+            self.cluster.respawn(ch)
+            ch.restarts += 1
+            self.cluster.say(f"supervisor: {ch.name} restarted (pid {ch.proc.pid})")
+            self.cluster.write_state()
+
+    def start(self, interval_s: float = 0.2) -> None:
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                try:
+                    self.check()
+                except Exception:  # a failed respawn is retried at the next pass
+                    log.exception("supervisor pass failed")
+
+        self._thread = threading.Thread(target=loop, name="kvcake-supervisor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
