@@ -1,0 +1,210 @@
+"""HA with real processes: 3 masters on one etcd, 3 storage nodes, 4 client processes putting
+checksummed objects while the leader is SIGKILLed 5 times; every acknowledged object must read
+back intact. A leader cut off from etcd steps down and its clients move to the new one. And
+``--state-dir``: a single master restarted keeps its metadata.
+
+Scale: 4 x 1,250 = 5,000 objects (the issue's 10,000 halved to keep `make test` lean on 2
+cores; ``KVCAKE_HA_OBJECTS`` overrides the total).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from kvcake.store.client import Client
+from kvcake.store.errors import ObjectNotFound
+from kvcake.store.ha.election import read_leader
+from kvcake.store.ha.etcd import Etcd
+from tests.store.ha.conftest import EtcdServer, Relay, spawn_master, wait_line
+from tests.store.procs import Proc, spawn
+
+OBJECTS = int(os.environ.get("KVCAKE_HA_OBJECTS", "5000"))
+
+
+def _leader_proc(etcd: Etcd, cluster: str, masters: list[Proc], timeout: float = 30) -> Proc:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = read_leader(etcd, cluster)
+        if info is not None and info.rpc:
+            pid = int(info.name.rsplit("/", 1)[1])
+            for m in masters:
+                if m.popen.pid == pid:
+                    return m
+        time.sleep(0.05)
+    raise AssertionError("no leader")
+
+
+def _verify(client: Client, keys: list[str]) -> list[str]:
+    bad = []
+    for key in keys:
+        try:
+            value = bytes(client.get(key))
+        except Exception as exc:
+            bad.append(f"{key}: {type(exc).__name__}: {exc}")
+            continue
+        if f"{zlib.crc32(value):08x}" != key.rsplit("/", 1)[1]:
+            bad.append(f"{key}: checksum mismatch")
+    return bad
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_leader_sigkilled_five_times(etcd: EtcdServer, tmp_path: Path) -> None:
+    cluster = "t-kill"
+    addr = f"etcd://{etcd.hostport}/{cluster}"
+    ectl = Etcd(etcd.url)
+    masters = [spawn_master(etcd.url, cluster) for _ in range(3)]
+    started: list[Proc] = list(masters)
+    workers = []
+    try:
+        _leader_proc(ectl, cluster, masters)
+        for i in range(3):
+            started.append(
+                spawn("store-server", "--master", addr, "--segment-size", "32MiB",
+                      "--name", f"node-{i}", ready="store-server")
+            )  # fmt: skip
+        outs = [tmp_path / f"acked-{w}.txt" for w in range(4)]
+        for w, out in enumerate(outs):
+            workers.append(spawn_worker(addr, f"c{w}", OBJECTS // 4, out))
+        kills = busy = 0
+        while kills < 5:
+            time.sleep(1.5)
+            busy += any(w.popen.poll() is None for w in workers)
+            victim = _leader_proc(ectl, cluster, masters)
+            victim.stop(signal.SIGKILL)
+            masters.remove(victim)
+            kills += 1
+            new = spawn_master(etcd.url, cluster)
+            masters.append(new)
+            started.append(new)
+        for w in workers:
+            assert w.popen.wait(300) == 0, "".join(w.lines)
+        assert busy >= 3, f"only {busy} of 5 kills hit running clients: raise KVCAKE_HA_OBJECTS"
+        acked = [k for out in outs for k in out.read_text().split()]
+        assert len(acked) >= OBJECTS * 0.8, f"only {len(acked)} of {OBJECTS} puts acknowledged"
+        with Client(master=addr) as reader:
+            bad = _verify(reader, acked)
+        assert not bad, f"{len(bad)} acknowledged objects lost or corrupt: {bad[:5]}"
+    finally:
+        for p in reversed(workers + started):
+            p.stop()
+        ectl.close()
+
+
+def spawn_worker(master: str, prefix: str, count: int, out: Path) -> Proc:
+    return spawn_module("tests.store.ha.worker", "--master", master, "--prefix", prefix,
+                        "--count", str(count), "--out", str(out))  # fmt: skip
+
+
+def spawn_module(module: str, *flags: str) -> Proc:
+    import subprocess
+    import threading
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    root = str(Path(__file__).resolve().parents[3])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    popen = subprocess.Popen(
+        [sys.executable, "-m", module, *flags], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+    )  # fmt: skip
+    proc = Proc(popen, {})
+
+    def pump() -> None:
+        assert popen.stdout is not None
+        for line in popen.stdout:
+            proc.lines.append(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return proc
+
+
+def test_leader_cut_off_from_etcd_steps_down(etcd: EtcdServer) -> None:
+    cluster = "t-cut"
+    addr = f"etcd://{etcd.hostport}/{cluster}"
+    ectl = Etcd(etcd.url)
+    relay = Relay(etcd.hostport)
+    cut_master = spawn_master(relay.url, cluster)  # the only master at first: the leader
+    started = [cut_master]
+    try:
+        wait_line(cut_master, "master leader")
+        started.append(spawn_master(etcd.url, cluster))
+        started.append(
+            spawn("store-server", "--master", addr, "--segment-size", "16MiB", ready="store-server")
+        )
+        with Client(master=addr) as client:
+            client.put("before", b"x" * 1000)
+            mark = len(cut_master.lines)
+            relay.cut()
+            t0 = time.monotonic()
+            while True:  # an application's retry: a put caught by the failover is not acked
+                try:
+                    client.put("after", b"y" * 1000)
+                    break
+                except ObjectNotFound:
+                    assert time.monotonic() - t0 < 20
+            moved = time.monotonic() - t0
+            assert bytes(client.get("before")) == b"x" * 1000
+            assert bytes(client.get("after")) == b"y" * 1000
+        assert any("stepping down" in ln or "ends its term" in ln for ln in cut_master.lines[mark:])
+        info = read_leader(ectl, cluster)
+        assert info is not None and info.name != f"{os.uname().nodename}/{cut_master.popen.pid}"
+        assert moved < 20
+    finally:
+        for p in reversed(started):
+            p.stop()
+        relay.close()
+        ectl.close()
+
+
+def test_state_dir_restart_keeps_metadata(tmp_path: Path) -> None:
+    flags = (
+        "--port",
+        "0",
+        "--http-port",
+        "-1",
+        "--client-ttl-s",
+        "3",
+        "--state-dir",
+        str(tmp_path),
+    )
+    master = spawn("master", *flags, ready="master")
+    port = master.info["rpc"].rsplit(":", 1)[1]
+    node = spawn("store-server", "--master", master.info["rpc"], "--segment-size", "16MiB",
+                 ready="store-server")  # fmt: skip
+    try:
+        with Client(master=master.info["rpc"]) as client:
+            values = {f"k{i}": os.urandom(300 + i) for i in range(300)}
+            for k, v in values.items():
+                client.put(k, v)
+            client.remove("k1", force=True)
+            master.stop(signal.SIGKILL)  # no clean snapshot: the log alone must do
+            master = spawn("master", *flags[:1], port, *flags[2:], ready="master")
+            deadline = time.monotonic() + 20
+            while True:  # the client reconnects; the node re-registers on its next heartbeat
+                try:
+                    assert bytes(client.get("k2")) == values["k2"]
+                    break
+                except AssertionError:
+                    raise
+                except Exception:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.2)
+            for k, v in values.items():
+                if k == "k1":
+                    with pytest.raises(Exception, match="not found"):
+                        client.get(k)
+                else:
+                    assert bytes(client.get(k)) == v
+            client.put("new", b"after restart")  # allocation does not collide with replayed data
+            for k in ("k0", "k299"):
+                assert bytes(client.get(k)) == values[k]
+    finally:
+        node.stop()
+        master.stop()
