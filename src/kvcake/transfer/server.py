@@ -33,14 +33,6 @@ from kvcake.transfer.segments import SegmentTable
 from kvcake.transfer.stream import FrameReader, FrameWriter
 
 
-def _readable(conn: socket.socket) -> bool:
-    """Is more input (or EOF) waiting? Then replies may be held back and batched."""
-    try:
-        return bool(conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-    except BlockingIOError:
-        return False
-
-
 def _head(rid: int, msg: Ack | AckV | Fail, data_len: int = 0) -> bytes:
     meta = CODEC.encode(msg)
     return framing.pack_header(rid, len(meta), data_len) + meta
@@ -49,8 +41,8 @@ def _head(rid: int, msg: Ack | AckV | Fail, data_len: int = 0) -> bytes:
 class TransferServer(ThreadedServer):
     """Serves ``segments`` on every address of ``hosts`` (one port shared when possible).
 
-    Replies to pipelined requests are gathered and sent together once no further request is
-    already buffered (one ``sendmsg`` for a run of acks or read responses)."""
+    Replies to pipelined requests are gathered and sent together while further requests are
+    already read ahead (one ``sendmsg`` for a run of acks or read responses)."""
 
     def __init__(
         self,
@@ -67,45 +59,31 @@ class TransferServer(ThreadedServer):
     def handle(self, conn: socket.socket, listen_address: str) -> None:
         reader = FrameReader(conn, busy_poll_us=self.busy_poll_us)
         writer = FrameWriter(conn)
+        limits = self.limits
         while True:
-            if not reader.has_frame_header() and not _readable(conn):
-                writer.flush()  # about to block for input: the peer must see its replies
-            hdr = reader.read_header(self.limits)
-            if hdr is None:
+            if not reader.has_frame_header():
+                # About to wait for input: the peer must see its replies. (A batch is one
+                # vectored frame, so holding replies back for more pipelined requests, which
+                # took a MSG_PEEK system call per request, no longer pays.)
+                writer.flush()
+            head = reader.read_head(limits)
+            if head is None:
                 writer.flush()
                 return
-            meta = reader.read_bytes(hdr.meta_len)
+            rid, meta_len, data_len = head
             try:
-                msg = CODEC.decode(meta)
+                msg = reader.read_msg(CODEC, meta_len)
             except framing.MalformedFrame:
-                reader.skip(hdr.data_len)
-                writer.queue(_head(hdr.request_id, Fail("MalformedFrame", "undecodable request")))
+                reader.skip(data_len)
+                writer.queue(_head(rid, Fail("MalformedFrame", "undecodable request")))
                 continue
-            self._one(reader, writer, hdr, msg)
+            self._one(reader, writer, rid, data_len, msg)
 
     def _one(
-        self, reader: FrameReader, writer: FrameWriter, hdr: framing.FrameHeader, msg: object
+        self, reader: FrameReader, writer: FrameWriter, rid: int, data_len: int, msg: object
     ) -> None:
-        rid = hdr.request_id
-        if isinstance(msg, WriteV):
-            self._write_v(reader, writer, hdr, msg)
-            return
-        if isinstance(msg, ReadV):
-            reader.skip(hdr.data_len)
-            self._read_v(writer, rid, msg)
-            return
-        if isinstance(msg, WriteReq):
-            try:
-                view = self.segments.resolve(msg.segment, msg.offset, hdr.data_len)
-            except TransferError as exc:
-                reader.skip(hdr.data_len)
-                writer.queue(_head(rid, Fail(type(exc).__name__, str(exc))))
-                return
-            reader.read_into(view)
-            writer.queue(_head(rid, Ack(hdr.data_len)))
-            return
-        reader.skip(hdr.data_len)  # no other request carries data
         if isinstance(msg, ReadReq):
+            reader.skip(data_len)  # a read carries no data
             if msg.length > self.limits.max_data:
                 writer.queue(_head(rid, Fail("OutOfRange", f"read of {msg.length} B is too large")))
                 return
@@ -115,9 +93,25 @@ class TransferServer(ThreadedServer):
                 writer.queue(_head(rid, Fail(type(exc).__name__, str(exc))))
                 return
             writer.queue(_head(rid, Ack(msg.length), msg.length), view)
+        elif isinstance(msg, WriteV):
+            self._write_v(reader, writer, rid, data_len, msg)
+        elif isinstance(msg, ReadV):
+            reader.skip(data_len)
+            self._read_v(writer, rid, msg)
+        elif isinstance(msg, WriteReq):
+            try:
+                view = self.segments.resolve(msg.segment, msg.offset, data_len)
+            except TransferError as exc:
+                reader.skip(data_len)
+                writer.queue(_head(rid, Fail(type(exc).__name__, str(exc))))
+                return
+            reader.read_into(view)
+            writer.queue(_head(rid, Ack(data_len)))
         elif isinstance(msg, Probe):
+            reader.skip(data_len)
             writer.queue(_head(rid, Ack(0)))
         else:
+            reader.skip(data_len)
             writer.queue(
                 _head(rid, Fail("InvalidRequest", f"{type(msg).__name__} is not a request"))
             )
@@ -142,17 +136,16 @@ class TransferServer(ThreadedServer):
         return self.segments.resolve(msg.segments[index], offset, length)
 
     def _write_v(
-        self, reader: FrameReader, writer: FrameWriter, hdr: framing.FrameHeader, msg: WriteV
+        self, reader: FrameReader, writer: FrameWriter, rid: int, data_len: int, msg: WriteV
     ) -> None:
         """Every entry's bytes straight into segment memory (one ``recvmsg_into`` per run of
         good entries); a refused entry's bytes are drained, the others still land."""
-        rid = hdr.request_id
         try:
             rows = self._entries(msg)
-            if sum(max(r[2], 0) for r in rows) != hdr.data_len:
+            if sum(max(r[2], 0) for r in rows) != data_len:
                 raise InvalidRequest("entry lengths do not add up to the data section")
         except TransferError as exc:
-            reader.skip(hdr.data_len)
+            reader.skip(data_len)
             writer.queue(_head(rid, Fail(type(exc).__name__, str(exc))))
             return
         failed: list[tuple[int, str, str]] = []

@@ -16,14 +16,18 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import msgspec
 from typing_extensions import Buffer
 
 from kvcake.core import framing
 from kvcake.core.errors import TruncatedFrame
 
 READAHEAD = 4096
+_HEADER = framing.HEADER
+_HSIZE = framing.HEADER_SIZE
 IOV_CHUNK = 512  # iovecs per sendmsg / recvmsg_into (the kernel's IOV_MAX is 1024)
 T = TypeVar("T")
+M = TypeVar("M", bound=msgspec.Struct)
 
 
 def send_all(sock: socket.socket, parts: list[Buffer]) -> None:
@@ -206,15 +210,40 @@ class FrameReader:
 
     def read_header(self, limits: framing.FrameLimits) -> framing.FrameHeader | None:
         """The next header; ``None`` on a clean EOF between frames."""
-        if not self._fill(framing.HEADER_SIZE):
+        head = self.read_head(limits)
+        if head is None:
+            return None
+        return framing.FrameHeader(0, *head)
+
+    def read_head(self, limits: framing.FrameLimits) -> tuple[int, int, int] | None:
+        """The next header as ``(request_id, meta_len, data_len)`` (no header object: this is
+        every request's and every reply's path); ``None`` on a clean EOF between frames."""
+        if self._end - self._start < _HSIZE and not self._fill(_HSIZE):
             if self._end == self._start:
                 return None
             raise TruncatedFrame(f"stream ended inside a header ({self.buffered} bytes)")
-        hdr = framing.parse_header(
-            self._view[self._start : self._start + framing.HEADER_SIZE], limits
-        )
-        self._start += framing.HEADER_SIZE
-        return hdr
+        start = self._start
+        magic, version, _flags, rid, meta_len, data_len = _HEADER.unpack_from(self._buf, start)
+        if (
+            magic != framing.MAGIC
+            or version != framing.VERSION
+            or meta_len > limits.max_meta
+            or data_len > limits.max_data
+        ):  # let the one parser word the error
+            framing.parse_header(self._view[start : start + _HSIZE], limits)
+        self._start = start + _HSIZE
+        return rid, meta_len, data_len
+
+    def read_msg(self, codec: framing.Codec[M], n: int) -> M:
+        """Decode the next ``n`` bytes (a meta section) with ``codec``, without copying them
+        out of the read-ahead buffer when they fit."""
+        if n > len(self._buf):
+            return codec.decode(self.read_bytes(n))
+        if not self._fill(n):
+            raise TruncatedFrame(f"stream ended inside a {n}-byte section")
+        start = self._start
+        self._start = start + n
+        return codec.decode(self._view[start : start + n])
 
     def read_bytes(self, n: int) -> bytes:
         if n <= len(self._buf):

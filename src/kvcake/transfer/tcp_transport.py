@@ -175,14 +175,18 @@ class TcpTransport(Transport):
         except PathFailure:
             self._path_failed(addr)
             return False
-        s = Slice(Job(op, local, target, offset, local.nbytes, [0]), 0, local.nbytes)
         try:
             rid = ep.next_rid()
-            parts: list[Buffer] = []
-            self._request(parts, rid, s)
-            send_all(ep.sock, parts)
-            self.hooks.sent(addr)
-            err = self._recv(ep.reader, rid, s)
+            n = local.nbytes
+            if op is Op.WRITE:
+                meta = CODEC.encode(WriteReq(target.name, offset))
+                send_all(ep.sock, [framing.pack_header(rid, len(meta), n) + meta, local])
+            else:
+                meta = CODEC.encode(ReadReq(target.name, offset, n))
+                ep.sock.sendall(framing.pack_header(rid, len(meta), 0) + meta)
+            if self.hooks.after_send is not None:
+                self.hooks.sent(addr)
+            err = self._recv(ep.reader, rid, op, local, target)
         except (OSError, FramingError, PathFailure):
             self.pool.release(ep, healthy=False)
             self._path_failed(addr)
@@ -344,14 +348,15 @@ class TcpTransport(Transport):
     ) -> list[tuple[Slice, TransferError | None]]:
         """Read the reply to a vectored request: per-slice outcomes (refusals returned); a
         read's bytes land straight in initiator memory, one ``recvmsg_into`` per wake-up."""
-        hdr = reader.read_header(_REPLY_LIMITS)
-        if hdr is None:
+        head = reader.read_head(_REPLY_LIMITS)
+        if head is None:
             raise framing.TruncatedFrame("transfer server closed the connection")
-        if hdr.request_id != rid:
-            raise framing.MalformedFrame(f"reply {hdr.request_id} does not match request {rid}")
-        msg = CODEC.decode(reader.read_bytes(hdr.meta_len))
+        reply_rid, meta_len, data_len = head
+        if reply_rid != rid:
+            raise framing.MalformedFrame(f"reply {reply_rid} does not match request {rid}")
+        msg = reader.read_msg(CODEC, meta_len)
         if isinstance(msg, Fail):
-            if hdr.data_len:
+            if data_len:
                 raise framing.MalformedFrame("a Fail reply carries no data")
             err = self._remote_error(msg.kind, msg.message, frame)
             return [(s, err) for s in frame]
@@ -369,10 +374,10 @@ class TcpTransport(Transport):
             expect = 0
             for v in views:
                 expect += v.nbytes
-            if hdr.data_len != expect:
-                raise framing.MalformedFrame(f"reply of {hdr.data_len} bytes, expected {expect}")
+            if data_len != expect:
+                raise framing.MalformedFrame(f"reply of {data_len} bytes, expected {expect}")
             reader.read_into_views(views)
-        elif hdr.data_len:
+        elif data_len:
             raise framing.MalformedFrame("a write's reply carries no data")
         if not bad:
             return [(s, None) for s in frame]
@@ -384,35 +389,29 @@ class TcpTransport(Transport):
                 self._on_unknown(s.job.target.name)
         return _REMOTE_ERRORS.get(kind, RemoteError)(f"remote: {message}")
 
-    def _request(self, parts: list[Buffer], rid: int, s: Slice) -> None:
-        seg = s.job.target.name
-        if s.job.op is Op.WRITE:
-            meta = CODEC.encode(WriteReq(seg, s.target_offset))
-            parts.append(framing.pack_header(rid, len(meta), s.length) + meta)
-            parts.append(s.local)
-        else:
-            meta = CODEC.encode(ReadReq(seg, s.target_offset, s.length))
-            parts.append(framing.pack_header(rid, len(meta), 0) + meta)
-
-    def _recv(self, reader: FrameReader, rid: int, s: Slice) -> TransferError | None:
-        """Read the reply to ``s``; a refusal is returned, a broken stream raises."""
-        hdr = reader.read_header(_REPLY_LIMITS)
-        if hdr is None:
+    def _recv(
+        self, reader: FrameReader, rid: int, op: Op, local: memoryview, target: SegmentInfo
+    ) -> TransferError | None:
+        """Read the reply to a single request; a refusal is returned, a broken stream raises."""
+        head = reader.read_head(_REPLY_LIMITS)
+        if head is None:
             raise framing.TruncatedFrame("transfer server closed the connection")
-        if hdr.request_id != rid:
-            raise framing.MalformedFrame(f"reply {hdr.request_id} does not match request {rid}")
-        msg = CODEC.decode(reader.read_bytes(hdr.meta_len))
-        if isinstance(msg, Fail):
-            if hdr.data_len:
-                raise framing.MalformedFrame("a Fail reply carries no data")
-            if msg.kind == "UnknownSegment":
-                self._on_unknown(s.job.target.name)
-            return _REMOTE_ERRORS.get(msg.kind, RemoteError)(f"remote: {msg.message}")
-        if not isinstance(msg, Ack):
+        reply_rid, meta_len, data_len = head
+        if reply_rid != rid:
+            raise framing.MalformedFrame(f"reply {reply_rid} does not match request {rid}")
+        msg = reader.read_msg(CODEC, meta_len)
+        if type(msg) is not Ack:
+            if isinstance(msg, Fail):
+                if data_len:
+                    raise framing.MalformedFrame("a Fail reply carries no data")
+                if msg.kind == "UnknownSegment":
+                    self._on_unknown(target.name)
+                return _REMOTE_ERRORS.get(msg.kind, RemoteError)(f"remote: {msg.message}")
             raise framing.MalformedFrame(f"unexpected reply {type(msg).__name__}")
-        expect = s.length if s.job.op is Op.READ else 0
-        if hdr.data_len != expect or msg.length != s.length:
-            raise framing.MalformedFrame(f"reply of {hdr.data_len} bytes, expected {expect}")
+        n = local.nbytes
+        expect = n if op is Op.READ else 0
+        if data_len != expect or msg.length != n:
+            raise framing.MalformedFrame(f"reply of {data_len} bytes, expected {expect}")
         if expect:
-            reader.read_into(s.local)
+            reader.read_into(local)
         return None
