@@ -112,3 +112,16 @@ def test_replicas_on_distinct_segments(pool: tuple[Proc, Proc]) -> None:
         c.put("r3", b"y" * 100, PutOptions(replica_num=3))  # best effort: 2 segments exist
         assert len(c.get_replica_desc("r3").replicas) == 2
         c.remove_all(force=True)
+
+
+def test_store_server_health_and_metrics(pool: tuple[Proc, Proc]) -> None:
+    import httpx
+
+    _, node = pool
+    base = f"http://{node.info['http']}"
+    health = httpx.get(f"{base}/health", timeout=5).json()
+    assert health["status"] == "ok" and health["master"] == "ok"
+    text = httpx.get(f"{base}/metrics", timeout=5).text
+    assert "kvcake_store_node_segment_bytes 6.7108864e+07" in text
+    assert "kvcake_store_node_master_reachable 1.0" in text
+    assert httpx.get(f"{base}/nope", timeout=5).status_code == 404

@@ -113,7 +113,7 @@ def test_http_endpoints(master_proc: Proc) -> None:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
-    assert json.loads(get("/health")[1]) == {"status": "ok"}
+    assert json.loads(get("/health")[1]) == {"status": "ok", "segments": 1}
     assert json.loads(get("/get_all_keys")[1]) == ["key/1"]
     (seg,) = json.loads(get("/get_all_segments")[1])
     assert seg["name"] == "seg-a" and seg["used"] == 1024 and seg["capacity"] == 1 << 20
@@ -126,4 +126,29 @@ def test_http_endpoints(master_proc: Proc) -> None:
     assert 'kvcake_store_segment_used_bytes{segment="seg-a",tier="memory"} 1024.0' in metrics
     assert re.search(r"kvcake_store_master_requests_total{op=\"PutStart\"} [1-9]", metrics)
     assert "kvcake_store_master_request_seconds_bucket" in metrics
+    assert re.search(r"kvcake_store_dedup_sessions [1-9]", metrics)  # conn's mutating calls
     conn.close()
+
+
+def test_mooncake_http_metadata_protocol(master_proc: Proc) -> None:
+    """GET/PUT/DELETE /metadata?key= as mooncake_http_metadata_server answers them, plus the
+    read-only kvcake/segments/ view of the directory; bad input gets 4xx, never a crash."""
+    import httpx
+
+    url = f"http://{master_proc.info['http']}/metadata"
+    with httpx.Client(timeout=5) as h:
+        assert h.get(url, params={"key": "mooncake/ram/x"}).status_code == 404
+        body = b'{"name": "x", "buffers": []}'
+        r = h.put(url, params={"key": "mooncake/ram/x"}, content=body)
+        assert (r.status_code, r.text) == (200, "metadata updated")
+        r = h.get(url, params={"key": "mooncake/ram/x"})
+        assert r.status_code == 200 and r.content == body
+        assert r.headers["content-type"] == "application/json; charset=utf-8"
+        assert h.delete(url, params={"key": "mooncake/ram/x"}).text == "metadata deleted"
+        assert h.delete(url, params={"key": "never-there"}).status_code == 200
+        assert h.get(url, params={"key": "mooncake/ram/x"}).status_code == 404
+        assert h.get(url).status_code == 400  # no key
+        assert h.put(url, params={"key": "k"}, content=b"x" * (2 << 20)).status_code == 413
+        assert h.put(url, params={"key": "kvcake/segments/a"}, content=b"1").status_code == 403
+        assert h.get(url, params={"key": "kvcake/segments/"}).status_code == 200
+        assert h.get(url, params={"key": "kvcake/segments/nope"}).status_code == 404

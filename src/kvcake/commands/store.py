@@ -102,7 +102,11 @@ def _store_server(args: argparse.Namespace) -> int:
     cfg = _load(args, StoreServerConfig, "store")
     server = StoreServer(cfg)
     server.start()
-    print(f"store-server segment={server.segment_name} disk={server.disk_endpoint}", flush=True)
+    print(
+        f"store-server segment={server.segment_name} disk={server.disk_endpoint} "
+        f"http={server.http_address}",
+        flush=True,
+    )
     try:
         wait_for_signal()
     finally:

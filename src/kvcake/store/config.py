@@ -104,9 +104,11 @@ class StoreServerConfig:
     ssd_quota: int = size_field("4GiB")
     name: str = ""  # segment name; default store-<host>-<pid>
     disk_port: int = 0  # TCP port serving the SSD tier to readers
+    http_port: int = 0  # /health and /metrics; 0 = a free port, -1 = none
 
     def __post_init__(self) -> None:
         require(":" in self.master, f"store.master must be host:port, got {self.master!r}")
         require(self.segment_size > 0, "store.segment_size must be > 0")
         require(self.ssd_quota > 0, "store.ssd_quota must be > 0")
         require(0 <= self.disk_port < 65536, "store.disk_port must be a port")
+        require(-1 <= self.http_port < 65536, "store.http_port must be -1, 0 or a port")

@@ -242,6 +242,10 @@ class Master:
             config.busy_poll_us,
         )
         self.http: Any = None
+        from kvcake.store.metadata_http import MetadataKV
+
+        self.metadata_kv = MetadataKV(self.directory.backend if self.directory else None)
+        self.extra_routers: list[Any] = []  # FastAPI APIRouters added to the HTTP app
         self.publisher: Any = None
         if config.events_port < 0:
             self.state.events.enabled = False

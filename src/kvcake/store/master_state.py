@@ -23,6 +23,7 @@ from typing import TypeVar
 
 from kvcake.core.api import StoreEventKind, StoreSnapshot
 from kvcake.core.ids import ClientId, ObjectKey, SegmentName
+from kvcake.store.admin import AdminMixin
 from kvcake.store.allocator import RangeAllocator
 from kvcake.store.config import MasterConfig
 from kvcake.store.dedup import DedupTable
@@ -60,7 +61,7 @@ def check_key(key: str) -> ObjectKey:
     return ObjectKey(key)
 
 
-class MasterState(TieringMixin):
+class MasterState(TieringMixin, AdminMixin):
     def __init__(
         self,
         config: MasterConfig,

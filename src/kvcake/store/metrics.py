@@ -39,6 +39,19 @@ class _PoolCollector(Collector):
             n_cli = len(self.state.clients)
             ev_o, ev_b = self.state.evicted_objects, self.state.evicted_bytes
             off, pro = self.state.offloads, self.state.promotions
+            dd, ev = self.state.dedup, self.state.events
+            extra = [
+                (
+                    "kvcake_store_dedup_replays",
+                    "retried requests answered from the table",
+                    dd.replays,
+                ),
+                ("kvcake_store_dedup_stale", "stale duplicates refused", dd.stale),
+                ("kvcake_store_dedup_sessions", "client sessions remembered", dd.sessions),
+                ("kvcake_store_swept_puts", "unfinished puts swept (total)", self.state.swept),
+                ("kvcake_store_events_seq", "last KV event sequence number", ev.seq),
+                ("kvcake_store_events_dropped", "KV events dropped (queue full)", ev.dropped),
+            ]
         yield from (cap, used, frag)
         for name, doc, value in (
             ("kvcake_store_objects", "objects in the pool", n_obj),
@@ -47,6 +60,7 @@ class _PoolCollector(Collector):
             ("kvcake_store_evicted_bytes", "bytes evicted from memory (total)", ev_b),
             ("kvcake_store_offloads", "offloads to disk started (total)", off),
             ("kvcake_store_promotions", "promotions to memory started (total)", pro),
+            *extra,
         ):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)

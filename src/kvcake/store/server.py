@@ -11,12 +11,15 @@ import contextlib
 import logging
 import os
 import threading
+from typing import Any
 
 from kvcake.core.errors import KvcakeError
 from kvcake.store import protocol as P
 from kvcake.store.client import Client
 from kvcake.store.config import ClientConfig, StoreServerConfig
 from kvcake.store.disk import DiskService, DiskTier
+from kvcake.store.httpserve import HttpThread
+from kvcake.store.server_http import NodeMetrics, build_app
 
 log = logging.getLogger(__name__)
 POLL_S = 0.02
@@ -29,12 +32,21 @@ class StoreServer:
         self.disk: DiskTier | None = None
         self.disk_service: DiskService | None = None
         self.client: Client | None = None
+        self.http: Any = None
+        self.metrics = NodeMetrics(self)
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="store-tasks", daemon=True)
 
     @property
     def disk_segment(self) -> str:
         return f"{self.segment_name}.ssd"
+
+    @property
+    def http_address(self) -> str:
+        return self.http.address if self.http is not None else ""
+
+    def master_ok(self) -> bool:
+        return self.client is not None and self.client.heartbeat.master_ok
 
     @property
     def disk_endpoint(self) -> str:
@@ -55,6 +67,11 @@ class StoreServer:
                 lambda: self._mount_disk(list(self.disk.index.items()) if self.disk else [])
             )
             self._poller.start()
+        if self.cfg.http_port >= 0:
+            self.http = HttpThread(
+                build_app(self, self.metrics), self.cfg.hostname, self.cfg.http_port, "node-http"
+            )
+            self.http.start()
 
     def _mount_disk(self, existing: list[tuple[str, int]]) -> None:
         assert self.client is not None and self.disk is not None
@@ -82,6 +99,7 @@ class StoreServer:
                 continue
             for kind, key, size, offset in tasks:
                 ok = self._run(kind, key, size, offset)
+                self.metrics.tasks.labels(kind, str(ok).lower()).inc()
                 if kind != "delete":
                     with contextlib.suppress(KvcakeError):
                         self.client.conn.call(P.TaskDone(self.client.id, kind, key, ok))
@@ -104,6 +122,8 @@ class StoreServer:
     def stop(self) -> None:
         """Graceful: unmount (objects on this node vanish from the pool), then release memory."""
         self._stop.set()
+        if self.http is not None:
+            self.http.stop()
         if self._poller.is_alive():
             self._poller.join(timeout=5)
         if self.client is not None:
