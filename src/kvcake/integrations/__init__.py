@@ -1,0 +1,1 @@
+"""Adapters that make kvcake the KV-cache layer of other serving systems (vLLM today)."""

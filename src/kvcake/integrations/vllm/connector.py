@@ -1,0 +1,209 @@
+"""``KvcakeConnector``: a vLLM V1 KV connector over the kvcake pool (docs/integrations/vllm.md).
+
+vLLM creates one instance in its scheduler (engine core) process and one per worker. The
+scheduler side asks the pool which leading prompt blocks it holds and plans loads and saves
+(:mod:`.plan`); the worker side moves bytes between the pool and the paged KV tensors
+(:mod:`.worker`). Either side connects to the kvcake master on its own.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from kvcake.core.errors import KvcakeError
+from kvcake.integrations.vllm.config import ConnectorConfig
+from kvcake.integrations.vllm.keys import BlockNamer
+from kvcake.integrations.vllm.paged import PagedKV
+from kvcake.integrations.vllm.plan import BlockRun, Planner
+from kvcake.integrations.vllm.pool import PoolHandle
+from kvcake.integrations.vllm.worker import Counters, Loader, Saver, log_for
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+log = log_for("connector")
+
+
+@dataclass
+class KvcakeMetadata(KVConnectorMetadata):
+    """Scheduler -> worker, once per step (pickled by vLLM)."""
+
+    loads: list[BlockRun] = field(default_factory=list)
+    saves: list[BlockRun] = field(default_factory=list)
+
+
+def namer_for(vllm_config: VllmConfig, cfg: ConnectorConfig) -> BlockNamer:
+    """Keys carry the model, the KV dtype and vLLM's block size (= the pool's block size)."""
+    mc, cc = vllm_config.model_config, vllm_config.cache_config
+    model = cfg.model_key or f"{os.path.basename(str(mc.model).rstrip('/'))}@vllm"
+    dtype = str(mc.dtype).removeprefix("torch.") if cc.cache_dtype == "auto" else cc.cache_dtype
+    return BlockNamer(model, dtype, cc.block_size, cfg.tenant)
+
+
+class KvcakeConnector(KVConnectorBase_V1):
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        ktc = self._kv_transfer_config
+        self.cfg = ConnectorConfig.from_extra(ktc.kv_connector_extra_config)
+        self.namer = namer_for(vllm_config, self.cfg)
+        # kv_producer only saves, kv_consumer only loads; kv_both does both.
+        self.loads_enabled = ktc.kv_role != "kv_producer"
+        self.saves_enabled = self.cfg.save and ktc.kv_role != "kv_consumer"
+        self.num_blocks = kv_cache_config.num_blocks
+        if ktc.kv_load_failure_policy != "recompute" and role == KVConnectorRole.SCHEDULER:
+            log.warning(
+                "kvcake: kv_load_failure_policy=%r: a failed pool load fails the request; set "
+                '"kv_load_failure_policy": "recompute" in --kv-transfer-config to recompute',
+                ktc.kv_load_failure_policy,
+            )
+        if role == KVConnectorRole.SCHEDULER:
+            self.pool = PoolHandle(self.cfg, "vLLM scheduler", self.cfg.lookup_timeout_s, log)
+            self.planner = Planner(self.namer, save=self.saves_enabled)
+        else:
+            self.pool = PoolHandle(self.cfg, "vLLM worker", self.cfg.load_timeout_s, log)
+            self.counters = Counters()
+            self.saver = Saver(self.pool, self.counters, self.cfg.max_pending_saves)
+            self.loader = Loader(self.pool, self.counters, self.cfg)
+            self.paged: PagedKV | None = None
+            self._load_errors: set[int] = set()
+
+    # ---- scheduler side --------------------------------------------------------------------
+
+    def _exists(self, keys: list[str]) -> list[bool]:
+        client = self.pool.client()
+        if client is None:
+            return [False] * len(keys)
+        try:
+            return list(client.batch_is_exist(keys))
+        except KvcakeError as exc:
+            self.pool.failed("lookup", exc)
+            return [False] * len(keys)
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        if self.pool.client() is None:
+            self.planner.finished(request.request_id)
+            return 0, False
+        lookup = self._exists if self.loads_enabled else (lambda keys: [False] * len(keys))
+        prompt = list(request.prompt_token_ids or [])
+        return self.planner.match(request.request_id, prompt, num_computed_tokens, lookup), False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        if num_external_tokens > 0:
+            ids = blocks.get_block_ids()[0]
+            self.planner.allocated(request.request_id, ids, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        n_sched = scheduler_output.num_scheduled_tokens
+        scheduled: list[tuple[str, list[int] | None, bool, int]] = []
+        for req in scheduler_output.scheduled_new_reqs:
+            done = req.num_computed_tokens + n_sched.get(req.req_id, 0)
+            scheduled.append((req.req_id, list(req.block_ids[0]), True, done))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            new = cached.new_block_ids[i]
+            done = cached.num_computed_tokens[i] + n_sched.get(req_id, 0)
+            resumed = req_id in cached.resumed_req_ids
+            scheduled.append((req_id, list(new[0]) if new else None, resumed, done))
+        plan = self.planner.step(scheduled)
+        return KvcakeMetadata(loads=plan.loads, saves=plan.saves)
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        self.planner.finished(request.request_id)
+        return False, None
+
+    # ---- worker side -----------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self.paged = PagedKV(kv_caches, self.num_blocks)
+        log.info(
+            "kvcake: %d KV planes, %d blocks of %d B, keys %s/%s/%d/...",
+            len(self.paged.planes),
+            self.num_blocks,
+            self.paged.block_bytes,
+            self.namer.model,
+            self.namer.dtype,
+            self.namer.block_tokens,
+        )
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvcakeMetadata)
+        if meta.loads and self.paged is not None:
+            self._load_errors |= self.loader.load(self.paged, meta.loads)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # start_load_kv has filled every layer (CPU: the forward cannot overlap it)
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        return  # saved once per step in wait_for_save, all layers in one gather
+
+    def wait_for_save(self) -> None:
+        if not self.has_connector_metadata() or self.paged is None:
+            return
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvcakeMetadata)
+        for run in meta.saves:
+            rows = self.paged.empty(len(run.block_ids))
+            self.paged.gather(run.block_ids, rows)  # vLLM may reuse the blocks after this step
+            self.saver.submit(run.keys, rows)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def get_kv_connector_stats(self) -> Any:
+        if self.role != KVConnectorRole.WORKER:
+            return None  # the scheduler's hits are counted by vLLM (external_prefix_cache_*)
+        data = self.counters.take()
+        if not data:
+            return None
+        from kvcake.integrations.vllm.stats import KvcakeConnectorStats
+
+        return KvcakeConnectorStats(data=data)
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> Any:
+        from kvcake.integrations.vllm.stats import KvcakeConnectorStats
+
+        return KvcakeConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: Any,
+        metric_types: dict[Any, Any],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> Any:
+        from kvcake.integrations.vllm.stats import KvcakePromMetrics
+
+        return KvcakePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def shutdown(self) -> None:
+        if self.role == KVConnectorRole.WORKER:
+            self.saver.close()
+            self.loader.close()
+        self.pool.close()

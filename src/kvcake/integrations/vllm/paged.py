@@ -1,0 +1,77 @@
+"""vLLM's paged KV tensors as rows of pool objects.
+
+A pool object is one block of every layer: the concatenation, in layer registration order, of
+each layer's bytes for that block. vLLM's CPU backend keeps a layer as
+``[num_blocks, kv_heads, block_size, 2 * head_size]`` (LBHNC), so one layer's block is already
+contiguous; GPU backends that split K and V (``[2, num_blocks, ...]``) give two planes per layer.
+Gather/scatter are one ``index_select``/``index_copy_`` per plane for all blocks of a step.
+
+On a CUDA engine the planes live in device memory: gather copies device -> the host staging
+row (``.cpu()``), scatter host -> device; nothing else changes (not tested here: CPU only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kvcake.core.errors import KvcakeError
+
+
+class LayoutError(KvcakeError):
+    """vLLM handed the connector KV tensors it does not know how to page."""
+
+
+class PagedKV:
+    def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int):
+        planes: list[torch.Tensor] = []
+        for name, t in kv_caches.items():
+            if t.shape[0] == num_blocks:
+                parts = [t]
+            elif t.dim() >= 2 and t.shape[0] == 2 and t.shape[1] == num_blocks:
+                parts = [t[0], t[1]]
+            else:
+                raise LayoutError(f"layer {name}: KV shape {tuple(t.shape)} has no block dim")
+            for p in parts:
+                if not p[0].is_contiguous() or p.stride(0) != p[0].numel():
+                    raise LayoutError(f"layer {name}: a block is not contiguous ({p.stride()})")
+                planes.append(p.view(num_blocks, -1))
+        if not planes:
+            raise LayoutError("no KV cache tensors registered")
+        dtypes = {p.dtype for p in planes}
+        if len(dtypes) != 1:
+            raise LayoutError(f"mixed KV dtypes {dtypes}")
+        self.dtype = planes[0].dtype
+        self.device = planes[0].device
+        self.planes = planes
+        self.num_blocks = num_blocks
+        self.offsets: list[int] = []
+        off = 0
+        for p in planes:
+            self.offsets.append(off)
+            off += p.shape[1]
+        self.row_elems = off
+        self.block_bytes = off * planes[0].element_size()
+
+    def empty(self, n: int) -> torch.Tensor:
+        """A host staging buffer for ``n`` blocks (rows are the pool objects)."""
+        return torch.empty((n, self.row_elems), dtype=self.dtype, device="cpu")
+
+    def _index(self, block_ids: Sequence[int]) -> torch.Tensor:
+        idx = torch.tensor(list(block_ids), dtype=torch.long)
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.num_blocks):
+            raise LayoutError(f"block id out of range [0, {self.num_blocks})")
+        return idx.to(self.device)
+
+    def gather(self, block_ids: Sequence[int], out: torch.Tensor) -> None:
+        """Copy blocks ``block_ids`` of every plane into rows of ``out``."""
+        idx = self._index(block_ids)
+        for p, off in zip(self.planes, self.offsets, strict=True):
+            out[:, off : off + p.shape[1]] = p.index_select(0, idx).cpu()
+
+    def scatter(self, block_ids: Sequence[int], rows: torch.Tensor) -> None:
+        """Copy rows (pool objects) into blocks ``block_ids`` of every plane."""
+        idx = self._index(block_ids)
+        for p, off in zip(self.planes, self.offsets, strict=True):
+            p.index_copy_(0, idx, rows[:, off : off + p.shape[1]].to(self.device))

@@ -1,0 +1,48 @@
+"""PagedKV: vLLM's paged KV tensors <-> pool rows (pure torch, no vLLM process)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvcake.integrations.vllm.paged import LayoutError, PagedKV
+
+
+def cpu_layers(n_layers: int = 3, blocks: int = 8) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    # vLLM CPU (LBHNC): [num_blocks, kv_heads, block_size, 2 * head_size]
+    return {f"l{i}": torch.randn(blocks, 2, 4, 6, generator=g) for i in range(n_layers)}
+
+
+def test_gather_scatter_roundtrip_into_other_blocks() -> None:
+    src = cpu_layers()
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    a, b = PagedKV(src, 8), PagedKV(dst, 8)
+    assert a.block_bytes == 3 * 2 * 4 * 6 * 4
+    rows = a.empty(2)
+    a.gather([5, 1], rows)
+    b.scatter([0, 7], rows)
+    for k in src:
+        assert torch.equal(dst[k][0], src[k][5]) and torch.equal(dst[k][7], src[k][1])
+        assert not dst[k][1:7].any()
+
+
+def test_split_kv_layout_has_two_planes() -> None:
+    t = torch.arange(2 * 5 * 3 * 2, dtype=torch.float32).view(2, 5, 3, 2)
+    p = PagedKV({"l": t}, 5)
+    assert len(p.planes) == 2
+    rows = p.empty(1)
+    p.gather([3], rows)
+    assert torch.equal(rows[0], torch.cat([t[0, 3].flatten(), t[1, 3].flatten()]))
+
+
+def test_bad_layouts_and_ids_raise() -> None:
+    with pytest.raises(LayoutError):
+        PagedKV({"l": torch.zeros(3, 4)}, 8)
+    with pytest.raises(LayoutError):
+        PagedKV({"l": torch.zeros(4, 8).t()}, 8)  # blocks not contiguous
+    with pytest.raises(LayoutError):
+        PagedKV({}, 8)
+    p = PagedKV(cpu_layers(), 8)
+    with pytest.raises(LayoutError):
+        p.gather([8], p.empty(1))
