@@ -53,14 +53,19 @@ class PooledCluster(MooncakeCluster):
     # --- conductor's view: failed nodes are unhealthy -----------------------------------------
 
     def snapshot(self, now: float) -> ClusterSnapshot:
+        """As the paper model's, but a prefill node's queue also counts the backlog of its
+        transmit side (a request is the prefill instance's until its KV has left: the live
+        proxy counts it in flight until then), and failed nodes are unhealthy."""
         snap = super().snapshot(now)
-        if not (self.dead_p or self.dead_d):
-            return snap
+        nics = self.nics
         pre = tuple(
-            PrefillState(s.instance_id, s.queued_seconds, s.queued_requests, s.fetch_bandwidth,
-                         healthy=i not in self.dead_p)
+            PrefillState(s.instance_id, max(s.queued_seconds, nics[i].tx_free - now),
+                         s.queued_requests, s.fetch_bandwidth, healthy=i not in self.dead_p)
             for i, s in enumerate(snap.prefill)
         )  # fmt: skip
+        if not (self.dead_p or self.dead_d):
+            return ClusterSnapshot(now, pre, snap.decode, snap.kv_index, snap.block_tokens,
+                                   snap.kv_bytes_per_token, snap.link_bandwidth)  # fmt: skip
         dec = tuple(
             DecodeState(s.instance_id, s.running_requests, s.running_context_tokens,
                         s.kv_capacity_tokens, s.pending_requests, s.pending_context_tokens,
