@@ -9,6 +9,7 @@ is harmless). A job is done when all its slices are; its outcome is copied to ev
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -82,6 +83,7 @@ class Batch:
     completed: int = 0
     failed: int = 0
     tasks: list[Claimable] = field(default_factory=list)
+    done_at: float = 0.0  # monotonic time the last outcome arrived (0: not yet)
 
     def help(self) -> None:
         """Run every task of this batch that no worker has started yet, in this thread."""
@@ -90,6 +92,8 @@ class Batch:
 
     def __post_init__(self) -> None:
         self.results = [None] * self.size
+        if self.size == 0:
+            self.done_at = time.monotonic()
 
     def fail_request(self, index: int, exc: BaseException) -> None:
         with self.cond:
@@ -104,6 +108,8 @@ class Batch:
             self.completed += 1
         else:
             self.failed += 1
+        if self.completed + self.failed == self.size:
+            self.done_at = time.monotonic()
 
     def slice_done(self, s: Slice, exc: BaseException | None = None) -> None:
         """Record one slice's outcome; finishing the last slice settles the job's members."""

@@ -22,6 +22,9 @@ class TransferConfig:
     - ``max_endpoints``: cap on pooled connections per engine; idle ones are evicted by SIEVE.
     - ``io_timeout_s``: a connection that makes no progress for this long counts as broken.
     - ``probe_interval_s``: a broken path is retried (probed) no sooner than this.
+    - ``max_peer_maps``: same-host peers' segment files mapped at once (LRU beyond that).
+    - ``max_batches``: batches submitted and not yet collected; a finished batch nobody
+      collects within ``batch_ttl_s`` is dropped (its id then reads as unknown).
     - ``busy_poll_us``: a reader that finds no input polls the socket without blocking for up
       to this long before it sleeps in ``recv``. A blocked thread's wake-up costs tens of µs on
       a VM whose idle vCPU has halted; a reply that lands within the window skips it (the same
@@ -42,6 +45,9 @@ class TransferConfig:
     max_attempts: int = 4
     server_max_data: int = size_field("256MiB")
     busy_poll_us: float = 50.0
+    max_peer_maps: int = 64
+    max_batches: int = 4096
+    batch_ttl_s: float = 60.0
 
     def __post_init__(self) -> None:
         require(self.protocol in PROTOCOLS, f"transfer.protocol must be one of {PROTOCOLS}")
@@ -60,4 +66,7 @@ class TransferConfig:
         require(self.connect_timeout_s > 0, "transfer.connect_timeout_s must be > 0")
         require(self.probe_interval_s >= 0, "transfer.probe_interval_s must be >= 0")
         require(self.max_attempts >= 1, "transfer.max_attempts must be >= 1")
+        require(self.max_peer_maps >= 1, "transfer.max_peer_maps must be >= 1")
+        require(self.max_batches >= 1, "transfer.max_batches must be >= 1")
+        require(self.batch_ttl_s > 0, "transfer.batch_ttl_s must be > 0")
         require(0 <= self.busy_poll_us <= 10_000, "transfer.busy_poll_us must be in [0, 10000]")

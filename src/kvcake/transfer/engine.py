@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -23,7 +24,7 @@ from kvcake.core.ids import BatchId, SegmentName
 from kvcake.transfer import shm
 from kvcake.transfer.batch import Batch, Claimable, Job
 from kvcake.transfer.config import TransferConfig
-from kvcake.transfer.errors import InvalidRequest, TransferError, UnknownBatch
+from kvcake.transfer.errors import InvalidRequest, TooManyBatches, TransferError, UnknownBatch
 from kvcake.transfer.metadata import DirectoryClient
 from kvcake.transfer.paths import PathHealth
 from kvcake.transfer.planner import Item, merge
@@ -68,6 +69,7 @@ class TransferEngine:
             shm.cleanup_stale()
         self._lock = threading.Lock()
         self._batches: dict[int, Batch] = {}
+        self._swept_at = time.monotonic()
         self._ids = itertools.count(1)
         self._closed = False
         self.directory = DirectoryClient(directory) if directory else None
@@ -87,7 +89,9 @@ class TransferEngine:
         self.health = PathHealth(lambda a: probe(a, cfg.connect_timeout_s), cfg.probe_interval_s)
         self.hooks = TransferHooks()
         self.transports: dict[str, Transport] = {
-            "shm": ShmTransport(self.owner, self.host_id, self._segments),
+            "shm": ShmTransport(
+                self.owner, self.host_id, self._segments, cfg.max_peer_maps, self.registry.forget
+            ),
             "tcp": TcpTransport(cfg, self.pool, self.health, self.hooks, self.registry.forget),
         }
         self._executor = ThreadPoolExecutor(cfg.workers, thread_name_prefix="kvcake-xfer")
@@ -219,11 +223,35 @@ class TransferEngine:
         target = self.registry.target(r.target_segment)
         check_range(r.target_segment, target.size, r.target_offset, r.length)
 
-    def _new_batch(self, n: int) -> Batch:
+    def _new_batch(self, n: int, collectable: bool = True) -> Batch:
+        """A batch; ``collectable`` ones (``submit``) enter the bounded table that ``status``
+        and ``wait`` look up: finished ones nobody collects within ``batch_ttl_s`` (e.g.
+        after a ``wait`` timed out) are swept, and a full table drops the oldest finished
+        batch first; one full of running batches refuses with TooManyBatches."""
         self._check_open()
         batch = Batch(BatchId(next(self._ids)), n)
+        if not collectable:
+            return batch
+        now = time.monotonic()
+        cfg = self.config
         with self._lock:
-            self._batches[batch.id] = batch
+            table = self._batches
+            if len(table) >= cfg.max_batches or now - self._swept_at > 1.0:
+                self._swept_at = now
+                for bid in [
+                    b for b, x in table.items() if x.done_at and now - x.done_at > cfg.batch_ttl_s
+                ]:
+                    del table[bid]
+            if len(table) >= cfg.max_batches:
+                finished = sorted((x.done_at, b) for b, x in table.items() if x.done_at)
+                for _, bid in finished[: len(table) - cfg.max_batches + 1]:
+                    del table[bid]
+            if len(table) >= cfg.max_batches:
+                raise TooManyBatches(
+                    f"{len(table)} batches are still running (transfer.max_batches); "
+                    "wait() for some first"
+                )
+            table[batch.id] = batch
         return batch
 
     def _run(self, batch: Batch, tasks: list[Task], inline: bool) -> None:
@@ -269,15 +297,13 @@ class TransferEngine:
 
     def transfer(self, requests: Sequence[TransferRequest]) -> BatchResult:
         """Run a batch to completion in the calling thread (plus workers for extra lanes)."""
-        batch = self._new_batch(len(requests))
+        batch = self._new_batch(len(requests), collectable=False)
         return self._run_to_end(batch, self._plan(batch, requests))
 
     def _run_to_end(self, batch: Batch, tasks: list[Task]) -> BatchResult:
         """Run ``tasks`` inline, wait for every outcome and free the batch id."""
         self._run(batch, tasks, inline=True)
         batch.wait(None)
-        with self._lock:
-            self._batches.pop(batch.id, None)
         return batch.result()
 
     def _sync(
@@ -336,7 +362,7 @@ class TransferEngine:
         check_range(target_segment, target.size, target_offset, view.nbytes)
         if self._try_fast(op, view, target, target_offset):
             return
-        batch = self._new_batch(1)
+        batch = self._new_batch(1, collectable=False)
         job = Job(op, view, target, target_offset, view.nbytes, [0], batch)
         tasks = self._transport_for(target).tasks(batch, [job])
         self._run_to_end(batch, tasks).raise_for_errors()

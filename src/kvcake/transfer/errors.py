@@ -42,6 +42,11 @@ class NoPathAvailable(TransferError):
     """Every path to the target's owner has failed; the slices could not be delivered."""
 
 
+class OwnerGone(NoPathAvailable):
+    """The process that owns a same-host segment has exited: its shared memory is no longer
+    read or written (the directory entry may not have been dropped yet)."""
+
+
 class PathFailure(TransferError):
     """One path (connection) broke; its unfinished slices are retried elsewhere."""
 
@@ -59,6 +64,10 @@ class UnknownBatch(TransferError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class TooManyBatches(TransferError):
+    """``transfer.max_batches`` submitted batches are still running or uncollected."""
 
 
 class TransferTimeout(TransferError, TimeoutError):
