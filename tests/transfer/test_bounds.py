@@ -104,10 +104,12 @@ def test_full_table_drops_the_oldest_finished_batch(make_engine: EngineFactory) 
     a.register_memory("a", bytearray(4096))
     b.register_memory("b", bytearray(4096))
     req = [TransferRequest(Op.WRITE, S("a"), 0, S("b"), 0, 16)]
-    first, second = a.submit(req), a.submit(req)
-    a.status(first), a.status(second)
+    first = a.submit(req)
     deadline = time.monotonic() + 5
     while not a.status(first).done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    second = a.submit(req)  # finishes after first
+    while not a.status(second).done and time.monotonic() < deadline:
         time.sleep(0.01)
     third = a.submit(req)
     assert len(a._batches) <= 2 and third in a._batches
