@@ -136,11 +136,18 @@ def test_remove_all_skips_leased_and_regex() -> None:
         put(st, f"a{i}", 100)
     put(st, "b0", 100)
     st.get_replicas(W, "a0")
-    assert st.remove_all(pattern="^a") == 4
+    assert st.remove_all(pattern="a") == 4  # a prefix
     assert set(st.objects) == {"a0", "b0"}
+    put(st, "x/1/y", 100)
+    put(st, "x/2/z", 100)
+    assert st.remove_all(pattern="x/*/y") == 1  # a glob over the whole key
+    assert st.remove_all(pattern="^b") == 0  # not a regex
+    assert st.remove_all(regex="^b") == 1  # Mooncake's remove_by_regex
     assert st.remove_all(force=True) == 2
     with pytest.raises(InvalidParams):
-        st.remove_all(pattern="(")
+        st.remove_all(regex="(")
+    with pytest.raises(InvalidParams):
+        st.remove_all(pattern="*" * 2000)
 
 
 def test_eviction_skips_leased_pinned_and_incomplete() -> None:

@@ -198,7 +198,7 @@ class MooncakeDistributedStore(PointerMethods, TensorMethods, StoreBase):
 
     @_returns(int)
     def remove_by_regex(self, pattern: str, force: bool = False) -> int:
-        return self.client.remove_all(force, pattern)
+        return self.client.remove_by_regex(pattern, force)
 
     @_returns(int)
     def remove_all(self, force: bool = False) -> int:

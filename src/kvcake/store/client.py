@@ -225,8 +225,14 @@ class Client(ReadPath):
         return [error_for(r.code, r.message) if r.code else None for r in reply.results]
 
     def remove_all(self, force: bool = False, pattern: str = "") -> int:
-        """Remove every (or every matching) object; leased ones are skipped unless ``force``."""
+        """Remove every object, or those matching a prefix or glob ``pattern`` (docs/store.md,
+        "Patterns"); leased ones are skipped unless ``force``."""
         return self.conn.call(P.RemoveAll(self.id, force, pattern)).count
+
+    def remove_by_regex(self, regex: str, force: bool = False) -> int:
+        """Mooncake's ``remove_by_regex``: keys ``re.search``-matching ``regex``. Bounded by a
+        time budget on the master (InvalidParams when exceeded or for a bad expression)."""
+        return self.conn.call(P.RemoveAll(self.id, force, regex=regex)).count
 
     # --- lifecycle ----------------------------------------------------------------------------
 

@@ -87,10 +87,17 @@ class MasterHandlers:
         """Answer one request. Mutating requests run through :meth:`MasterState.once`, so a
         retried one (same ``rid``) is applied once and its first reply is replayed."""
         rid = getattr(msg, "rid", None)
+        run: Callable[[], P.Reply] = lambda: self._run(msg)  # noqa: E731
+        if isinstance(msg, P.RemoveAll):  # match off the lock, remove under it
+            try:
+                keys = self.state.match_keys(msg.pattern, msg.regex)
+            except StoreError as exc:
+                return P.Reply(code=exc.code, message=str(exc))
+            run = lambda: P.Reply(count=self.state.remove_keys(keys, msg.force))  # noqa: E731
         if rid is None:
-            return self._run(msg)
+            return run()
         try:
-            return self.state.once(ClientId(msg.client), rid, lambda: self._run(msg))  # type: ignore[attr-defined]
+            return self.state.once(ClientId(msg.client), rid, run)  # type: ignore[attr-defined]
         except StaleRequest as exc:
             return P.Reply(code=INVALID_PARAMS, message=f"stale duplicate: {exc}")
 
@@ -167,7 +174,7 @@ class MasterHandlers:
         return _per_key(m.keys, _ok(lambda k: self.state.remove(k, m.force)))
 
     def remove_all(self, m: P.RemoveAll) -> P.Reply:
-        return P.Reply(count=self.state.remove_all(m.force, m.pattern))
+        return P.Reply(count=self.state.remove_all(m.force, m.pattern, m.regex))
 
     def take_tasks(self, m: P.TakeTasks) -> P.Reply:
         self.state.touch(ClientId(m.client), "")

@@ -14,7 +14,6 @@ Invariants:
 from __future__ import annotations
 
 import random
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -38,6 +37,7 @@ from kvcake.store.errors import (
 )
 from kvcake.store.events import EventLog
 from kvcake.store.metadata import ClientInfo, NodeTask, ObjectMeta, Replica, Segment, Status, Tier
+from kvcake.store.patterns import match_regex, matcher
 from kvcake.store.protocol import PutOptions, ReplicaDesc, ReqId
 from kvcake.store.strategy import make as make_strategy
 from kvcake.store.tiering import TieringMixin
@@ -473,19 +473,28 @@ class MasterState(TieringMixin, AdminMixin):
                     keys[str(k)] = tuple(sorted(t.value for t in tiers))
             return StoreSnapshot(self.events.publisher, self.events.seq, keys)
 
-    def remove_all(self, force: bool = False, pattern: str = "") -> int:
-        try:
-            regex = re.compile(pattern) if pattern else None
-        except re.error as exc:
-            raise InvalidParams(f"bad regular expression: {exc}") from exc
+    def match_keys(self, pattern: str = "", regex: str = "") -> list[str]:
+        """Keys matching a prefix/glob ``pattern`` or a ``regex`` (store/patterns.py). Only the
+        key list is copied under the lock; matching runs off it."""
+        match = matcher(pattern)  # validates before the copy
+        with self.lock:
+            keys: list[str] = list(self.objects)
+        if regex:
+            return match_regex(regex, keys)
+        return keys if not pattern else [k for k in keys if match(k)]
+
+    def remove_keys(self, keys: list[str], force: bool = False) -> int:
+        """Remove what is still there of ``keys``; leased/busy ones are skipped unless
+        ``force``. Work under the lock is proportional to ``len(keys)``."""
         removed = 0
         with self.lock:
-            for key in list(self.objects):
-                if regex is not None and not regex.search(key):
-                    continue
+            for key in keys:
                 try:
                     self.remove(key, force)
                     removed += 1
-                except (ObjectHasLease, ReplicaNotReady):
+                except (ObjectNotFound, ObjectHasLease, ReplicaNotReady):
                     continue
         return removed
+
+    def remove_all(self, force: bool = False, pattern: str = "", regex: str = "") -> int:
+        return self.remove_keys(self.match_keys(pattern, regex), force)

@@ -116,6 +116,7 @@ class RemoveAll(msgspec.Struct, tag=True):
     client: str
     force: bool = False
     pattern: str = ""  # a prefix or glob (docs/store.md, "Patterns"); "" = every key
+    regex: str = ""  # Mooncake's remove_by_regex: a regular expression (bounded, off-lock)
     rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
 
 
