@@ -8,6 +8,7 @@ import pytest
 
 from kvcake.serve.launcher import Cluster
 from tests.serve.helpers import make_cluster
+from tests.store.procs import Proc, spawn
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +20,22 @@ def emulated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clust
     )
     with c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def pool() -> Iterator[tuple[str, str]]:
+    """A store master (with its directory) and one 32 MB storage node: (directory, master rpc)."""
+    master = spawn(
+        "master", "--port", "0", "--http-port", "0", "--directory-port", "0", ready="master"
+    )
+    procs: list[Proc] = [master]
+    try:
+        store = spawn(
+            "store-server", "--master", master.info["rpc"], "--segment-size", "32MB",
+            "--name", "s0", ready="store-server",
+        )  # fmt: skip
+        procs.append(store)
+        yield master.info["directory"], master.info["rpc"]
+    finally:
+        for p in reversed(procs):
+            p.stop()

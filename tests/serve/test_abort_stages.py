@@ -15,119 +15,21 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from kvcake.conductor import Conductor
 from kvcake.conductor.config import ConductorConfig
-from kvcake.core.api import BlockSource, LoadReport, PrefillTask, Role, SamplingParams
-from kvcake.core.config import KVLayoutConfig
+from kvcake.core.api import BlockSource, PrefillTask, Role, SamplingParams
 from kvcake.core.hashing import block_hashes
 from kvcake.core.ids import InstanceId, RequestId
-from kvcake.engine.block_manager import KVCacheFull
-from kvcake.serve.config import InstanceConfig
 from kvcake.serve.instance import Instance
-from kvcake.serve.instance_main import build_instance
 from kvcake.serve.metrics import ProxyMetrics
 from kvcake.serve.router import Outcome, Rejected, Router
 from kvcake.serve.state import LiveCluster
-from kvcake.serve.wire import InstanceError, InstanceState
-from tests.store.procs import Proc, spawn
-
-BT = 16  # tokens per block
-
-
-class Local:
-    """An in-process instance seen through the proxy's ``RemoteInstance`` surface."""
-
-    def __init__(self, inst: Instance):
-        self.inst = inst
-        self.instance_id, self.role = inst.instance_id, inst.role
-        self.info, self.alive = inst.info(), True
-        self.state: InstanceState | None = None
-
-    async def fetch_state(self, since: int) -> InstanceState:
-        first, last = self.inst.event_bounds()
-        ev = tuple(self.inst.kv_events(since))
-        fit = self.inst.fit.fitted().as_dict()
-        self.state = InstanceState(self.inst.load_report(), ev, first, last, fit)
-        return self.state
-
-    def load_report(self) -> LoadReport:
-        if self.state is None:
-            return LoadReport(self.instance_id, self.role, 0.0)
-        return self.state.load
-
-    async def reserve_kv(self, rid: RequestId, n: int) -> Any:
-        try:
-            return await self.inst.reserve_kv(rid, n)
-        except KVCacheFull as exc:  # what the HTTP layer turns it into
-            raise InstanceError(str(exc), 503, "kv_full") from exc
-
-    async def submit_prefill(self, task: PrefillTask) -> Any:
-        return await self.inst.submit_prefill(task)
-
-    def stream_tokens(self, *a: Any) -> Any:
-        return self.inst.stream_tokens(*a)
-
-    async def abort(self, rid: RequestId, writer_stopped: bool = False) -> bool:
-        return await self.inst.abort(rid, writer_stopped)
-
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[tuple[str, str]]:
-    master = spawn(
-        "master", "--port", "0", "--http-port", "0", "--directory-port", "0", ready="master"
-    )
-    procs: list[Proc] = [master]
-    try:
-        store = spawn(
-            "store-server", "--master", master.info["rpc"], "--segment-size", "32MB",
-            "--name", "s0", ready="store-server",
-        )  # fmt: skip
-        procs.append(store)
-        yield master.info["directory"], master.info["rpc"]
-    finally:
-        for p in reversed(procs):
-            p.stop()
-
-
-def _instances(directory: str, master: str) -> dict[str, Instance]:
-    kv = KVLayoutConfig(kv_block_tokens=BT)
-    base = {"backend": "emulated", "directory": directory, "master": master, "kv_scale": 0.001}
-    out = {}
-    for name, role, blocks, scale in (
-        ("p0", Role.PREFILL, 256, 10.0), ("p1", Role.PREFILL, 256, 10.0),
-        ("d0", Role.DECODE, 96, 1.0),
-    ):  # fmt: skip
-        cfg = InstanceConfig(id=name, kv_blocks=blocks, time_scale=scale, **base)  # type: ignore[arg-type]
-        out[name] = build_instance(role, cfg, kv, InstanceId(name))
-        out[name].start()
-    return out
-
-
-def _close(insts: dict[str, Instance]) -> None:
-    for inst in insts.values():
-        inst.close()
-        te = getattr(inst, "te", None)
-        if te is not None:
-            te.close()
-        inst.backend.close()
-
-
-def _watch_kv(d: Instance, bad: list[str], good: list[str]) -> None:
-    """Check every normally finished request's whole context before its blocks go."""
-    keep = d.decoder._keep_kv
-
-    def checked(r: Any) -> None:
-        toks = r.tokens[: r.seq.num_computed]
-        ok = d.backend.verify_kv(toks, r.seq.block_table)  # type: ignore[attr-defined]
-        (good if ok else bad).append(str(r.seq.request_id))
-        keep(r)
-
-    d.decoder._keep_kv = checked  # type: ignore[method-assign]
+from kvcake.serve.wire import InstanceError
+from tests.serve.inproc import BT, Local, close_all, make_instances, watch_kv
 
 
 async def _client(router: Router, rid: str, prompt: list[int], n: int, stage: str,
@@ -186,11 +88,14 @@ async def _fetch_abort(insts: dict[str, Instance], rid: str, prompt: list[int],
 
 
 def test_abort_at_every_stage_keeps_other_kv_intact(pool: tuple[str, str]) -> None:
-    insts = _instances(*pool)
+    insts = make_instances(*pool, (
+        ("p0", Role.PREFILL, 256, 10.0), ("p1", Role.PREFILL, 256, 10.0),
+        ("d0", Role.DECODE, 96, 1.0),
+    ))  # fmt: skip
     bad: list[str] = []
     good: list[str] = []
     hit: dict[str, str] = {}
-    _watch_kv(insts["d0"], bad, good)
+    watch_kv(insts["d0"], bad, good)
     p1 = insts["p1"].prefill
     real_fetch = p1._fetch
 
@@ -204,7 +109,7 @@ def test_abort_at_every_stage_keeps_other_kv_intact(pool: tuple[str, str]) -> No
     try:
         accounts = asyncio.run(_load(insts, hit))
     finally:
-        _close(insts)
+        close_all(insts)
     assert not bad, f"KV of {bad} changed under them"
     assert len(good) >= 6, good
     stages = set(hit.values())
