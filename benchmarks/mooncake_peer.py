@@ -7,12 +7,18 @@ script with ``--mooncake PYTHON`` and read its JSON.
 
     PYTHON benchmarks/mooncake_peer.py transfer [--sizes 4K,64K,1M,16M] [--repeats 5] [--json F]
     PYTHON benchmarks/mooncake_peer.py store [--sizes 4KB,64KB,1MB,16MB] [--repeats 5] [--json F]
+    PYTHON benchmarks/mooncake_peer.py stream [--layers 30] [--blocks 16] [--block-bytes 48K]
 
 ``transfer``: a target process (``TransferEngine`` over TCP, P2PHANDSHAKE metadata, one managed
 buffer) and this initiator; batches of 16 blocks at non-adjacent target offsets, READ and WRITE,
 ``batch_transfer_sync_read/write``; GB/s median/min/max of the repeats (each moves at least
 ``--min-bytes`` or lasts ``--repeat-s``, at least ``--min-batches`` batches); then the 4 KB
 ``transfer_sync_read`` round trip p50/p99.
+
+``stream``: layer-wise streaming of one request's KV (``--layers`` batches of ``--blocks``
+blocks of ``--block-bytes``, the layout of :func:`stream_layout`) to a target process, per
+layer ``batch_transfer_sync_write`` (``sync``) or every layer ``batch_transfer_async_write``
+and one ``get_batch_transfer_status`` (``async``); ms per request.
 
 ``store``: a ``mooncake_master`` process, a store-server process (``MooncakeDistributedStore``
 mounting a ``--segment`` DRAM segment) and this client (no segment); per value size single
@@ -264,6 +270,97 @@ def run_transfer(args: argparse.Namespace) -> dict[str, Any]:
         )
         lat = {"mooncake_read_4k_p50_us": p50, "mooncake_read_4k_p99_us": p99}
     return {"rows": rows, "latency": lat}
+
+
+# ---------------------------------------------------------------- layer-wise streaming
+
+
+def stream_layout(layers: int, blocks: int, blk: int) -> list[list[tuple[int, int]]]:
+    """Per layer, (local offset, target offset) per block of one request's KV: the sender's
+    layer is contiguous (layer-major), the receiver's KV pool holds each block's layers
+    together (block-major), so a layer's blocks sit ``layers * blk`` apart: no coalescing."""
+    return [
+        [((lay * blocks + j) * blk, (j * layers + lay) * blk) for j in range(blocks)]
+        for lay in range(layers)
+    ]
+
+
+def time_streams(stream: Callable[[], None], args: argparse.Namespace) -> list[float]:
+    """Seconds per streamed request, one figure per repeat (each repeat lasts ~--repeat-s)."""
+    stream()
+    t = time.perf_counter()
+    stream()
+    n = max(3, int(args.repeat_s / max(time.perf_counter() - t, 1e-6)))
+    out = []
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        for _ in range(n):
+            stream()
+        out.append((time.perf_counter() - t) / n)
+    return out
+
+
+def stream_row(
+    method: str, mode: str, per: list[float], args: argparse.Namespace
+) -> dict[str, Any]:
+    total = args.layers * args.blocks * args.block_bytes
+    med = statistics.median(per)
+    return {
+        "method": method,
+        "mode": mode,
+        "layers": args.layers,
+        "blocks": args.blocks,
+        "block_bytes": args.block_bytes,
+        "ms_med": med * 1e3,
+        "ms_min": min(per) * 1e3,
+        "ms_max": max(per) * 1e3,
+        "gbps_med": total / med / 1e9,
+    }
+
+
+def run_stream(args: argparse.Namespace) -> dict[str, Any]:
+    """One request's KV, layer by layer (``--layers`` batches of ``--blocks`` blocks of
+    ``--block-bytes``), written to a target process: ``sync`` waits for each layer's batch
+    (``batch_transfer_sync_write``), ``async`` submits every layer as it comes
+    (``batch_transfer_async_write``) and waits for all at the end."""
+    lay = stream_layout(args.layers, args.blocks, args.block_bytes)
+    top = args.layers * args.blocks * args.block_bytes
+    target = start(
+        [sys.executable, HERE, "_te-target", str(top)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    port, raddr = map(int, read_ready(target, "Mooncake transfer target").split())
+    seg = f"127.0.0.1:{port}"
+    engine = new_engine()
+    local = engine.allocate_managed_buffer(top)
+    if not local:
+        raise RuntimeError("allocate_managed_buffer failed")
+    ctypes.memmove(local, os.urandom(top), top)
+    batches = [
+        (
+            [local + lo for lo, _ in layer],
+            [raddr + to for _, to in layer],
+            [args.block_bytes] * len(layer),
+        )
+        for layer in lay
+    ]
+
+    def sync() -> None:
+        for b in batches:
+            if engine.batch_transfer_sync_write(seg, *b) != 0:
+                raise RuntimeError("batch_transfer_sync_write failed")
+
+    def asyn() -> None:
+        ids = [engine.batch_transfer_async_write(seg, *b) for b in batches]
+        if any(i == 0 for i in ids) or engine.get_batch_transfer_status(ids) != 0:
+            raise RuntimeError("batch_transfer_async_write / get_batch_transfer_status failed")
+
+    rows = []
+    for mode, fn in (("sync", sync), ("async", asyn)):
+        rows.append(stream_row("mooncake", mode, time_streams(fn, args), args))
+        print(f"  mooncake done stream {mode}", file=sys.stderr, flush=True)
+    return {"stream": rows}
 
 
 # ---------------------------------------------------------------- store
@@ -520,7 +617,7 @@ def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("mode", choices=("transfer", "store"))
+    p.add_argument("mode", choices=("transfer", "store", "stream"))
     p.add_argument("--sizes", help="transfer: 4K,64K,1M,16M; store: 4KB,64KB,1MB,16MB")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--min-bytes", type=int, default=512 << 20, help="transfer: bytes per repeat")
@@ -528,6 +625,11 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--repeat-s", type=float, default=0.5, help="transfer: seconds per repeat")
     p.add_argument("--latency-iters", type=int, default=3000, help="transfer: 4 KB round trips")
     p.add_argument("--segment", default="2GiB", help="store: the server's DRAM segment")
+    p.add_argument("--layers", type=int, default=30, help="stream: layers of one request")
+    p.add_argument("--blocks", type=int, default=16, help="stream: KV blocks of the request")
+    p.add_argument(
+        "--block-bytes", type=parse_size, default=48 * KB, help="stream: one layer of one block"
+    )
     p.add_argument("--json", help="write the JSON here instead of stdout")
     args = p.parse_args(argv)
     if args.repeats < 1:
@@ -536,7 +638,8 @@ def main(argv: Sequence[str]) -> int:
         args.sizes = "4K,64K,1M,16M" if args.mode == "transfer" else "4KB,64KB,1MB,16MB"
     t0 = time.time()
     with cleanup():
-        result = run_transfer(args) if args.mode == "transfer" else run_store(args)
+        runner = {"transfer": run_transfer, "store": run_store, "stream": run_stream}[args.mode]
+        result = runner(args)
     result.update(
         {
             "mode": args.mode,

@@ -261,6 +261,83 @@ def run_all(args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:
     return rows, lat
 
 
+def run_stream(args: argparse.Namespace) -> list[dict[str, object]]:
+    """Layer-wise streaming of one request's KV to a target process (the layout and timing
+    of ``mooncake_peer.run_stream``): ``sync`` = ``transfer()`` per layer, ``async`` = one
+    ``submit()`` per layer as it comes, then ``wait()`` for all."""
+    import numpy as np
+
+    from kvcake.core.ids import SegmentName
+    from kvcake.transfer import Op, TransferConfig, TransferEngine, TransferRequest
+
+    blk = args.block_bytes
+    lay = peer.stream_layout(args.layers, args.blocks, blk)
+    top = args.layers * args.blocks * blk
+    target = Target(top)
+    cfg = TransferConfig(streams=args.streams, slice_size=args.slice_size)
+    engine = TransferEngine(target.info["directory"], protocol="tcp", config=cfg)
+    try:
+        local = np.random.default_rng(1).integers(0, 256, top, dtype=np.uint8)
+        engine.register_memory("kv-src", local)
+        src, dst = SegmentName("kv-src"), SegmentName("target")
+        batches = [
+            [TransferRequest(Op.WRITE, src, lo, dst, to, blk) for lo, to in layer] for layer in lay
+        ]
+
+        def sync() -> None:
+            for b in batches:
+                engine.transfer(b).raise_for_errors()
+
+        def asyn() -> None:
+            ids = [engine.submit(b) for b in batches]
+            for i in ids:
+                engine.wait(i).raise_for_errors()
+
+        rows = []
+        for mode, fn in (("sync", sync), ("async", asyn)):
+            rows.append(peer.stream_row("kvcake", mode, peer.time_streams(fn, args), args))
+            print(f"  done stream {mode}", file=sys.stderr, flush=True)
+        lo, to = lay[-1][-1]  # the last block of the last layer landed where it belongs
+        back = np.zeros(blk, dtype=np.uint8)
+        engine.read_into("target", to, back)
+        if not np.array_equal(back, local[lo : lo + blk]):
+            raise SystemExit("stream: the target holds different bytes")
+    finally:
+        engine.close()
+        target.stop()
+    return rows
+
+
+def stream_table(rows: list[dict[str, object]]) -> str:
+    if not rows:
+        return ""
+    r0 = rows[0]
+    kv = int(r0["layers"]) * int(r0["blocks"]) * int(r0["block_bytes"])  # type: ignore[call-overload]
+    lines = [
+        f"Layer-wise streaming of one request's KV: {r0['layers']} layers x {r0['blocks']} "
+        f"blocks x {fmt_size(int(r0['block_bytes']))} ({kv / 1e6:.1f} MB), TCP, "  # type: ignore[call-overload]
+        "ms per request (median, min-max of the repeats):",
+        "",
+        "| mode | kvcake ms | Mooncake ms | kvcake GB/s | Mooncake GB/s | kvcake/Mooncake |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for mode in ("sync", "async"):
+        k = next((r for r in rows if r["method"] == "kvcake" and r["mode"] == mode), None)
+        m = next((r for r in rows if r["method"] == "mooncake" and r["mode"] == mode), None)
+        if k is None:
+            continue
+        kms = f"{k['ms_med']:.1f} ({k['ms_min']:.1f}-{k['ms_max']:.1f})"
+        if m is None:
+            lines.append(f"| {mode} | {kms} | - | {k['gbps_med']:.2f} | - | - |")
+            continue
+        mms = f"{m['ms_med']:.1f} ({m['ms_min']:.1f}-{m['ms_max']:.1f})"
+        ratio = float(m["ms_med"]) / float(k["ms_med"])  # type: ignore[arg-type]
+        lines.append(
+            f"| {mode} | {kms} | {mms} | {k['gbps_med']:.2f} | {m['gbps_med']:.2f} | {ratio:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
 def _memmove_fn(pairs: list[tuple[int, int]], block: int) -> Callable[[], None]:
     move = ctypes.memmove
 
@@ -375,6 +452,21 @@ def run_mooncake(python: str, args: argparse.Namespace) -> tuple[list[Row], dict
     return [Row(**r) for r in data["rows"]], dict(data["latency"])
 
 
+def _stream_options(args: argparse.Namespace) -> list[str]:
+    return [
+        "--layers",
+        str(args.layers),
+        "--blocks",
+        str(args.blocks),
+        "--block-bytes",
+        str(args.block_bytes),
+        "--repeats",
+        str(args.repeats),
+        "--repeat-s",
+        str(args.repeat_s),
+    ]
+
+
 def markdown(rows: list[Row], lat: dict[str, float]) -> str:
     lines = [
         "| method | op | block | GB/s median | min | max | op/s median |",
@@ -421,6 +513,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         "submit()+wait() (lanes handed to the worker pool)",
     )
     p.add_argument("--skip-shm", action="store_true", help="skip the shm transport")
+    p.add_argument(
+        "--stream-layers",
+        dest="layers",
+        type=int,
+        default=30,
+        help="layer-wise streaming cell: layers of one request (0 skips the cell; default 30)",
+    )
+    p.add_argument(
+        "--stream-blocks",
+        dest="blocks",
+        type=int,
+        default=16,
+        help="layer-wise streaming cell: KV blocks of the request (default 16)",
+    )
+    p.add_argument(
+        "--stream-block-bytes",
+        dest="block_bytes",
+        type=peer.parse_size,
+        default=48 * 1024,
+        help="layer-wise streaming cell: bytes of one layer of one block (default 48K: K+V "
+        "of 32 SmolLM2 tokens in fp32)",
+    )
     p.add_argument("--json", help="also write the results to this JSON file")
     peer.add_mooncake_flag(p, "TE")
     args = p.parse_args(argv)
@@ -434,18 +548,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if mc_python is None:
         print(f"Mooncake live peer skipped: {why}; ratios use the recorded figures")
     rows, lat = run_all(args)
+    stream = run_stream(args) if args.layers > 0 and args.blocks > 0 else []
     if mc_python is not None:
         try:
             mc_rows, mc_lat = run_mooncake(mc_python, args)
             rows += mc_rows
             lat.update(mc_lat)
             mooncake = {"live": True, "python": mc_python}
+            if stream:
+                stream += peer.run_peer(mc_python, "stream", _stream_options(args))["stream"]
         except RuntimeError as exc:
             print(f"Mooncake live peer failed, ratios use the recorded figures: {exc}")
             mooncake = {"live": False, "reason": str(exc)}
     print(markdown(rows, lat))
     print()
     print(side_by_side(rows, lat))
+    if stream:
+        print()
+        print(stream_table(stream))
     print(
         f"\n(api={args.api}, streams={args.streams}, slice_size={args.slice_size}, "
         f"repeats={args.repeats}; "
@@ -459,6 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "latency": lat,
                     "targets": check_targets(rows, lat),
                     "mooncake": mooncake,
+                    "stream": stream,
                 },
                 fh,
                 indent=1,
