@@ -1,0 +1,128 @@
+"""Replica descriptors, ``batch_replica_clear`` and the copy / move task calls.
+
+kvcake's master places replicas at put time and has no replica-copy / replica-move task queue,
+so ``create_copy_task`` / ``create_move_task`` validate their input exactly as the wheel does
+(-704 for a missing key, -600 for an unknown segment) and then answer -1 (not supported);
+``query_task`` therefore never finds a task (-1400, the wheel's TASK_NOT_FOUND)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from kvcake.compat.mooncake._base import TASK_NOT_FOUND, StoreBase, check_key, returns
+from kvcake.compat.mooncake._types import (
+    Descriptor,
+    DiskDescriptor,
+    MemoryDescriptor,
+    QueryTaskResponse,
+    ReplicaDescriptor,
+    ReplicaStatus,
+)
+from kvcake.core.errors import KvcakeError, StoreError
+from kvcake.store import errors as E
+from kvcake.store import protocol as P
+
+NO_TASK = (0, 0)
+
+
+class ReplicaMethods(StoreBase):
+    def _endpoint(self, segment: str) -> str:
+        try:
+            paths = self._c.engine.segment_info(segment).paths
+        except KvcakeError:
+            return ""
+        return paths[0].address if paths else ""
+
+    def _descriptors(self, key: str, res: P.KeyResult) -> list[ReplicaDescriptor]:
+        out = []
+        for rep in res.replicas:
+            if rep.tier == "memory":
+                d = Descriptor()
+                d.buffer_address, d.size = rep.offset, res.size
+                d.transport_endpoint = self._endpoint(rep.segment)
+                out.append(ReplicaDescriptor(ReplicaStatus.COMPLETE, memory=MemoryDescriptor(d)))
+            else:
+                name = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+                disk = DiskDescriptor(f"{rep.segment}/{name}.obj", res.size)
+                out.append(ReplicaDescriptor(ReplicaStatus.COMPLETE, disk=disk))
+        return out
+
+    @returns([])
+    def get_replica_desc(self, key: str) -> list[ReplicaDescriptor]:
+        check_key(key)
+        try:
+            res = self._c.get_replica_desc(key)
+        except E.ObjectNotFound:
+            return []
+        return self._descriptors(key, res)
+
+    @returns({})
+    def batch_get_replica_desc(self, keys: list[str]) -> dict[str, list[ReplicaDescriptor]]:
+        """Only keys that exist appear in the result (as in the wheel)."""
+        if not keys:
+            return {}
+        reply = self._c.conn.call(P.GetReplicas(self._c.id, list(keys)))
+        return {
+            k: self._descriptors(k, res)
+            for k, res in zip(keys, reply.results, strict=True)
+            if res.code == 0
+        }
+
+    @returns([])
+    def batch_replica_clear(self, keys: list[str], segment_name: str = "") -> list[str]:
+        """Drop the replicas of each key (on ``segment_name`` only, if given) when no read lease
+        holds it; returns the keys cleared. kvcake cannot drop one replica of several, so with
+        ``segment_name`` a key is cleared only when all its replicas are on that segment."""
+        if not keys:
+            return []
+        c = self._c
+        reply = c.conn.call(P.Exist(c.id, list(keys)))  # no lease taken
+        present = [k for k, r in zip(keys, reply.results, strict=True) if r.code == 1]
+        if segment_name:
+            present = [k for k in present if self._only_on(k, segment_name)]
+        cleared = []
+        for key, res in zip(present, c.batch_remove(present) if present else [], strict=True):
+            if res is None:
+                cleared.append(key)
+        return cleared
+
+    def _only_on(self, key: str, segment: str) -> bool:
+        try:
+            reps = self._c.get_replica_desc(key).replicas
+        except StoreError:
+            return False
+        return all(r.segment == segment for r in reps)
+
+    def _task_precheck(self, key: str, segments: list[str]) -> int:
+        check_key(key)
+        if not key or not segments or any(not s for s in segments):
+            return E.INVALID_PARAMS
+        if not self._c.is_exist(key):
+            return E.OBJECT_NOT_FOUND
+        for s in segments:
+            try:
+                self._c.engine.segment_info(s)
+            except KvcakeError:
+                return E.INVALID_PARAMS
+        return E.INTERNAL_ERROR  # valid, but kvcake has no replica task queue
+
+    def create_copy_task(self, key: str, targets: list[str]) -> tuple[tuple[int, int], int]:
+        if self._client is None:
+            return NO_TASK, E.INTERNAL_ERROR
+        try:
+            return NO_TASK, self._task_precheck(key, list(targets))
+        except StoreError as exc:
+            return NO_TASK, exc.code
+
+    def create_move_task(self, key: str, source: str, target: str) -> tuple[tuple[int, int], int]:
+        if self._client is None:
+            return NO_TASK, E.INTERNAL_ERROR
+        try:
+            return NO_TASK, self._task_precheck(key, [source, target])
+        except StoreError as exc:
+            return NO_TASK, exc.code
+
+    def query_task(self, task_id: tuple[int, int]) -> tuple[QueryTaskResponse | None, int]:
+        if not isinstance(task_id, tuple) or len(task_id) != 2:
+            raise TypeError("task_id must be a (int, int) tuple")
+        return None, TASK_NOT_FOUND

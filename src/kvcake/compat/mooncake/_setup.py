@@ -1,0 +1,289 @@
+"""``setup`` (both of Mooncake's overloads), lifecycle, and segment management.
+
+``setup(local_hostname, metadata_server, global_segment_size, local_buffer_size, protocol,
+rdma_devices, master_server_addr, engine=None, enable_ssd_offload=False, ssd_offload_path='',
+tenant_id='default', enable_client_http_server=False, client_http_port=9300)`` or
+``setup(config: dict)``. ``protocol`` selects kvcake's transport (``tcp``; kvcake also takes
+``auto``/``shm``); ``enable_ssd_offload`` makes this client a storage node with a disk tier in
+``ssd_offload_path`` (offload on eviction, promotion on repeated hits: kvcake's SSD tier)."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import mmap
+import os
+from typing import Any
+
+from kvcake.compat.mooncake._base import StoreBase, check_signature
+from kvcake.compat.mooncake._metadata import check_metadata_server
+from kvcake.core.config import parse_size
+from kvcake.core.errors import KvcakeError, StoreError
+from kvcake.store import errors as E
+from kvcake.store import protocol as P
+from kvcake.store.client import Client
+from kvcake.store.config import ClientConfig
+
+log = logging.getLogger(__name__)
+DEFAULT_SIZE = 16 * 1024 * 1024
+PROTOCOLS = {"tcp": "tcp", "auto": "auto", "shm": "shm"}
+SSD_QUOTA_ENV = "MOONCAKE_OFFLOAD_SSD_QUOTA"
+
+
+def _positional(
+    local_hostname: str,
+    metadata_server: str,
+    global_segment_size: int,
+    local_buffer_size: int,
+    protocol: str,
+    rdma_devices: str,
+    master_server_addr: str,
+    engine: object = None,
+    enable_ssd_offload: bool = False,
+    ssd_offload_path: str = "",
+    tenant_id: str = "default",
+    enable_client_http_server: bool = False,
+    client_http_port: int = 9300,
+) -> None: ...
+
+
+SETUP_SIGNATURE = inspect.signature(_positional)
+DICT_KEYS = {
+    "local_hostname", "metadata_server", "global_segment_size", "local_buffer_size", "protocol",
+    "rdma_devices", "master_server_addr", "ipc_socket_path", "enable_ssd_offload",
+    "ssd_offload_path", "tenant_id", "enable_client_http_server", "client_http_port",
+    "master_server_address", "device_name",  # spellings older kvcake callers used
+}  # fmt: skip
+
+
+class SetupMethods(StoreBase):
+    _server: Any = None
+
+    def setup(self, *args: Any, **kwargs: Any) -> int:
+        if len(args) == 1 and not kwargs and isinstance(args[0], dict):
+            return self._setup_dict(args[0])
+        try:
+            bound = SETUP_SIGNATURE.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"setup(): incompatible function arguments: {exc}") from None
+        bound.apply_defaults()
+        a = bound.arguments
+        check_signature(
+            a["local_hostname"], a["metadata_server"], a["global_segment_size"],
+            a["local_buffer_size"], a["protocol"], a["rdma_devices"], a["master_server_addr"],
+            kinds=(str, str, int, int, str, str, str),
+        )  # fmt: skip
+        return self._setup(**a)
+
+    def _setup_dict(self, cfg: dict[str, Any]) -> int:
+        if "local_hostname" not in cfg or "metadata_server" not in cfg:
+            return E.INVALID_PARAMS
+        try:
+            return self._setup(
+                local_hostname=str(cfg["local_hostname"]),
+                metadata_server=str(cfg["metadata_server"]),
+                global_segment_size=parse_size(cfg.get("global_segment_size", DEFAULT_SIZE)),
+                local_buffer_size=parse_size(cfg.get("local_buffer_size", DEFAULT_SIZE)),
+                protocol=str(cfg.get("protocol", "tcp")),
+                rdma_devices=str(cfg.get("rdma_devices", cfg.get("device_name", ""))),
+                master_server_addr=str(
+                    cfg.get("master_server_addr", cfg.get("master_server_address", ""))
+                ),
+                enable_ssd_offload=bool(cfg.get("enable_ssd_offload", False)),
+                ssd_offload_path=str(cfg.get("ssd_offload_path", "")),
+            )
+        except (KvcakeError, TypeError, ValueError):
+            return E.INVALID_PARAMS
+
+    def _setup(
+        self,
+        local_hostname: str,
+        metadata_server: str,
+        global_segment_size: int,
+        local_buffer_size: int,
+        protocol: str,
+        rdma_devices: str,
+        master_server_addr: str,
+        enable_ssd_offload: bool = False,
+        ssd_offload_path: str = "",
+        **_unused: Any,
+    ) -> int:
+        if self._client is not None:
+            return 0  # the wheel keeps its first setup and reports success
+        proto = os.environ.get("KVCAKE_SHIM_PROTOCOL") or PROTOCOLS.get(protocol.lower())
+        if proto is None or global_segment_size < 0 or local_buffer_size < 0:
+            log.error("setup: protocol %r is not available in kvcake (tcp, auto, shm)", protocol)
+            return E.INVALID_PARAMS
+        code = check_metadata_server(metadata_server)
+        if code:
+            return code
+        host, _, _port = local_hostname.partition(":")
+        try:
+            if enable_ssd_offload:
+                self._client = self._start_node(
+                    master_server_addr, host, global_segment_size, ssd_offload_path
+                )
+            else:
+                cfg = ClientConfig(
+                    master=master_server_addr or "127.0.0.1:50051",
+                    hostname=host or "127.0.0.1",
+                    protocol=proto,
+                    segment_size=global_segment_size,
+                )
+                self._client = Client(cfg)
+        except StoreError as exc:
+            log.error("setup failed: %s", exc)
+            return E.INTERNAL_ERROR if exc.code == E.RPC_FAIL else exc.code
+        except (KvcakeError, OSError, ValueError) as exc:
+            log.error("setup failed: %s", exc)
+            return E.INVALID_PARAMS
+        self._local_buffer = local_buffer_size
+        port = self._client.engine.addresses[0].rsplit(":", 1)[1]
+        self._hostname = f"{host or '127.0.0.1'}:{port}"
+        return 0
+
+    def _start_node(self, master: str, host: str, segment: int, path: str) -> Client:
+        """A client with a disk tier: kvcake's store-server, in this process."""
+        from pathlib import Path
+
+        from kvcake.store.config import StoreServerConfig
+        from kvcake.store.server import StoreServer
+
+        path = path or os.environ.get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "")
+        if not path or segment <= 0:
+            raise E.InvalidParams("enable_ssd_offload needs ssd_offload_path and a segment")
+        quota = parse_size(os.environ.get(SSD_QUOTA_ENV, "4GiB"))
+        cfg = StoreServerConfig(
+            master=master, hostname=host or "127.0.0.1", segment_size=segment,
+            ssd_dir=Path(path), ssd_quota=quota,
+        )  # fmt: skip
+        self._server = StoreServer(cfg)
+        try:
+            self._server.start()
+        except BaseException:
+            self._server.stop()
+            self._server = None
+            raise
+        assert self._server.client is not None
+        return self._server.client
+
+    def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
+        """Mooncake's dummy client attaches to a *real client* process over IPC; kvcake has no
+        such process, so (like the wheel when none is listening) this fails with -1."""
+        check_signature(mem_pool_size, local_buffer_size, server_address, kinds=(int, int, str))
+        log.error("setup_dummy: no real-client process to attach to (kvcake has none)")
+        return E.INTERNAL_ERROR
+
+    def init_all(self, protocol: str, device_name: str, mount_segment_size: int) -> int:
+        """The wheel's init_all after setup reports 'already initialized' (-600)."""
+        check_signature(protocol, device_name, mount_segment_size, kinds=(str, str, int))
+        return E.INVALID_PARAMS if self._client is not None else E.INTERNAL_ERROR
+
+    def close(self) -> int:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        elif self._client is not None:
+            self._client.close()
+        self._client = None
+        self._registered.clear()
+        return 0
+
+    def health_check(self) -> int:
+        """0 healthy, 1 not set up or closed, 2 master unreachable."""
+        if self._client is None:
+            return 1
+        try:
+            self._client.conn.call(P.Heartbeat("", self._client.host))
+        except KvcakeError:
+            return 2
+        return 0
+
+    def get_hostname(self) -> str:
+        """``host:port`` of this client's transfer server (Mooncake's segment name form)."""
+        return self._hostname
+
+    def get_offload_rpc_read_count(self) -> int:
+        return 0
+
+    # --- segments -----------------------------------------------------------------------------
+
+    def allocate_and_mount_segment(
+        self, size: int, protocol: str = "tcp", location: str = ""
+    ) -> dict[str, Any]:
+        check_signature(size, protocol, location, kinds=(int, str, str))
+        fail = {"ret": E.INTERNAL_ERROR, "segment_ids": [], "allocated_size": 0}
+        if self._client is None or size <= 0:
+            return fail
+        c = self._client
+        name = f"seg-{c.id.replace('/', '-')}-{len(c.segments)}"
+        try:
+            c.segments[name] = c.engine.allocate_segment(name, size)
+            c._mount(name)
+        except KvcakeError as exc:
+            log.error("allocate_and_mount_segment: %s", exc)
+            c.segments.pop(name, None)
+            return fail
+        return {"ret": 0, "segment_ids": [name], "allocated_size": size}
+
+    def mount_segment(
+        self, path: str, size: int, offset: int = 0, protocol: str = "tcp", location: str = ""
+    ) -> dict[str, Any]:
+        """Map ``size`` bytes of the file ``path`` from ``offset`` and mount them."""
+        check_signature(path, size, offset, protocol, location, kinds=(str, int, int, str, str))
+        fail = {"ret": E.INTERNAL_ERROR, "segment_ids": []}
+        if self._client is None or size <= 0 or offset < 0 or offset % mmap.PAGESIZE:
+            return fail
+        c = self._client
+        name = f"file-{c.id.replace('/', '-')}-{len(c.segments)}"
+        try:
+            with open(path, "r+b") as fh:
+                mapping = mmap.mmap(fh.fileno(), size, offset=offset)
+            c.engine.register_memory(name, mapping)
+            c.segments[name] = memoryview(mapping)
+            c._mount(name)
+        except (OSError, ValueError, KvcakeError) as exc:
+            log.error("mount_segment %s: %s", path, exc)
+            c.segments.pop(name, None)
+            return fail
+        return {"ret": 0, "segment_ids": [name]}
+
+    def unmount_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
+        """Unmount segments this client mounted (their objects leave the pool)."""
+        if self._client is None or not segment_ids:
+            return E.INTERNAL_ERROR
+        c = self._client
+        if any(s not in c.segments for s in segment_ids):
+            return E.INTERNAL_ERROR
+        for s in segment_ids:
+            try:
+                c.conn.call(P.Unmount(c.id, s))
+            except KvcakeError:
+                return E.INTERNAL_ERROR
+        return 0
+
+    def unmount_and_free_segment(
+        self, segment_ids: list[str], grace_period_seconds: int = 0
+    ) -> int:
+        rc = self.unmount_segment(segment_ids, grace_period_seconds)
+        if rc == 0:
+            c = self._c
+            for s in segment_ids:
+                c.segments.pop(s, None)
+                c.engine.unregister(s)
+        return rc
+
+    def unmount_local_disk_segment(self, grace_period_seconds: int = 0) -> int:
+        server = self._server
+        if server is None or server.disk is None:
+            return 0  # the wheel: nothing mounted is nothing to do
+        try:
+            server.client.conn.call(P.Unmount(server.client.id, server.disk_segment))
+        except KvcakeError:
+            return E.INTERNAL_ERROR
+        return 0
+
+    def alloc_from_mem_pool(self, size: int) -> int:
+        """The wheel returns 0 without a dummy-client memory pool; kvcake has none either."""
+        check_signature(size, kinds=(int,))
+        return 0

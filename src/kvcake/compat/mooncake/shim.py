@@ -1,0 +1,115 @@
+"""The explicit switch: a thin ``mooncake`` package whose ``mooncake.store`` and
+``mooncake.engine`` *are* kvcake's (``sys.modules`` aliases), written into a site-packages
+directory on request and removed again. It is never written over, or in front of, a real
+Mooncake: :func:`install` refuses while one is importable. A marker file tells the shim from the
+wheel, so :func:`uninstall` never deletes a real Mooncake."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvcake.core.errors import KvcakeError
+
+MARKER = "KVCAKE_SHIM"
+FILES = {
+    "__init__.py": (
+        '"""kvcake\'s stand-in for Mooncake, written by `kvcake mooncake-shim install`\n'
+        '(`kvcake mooncake-shim uninstall` removes it)."""\n\n'
+        "from kvcake.compat.mooncake._buffers import BufferPool, RegisteredBufferPool\n\n"
+        "__kvcake_shim__ = True\n"
+        '__all__ = ["BufferPool", "RegisteredBufferPool"]\n'
+    ),
+    "store.py": (
+        '"""mooncake.store -> kvcake.compat.mooncake.store (the same module object)."""\n\n'
+        "import sys\n\nfrom kvcake.compat.mooncake import store as _impl\n\n"
+        "sys.modules[__name__] = _impl\n"
+    ),
+    "engine.py": (
+        '"""mooncake.engine -> kvcake.compat.mooncake.engine (the same module object)."""\n\n'
+        "import sys\n\nfrom kvcake.compat.mooncake import engine as _impl\n\n"
+        "sys.modules[__name__] = _impl\n"
+    ),
+    MARKER: "This mooncake package is kvcake's shim (kvcake mooncake-shim status).\n",
+}
+
+
+class ShimError(KvcakeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Found:
+    path: Path
+    is_shim: bool
+
+    def describe(self) -> str:
+        if self.is_shim:
+            return f"kvcake shim ({self.path})"
+        return f"real Mooncake {mooncake_version()} ({self.path})"
+
+
+def mooncake_version() -> str:
+    from importlib import metadata
+
+    for dist in ("mooncake-transfer-engine-non-cuda", "mooncake-transfer-engine"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "(version unknown)"
+
+
+def site_dir() -> Path:
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def found(paths: list[str] | None = None) -> list[Found]:
+    """Every ``mooncake`` package on the path, the one ``import mooncake`` picks first."""
+    out = []
+    for entry in paths if paths is not None else sys.path:
+        pkg = Path(entry or ".") / "mooncake"
+        if (pkg / "__init__.py").is_file():
+            out.append(Found(pkg.resolve(), (pkg / MARKER).is_file()))
+    return out
+
+
+def active() -> Found | None:
+    spec = importlib.util.find_spec("mooncake")
+    if spec is None or spec.origin is None:
+        return None
+    pkg = Path(spec.origin).parent
+    return Found(pkg.resolve(), (pkg / MARKER).is_file())
+
+
+def install(target: Path | None = None) -> Path:
+    """Write the shim into ``target`` (default: this interpreter's site-packages)."""
+    target = target or site_dir()
+    real = [f for f in found([*sys.path, str(target)]) if not f.is_shim]
+    if real:
+        raise ShimError(
+            f"a real Mooncake is installed ({real[0].describe()}); the shim never shadows it. "
+            "Use a venv without Mooncake, or `pip uninstall mooncake-transfer-engine-non-cuda`."
+        )
+    pkg = target / "mooncake"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for name, text in FILES.items():
+        (pkg / name).write_text(text)
+    importlib.invalidate_caches()
+    return pkg
+
+
+def uninstall(target: Path | None = None) -> Path | None:
+    """Remove the shim from ``target``; a real Mooncake there is left alone (ShimError)."""
+    pkg = (target or site_dir()) / "mooncake"
+    if not pkg.exists():
+        return None
+    if not (pkg / MARKER).is_file():
+        raise ShimError(f"{pkg} is not kvcake's shim (no {MARKER} marker); not removing it")
+    shutil.rmtree(pkg)
+    importlib.invalidate_caches()
+    return pkg
