@@ -16,7 +16,7 @@ from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvcake.core.api import TokenChunk
-from kvcake.core.errors import EngineError, KvcakeError
+from kvcake.core.errors import EngineError, KvcakeError, StoreError, TransferError
 from kvcake.core.ids import RequestId
 from kvcake.engine.block_manager import KVCacheFull
 from kvcake.serve.instance import Instance
@@ -41,6 +41,8 @@ def _error(exc: Exception) -> Response:
         status, kind = 503, "kv_full"
     elif isinstance(exc, InstanceError):
         status, kind = exc.status, exc.kind
+    elif isinstance(exc, TransferError | StoreError):  # a peer failed, not the request
+        status, kind = 502, "peer_error"
     elif isinstance(exc, EngineError):
         status, kind = 400, "engine_error"
     elif isinstance(exc, KvcakeError | ValueError):
