@@ -234,9 +234,10 @@ def test_experiment_grids_match_docs() -> None:
     assert g(scheduling.BANDWIDTHS_GBPS) in rows["bandwidth"]
     assert g(scheduling.BANDWIDTHS_GBPS[::2]) in rows["bandwidth"]
     assert ", ".join(f"{p}P{d}D" for p, d in scheduling.PD_SPLITS) in rows["pd-ratio"]
-    assert f"{scheduling.PD_TBT_THRESHOLD_S * 1000:g} ms" in rows["pd-ratio"]
-    for slo in overload.TBT_SLOS_S:
-        assert f"{slo * 1000:g} ms" in rows["overload"]
+    assert f"{scheduling.PD_STEP_MULTIPLE:g} x the uncontended decode step" in rows["pd-ratio"]
+    assert f"fills {scheduling.PD_FILL_NODES} of the 16 nodes" in rows["pd-ratio"]
+    mult = " and ".join(f"{m:g}" for m in overload.TBT_STEP_MULTIPLES)
+    assert f"TBT SLOs {mult} x the uncontended decode step" in rows["overload"]
     for _, label, _ in capacity.SYSTEMS:
         assert label.split(" (")[0].split(" +")[0] in rows["capacity"]
 
@@ -253,8 +254,8 @@ def test_capacity_runs_every_system_and_report_lists_every_experiment(tmp_path: 
     capacity = importlib.import_module("kvcake.sim.experiments.capacity")
     small = tmp_path / "small.jsonl"
     small.write_text("".join(r.to_json() + "\n" for r in _sample(20)))
-    for system, _, policy in capacity.SYSTEMS:  # mooncake-10p6d is not a SimConfig system
-        out = capacity._run((str(small), system, policy, 1.0))
+    for system, _, policy in capacity.SYSTEMS:  # mooncake-best is not a SimConfig system
+        out = capacity._run((str(small), system, policy, 1.0, (3, 2)))
         assert len(out["share"]) == len(capacity.THRESHOLDS_MS)
     assert tuple(ORDER) == EXPERIMENT_NAMES_FOR_DOCS
     text = write_report([], tmp_path, "test", 0.0).read_text()

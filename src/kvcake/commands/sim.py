@@ -79,6 +79,10 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
                    help="worker processes for independent simulations")  # fmt: skip
     p.add_argument("--quick", action="store_true",
                    help="smaller grids (every other grid point; smoke runs and tests)")  # fmt: skip
+    p.add_argument("--cache-model", default="paper", choices=("paper", "block-lru"),
+                   help="cache-capacity: paper = token-weighted hits, the deepest block of a "
+                   "request evicted first; block-lru = block-weighted hits, in-order LRU "
+                   "(as other cache simulators)")  # fmt: skip
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -126,12 +130,15 @@ def _check_traces(specs: list[str]) -> None:
 def _ctx(args: argparse.Namespace) -> Any:
     from kvcake.core.errors import ConfigError
     from kvcake.sim.experiments import Context
+    from kvcake.sim.experiments.common import workload
 
     traces = args.trace or [str(sample_trace_path())]
     _check_traces(traces)
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
-    return Context(traces, Path(args.out), args.jobs, args.quick)
+    for spec in traces:  # load (and validate) here, before any worker process forks
+        workload(spec)
+    return Context(traces, Path(args.out), args.jobs, args.quick, args.cache_model)
 
 
 def _print(res: Any) -> None:
@@ -161,8 +168,15 @@ def run_experiment(name: str, ctx: Any) -> Any:
     res = EXPERIMENTS[name](ctx)
     res.wall_s = time.perf_counter() - t
     res.quick = ctx.quick
+    res.trace = workload_name(ctx.main_trace)
     res.save(ctx.out_dir)
     return res
+
+
+def workload_name(spec: str) -> str:
+    from kvcake.sim.experiments.common import workload
+
+    return workload(spec)[0]
 
 
 def _experiment(args: argparse.Namespace) -> int:

@@ -1,13 +1,14 @@
-"""Workloads for the experiments: the real conversation trace, and synthetic traces from
-:mod:`kvcake.core.synth` shaped like the paper's tool&agent and synthetic workloads (which we
-do not have). The shapes target the paper's Table (requests, average input/output, cache
-ratio); ``kvcake sim experiment`` prints the achieved statistics so the report can say how
-close they are."""
+"""Workloads for the experiments: any Mooncake-format trace file (the paper's three traces —
+conversation, tool&agent, synthetic — are published in the Mooncake repository under
+``FAST25-release/traces/``), and synthetic stand-ins from :mod:`kvcake.core.synth` shaped like
+the paper's tool&agent and synthetic workloads (same request counts and averages), for when
+those files are not at hand."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from kvcake.core.errors import TraceError
 from kvcake.core.synth import SynthConfig, generate
 from kvcake.core.trace import TraceRecord, read_trace
 
@@ -33,4 +34,11 @@ def load_workload(spec: str) -> tuple[str, list[TraceRecord]]:
     if spec in SYNTH_PRESETS:
         return spec, generate(SYNTH_PRESETS[spec])
     p = Path(spec)
-    return p.stem.removesuffix("_trace"), read_trace(p)
+    try:
+        recs = read_trace(p)
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{p}: not UTF-8 text (byte {exc.start}: {exc.reason}); a trace is "
+                         "JSONL, one Mooncake record per line") from None  # fmt: skip
+    if not recs:
+        raise TraceError(f"{p}: the trace has no requests (empty file)")
+    return p.stem.removesuffix("_trace"), recs

@@ -3,7 +3,7 @@ replica counts of the hottest blocks (Fig. 11)."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,29 +19,60 @@ CAPACITIES = [int(v) for v in (1e4, 3e4, 1e5, 3e5, 1e6, 3e6, 1e7, 3e7, 1e8, 3e8,
 SYNTH = ["toolagent-synth", "synthetic-synth"]
 
 
-def lru_hit_rate(records: Sequence[TraceRecord], capacity_tokens: int, block: int = 512) -> float:
-    """One global LRU over blocks; a request hits its longest cached prefix (tokens)."""
-    cache = LRUBlockCache(capacity_tokens // block, InstanceId("global"), None)
-    hit = total = 0
+CACHE_MODELS = {
+    "paper": "token-weighted hits; within a request the head block is the most recently used, "
+    "so at equal recency the deepest block is evicted first (prefix-preserving, as vLLM's "
+    "prefix cache)",
+    "block-lru": "block-weighted hits (share of prompt blocks); blocks touched in prompt "
+    "order, so the head is the least recent (plain in-order LRU, as simple cache simulators do)",
+}
+
+
+def lru_hit_rate(records: Sequence[TraceRecord], capacity_tokens: int, block: int = 512,
+                 model: str = "paper") -> float:  # fmt: skip
+    """One global LRU over blocks; a request hits its longest cached prefix. ``model`` picks
+    the weighting and eviction order (:data:`CACHE_MODELS`)."""
+    if model == "paper":
+        cache = LRUBlockCache(capacity_tokens // block, InstanceId("global"), None)
+        hit = total = 0
+        for r in records:
+            n = cache.prefix_len(r.hash_ids)
+            hit += min(n * block, r.input_length)
+            total += r.input_length
+            cache.insert(r.hash_ids)
+        return hit / total if total else 0.0
+    if model != "block-lru":
+        raise ValueError(f"cache model must be one of {sorted(CACHE_MODELS)}, got {model!r}")
+    cap = capacity_tokens // block
+    lru: OrderedDict[int, None] = OrderedDict()
+    hits = blocks = 0
     for r in records:
-        n = cache.prefix_len(r.hash_ids)
-        hit += min(n * block, r.input_length)
-        total += r.input_length
-        cache.insert(r.hash_ids)
-    return hit / total if total else 0.0
+        n = 0
+        for h in r.hash_ids:
+            if h not in lru:
+                break
+            n += 1
+        hits += n
+        blocks += len(r.hash_ids)
+        for h in r.hash_ids:
+            lru[h] = None
+            lru.move_to_end(h)
+        while len(lru) > cap:
+            lru.popitem(last=False)
+    return hits / blocks if blocks else 0.0
 
 
-def _cap_point(arg: tuple[str, int]) -> float:
-    spec, cap = arg
-    return lru_hit_rate(workload(spec)[1], cap)
+def _cap_point(arg: tuple[str, int, str]) -> float:
+    spec, cap, model = arg
+    return lru_hit_rate(workload(spec)[1], cap, model=model)
 
 
 def cache_capacity(ctx: Context) -> ExpResult:
     specs = [*ctx.traces, *SYNTH]
     caps = CAPACITIES[1::2] if ctx.quick else CAPACITIES  # quick keeps 3e6 and 3e7
-    grid = [(s, c) for s in specs for c in [*caps, 10**13]]
+    grid = [(s, c, ctx.cache_model) for s in specs for c in [*caps, 10**13]]
     rates = pmap(_cap_point, grid, ctx.jobs)
-    data: dict[str, Any] = {"capacities": caps, "series": {}}
+    data: dict[str, Any] = {"capacities": caps, "series": {}, "cache_model": ctx.cache_model}
     rows = []
     fig, (ax,) = new_figure()
     for i, spec in enumerate(specs):
@@ -54,7 +85,8 @@ def cache_capacity(ctx: Context) -> ExpResult:
         ax.axhline(best, ls=":", color=line.get_color(), lw=1)
     ax.set_xscale("log")
     ax.set_xlabel("cache capacity (tokens, one global LRU over 512-token blocks)")
-    ax.set_ylabel("prefix hit rate (share of prompt tokens)")
+    unit = "tokens" if ctx.cache_model == "paper" else "blocks"
+    ax.set_ylabel(f"prefix hit rate (share of prompt {unit})")
     ax.set_title("Cache hit rate vs capacity (dotted: unbounded cache)")
     ax.axvline(3e6, color="grey", lw=0.8, ls="--")
     ax.text(3e6, 0.02, " 3M tokens", color="grey")
@@ -62,6 +94,10 @@ def cache_capacity(ctx: Context) -> ExpResult:
     ax.grid(alpha=0.3)
     cols = ["workload", *[f"{c:.0e}" for c in caps], "unbounded"]
     res = ExpResult("cache-capacity", "Hit rate vs cache capacity (Fig. 9)", cols, rows, data)
+    res.notes.append(f"Cache model `{ctx.cache_model}` (--cache-model): "
+                     f"{CACHE_MODELS[ctx.cache_model]}. The other choice: "
+                     + "; ".join(f"`{k}`: {v}" for k, v in CACHE_MODELS.items()
+                                 if k != ctx.cache_model) + ".")  # fmt: skip
     return res.with_figure(fig, ctx.out_dir)
 
 

@@ -13,11 +13,24 @@ from __future__ import annotations
 from typing import Any
 
 from kvcake.sim.config import SimConfig
-from kvcake.sim.experiments.common import Context, ExpResult, new_figure, pmap, run, workload
+from kvcake.sim.experiments.common import (
+    Context,
+    ExpResult,
+    new_figure,
+    pmap,
+    run,
+    span_s,
+    workload,
+)
+from kvcake.sim.experiments.scheduling import best_split
 
 SYSTEMS = [
     ("mooncake", "Mooncake (8P+8D, global-cache-aware)", "global-cache-aware"),
-    ("mooncake-10p6d", "Mooncake (10P+6D, global-cache-aware)", "global-cache-aware"),
+    (
+        "mooncake-best",
+        "Mooncake (best split of pd-ratio, searched on this trace)",
+        "global-cache-aware",
+    ),
     ("vllm", "vLLM (16 colocated, least-load)", "least-load"),
     ("vllm-prefix", "vLLM + prefix caching (local-cache-aware)", "local-cache-aware"),
     ("vllm-chunked", "vLLM + chunked prefill (least-load)", "least-load"),
@@ -27,11 +40,11 @@ THRESHOLDS_MS = [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000]
 TARGET = 0.9
 
 
-def _run(arg: tuple[str, str, str, float]) -> dict[str, Any]:
-    spec, system, policy, speed = arg
+def _run(arg: tuple[str, str, str, float, tuple[int, int]]) -> dict[str, Any]:
+    spec, system, policy, speed, split = arg
     cfg = SimConfig(prefill_policy=policy, speedup=speed)
-    if system == "mooncake-10p6d":  # the best split of the pd-ratio experiment
-        cfg = cfg.with_(prefill_nodes=10, decode_nodes=6)
+    if system == "mooncake-best":  # the best split of the pd-ratio rule on this trace
+        cfg = cfg.with_(prefill_nodes=split[0], decode_nodes=split[1])
     else:
         cfg = cfg.with_(system=system)
     r = run(spec, cfg)
@@ -54,16 +67,19 @@ def capacity_at(speeds: list[float], shares: list[float], target: float = TARGET
 
 def capacity(ctx: Context) -> ExpResult:
     spec = ctx.main_trace
-    name, recs = workload(spec)
-    span = (recs[-1].timestamp_ms - recs[0].timestamp_ms) / 1000 if recs else 1.0
-    rate = len(recs) / max(span, 1e-9)
+    name, recs = workload(spec)  # raises for an empty or zero-span trace
+    rate = len(recs) / span_s(spec)
     speeds = SPEEDS[::2] if ctx.quick else SPEEDS
-    grid = [(spec, sysn, pol, sp) for sysn, _, pol in SYSTEMS for sp in speeds]
+    split, split_share = best_split(ctx, spec)
+    grid = [(spec, sysn, pol, sp, split) for sysn, _, pol in SYSTEMS for sp in speeds]
     out = pmap(_run, grid, ctx.jobs)
-    data: dict[str, Any] = {"speeds": speeds, "thresholds_ms": THRESHOLDS_MS, "rate": rate}
+    data: dict[str, Any] = {"speeds": speeds, "thresholds_ms": THRESHOLDS_MS, "rate": rate,
+                            "best_split": list(split), "best_split_share": split_share}  # fmt: skip
     rows = []
     fig, (ax,) = new_figure(width=8)
     for k, (sysn, lab, _) in enumerate(SYSTEMS):
+        if sysn == "mooncake-best":
+            lab = f"Mooncake ({split[0]}P+{split[1]}D, best split on this trace)"
         runs = out[k * len(speeds) : (k + 1) * len(speeds)]
         caps = [capacity_at(speeds, [r["share"][j] for r in runs]) * rate
                 for j in range(len(THRESHOLDS_MS))]  # fmt: skip
@@ -80,6 +96,7 @@ def capacity(ctx: Context) -> ExpResult:
                     cols, rows, data)  # fmt: skip
     res.notes.append(f"speeds {speeds} x native {rate:.2f} req/s; capacity = largest speed with "
                      f">= {TARGET:.0%} effective (TTFT <= 30 s, TBT <= threshold), interpolated. "
-                     "vLLM baselines: 16 colocated instances; Mooncake 10P+6D is the best split "
-                     "of the pd-ratio experiment.")  # fmt: skip
+                     f"vLLM baselines: 16 colocated instances; Mooncake {split[0]}P+{split[1]}D is "
+                     "the best split of the pd-ratio grid under the pd-ratio rule, searched on "
+                     "this trace.")  # fmt: skip
     return res.with_figure(fig, ctx.out_dir)

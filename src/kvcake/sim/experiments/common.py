@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from kvcake.core.costmodel import DEFAULT_PRESET, preset
+from kvcake.core.errors import TraceError
 from kvcake.core.trace import TraceRecord
 from kvcake.sim.config import SimConfig
 from kvcake.sim.metrics import SimResult
@@ -22,10 +26,48 @@ _WORKLOADS: dict[str, tuple[str, list[TraceRecord]]] = {}
 
 
 def workload(spec: str) -> tuple[str, list[TraceRecord]]:
-    """Loaded once per process (experiments reuse traces)."""
+    """Loaded once per process (experiments reuse traces). Raises ``TraceError`` for an
+    empty trace or one whose requests all share one timestamp (no rate to replay)."""
     if spec not in _WORKLOADS:
-        _WORKLOADS[spec] = load_workload(spec)
+        name, recs = load_workload(spec)
+        if not recs:
+            raise TraceError(f"--trace {spec}: the trace has no requests")
+        ts = [r.timestamp_ms for r in recs]
+        if max(ts) <= min(ts):
+            raise TraceError(f"--trace {spec}: all {len(recs)} requests have the same timestamp "
+                             "(zero time span): the experiments need a request rate")  # fmt: skip
+        _WORKLOADS[spec] = (name, recs)
     return _WORKLOADS[spec]
+
+
+def span_s(spec: str) -> float:
+    ts = [r.timestamp_ms for r in workload(spec)[1]]
+    return (max(ts) - min(ts)) / 1000.0
+
+
+def decode_step_s(spec: str, preset_name: str = DEFAULT_PRESET) -> float:
+    """The uncontended decode step: one sequence at the trace's median context (prompt + half
+    the output), on the cost model. The SLO rules of the experiments are multiples of it."""
+    recs = workload(spec)[1]
+    ctx = float(np.median([r.input_length + r.output_length / 2 for r in recs]))
+    return preset(preset_name).decode_step_time(1, int(ctx))
+
+
+def fill_speed(spec: str, nodes: int, preset_name: str = DEFAULT_PRESET) -> float:
+    """The replay speed at which the trace's prefill work, with every block seen before
+    reused for free (a lower bound), would keep ``nodes`` prefill instances busy."""
+    cm = preset(preset_name)
+    seen: set[int] = set()
+    work = 0.0
+    for r in workload(spec)[1]:
+        n = 0
+        for h in r.hash_ids:
+            if h not in seen:
+                break
+            n += 1
+        seen.update(r.hash_ids)
+        work += cm.prefill_time(r.input_length, min(n * 512, r.input_length - 1))
+    return nodes * span_s(spec) / max(work, 1e-12)
 
 
 def run(spec: str, cfg: SimConfig, observers: Sequence[Observer] = ()) -> SimResult:
@@ -39,6 +81,7 @@ class Context:
     out_dir: Path
     jobs: int = 1
     quick: bool = False  # smaller grids (tests, smoke runs)
+    cache_model: str = "paper"  # cache-capacity: "paper" or "block-lru" (see cache.py)
 
     @property
     def main_trace(self) -> str:
@@ -56,6 +99,7 @@ class ExpResult:
     png: str = ""
     wall_s: float = 0.0
     quick: bool = False  # run with the --quick grids
+    trace: str = ""  # display name of the main trace
 
     def save(self, out_dir: Path) -> Path:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -63,7 +107,7 @@ class ExpResult:
         doc = {
             "name": self.name, "title": self.title, "columns": self.columns, "rows": self.rows,
             "data": self.data, "notes": self.notes, "png": self.png, "wall_s": self.wall_s,
-            "quick": self.quick,
+            "quick": self.quick, "trace": self.trace,
         }  # fmt: skip
         path.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
         return path

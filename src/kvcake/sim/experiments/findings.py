@@ -33,11 +33,21 @@ def _range(xs: list[float], f: Callable[[float], str]) -> str:
     return f(lo) if f(lo) == f(hi) else f"{f(lo)} to {f(hi)}"
 
 
+# the paper's Table 1 cache ratios, by the trace a workload name stands for (the published
+# files are conversation_trace.jsonl, toolagent_trace.jsonl, synthetic_trace.jsonl)
+PAPER_CACHE_RATIO = (("conversation", "40%"), ("tool", "59% (tool&agent)"),
+                     ("synthetic", "66% (synthetic)"))  # fmt: skip
+
+
+def paper_cache_ratio(name: str) -> str:
+    low = name.lower()
+    hit = next((v for k, v in PAPER_CACHE_RATIO if k in low), None)
+    return hit or "- (not one of the paper's traces)"
+
+
 def _cache_capacity(r: ExpResult) -> Comparison:
     c = Comparison()
     caps: list[int] = r.data["capacities"]
-    paper_ratio = {"conversation": "40%", "toolagent-synth": "59% (tool&agent)",
-                   "synthetic-synth": "66% (synthetic)"}  # fmt: skip
     for name, s in r.data["series"].items():
         mx = s["max"] or 1.0
         ys = [y / mx for y in s["hit_rate"]]
@@ -47,7 +57,7 @@ def _cache_capacity(r: ExpResult) -> Comparison:
               _pct(at.get(3_000_000, float("nan"))))  # fmt: skip
         c.add(f"{name}: capacity reaching ~all (>= 95%) of the maximum", "~5e7 tokens",
               f"{near:.0e} tokens" if near else f"> {caps[-1]:.0e} tokens")  # fmt: skip
-        c.add(f"{name}: maximum (unbounded) hit rate", f"cache ratio {paper_ratio.get(name, '-')}",
+        c.add(f"{name}: maximum (unbounded) hit rate", f"cache ratio {paper_cache_ratio(name)}",
               _pct(s["max"]))  # fmt: skip
         a3 = at.get(3_000_000)
         if a3 is not None and a3 >= 0.5:
@@ -166,19 +176,35 @@ def _capacity(r: ExpResult) -> Comparison:
     c.add("Mooncake 8P+8D gain over the vLLM baselines, 100-300 ms", "+59% to +498%",
           _range(gains, lambda x: f"{x:+.0%}"))  # fmt: skip
     base_keys = ("vllm", "vllm-prefix", "vllm-chunked")
-    if "mooncake-10p6d" in d:
-        g2 = [d["mooncake-10p6d"]["capacity_rps"][j] / d[k]["capacity_rps"][j] - 1
+    if "mooncake-best" in d:
+        sp = d.get("best_split", ["?", "?"])
+        g2 = [d["mooncake-best"]["capacity_rps"][j] / d[k]["capacity_rps"][j] - 1
               for j in range(min(3, len(th))) for k in base_keys if d[k]["capacity_rps"][j]]  # fmt: skip
-        c.add("Mooncake 10P+6D gain over the vLLM baselines, 100-300 ms", "+59% to +498%",
-              _range(g2, lambda x: f"{x:+.0%}"))  # fmt: skip
+        c.add(f"Mooncake {sp[0]}P+{sp[1]}D (best split here) gain over the vLLM baselines, "
+              "100-300 ms", "+59% to +498%", _range(g2, lambda x: f"{x:+.0%}"))  # fmt: skip
     best_base = max(base_keys, key=lambda k: d[k]["capacity_rps"][0])
-    c.diffs.append(f"The strongest baseline at {th[0]} ms is {best_base} "
-                   f"({d[best_base]['capacity_rps'][0]:.2f} req/s vs Mooncake 8P+8D "
-                   f"{d['mooncake']['capacity_rps'][0]:.2f}); our baselines share Mooncake's "
-                   "conductor routing, a likely reason the gap is narrower than the paper measured "
-                   "against its vLLM deployment.")  # fmt: skip
-    c.diffs.append(f"Mooncake's gain over the three baselines at 100-300 ms: "
-                   f"{_range(gains, lambda x: f'{x:+.0%}')} (paper +59% to +498%).")  # fmt: skip
+    if not d[best_base]["capacity_rps"][0] and not d["mooncake"]["capacity_rps"][0]:
+        c.diffs.append(f"No system meets the 90% target at {th[0]} ms at any speed of the grid "
+                       "(every capacity is 0): this trace overloads the 16-node cluster even at "
+                       f"{speeds[0]}x, so the paper's comparison cannot be made here.")  # fmt: skip
+    elif not d[best_base]["capacity_rps"][0]:
+        c.diffs.append(f"Every vLLM baseline has capacity 0 at {th[0]} ms (no speed of the grid "
+                       "meets the 90% target), while Mooncake 8P+8D reaches "
+                       f"{d['mooncake']['capacity_rps'][0]:.2f} req/s: the gain is unbounded on "
+                       "this grid, wider than the paper's +59% to +498%.")  # fmt: skip
+    else:
+        c.diffs.append(f"The strongest baseline at {th[0]} ms is {best_base} "
+                       f"({d[best_base]['capacity_rps'][0]:.2f} req/s vs Mooncake 8P+8D "
+                       f"{d['mooncake']['capacity_rps'][0]:.2f}).")  # fmt: skip
+    if gains:
+        lo, hi = min(gains), max(gains)
+        rel = ("within" if lo >= 0.59 and hi <= 4.98 else "narrower than" if hi < 4.98
+               and lo > 0.59 else "wider than" if lo < 0.59 and hi > 4.98 else
+               "below" if hi < 0.59 else "partly outside")  # fmt: skip
+        c.diffs.append(f"Mooncake's gain over the baselines with a non-zero capacity at "
+                       f"100-300 ms: {_range(gains, lambda x: f'{x:+.0%}')}, {rel} the paper's "
+                       "+59% to +498%" + (" (our baselines share Mooncake's conductor routing, "
+                                          "a generous router)" if hi < 4.98 else "") + ".")  # fmt: skip
     if zero:
         c.diffs.append("No speed of the grid met the 90% target for " + ", ".join(zero)
                        + " (capacity 0: gain unbounded).")  # fmt: skip

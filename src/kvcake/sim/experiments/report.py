@@ -17,10 +17,12 @@ PAPER: dict[str, tuple[str, str, str]] = {
         "Fig. 9: a 3M-token local cache reaches under 50% of the theoretical maximum hit rate; "
         "~50M tokens reach nearly all of it.",
         "no cluster: one global LRU over 512-token blocks",
-        "Our tool&agent and synthetic curves come from core.synth traces shaped like the "
-        "paper's (same request counts and averages, cache ratio ~61-62% instead of 59%/66%), "
-        "not from the real traces, so their maxima and knees differ with the synthetic "
-        "prefix structure.",
+        "Weighting and eviction order are stated in the note below (--cache-model paper: "
+        "token-weighted hits, deepest block of a request evicted first; block-lru: "
+        "block-weighted hits, plain in-order LRU). The tool&agent and synthetic curves come "
+        "from core.synth stand-ins shaped like the paper's traces (same request counts and "
+        "averages, cache ratio ~61-62% instead of 59%/66%) unless the real files from "
+        "Mooncake's FAST25-release/traces/ are given with --trace.",
     ),
     "prefill-scheduling": (
         "Fig. 5 (16 nodes, conversation): average TTFT random 19.65 s, load-balancing 5.27 s, "
@@ -37,12 +39,13 @@ PAPER: dict[str, tuple[str, str, str]] = {
         "10P+6D Mooncake, 3M tokens per prefill node",
         "The paper does not say how its local-cache baseline places requests; we show both "
         "readings (load-balanced and cache-aware placement). Tool&agent and synthetic rows use "
-        "core.synth stand-ins.",
+        "core.synth stand-ins unless the real files are given with --trace.",
     ),
     "capacity": (
         "Figs. 1/6/7: Mooncake's effective request capacity beats vLLM, vLLM+prefix caching "
         "and vLLM+chunked prefill by +59% to +498% on conversation.",
-        "Mooncake 8P+8D and 10P+6D; vLLM baselines 16 colocated instances",
+        "Mooncake 8P+8D and the best split searched on the trace; vLLM baselines 16 "
+        "colocated instances",
         "Baselines run on the same cost model and conductor (least-load / local-cache-aware "
         "routing, a generous router). With 70B/8xA800 decode iterations of tens of ms, "
         "Mooncake's TBT stays below the thresholds, so its capacity is bounded by TTFT; "
@@ -62,23 +65,24 @@ PAPER: dict[str, tuple[str, str, str]] = {
         "TTFT includes the exposed tail of the layer-wise KV stream to the decode node, and "
         "fetches share each node's NIC FIFO; Algorithm 1 backs off from fetching when the link "
         "is slow (the transfer is part of its TTFT estimate). No congestion control or RDMA "
-        "effects are modelled. Workload: core.synth trace shaped like the paper's synthetic "
-        "one, 1x.",
+        "effects are modelled. Workload: the {trace} trace (--trace) at 1x; the paper used "
+        "its synthetic trace.",
     ),
     "pd-ratio": (
         "Fig. 15: effective capacity peaks at a balanced P/D ratio; too few prefill nodes "
         "hurt TTFT, too few decode nodes hurt TBT.",
         "4P+12D ... 12P+4D Mooncake (16 nodes)",
-        "The TBT threshold is scaled to our decode-time model (see the note): the paper's "
-        "100-300 ms never bind for a disaggregated 70B decode pool here.",
+        "Speed and TBT threshold follow stated rules (see the note), not constants: the "
+        "paper's 100-300 ms thresholds never bind for a disaggregated 70B decode pool on "
+        "this cost model, so the threshold is a multiple of the uncontended decode step.",
     ),
     "overload": (
         "arXiv Table 3 (8P+8D, ~23k real requests at 2x): rejected 4183 (per-stage), 3771 "
         "(early, -9.8%), 3589 (prediction-based, -14.2%).",
         "8P+8D Mooncake",
-        "We replay the 12k-request conversation trace, not the paper's ~23k trace, so compare "
-        "relative changes. The TBT SLO is set where decode load is ~1 at 2x on our cost "
-        "model. Prediction-based admission (conductor: system-level average TBT over all "
+        "We replay the {trace} trace, not the paper's ~23k-request trace, so compare "
+        "relative changes. The TBT SLOs are multiples of the trace's uncontended decode "
+        "step (see the note), so they bind on any trace. Prediction-based admission (conductor: system-level average TBT over all "
         "decode instances) can under-predict the chosen instance's TBT, so fewer rejections "
         "need not mean more effective requests (effective column). The per-stage baseline "
         "wastes the prefills its decode re-check rejects (after-prefill column).",
@@ -124,6 +128,7 @@ def write_report(results: list[ExpResult], out_dir: Path, command: str, wall_s: 
     for n in [*ORDER, *[r.name for r in results if r.name not in ORDER]]:
         r = by_name.get(n)
         paper, split, why = PAPER.get(n, ("", "", ""))
+        why = why.replace("{trace}", r.trace or "given") if r is not None else why
         if r is None:
             lines += [f"## `{n}`", "", f"**Paper:** {paper}", "",
                       "Not run: no result for this experiment in the output directory.", ""]  # fmt: skip
