@@ -99,8 +99,9 @@ def test_batches(client: Client) -> None:
     assert client.batch_is_exist([keys[3], "zz"]) == [True, False]
     with pytest.raises(InvalidParams):
         client.batch_put(keys, vals[:3])
-    assert client.remove_all(pattern="^b/1") == 0  # all leased by the reads above
-    assert client.remove_all(force=True, pattern="^b/1") == 7
+    assert client.remove_all(pattern="b/1") == 0  # all leased by the reads above
+    assert client.remove_all(force=True, pattern="b/1*") == 7  # b/1, b/10..b/15
+    assert client.remove_by_regex(r"^b/\d$", force=True) == 9
 
 
 def test_replicas_on_distinct_segments(pool: tuple[Proc, Proc]) -> None:

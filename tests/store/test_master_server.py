@@ -88,7 +88,9 @@ def test_bad_requests_get_typed_errors(master_proc: Proc) -> None:
     with pytest.raises(InvalidParams):
         conn.call(P.Mount("c", "h", "seg", 100, tier="tape"))
     with pytest.raises(InvalidParams):
-        conn.call(P.RemoveAll("c", pattern="(["))
+        conn.call(P.RemoveAll("c", regex="(["))
+    with pytest.raises(InvalidParams):
+        conn.call(P.RemoveAll("c", pattern="x*" * 600))
     r = conn.call(P.GetReplicas("c", ["missing", ""]))
     assert [x.code for x in r.results] == [OBJECT_NOT_FOUND, INVALID_PARAMS]
     r = conn.call(P.TaskDone("c", "offload", "never-existed", True))  # unknown task: harmless
