@@ -43,6 +43,7 @@ def test_overload_is_rejected_with_429(emulated_cluster: Cluster, tmp_path: obje
         r429 = next(r for r in asyncio.run(burst()) if r.status_code == 429)
         err = r429.json()["error"]
         assert err["code"] == 429 and "ttft" in err["message"].lower()
+        assert err["type"] == "ttft_slo" and int(r429.headers["retry-after"]) >= 1
         assert "kvcake:request_rejections_total" in httpx.get(url + "/metrics").text
     finally:
         proc.terminate()

@@ -36,6 +36,9 @@ class InstanceConfig:
     preset: str = "llama3-70b/8xA800"  # emulated backend's cost model when no calibration
     max_context: int = 0  # longest prompt + output; 0 = the backend's (8,192 for SmolLM2)
     use_store: bool = True  # put new blocks into / fetch prefixes from the pool
+    # Before serving, time a few prefills (up to this many tokens) and decode steps so the
+    # online-fitted cost model starts from this machine's speed (0 = start from the seed).
+    warmup_tokens: int = 1024
 
     def __post_init__(self) -> None:
         require(self.backend in BACKENDS, f"instance.backend must be one of {BACKENDS}")
@@ -47,6 +50,7 @@ class InstanceConfig:
         require(self.time_scale >= 0, "instance.time_scale must be >= 0")
         require(self.kv_scale > 0, "instance.kv_scale must be > 0")
         require(self.max_context >= 0, "instance.max_context must be >= 0")
+        require(self.warmup_tokens >= 0, "instance.warmup_tokens must be >= 0")
         for key in ("directory", "master"):
             v = getattr(self, key)
             require(not v or ":" in v, f"instance.{key} must be 'host:port', got {v!r}")

@@ -49,6 +49,8 @@ from kvcake.serve.prefill_worker import AbortLog, PrefillDeps, PrefillWorker
 from kvcake.serve.store_glue import PoolWriter
 from kvcake.serve.wire import BadRequest, InstanceError, InstanceInfo, InstanceUnavailable
 
+FIRST_WARMUP_TOKEN = 300  # an ordinary token id in every vocabulary the backends use
+
 
 class _Metrics:
     def __init__(self, role: Role) -> None:
@@ -137,6 +139,54 @@ class Instance(InstanceAPI):
             self.writer.close()
         if self.link is not None:
             self.link.close()
+
+    def warm_up(self, max_tokens: int) -> None:
+        """Measure this machine: a few prefills of growing length (up to ``max_tokens``) and
+        decode steps of growing batch, recorded as the online fit's first samples. Blocks are
+        unnamed and freed again; nothing is cached."""
+        n_max = min(
+            max_tokens, self.max_context - 1, (self.kv.capacity // 2) * self.kv.block_tokens
+        )
+        if n_max < 8:
+            return
+        sizes = sorted({max(8, n_max // 16), max(8, n_max // 4), max(8, n_max // 2), n_max})
+        sp = SamplingParams(max_tokens=1)
+        self._timed_prefill(8, sp, record=False)  # first call pays one-off costs
+        for n in sizes:
+            self._timed_prefill(n, sp, record=True)
+        if self.role is not Role.PREFILL:
+            ctx = max(8, n_max // 8)
+            for batch in (1, 2, 4, 8):
+                self._timed_decode(batch, ctx, sp)
+
+    def _timed_prefill(self, n: int, sp: SamplingParams, record: bool) -> None:
+        table = self.kv.allocate(self.kv.blocks_for(n))
+        try:
+            t0 = time.perf_counter()
+            with self.compute():
+                self.backend.prefill([FIRST_WARMUP_TOKEN] * n, table, 0, sp)
+            if record:
+                self.fit.add_prefill(n, 0, time.perf_counter() - t0)
+        finally:
+            self.kv.free(table)
+
+    def _timed_decode(self, batch: int, ctx: int, sp: SamplingParams) -> None:
+        from kvcake.engine.backend import DecodeSeq
+
+        seqs = []
+        try:
+            for i in range(batch):
+                table = self.kv.allocate(self.kv.blocks_for(ctx + 1))
+                seqs.append(DecodeSeq(RequestId(f"warmup-{i}"), table, ctx, FIRST_WARMUP_TOKEN, sp))
+            t0 = time.perf_counter()
+            with self.compute():
+                self.backend.decode(seqs)
+            self.fit.add_decode(batch, sum(s.context_len for s in seqs), time.perf_counter() - t0)
+        except EngineError:
+            pass  # not enough memory for this batch: fewer samples
+        finally:
+            for s in seqs:
+                self.kv.free(s.block_table)
 
     def spawn(self, coro: Any) -> None:
         """Run ``coro`` in the background, keeping a reference until it ends."""

@@ -118,6 +118,8 @@ def run_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig) -> int:
 
     @asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
+        if cfg.warmup_tokens:
+            inst.warm_up(cfg.warmup_tokens)
         inst.start()
         print(f"kvcake {role.value} instance {iid} ready on http://{cfg.host}:{port}", flush=True)
         yield

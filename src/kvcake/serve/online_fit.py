@@ -7,8 +7,9 @@ from them; the proxy's conductor predicts with the fitted values (``InstanceStat
 Seeding and robustness: before any sample the seed (the calibration file of ``kvcake
 calibrate`` or the backend's preset, times ``time_scale``) is used as is. With a few samples, or
 samples that span too little of the input range to pin three coefficients, the seed is scaled by
-the median measured/predicted ratio (one robust number). A full least-squares fit replaces that
-only when it explains the window better and predicts positive times over the sampled range.
+the median measured/predicted ratio (one robust number). A least-squares fit of the relative
+error (same three-term polynomials) replaces that only when it explains the window better and
+predicts positive times over the sampled range.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcake.core.costmodel import DecodeCoefficients, PrefillCoefficients, fit_decode, fit_prefill
+from kvcake.core.costmodel import DecodeCoefficients, PrefillCoefficients
 
-MIN_FULL_FIT = 8  # samples before a three-coefficient least-squares fit is tried
+MIN_FULL_FIT = 4  # samples (of >= 3 distinct sizes) before a full least-squares fit is tried
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,14 @@ class Fitted:
 
 def _rel_err(pred: np.ndarray, t: np.ndarray) -> float:
     return float(np.mean(np.abs(pred - t) / np.maximum(t, 1e-9))) if t.size else 0.0
+
+
+def _relative_lstsq(feats: np.ndarray, t: np.ndarray) -> tuple[float, ...]:
+    """Least squares of the *relative* error (rows divided by the measured time): short
+    prefills matter as much as long ones, as they do for a TTFT SLO."""
+    w = 1.0 / np.maximum(t, 1e-9)
+    coef, *_ = np.linalg.lstsq(feats * w[:, None], t * w, rcond=None)
+    return tuple(float(c) for c in coef)
 
 
 def _choose(
@@ -96,16 +105,16 @@ class OnlineFit:
         if pre:
             feats = np.array([[1.0, L - P, L * L - P * P] for L, P, _ in pre])
             full: tuple[float, ...] = ()
+            t = np.array([x for *_, x in pre])
             if len(pre) >= MIN_FULL_FIT and len({L - P for L, P, _ in pre}) >= 3:
-                c, _ = fit_prefill(pre)
-                full = (c.c0, c.c1, c.c2)
-            pc, pe = _choose(self._pseed, feats, np.array([t for *_, t in pre]), full)
+                full = _relative_lstsq(feats, t)
+            pc, pe = _choose(self._pseed, feats, t, full)
         dc, de = self._dseed, 0.0
         if dec:
             feats = np.array([[1.0, b, c] for b, c, _ in dec])
             full = ()
+            t = np.array([x for *_, x in dec])
             if len(dec) >= MIN_FULL_FIT and len({b for b, _, _ in dec}) >= 3:
-                d, _ = fit_decode(dec)
-                full = (d.d0, d.d1, d.d2)
-            dc, de = _choose(self._dseed, feats, np.array([t for *_, t in dec]), full)
+                full = _relative_lstsq(feats, t)
+            dc, de = _choose(self._dseed, feats, t, full)
         return Fitted(pc, dc, len(pre), len(dec), pe, de)

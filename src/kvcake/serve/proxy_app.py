@@ -202,6 +202,7 @@ def _prepare(st: ProxyState, raw: bytes, chat: bool) -> Prepared:
     if req.prompt_ids is not None:
         tokens = list(req.prompt_ids)
     else:
+        _refuse_surely_too_long(st.codec, req, st.max_prompt_tokens)
         try:
             if req.chat:
                 tokens = st.codec.encode_chat(req.messages)
@@ -212,6 +213,18 @@ def _prepare(st: ProxyState, raw: bytes, chat: bool) -> Prepared:
         except UnicodeError as exc:  # defensive: decode_json already refuses lone surrogates
             raise BadRequest(f"the text is not valid Unicode: {exc}") from exc
     return Prepared(req, tokens, req.sampling(len(tokens), st.max_prompt_tokens))
+
+
+def _refuse_surely_too_long(codec: TextCodec, req: openai.GenRequest, context: int) -> None:
+    """A text longer than the context could hold even at the most characters per token is
+    refused before tokenizing it (megabytes of tokenization for a certain 400)."""
+    chars = sum(len(m["content"]) for m in req.messages) + len(req.prompt_text or "")
+    least = chars // codec.max_token_chars
+    if least >= context:
+        raise BadRequest(
+            f"the prompt is at least {least} tokens ({chars} characters), more than the model "
+            f"context of {context} tokens"
+        )
 
 
 async def _parse_request(st: ProxyState, request: Request, chat: bool) -> Prepared | Response:
@@ -241,17 +254,17 @@ async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
     try:
         first = await gen.__anext__()  # placement errors surface before any byte is sent
     except Rejected as exc:  # type says why (ttft_slo / tbt_slo / no_capacity)
-        resp = _err(429, str(exc), exc.kind)
-        resp.headers["Retry-After"] = str(exc.retry_after_s)
-        return resp
+        rej = _err(429, str(exc), exc.kind)
+        rej.headers["Retry-After"] = str(exc.retry_after_s)
+        return rej
     except NotReady as exc:
         return _err(503, str(exc), "unavailable")
     except InstanceError as exc:
         if exc.kind == "kv_full":
             st.metrics.rejections.labels("kv_full").inc()
-            resp = _err(429, str(exc), "no_capacity")
-            resp.headers["Retry-After"] = "1"
-            return resp
+            rej = _err(429, str(exc), "no_capacity")
+            rej.headers["Retry-After"] = "1"
+            return rej
         st.metrics.errors.labels(exc.kind).inc()
         code = 400 if exc.status == 400 else 503
         return _err(code, str(exc), "invalid_request_error" if code == 400 else "unavailable")
