@@ -10,8 +10,6 @@ per prefill node):
 - the KV stream to decode holds the prefill node's transmit and the decode node's receive side;
 - after a prefill the blocks the pool lacks are put to their store nodes (prefill TX, store
   RX); they become fetchable (and visible in the index) when the put completes;
-- queued prompts can be batched into one prefill call (``prefill_batch_tokens``): the batch
-  pays the per-call overhead once, and every member finishes when the batch does;
 - ``failures``: a failed prefill node leaves the snapshot (``healthy=False``) and the index, and
   its queued requests are rescheduled; a failed decode node's requests fail (rejected after
   prefill) and it takes no new ones.
