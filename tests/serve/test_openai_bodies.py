@@ -108,3 +108,4 @@ def test_a_body_just_under_the_limit_is_served(url: str) -> None:
     body = b'{"prompt": "' + b"a" * (BODY_LIMIT - 100) + b'", "max_tokens": 1}'
     r = _post(url, "/v1/completions", body)
     assert r.status_code == 400 and "context" in r.json()["error"]["message"], r.text
+    assert "at least" in r.json()["error"]["message"]  # refused before tokenizing

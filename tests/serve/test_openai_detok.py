@@ -84,5 +84,7 @@ def test_real_tokenizer_streams_the_same_text() -> None:
     ids = codec.encode(TEXT)
     d = _stream(codec, ids, ())
     assert d.text == codec.decode(ids)
+    long_text = TEXT * 1000  # long enough to take the GIL-free path: the same ids
+    assert codec.encode(long_text) == codec._tok.encode(long_text)  # type: ignore[attr-defined]
     stopped = _stream(codec, ids, ("日本",))
     assert stopped.stopped and stopped.text == TEXT[: TEXT.index("日本")]

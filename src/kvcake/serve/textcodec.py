@@ -16,11 +16,15 @@ from typing import Protocol
 from kvcake.core.errors import EngineError
 
 BYTE_BASE = 256
+_NOGIL_CHARS = 16_384  # longer texts are tokenized without holding the GIL
 
 
 class TextCodec(Protocol):
     vocab_size: int
     eos_token_ids: tuple[int, ...]
+    # The most characters one token stands for: a text of n characters is at least
+    # n / max_token_chars tokens, so a prompt too long for the context can be refused untokenized.
+    max_token_chars: int
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -35,6 +39,7 @@ class ByteCodec:
             raise EngineError(f"vocab_size {vocab_size} too small for byte tokens")
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
+        self.max_token_chars = 1  # one token per UTF-8 byte
 
     def encode(self, text: str) -> list[int]:
         return [BYTE_BASE + b for b in text.encode("utf-8")]
@@ -68,12 +73,32 @@ class ModelCodec:
         self.vocab_size = self._tok.vocab_size
         eos = self._tok.eos_token_id
         self.eos_token_ids = (eos,) if eos is not None else ()
+        self.max_token_chars = max(
+            1,
+            *(
+                len(self._tok.decode([i], skip_special_tokens=False))
+                for i in range(self.vocab_size)
+            ),
+        )
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text)
+        if len(text) < _NOGIL_CHARS:
+            return self._tok.encode(text)
+        ids = self._encode_nogil(text)
+        if self._tok.add_bos and self._tok.bos_token_id is not None:
+            ids.insert(0, self._tok.bos_token_id)
+        return ids
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return self._tok.encode_chat(messages)
+        if sum(len(m["content"]) for m in messages) < _NOGIL_CHARS:
+            return self._tok.encode_chat(messages)
+        return self._encode_nogil(self._tok.apply_chat_template(messages))
+
+    def _encode_nogil(self, text: str) -> list[int]:
+        """``tokenizers``' single ``encode`` holds the GIL throughout (a 1 MB prompt stalled
+        the proxy's event loop for seconds, measured); ``encode_batch`` releases it. Same ids."""
+        raw = self._tok._tok  # the tokenizers.Tokenizer behind the engine's TextTokenizer
+        return list(raw.encode_batch([text], add_special_tokens=False)[0].ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(ids)
