@@ -102,6 +102,25 @@ class SliceQueue:
             victim = max(started, key=len)
             return victim.pop() if victim else None
 
+    def take(self, lane: int, count: int, max_bytes: int, steal: bool) -> list[Slice]:
+        """Up to ``count`` slices (and about ``max_bytes``) of this lane's own share under one
+        lock; with ``steal`` and an empty share, one slice stolen as :meth:`pop` does."""
+        with self._lock:
+            self._started[lane] = True
+            own = self._qs[lane]
+            if own:
+                out: list[Slice] = []
+                size = 0
+                while own and len(out) < count and size < max_bytes:
+                    s = own.popleft()
+                    out.append(s)
+                    size += s.length
+                return out
+        if not steal:
+            return []
+        stolen = self.pop(lane, steal=True)
+        return [stolen] if stolen is not None else []
+
     def push_front(self, lane: int, slices: list[Slice]) -> None:
         with self._lock:
             self._qs[lane].extendleft(reversed(slices))
@@ -270,14 +289,12 @@ class TcpTransport(Transport):
         pending = 0  # slices in flight
         while True:
             fresh: list[Slice] = []
-            while pending + len(fresh) < window and pending_bytes < max_bytes:
+            if pending < window and pending_bytes < max_bytes:
                 # Steal only when idle, one slice at a time: a lane with a deep window would
                 # otherwise swallow the other lanes' shares (and paths) in one go.
-                s = q.pop(lane, steal=not inflight and not fresh)
-                if s is None:
-                    break
-                fresh.append(s)
-                pending_bytes += s.length
+                fresh = q.take(lane, window - pending, max_bytes - pending_bytes, not inflight)
+                for s in fresh:
+                    pending_bytes += s.length
             if fresh:
                 parts: list[Buffer] = []
                 for frame in self._frames(fresh):
