@@ -154,3 +154,30 @@ def test_mooncake_http_metadata_protocol(master_proc: Proc) -> None:
         assert h.put(url, params={"key": "kvcake/segments/a"}, content=b"1").status_code == 403
         assert h.get(url, params={"key": "kvcake/segments/"}).status_code == 200
         assert h.get(url, params={"key": "kvcake/segments/nope"}).status_code == 404
+
+
+def test_connection_and_request_caps() -> None:
+    """Over master.max_connections a client gets a clear error (the master keeps serving the
+    others); a request over master.max_request_bytes is refused with the limit named."""
+    proc = spawn(
+        "master", "--port", "0", "--http-port", "-1", "--max-connections", "2",
+        "--max-request-bytes", "64KiB", ready="master",
+    )  # fmt: skip
+    try:
+        rpc = proc.info["rpc"]
+        a, b, c = (MasterConnection(rpc, timeout_s=5, retries=0) for _ in range(3))
+        a.call(P.Heartbeat("a", "h"))
+        b.call(P.Heartbeat("b", "h"))
+        with pytest.raises(InvalidParams, match="max_connections"):
+            c.call(P.Heartbeat("c", "h"))
+        keys = [f"key-{i:06d}" for i in range(8000)]
+        with pytest.raises(InvalidParams, match="max_request_bytes"):
+            a.call(P.PutStart("a", "h", keys, [1] * len(keys)))
+        b.call(P.Heartbeat("b", "h"))  # still serving
+        b.close()
+        d = MasterConnection(rpc, timeout_s=5, retries=0)
+        d.call(P.Heartbeat("d", "h"))  # a slot freed up
+        for conn in (a, c, d):
+            conn.close()
+    finally:
+        proc.stop()

@@ -192,15 +192,20 @@ class DiskService(ThreadedServer):
                 framing.send_frame(conn, REP, rid, DiskReply(0), buf)
 
 
-def close_gracefully(conn: socket.socket, drain_s: float = 0.2) -> None:
-    """Half-close, then discard what the peer still sends for up to ``drain_s``: closing with
-    unread input makes the kernel send RST, which can destroy the error reply just sent."""
+def close_gracefully(
+    conn: socket.socket, drain_s: float = 0.2, drain_bytes: int = 64 << 20
+) -> None:
+    """Half-close, then discard what the peer still sends (up to ``drain_bytes``, ``drain_s``
+    per read): closing with unread input makes the kernel send RST, which can destroy the
+    error reply just sent."""
     with contextlib.suppress(OSError):
         conn.shutdown(socket.SHUT_WR)
         conn.settimeout(drain_s)
-        for _ in range(64):
-            if not conn.recv(1 << 16):
+        while drain_bytes > 0:
+            n = len(conn.recv(1 << 16))
+            if not n:
                 break
+            drain_bytes -= n
 
 
 def read_remote(endpoint: str, key: str, out: memoryview) -> None:

@@ -34,7 +34,6 @@ from kvcake.store.rpc import BufferedFrames, send_msg
 from kvcake.transfer.netserver import ThreadedServer
 
 log = logging.getLogger(__name__)
-LIMITS = framing.FrameLimits(max_meta=64 * 1024 * 1024, max_data=0)
 
 
 def _ok(fn: Callable[[str], None]) -> Callable[[str], P.KeyResult]:
@@ -197,23 +196,54 @@ class MasterRpcServer(ThreadedServer):
         handlers: MasterHandlers,
         metrics: MasterMetrics,
         busy_poll_us: float = 0.0,
+        max_connections: int = 1024,
+        max_request_bytes: int = 16 << 20,
     ):
         super().__init__((host,), port, name="master")
         self.handlers = handlers
         self.metrics = metrics
         self.busy_poll_us = busy_poll_us
+        self.max_connections = max_connections
+        self.limits = framing.FrameLimits(max_meta=max_request_bytes, max_data=0)
+        self._active = 0
+        self._active_lock = threading.Lock()
+
+    def _refuse(self, conn: socket.socket, message: str) -> None:
+        with contextlib.suppress(OSError):
+            framing.send_frame(conn, P.REPLY_CODEC, 0, P.ErrorReply(INVALID_PARAMS, message))
+        close_gracefully(conn)
 
     def handle(self, conn: socket.socket, listen_address: str) -> None:
-        reader = BufferedFrames(conn, P.REQUEST_CODEC, LIMITS, self.busy_poll_us)
+        with self._active_lock:
+            full = self._active >= self.max_connections
+            if not full:
+                self._active += 1
+        if full:  # one thread per connection: refuse rather than grow without bound
+            self.metrics.refused.inc()
+            return self._refuse(
+                conn,
+                f"too many connections to the master (master.max_connections = "
+                f"{self.max_connections}); close idle clients or raise the limit",
+            )
+        try:
+            self._serve_conn(conn)
+        finally:
+            with self._active_lock:
+                self._active -= 1
+
+    def _serve_conn(self, conn: socket.socket) -> None:
+        reader = BufferedFrames(conn, P.REQUEST_CODEC, self.limits, self.busy_poll_us)
         while True:
             try:
                 frame = reader.read()
             except FramingError as exc:
                 self.metrics.bad_frames.inc()
-                with contextlib.suppress(OSError):
-                    err = P.ErrorReply(INVALID_PARAMS, f"bad request: {exc}")
-                    framing.send_frame(conn, P.REPLY_CODEC, 0, err)
-                close_gracefully(conn)
+                limit = self.limits.max_meta
+                self._refuse(
+                    conn,
+                    f"bad request: {exc} (requests are limited to {limit} bytes: "
+                    "master.max_request_bytes)",
+                )
                 return
             if frame is None:
                 return
@@ -247,6 +277,8 @@ class Master:
             MasterHandlers(self.state, lambda: self.directory_address, lambda: self.events_address),
             self.metrics,
             config.busy_poll_us,
+            config.max_connections,
+            config.max_request_bytes,
         )
         self.http: Any = None
         from kvcake.store.metadata_http import MetadataKV

@@ -83,6 +83,11 @@ class MasterMetrics:
         self.bad_frames = Counter(
             "kvcake_store_master_bad_frames", "undecodable requests", registry=self.registry
         )
+        self.refused = Counter(
+            "kvcake_store_master_refused_connections",
+            "connections refused (master.max_connections)",
+            registry=self.registry,
+        )
         self.registry.register(_PoolCollector(state))
         self._children: dict[str, tuple[Any, Any]] = {}
 

@@ -20,6 +20,9 @@ from kvcake.store import protocol as P
 from kvcake.store.errors import RpcFailed, error_for
 from kvcake.transfer.stream import Poller
 
+# Replies can be large (a KvSnapshot of a big pool); requests are capped by the master.
+REPLY_LIMITS = framing.FrameLimits(max_meta=1 << 30, max_data=0)
+
 
 def split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
@@ -107,7 +110,7 @@ class MasterConnection:
         secs = int(self.timeout_s)
         usecs = int((self.timeout_s - secs) * 1e6)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", secs, usecs))
-        self._reader = BufferedFrames(sock, P.REPLY_CODEC, busy_poll_us=self.busy_poll_us)
+        self._reader = BufferedFrames(sock, P.REPLY_CODEC, REPLY_LIMITS, self.busy_poll_us)
         return sock
 
     def call(self, msg: msgspec.Struct) -> P.Reply:
