@@ -99,3 +99,37 @@ def test_differences_are_real() -> None:
     """Every listed difference is a case where the wheel's recorded result is another value."""
     for case, (ours, _why) in KVCAKE_DIFFERS.items():
         assert case in EXPECTED and EXPECTED[case] != ours
+
+
+ENGINE_TABLE = HERE / "engine_table.py"
+ENGINE_EXPECTED = json.loads((HERE / "engine_expected.json").read_text())
+
+
+def run_engine_table(python: str, env: dict[str, str]) -> dict[str, object]:
+    out = subprocess.run(
+        [python, str(ENGINE_TABLE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+        check=False,
+    )
+    assert out.returncode == 0, f"engine table failed ({out.returncode}):\n{out.stderr[-3000:]}"
+    return dict(json.loads(out.stdout))
+
+
+def test_engine_shim_matches_table(shim_dir: Path) -> None:
+    got = run_engine_table(sys.executable, {"PYTHONPATH": str(shim_dir)})
+    assert got.pop("__module__") == "kvcake"
+    diff = {k: (got.get(k), v) for k, v in ENGINE_EXPECTED.items() if got.get(k) != v}
+    assert not diff and set(got) == set(ENGINE_EXPECTED), json.dumps(diff, indent=1)
+
+
+def test_engine_wheel_matches_table() -> None:
+    py = wheel_python()
+    if py is None:
+        pytest.skip("the Mooncake wheel venv is not installed (set KVCAKE_MOONCAKE_PYTHON)")
+    got = run_engine_table(py, {})
+    assert got.pop("__module__") == "mooncake"
+    diff = {k: (got.get(k), v) for k, v in ENGINE_EXPECTED.items() if got.get(k) != v}
+    assert not diff, json.dumps(diff, indent=1)
