@@ -11,6 +11,14 @@ prints both wall times and their ratio.
     python benchmarks/sim_bench.py [--trace PATH] [--repeats 3] [--system mooncake]
     python benchmarks/sim_bench.py --dynamo /work/dynvenv/bin/python
     kvcake bench sim -- --repeats 3
+
+``--replays N --jobs J`` measures what ``kvcake plan`` needs instead: N full-trace replays of
+plan-like configurations (disaggregated with/without the pool, colocated; 8 to 24 nodes, several
+P/D splits, live-path model) in J worker processes. Goal: >= 100 replays of the conversation
+trace in <= 5 min on 2 cores. Prints wall time, the CPU time of the workers (user+sys of the
+children, which a loaded machine does not inflate) and CPU/replay.
+
+    python benchmarks/sim_bench.py --replays 100 --jobs 2
 """
 
 from __future__ import annotations
@@ -112,7 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--block", type=int, default=512, help="trace block size in tokens (default: %(default)s)"
     )
+    ap.add_argument("--replays", type=int, default=0,
+                    help="throughput mode: this many plan-like full-trace replays")  # fmt: skip
+    ap.add_argument("--jobs", type=int, default=2, help="throughput mode: worker processes")
     args = ap.parse_args(argv)
+    if args.replays:
+        return throughput(args.trace, args.replays, args.jobs)
     dyn_skip = dynamo_problem(args.dynamo)
     t = time.perf_counter()
     recs = read_trace(args.trace)
@@ -167,6 +180,57 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"| ratio dynamo / kvcake wall | {dw / wall:.2f}x "
           f"({'kvcake faster' if wall < dw else 'dynamo faster'}) | |")  # fmt: skip
+    return 0
+
+
+def plan_like_configs(n: int) -> list[tuple[str, Any]]:
+    """``n`` distinct configurations of the kind ``kvcake plan`` sweeps."""
+    from kvcake.sim.config import SimConfig
+    from kvcake.sim.plan.search import VARIANTS, PlanConfig, sim_config
+
+    pc = PlanConfig()
+    base = SimConfig(ttft_slo_s=20.0, tbt_slo_s=0.07)
+    out: list[tuple[str, Any]] = []
+    sizes = [8, 10, 12, 14, 16, 18, 20, 24]
+    while len(out) < n:
+        for size in sizes:
+            for v in VARIANTS:
+                splits = [0] if v.colocated else sorted({size // 4, size // 2, 3 * size // 4})
+                for p in splits:
+                    pp, dd = (size, 0) if v.colocated else (p, size - p)
+                    traffic = 1.0 + 0.01 * (len(out) // 200)  # keeps configurations distinct
+                    out.append((v.key, sim_config(base, pc, v.key, pp, dd, 3_000_000, 800.0,
+                                                  traffic)))  # fmt: skip
+                    if len(out) == n:
+                        return out
+    return out
+
+
+def throughput(trace: str, n: int, jobs: int) -> int:
+    from kvcake.core.trace import read_trace
+    from kvcake.sim.plan.search import Evaluator
+
+    recs = read_trace(trace)
+    cfgs = plan_like_configs(n)
+    t, c0 = time.perf_counter(), os.times()
+    with Evaluator(recs, jobs) as ev:
+        pts = ev.run(cfgs, 0.9)
+    wall, c1 = time.perf_counter() - t, os.times()
+    child = (c1.children_user - c0.children_user) + (c1.children_system - c0.children_system)
+    own = (c1.user - c0.user) + (c1.system - c0.system)
+    cpu = child + own
+    print(f"trace {trace}: {len(recs):,} requests; {len(pts)} full-trace replays, {jobs} jobs, "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print("| metric | value |\n|---|---|")
+    print(f"| wall s | {wall:.1f} |")
+    print(f"| CPU s (workers + parent) | {cpu:.1f} |")
+    print(f"| CPU s per replay | {cpu / len(pts):.2f} |")
+    print(f"| wall s if the {jobs} cores were ours (CPU / jobs) | {cpu / jobs:.1f} |")
+    print(f"| replays per 5 min at this wall rate | {len(pts) * 300 / wall:.0f} |")
+    print(f"| configurations meeting SLOs | {sum(p.meets for p in pts)} |")
+    print(
+        f"| goal >= 100 replays in <= 300 s wall | {'met' if wall <= 300 and n >= 100 else 'MISSED'} |"
+    )
     return 0
 
 
