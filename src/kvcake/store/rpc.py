@@ -136,7 +136,9 @@ class MasterConnection:
             rid = getattr(msg, "rid", None)
             if rid is not None:
                 self._acked = max(self._acked, rid.seq)
-        assert frame is not None
+            assert frame is not None
+            if isinstance(frame.msg, P.ErrorReply):
+                self._close_locked()  # the master closes after an ErrorReply: so do we
         reply = frame.msg
         if isinstance(reply, P.ErrorReply):
             raise error_for(reply.code, reply.message)
