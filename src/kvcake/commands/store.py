@@ -43,6 +43,9 @@ def register(sub: Any) -> None:
     )
     _add_config_flags(m, MasterConfig)
     _add_config_flags(m, HaConfig, with_config=False)
+    from kvcake.compat.mooncake import master_flags  # mooncake_master's flag names (compat)
+
+    master_flags.add_flags(m)
     m.set_defaults(func=_master)
 
     s = sub.add_parser(
@@ -65,10 +68,12 @@ def _load(args: argparse.Namespace, cls: type[T], section: str) -> T:
 
 
 def _master(args: argparse.Namespace) -> int:
+    from kvcake.compat.mooncake import master_flags
     from kvcake.store.config import MasterConfig
     from kvcake.store.ha.config import HaConfig
     from kvcake.store.master_server import Master
 
+    master_flags.apply(args)
     cfg = _load(args, MasterConfig, "master")
     ha = _load(args, HaConfig, "ha")
     if ha.enabled:
