@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,3 +162,53 @@ def test_tensors_and_local_buffer(store: MooncakeDistributedStore, pool: tuple[P
     assert node.setup("127.0.0.1", "P2PHANDSHAKE", 4 * MB, 0, "tcp", "", pool[0].info["rpc"]) == 0
     assert node.put("k", b"v") < 0
     node.close()
+
+
+def test_metadata_server_is_validated(master_proc: Proc) -> None:
+    rpc, http = master_proc.info["rpc"], master_proc.info["http"]
+    s = MooncakeDistributedStore()
+    args = (16 * MB, 16 * MB, "tcp", "", rpc)
+    assert s.setup("127.0.0.1", "http://127.0.0.1:1/metadata", *args) == -1  # unreachable
+    assert s.setup("127.0.0.1", "etcd://127.0.0.1:1", *args) == -1
+    assert s.setup("127.0.0.1", "redis://127.0.0.1:6379", *args) == -600
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MB, 16 * MB, "rdma", "", rpc) == -600
+    assert s.setup("127.0.0.1", f"http://{http}/metadata", *args) == 0  # the master serves it
+    assert s.put("k", b"v") == 0 and s.get("k") == b"v"
+    assert s.close() == 0
+
+
+def test_ssd_offload_client(master_proc: Proc, tmp_path: Path) -> None:
+    """enable_ssd_offload: this client is a storage node with a disk tier in ssd_offload_path."""
+    s = MooncakeDistributedStore()
+    rc = s.setup(
+        "127.0.0.1", "P2PHANDSHAKE", 8 * MB, 8 * MB, "tcp", "", master_proc.info["rpc"],
+        enable_ssd_offload=True, ssd_offload_path=str(tmp_path),
+    )  # fmt: skip
+    assert rc == 0
+    assert s.put("d", b"x" * 1000) == 0 and s.get("d") == b"x" * 1000
+    assert s.unmount_local_disk_segment() == 0
+    assert s.close() == 0
+    bad = MooncakeDistributedStore()
+    assert bad.setup(
+        "127.0.0.1", "P2PHANDSHAKE", 8 * MB, 8 * MB, "tcp", "", master_proc.info["rpc"],
+        enable_ssd_offload=True,
+    ) == -600  # fmt: skip  # no path
+
+
+def test_shim_switch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvcake.compat.mooncake import shim
+
+    target = tmp_path / "site"
+    pkg = shim.install(target)
+    assert (pkg / shim.MARKER).is_file()
+    assert [f.is_shim for f in shim.found([str(target)])] == [True]
+    real = tmp_path / "real"
+    (real / "mooncake").mkdir(parents=True)
+    (real / "mooncake" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(real))
+    with pytest.raises(shim.ShimError, match="never shadows"):
+        shim.install(tmp_path / "other")
+    with pytest.raises(shim.ShimError, match="not kvcake's shim"):
+        shim.uninstall(real)
+    assert shim.uninstall(target) == pkg and not pkg.exists()
+    assert shim.uninstall(target) is None
