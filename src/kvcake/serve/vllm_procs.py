@@ -164,3 +164,54 @@ def start_engine(spec: VllmEngineSpec, log_dir: Path) -> VllmEngine:
         spec.argv(), env=spec.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     return VllmEngine(spec, log_path, proc, log)
+
+
+@dataclass
+class KvcakeProc:
+    """A ``python -m kvcake <command>`` child and what its ready line said (``key=value``)."""
+
+    proc: subprocess.Popen[str]
+    info: dict[str, str]
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def spawn_kvcake(command: str, *flags: str, timeout_s: float = 60.0) -> KvcakeProc:
+    """Start ``kvcake master`` / ``kvcake store-server`` and wait for its ready line."""
+    import re
+    import threading
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvcake", command, *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    info: dict[str, str] = {}
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if len(lines) < 200:
+                lines.append(line)
+            if line.startswith(command) and not ready.is_set():
+                info.update(re.findall(r"(\w+)=(\S*)", line))
+                ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    if not ready.wait(timeout_s):
+        proc.kill()
+        proc.wait(5)
+        raise VllmStartError(f"kvcake {command} did not start:\n{''.join(lines)}")
+    return KvcakeProc(proc, info)

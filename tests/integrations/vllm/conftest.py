@@ -3,12 +3,14 @@
 Two engines start *before* the kvcake master exists (so start-up without the pool is exercised
 once, for free), serve a request each, then a master and a store-server start on the reserved
 port and the connectors attach (``connect_retry_s`` = 2 s). Engine A reads the pool over shared
-memory, engine B over TCP (so a stopped store-server really stalls B's loads).
+memory, engine B over TCP (so a stopped store-server really stalls B's loads). Logs stay in
+/tmp/kvcake-vllm-tests-*.
 """
 
 from __future__ import annotations
 
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -79,19 +81,30 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    logs = Path(tmp_path_factory.mktemp("vllm-logs"))
+def cluster() -> Iterator[Cluster]:
+    # Kept after the run (pytest's tmp dirs rotate away): the engines' logs explain failures.
+    logs = Path(tempfile.mkdtemp(prefix="kvcake-vllm-tests-"))
     mport = free_port()
     addr = f"127.0.0.1:{mport}"
     model = default_model_dir()
     a = start_engine(
-        VllmEngineSpec("a", free_port(), model, master=addr, connector_extra=EXTRA, cpu="0"),
+        VllmEngineSpec(
+            "a",
+            free_port(),
+            model,
+            master=addr,
+            connector_extra=EXTRA,
+            cpu="0",
+            kv_events_port=free_port(),
+        ),
         logs,
     )
     b = start_engine(
         VllmEngineSpec(
-            "b", free_port(), model, master=addr, cpu="1",
-            connector_extra={**EXTRA, "protocol": "tcp"},
+            "b", free_port(), model, master=addr, cpu="1", kv_events_port=free_port(),
+            # TCP: a stopped store-server stalls B's reads; a deadline below the transfer
+            # engine's own 2 s timeout makes the connector's deadline fire first.
+            connector_extra={**EXTRA, "protocol": "tcp", "load_timeout_s": 1.0},
         ),
         logs,
     )  # fmt: skip

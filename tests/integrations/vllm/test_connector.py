@@ -69,9 +69,8 @@ def test_cross_instance_prefix_plus_new_suffix_loads_90_percent(cluster: Cluster
     complete(cluster.a, prefix)
     wait_pooled(cluster, prefix)
     q = prefix + tokens(3, 70)
-    oracle = complete(cluster.a, q)  # A: local prefix hit on its own blocks
-    out, hits = loaded_on_b(cluster, q)
-    assert out == oracle
+    out, hits = loaded_on_b(cluster, q)  # before A sees q, so only the prefix is pooled
+    assert out == complete(cluster.a, q)  # A: vLLM's own prefix hit on its blocks
     assert hits >= 0.9 * len(prefix)
 
 
@@ -80,9 +79,8 @@ def test_partial_hit_diverging_mid_block(cluster: Cluster) -> None:
     complete(cluster.a, base)
     wait_pooled(cluster, base)
     q = base[:200] + tokens(5, 90)  # diverges inside block 6
-    oracle = complete(cluster.a, q)
     out, hits = loaded_on_b(cluster, q)
-    assert out == oracle
+    assert out == complete(cluster.a, q)
     assert hits == 200 // BS * BS
 
 
@@ -112,7 +110,7 @@ def test_slow_store_past_deadline_recomputes(cluster: Cluster) -> None:
     finally:
         cluster.store.popen.send_signal(signal.SIGCONT)
     assert out == oracle
-    assert took < 60  # bounded by load_timeout_s (3 s) + the recompute, not by the store
+    assert took < 60  # bounded by B's load_timeout_s (1 s) + the recompute, not by the store
     assert wait_log(cluster.b, "load failed (deadline", 1, 10)
     deadline = time.monotonic() + 20
     while metric(cluster.b, "kvcake_connector_load_deadline_misses_total") <= misses:

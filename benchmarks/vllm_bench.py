@@ -1,0 +1,167 @@
+"""vLLM on kvcake (issue 13): what the KvcakeConnector buys a fleet of real vLLM engines (CPU).
+
+Three engines, started once: ``plain`` (vLLM alone, its own prefix cache), ``a`` and ``b``
+(both with the connector, one kvcake master + store-server). Each repeat uses fresh seeded
+token prompts, interleaved, and measures the client-side latency of a ``max_tokens=1``
+completion (= TTFT: prefill plus one sampled token) for
+
+* ``cold``    — a 2,048-token prompt nobody has seen (engine b; b saves it into the pool);
+* ``pooled``  — 1,792 tokens prefilled by engine a, then the same 1,792 + 256 new tokens on b:
+  b loads the 1,792 from the pool (goal: >= 5x lower than cold);
+* ``local``   — b again with the same 1,792 + another 256: vLLM's own local prefix hit
+  (goal: pooled within 1.25x of local);
+* ``miss_plain`` / ``miss_conn`` — a fresh 2,048-token prompt on plain vLLM vs on b: the
+  connector's overhead on a pool miss (lookup + synchronous copy-out of the blocks it saves;
+  goal <= 5% of TTFT). plain and b are pinned to different cores, so the two are compared
+  over several repeats as ratios.
+
+Run: ``kvcake bench vllm`` or ``python benchmarks/vllm_bench.py [--repeats 3]``. Needs
+``make install-vllm``. Prints JSON lines and a table; recorded in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from kvcake.integrations.vllm.keys import BlockNamer
+from kvcake.serve.vllm_procs import (
+    VllmEngine,
+    VllmEngineSpec,
+    default_model_dir,
+    spawn_kvcake,
+    start_engine,
+)
+
+BS = 32
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def latency(engine: VllmEngine, prompt: list[int]) -> float:
+    body = {"model": "smollm2", "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    t0 = time.perf_counter()
+    r = httpx.post(engine.url + "/v1/completions", json=body, timeout=600)
+    r.raise_for_status()
+    return time.perf_counter() - t0
+
+
+def wait_pooled(master: str, model_key: str, prompt: list[int], timeout_s: float = 60) -> None:
+    from kvcake.store.client import Client
+
+    keys = BlockNamer(model_key, "float32", BS).keys(prompt)
+    with Client(master=master) as c:
+        deadline = time.monotonic() + timeout_s
+        while not all(c.batch_is_exist(keys)):
+            if time.monotonic() > deadline:
+                raise RuntimeError("blocks never reached the pool")
+            time.sleep(0.1)
+
+
+def one_repeat(
+    eng: dict[str, VllmEngine], master: str, model_key: str, seed: int
+) -> dict[str, float]:
+    rng = np.random.default_rng(seed)
+
+    def toks(n: int) -> list[int]:
+        return rng.integers(100, 40000, n).tolist()
+
+    out: dict[str, float] = {}
+    prefix = toks(1792)
+    latency(eng["a"], prefix + toks(256))  # engine a prefills (and pools) the prefix
+    wait_pooled(master, model_key, prefix)
+    out["pooled"] = latency(eng["b"], prefix + toks(256))
+    out["local"] = latency(eng["b"], prefix + toks(256))
+    out["cold"] = latency(eng["b"], toks(2048))
+    # ABAB: connector miss vs plain vLLM
+    out["miss_plain"] = latency(eng["plain"], toks(2048))
+    miss_conn = latency(eng["b"], toks(2048))
+    out["miss_plain"] = (out["miss_plain"] + latency(eng["plain"], toks(2048))) / 2
+    out["miss_conn"] = (miss_conn + latency(eng["b"], toks(2048))) / 2
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+    logs = Path(tempfile.mkdtemp(prefix="kvcake-vllm-bench-"))
+    model = default_model_dir()
+    model_key = f"{Path(model).name}@vllm"
+    master = spawn_kvcake("master", "--port", "0", "--http-port", "-1")
+    store = spawn_kvcake("store-server", "--master", master.info["rpc"], "--segment-size", "2GiB")
+    addr = master.info["rpc"]
+    specs = {
+        "plain": VllmEngineSpec("plain", free_port(), model, cpu="0"),
+        "a": VllmEngineSpec("a", free_port(), model, master=addr, cpu="0"),
+        "b": VllmEngineSpec("b", free_port(), model, master=addr, cpu="1"),
+    }
+    eng: dict[str, VllmEngine] = {}
+    try:
+        for name, spec in specs.items():
+            eng[name] = start_engine(spec, logs)
+        t0 = time.monotonic()
+        for e in eng.values():
+            e.wait_ready(600)
+        print(f"# engines ready in {time.monotonic() - t0:.0f} s; logs in {logs}", flush=True)
+        for e in eng.values():  # warm-up: first request pays one-off costs
+            latency(e, list(range(200, 264)))
+        runs: list[dict[str, float]] = []
+        for r in range(args.repeats):
+            res = one_repeat(eng, addr, model_key, seed=1000 + r)
+            runs.append(res)
+            print(json.dumps({"repeat": r, **{k: round(v, 4) for k, v in res.items()}}), flush=True)
+        summary = summarize(runs)
+        print(json.dumps({"summary": summary}), flush=True)
+        table(summary)
+        if args.json:
+            args.json.write_text(json.dumps({"runs": runs, "summary": summary}, indent=1))
+    finally:
+        for e in eng.values():
+            e.stop()
+        store.stop()
+        master.stop()
+    return 0
+
+
+def summarize(runs: list[dict[str, float]]) -> dict[str, Any]:
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    ratios = {
+        "cold_over_pooled": [r["cold"] / r["pooled"] for r in runs],
+        "pooled_over_local": [r["pooled"] / r["local"] for r in runs],
+        "miss_overhead": [r["miss_conn"] / r["miss_plain"] - 1 for r in runs],
+    }
+    return {
+        "median_s": {k: round(v, 4) for k, v in med.items()},
+        "ratios": {k: [round(x, 3) for x in v] for k, v in ratios.items()},
+    }
+
+
+def table(summary: dict[str, Any]) -> None:
+    med, ratios = summary["median_s"], summary["ratios"]
+    print("\n| case | median TTFT (s) |\n|---|---:|")
+    for k, v in med.items():
+        print(f"| {k} | {v:.3f} |")
+    print("\n| ratio | per repeat | goal |\n|---|---|---|")
+    goals = {"cold_over_pooled": ">= 5", "pooled_over_local": "<= 1.25", "miss_overhead": "<= 0.05"}
+    for k, v in ratios.items():
+        print(f"| {k} | {', '.join(f'{x:.3f}' for x in v)} | {goals[k]} |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,200 @@
+"""kvcake's proxy in front of a fleet of vLLM engines (docs/integrations/vllm.md).
+
+A vLLM engine is not a kvcake instance, so this adapter gives the conductor what it needs:
+
+* **what each engine holds** — its KV events (``--kv-events-config``, zmq), re-hashed with
+  kvcake's chained hash (:mod:`kvcake.serve.vllm_index`); the pool's blocks from the store
+  master's events (:mod:`kvcake.serve.pool_events`, holder ``pool``);
+* **load** — each engine's ``/metrics`` (``vllm:num_requests_running``, ``…waiting``,
+  ``…kv_cache_usage_perc``) plus the prefills this proxy dispatched and has not seen finish;
+* **placement** — the same ``Conductor.schedule`` as the simulator, colocated (an engine
+  prefills and decodes its requests), on a :class:`~kvcake.core.api.ClusterSnapshot`.
+
+Requests are forwarded unchanged over vLLM's OpenAI HTTP API (streamed through when asked);
+the answer carries ``x-kvcake-engine``. Text and chat prompts are tokenized by an engine's
+``/tokenize`` (the engine's own chat template, so the proxy's block names match the engine's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from kvcake.conductor.conductor import Conductor
+from kvcake.conductor.config import ConductorConfig
+from kvcake.conductor.index import PrefixIndex
+from kvcake.conductor.predictors import Predictors
+from kvcake.core.api import Accept, ClusterSnapshot, DecodeState, PrefillState, RequestView
+from kvcake.core.hashing import block_hashes
+from kvcake.core.ids import InstanceId, RequestId
+from kvcake.serve.vllm_index import EngineEvents
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineRef:
+    id: InstanceId
+    url: str
+    events: str = ""  # tcp://127.0.0.1:PORT of its KV events ("" = none)
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    healthy: bool = False
+    pending_s: float = 0.0  # predicted prefill seconds dispatched here, not yet answered
+    pending: int = 0
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Sums of the vLLM series the adapter reads (all label sets)."""
+    want = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+    out = dict.fromkeys(want, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in out:
+            with contextlib.suppress(ValueError, IndexError):
+                out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+@dataclass
+class FleetConfig:
+    block_tokens: int = 32
+    kv_capacity_tokens: int = 23_296  # per engine (vLLM logs "CPU KV cache size")
+    kv_bytes_per_token: int = 46_080  # SmolLM2-135M fp32: 30 layers x 2 x 3 x 64 x 4
+    link_bandwidth: float = 2e9  # pool -> engine, bytes/s (same host)
+    poll_interval_s: float = 0.5
+    model: str = "smollm2"
+    conductor: ConductorConfig = field(default_factory=lambda: ConductorConfig(colocated=True))
+
+
+class VllmFleet:
+    """Live view of the engines and the placement decision. Run :meth:`run` on the loop."""
+
+    def __init__(self, engines: list[EngineRef], cfg: FleetConfig, master: str = ""):
+        if not engines:
+            raise ValueError("a fleet needs at least one engine")
+        self.engines = {e.id: e for e in engines}
+        self.cfg = cfg
+        self.master = master
+        self.index = PrefixIndex()
+        self.events = {
+            e.id: EngineEvents(self.index, e.id, cfg.block_tokens, cfg.kv_capacity_tokens)
+            for e in engines
+        }
+        self.predictors = Predictors.from_preset("smollm2-135m/cpu")
+        self.conductor = Conductor(cfg.conductor, self.predictors)
+        self.t0 = time.monotonic()
+        self.placed: dict[InstanceId, int] = dict.fromkeys(self.engines, 0)
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(600, connect=5))
+
+    # --- state ----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        tasks = [asyncio.create_task(self._poll(stop))]
+        tasks += [
+            asyncio.create_task(self._events(e, stop)) for e in self.engines.values() if e.events
+        ]
+        if self.master:
+            from kvcake.serve import pool_events
+
+            pool_events.start(self.index, self.master, stop)
+        await stop.wait()
+        for t in tasks:
+            t.cancel()
+        await self.http.aclose()
+
+    async def _poll(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.gather(*(self.poll_one(e) for e in self.engines.values()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.cfg.poll_interval_s)
+
+    async def poll_one(self, e: EngineRef) -> None:
+        try:
+            r = await self.http.get(e.url + "/metrics", timeout=3)
+            r.raise_for_status()
+        except httpx.HTTPError:
+            if e.healthy:
+                log.warning("vLLM engine %s at %s stopped answering", e.id, e.url)
+            e.healthy = False
+            return
+        m = parse_metrics(r.text)
+        e.running = m["vllm:num_requests_running"]
+        e.waiting = m["vllm:num_requests_waiting"]
+        e.kv_usage = m["vllm:kv_cache_usage_perc"]
+        e.healthy = True
+
+    async def _events(self, e: EngineRef, stop: asyncio.Event) -> None:
+        import zmq
+        import zmq.asyncio
+
+        sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(e.events)
+        try:
+            while not stop.is_set():
+                if not await sock.poll(500):
+                    continue
+                frames = await sock.recv_multipart()
+                self.events[e.id].apply(frames[-1])  # [topic, seq, payload]
+        finally:
+            sock.close(0)
+
+    def snapshot(self) -> ClusterSnapshot:
+        es = list(self.engines.values())
+        cap = self.cfg.kv_capacity_tokens
+        return ClusterSnapshot(
+            now_s=time.monotonic() - self.t0,
+            prefill=tuple(
+                PrefillState(e.id, e.pending_s, e.pending + int(e.waiting), healthy=e.healthy)
+                for e in es
+            ),
+            decode=tuple(
+                DecodeState(e.id, int(e.running), int(e.kv_usage * cap), cap, healthy=e.healthy)
+                for e in es
+            ),
+            kv_index=self.index,
+            block_tokens=self.cfg.block_tokens,
+            kv_bytes_per_token=self.cfg.kv_bytes_per_token,
+            link_bandwidth=self.cfg.link_bandwidth,
+        )
+
+    def place(self, request_id: str, tokens: list[int], max_tokens: int) -> Accept | None:
+        hashes = tuple(block_hashes(tokens, self.cfg.block_tokens))
+        view = RequestView(RequestId(request_id), time.monotonic() - self.t0, len(tokens), hashes,
+                           expected_output=max_tokens)  # fmt: skip
+        decision = self.conductor.schedule(view, self.snapshot())
+        return decision if isinstance(decision, Accept) else None
+
+    def done(self, request_id: str, engine: InstanceId, predicted_s: float) -> None:
+        e = self.engines[engine]
+        e.pending_s = max(0.0, e.pending_s - predicted_s)
+        e.pending = max(0, e.pending - 1)
+        self.conductor.on_decode_done(RequestId(request_id), time.monotonic() - self.t0)
+
+    def dispatch(
+        self, request_id: str, tokens: list[int], max_tokens: int
+    ) -> tuple[EngineRef, float]:
+        """Choose an engine (the conductor; any healthy engine if it rejects) and book the
+        prefill it will run. Raises LookupError when no engine is healthy."""
+        acc = self.place(request_id, tokens, max_tokens)
+        if acc is not None:
+            e = self.engines[acc.prefill]
+            cached = acc.local_prefix_blocks * self.cfg.block_tokens
+        else:
+            healthy = [e for e in self.engines.values() if e.healthy]
+            if not healthy:
+                raise LookupError("no healthy vLLM engine")
+            e, cached = min(healthy, key=lambda x: x.pending_s), 0
+        predicted = self.predictors.prefill.time(len(tokens), min(cached, len(tokens)))
+        e.pending_s += predicted
+        e.pending += 1
+        self.placed[e.id] += 1
+        return e, predicted

@@ -1,0 +1,196 @@
+"""The OpenAI HTTP front of a vLLM fleet: places each request with :class:`VllmFleet` and
+forwards it unchanged (``python -m kvcake.serve.vllm_proxy --help``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from kvcake.core.ids import InstanceId
+from kvcake.serve.vllm_adapter import EngineRef, FleetConfig, VllmFleet
+
+ENGINE_HEADER = "x-kvcake-engine"
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+
+
+async def tokens_of(fleet: VllmFleet, path: str, body: dict[str, Any]) -> list[int]:
+    """Token ids of the prompt, as the engines will see them."""
+    prompt = body.get("prompt")
+    if path.endswith("/completions") and "chat" not in path:
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if not isinstance(prompt, str):
+            raise ValueError("prompt must be a string or a list of token ids")
+        req: dict[str, Any] = {"model": body.get("model", fleet.cfg.model), "prompt": prompt}
+    else:
+        if not isinstance(body.get("messages"), list):
+            raise ValueError("messages must be a list")
+        req = {"model": body.get("model", fleet.cfg.model), "messages": body["messages"]}
+    for e in fleet.engines.values():
+        if not e.healthy:
+            continue
+        with contextlib.suppress(httpx.HTTPError):
+            r = await fleet.http.post(e.url + "/tokenize", json=req, timeout=30)
+            if r.status_code == 200:
+                return list(r.json()["tokens"])
+            raise ValueError(r.text[:500])
+    raise LookupError("no healthy vLLM engine to tokenize with")
+
+
+def build_app(fleet: VllmFleet) -> FastAPI:
+    stop = asyncio.Event()
+    ids = itertools.count(1)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(fleet.run(stop))
+        yield
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 5)
+
+    app = FastAPI(title="kvcake vLLM fleet proxy", lifespan=lifespan)
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok = any(e.healthy for e in fleet.engines.values())
+        return JSONResponse({"healthy": ok}, status_code=200 if ok else 503)
+
+    @app.get("/fleet")
+    async def state() -> dict[str, Any]:
+        return {
+            "engines": {
+                e.id: {
+                    "url": e.url,
+                    "healthy": e.healthy,
+                    "running": e.running,
+                    "waiting": e.waiting,
+                    "kv_usage": e.kv_usage,
+                    "placed": fleet.placed[e.id],
+                    "blocks": fleet.index.blocks_of(e.id),
+                }
+                for e in fleet.engines.values()
+            },
+            "pool_blocks": fleet.index.blocks_of(InstanceId("pool")),
+        }
+
+    async def forward(request: Request, path: str) -> Response:
+        try:
+            body = json.loads(await request.body())
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            tokens = await tokens_of(fleet, path, body)
+        except (ValueError, TypeError) as exc:
+            return _error(400, str(exc))
+        except LookupError as exc:
+            return _error(503, str(exc), "unavailable")
+        rid = f"vllm-proxy-{next(ids)}"
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        for _attempt in range(2):  # a dead engine: mark it and place once more
+            try:
+                engine, predicted = fleet.dispatch(rid, tokens, max_tokens)
+            except LookupError as exc:
+                return _error(503, str(exc), "unavailable")
+            try:
+                return await _send(fleet, engine, path, body, rid, predicted)
+            except httpx.TransportError:
+                engine.healthy = False
+                fleet.done(rid, engine.id, predicted)
+        return _error(502, "the chosen vLLM engines did not answer", "upstream_error")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await forward(request, "/v1/completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await forward(request, "/v1/chat/completions")
+
+    return app
+
+
+async def _send(
+    fleet: VllmFleet, e: EngineRef, path: str, body: dict[str, Any], rid: str, predicted: float
+) -> Response:
+    headers = {ENGINE_HEADER: e.id}
+    if not body.get("stream"):
+        try:
+            r = await fleet.http.post(e.url + path, json=body)
+        finally:
+            fleet.done(rid, e.id, predicted)
+        return Response(r.content, r.status_code, headers=headers, media_type="application/json")
+    req = fleet.http.build_request("POST", e.url + path, json=body)
+    r = await fleet.http.send(req, stream=True)
+
+    async def relay() -> AsyncIterator[bytes]:
+        first = True
+        try:
+            async for chunk in r.aiter_raw():
+                if first:
+                    fleet.done(rid, e.id, predicted)
+                    first = False
+                yield chunk
+        finally:
+            if first:
+                fleet.done(rid, e.id, predicted)
+            await r.aclose()
+
+    return StreamingResponse(relay(), r.status_code, headers=headers,
+                             media_type="text/event-stream")  # fmt: skip
+
+
+def parse_engine(text: str) -> EngineRef:
+    """``ID=URL`` or ``ID=URL@tcp://127.0.0.1:PORT`` (its KV events)."""
+    name, sep, rest = text.partition("=")
+    if not sep or not name or not rest.startswith("http"):
+        raise argparse.ArgumentTypeError(f"--engine wants ID=URL[@EVENTS], got {text!r}")
+    url, _, events = rest.partition("@")
+    return EngineRef(InstanceId(name), url.rstrip("/"), events)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m kvcake.serve.vllm_proxy",
+        description="kvcake's KV-aware proxy in front of vLLM engines (OpenAI API).",
+    )
+    ap.add_argument("--engine", type=parse_engine, action="append", required=True,
+                    help="ID=URL[@tcp://127.0.0.1:PORT] of a vLLM engine and its KV events")  # fmt: skip
+    ap.add_argument("--master", default="", help="kvcake master host:port (the pool's events)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0, help="0 = a free port")
+    ap.add_argument("--block-tokens", type=int, default=32, help="vLLM's --block-size")
+    ap.add_argument("--policy", default="global-cache-aware", help="conductor prefill policy")
+    args = ap.parse_args(argv)
+    import socket
+
+    import uvicorn
+
+    from kvcake.conductor.config import ConductorConfig
+
+    cfg = FleetConfig(block_tokens=args.block_tokens,
+                      conductor=ConductorConfig(prefill_policy=args.policy, colocated=True))  # fmt: skip
+    fleet = VllmFleet(args.engine, cfg, args.master)
+    sock = socket.socket()
+    sock.bind((args.host, args.port))
+    port = sock.getsockname()[1]
+    print(f"vllm-proxy url=http://{args.host}:{port}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(build_app(fleet), log_level="warning"))
+    server.run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""kvcake's proxy in front of the two vLLM engines: a conversation's second turn is placed
+where its prefix is (learnt from vLLM's KV events, re-hashed with kvcake's block hash)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.integrations.vllm.conftest import Cluster
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def proxy(cluster: Cluster) -> Iterator[str]:
+    argv = [sys.executable, "-m", "kvcake.serve.vllm_proxy", "--master", cluster.master_addr]
+    for e in (cluster.a, cluster.b):
+        argv += ["--engine", f"{e.spec.name}={e.url}@tcp://127.0.0.1:{e.spec.kv_events_port}"]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        assert line.startswith("vllm-proxy url="), line
+        url = line.split("=", 1)[1].strip()
+        deadline = time.monotonic() + 30
+        while httpx.get(url + "/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        yield url
+    finally:
+        p.terminate()
+        p.wait(10)
+
+
+def chat(url: str, messages: list[dict[str, str]]) -> tuple[str, str]:
+    body = {"model": "smollm2", "messages": messages, "max_tokens": 40, "temperature": 0}
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=180)
+    r.raise_for_status()
+    return r.json()["choices"][0]["message"]["content"], r.headers.get("x-kvcake-engine", "")
+
+
+def blocks_of(url: str, engine: str) -> int:
+    return int(httpx.get(url + "/fleet").json()["engines"][engine]["blocks"])
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_second_turn_lands_where_its_prefix_is(cluster: Cluster, proxy: str, first: str) -> None:
+    engine = cluster.a if first == "a" else cluster.b
+    system = f"You are assistant number {first}. " + "Answer briefly and politely. " * 30
+    turn1 = [{"role": "system", "content": system}, {"role": "user", "content": "Name a color."}]
+    before = blocks_of(proxy, first)
+    answer, _ = chat(engine.url, turn1)  # turn 1 straight to one engine, not via the proxy
+    deadline = time.monotonic() + 20
+    while blocks_of(proxy, first) < before + 8:  # its KV events reached the proxy
+        assert time.monotonic() < deadline, httpx.get(proxy + "/fleet").json()
+        time.sleep(0.2)
+    turn2 = [*turn1, {"role": "assistant", "content": answer},
+             {"role": "user", "content": "And another one?"}]  # fmt: skip
+    _, placed = chat(proxy, turn2)
+    assert placed == first
+
+
+def test_bad_requests_are_400(proxy: str) -> None:
+    r = httpx.post(proxy + "/v1/completions", content=b"{not json")
+    assert r.status_code == 400
+    r = httpx.post(proxy + "/v1/completions", json={"prompt": 5})
+    assert r.status_code == 400
+    r = httpx.post(proxy + "/v1/chat/completions", json={"messages": "hi"})
+    assert r.status_code == 400
