@@ -55,26 +55,42 @@ def _relative_lstsq(feats: np.ndarray, t: np.ndarray) -> tuple[float, ...]:
 
 
 def _choose(
-    seed: tuple[float, float, float], feats: np.ndarray, t: np.ndarray, full: tuple[float, ...]
+    seed: tuple[float, float, float],
+    feats: np.ndarray,
+    t: np.ndarray,
+    full: tuple[float, ...],
+    few: str,
 ) -> tuple[tuple[float, float, float], float]:
-    """Scaled seed, or the full fit when it is better and sane."""
+    """The seed adjusted by one robust number — ``few="scale"``: times the median measured /
+    predicted ratio (the seed's shape is right, its speed is not: a preset on another machine);
+    ``"offset"``: plus the median difference (the seed is right, a constant overhead is missing:
+    compute measured by the instance vs the service time the proxy sees). With a full fit
+    available, the best of the three on the window (predicting positive times) wins."""
     s = np.asarray(seed)
     base = feats @ s
-    ratio = float(np.median(t / np.maximum(base, 1e-12))) if t.size else 1.0
+    if not t.size:
+        return seed, 0.0
+    ratio = float(np.median(t / np.maximum(base, 1e-12)))
     scaled = tuple(float(c * ratio) for c in s)
-    best, err = scaled, _rel_err(feats @ np.asarray(scaled), t)
+    shift = float(np.median(t - base))
+    offset = (float(s[0] + shift), float(s[1]), float(s[2]))
+    first = scaled if few == "scale" else offset
+    best, err = first, _rel_err(feats @ np.asarray(first), t)
     if full:
-        pred = feats @ np.asarray(full)
-        e = _rel_err(pred, t)
-        if e < err and bool(np.all(pred > 0)):
-            best, err = (float(full[0]), float(full[1]), float(full[2])), e
+        for cand in (scaled, offset, full):
+            pred = feats @ np.asarray(cand)
+            e = _rel_err(pred, t)
+            if e < err and bool(np.all(pred > 0)):
+                best, err = (float(cand[0]), float(cand[1]), float(cand[2])), e
     return best, err  # type: ignore[return-value]
 
 
 class OnlineFit:
     def __init__(
-        self, prefill_seed: PrefillCoefficients, decode_seed: DecodeCoefficients, window: int = 256
-    ):
+        self, prefill_seed: PrefillCoefficients, decode_seed: DecodeCoefficients,
+        window: int = 256, few: str = "scale",
+    ):  # fmt: skip
+        self.few = few
         self._pseed = (prefill_seed.c0, prefill_seed.c1, prefill_seed.c2)
         self._dseed = (decode_seed.d0, decode_seed.d1, decode_seed.d2)
         self._prefill: deque[tuple[int, int, float]] = deque(maxlen=window)
@@ -108,7 +124,7 @@ class OnlineFit:
             t = np.array([x for *_, x in pre])
             if len(pre) >= MIN_FULL_FIT and len({L - P for L, P, _ in pre}) >= 3:
                 full = _relative_lstsq(feats, t)
-            pc, pe = _choose(self._pseed, feats, t, full)
+            pc, pe = _choose(self._pseed, feats, t, full, self.few)
         dc, de = self._dseed, 0.0
         if dec:
             feats = np.array([[1.0, b, c] for b, c, _ in dec])
@@ -116,5 +132,5 @@ class OnlineFit:
             t = np.array([x for *_, x in dec])
             if len(dec) >= MIN_FULL_FIT and len({b for b, _, _ in dec}) >= 3:
                 full = _relative_lstsq(feats, t)
-            dc, de = _choose(self._dseed, feats, t, full)
+            dc, de = _choose(self._dseed, feats, t, full, self.few)
         return Fitted(pc, dc, len(pre), len(dec), pe, de)

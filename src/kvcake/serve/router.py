@@ -259,13 +259,22 @@ class Router:
         gate = self.gates.setdefault(acc.prefill, asyncio.Semaphore(1))
         try:
             async with gate:
-                reservation = None
-                if acc.prefill != acc.decode:
-                    # The prompt plus a margin; the decode loop grows it as the answer grows.
-                    margin = min(sampling.max_tokens, self.cluster.block_tokens)
-                    reservation = await self._reserve(d, rid, len(tokens) + margin)
-                task = PrefillTask(rid, tuple(tokens), hashes, sampling, acc.fetch, reservation)
-                result = await p.submit_prefill(task)
+                t_gate = time.monotonic()
+                ppend.running_since, ppend.running_pred = t_gate, predicted
+                try:
+                    reservation = None
+                    if acc.prefill != acc.decode:
+                        # The prompt plus a margin; the decode loop grows it with the answer.
+                        margin = min(sampling.max_tokens, self.cluster.block_tokens)
+                        reservation = await self._reserve(d, rid, len(tokens) + margin)
+                    task = PrefillTask(rid, tuple(tokens), hashes, sampling, acc.fetch, reservation)
+                    result = await p.submit_prefill(task)
+                finally:
+                    ppend.running_since = 0.0
+                self.cluster.record_service(
+                    acc.prefill, len(tokens), result.cached_tokens, time.monotonic() - t_gate,
+                    self.conductor.predictors.prefill.coefficients,
+                )  # fmt: skip
             out.prefill_timings = dict(result.timings)
             return result
         finally:

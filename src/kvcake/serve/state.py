@@ -29,6 +29,7 @@ from kvcake.core.costmodel import DecodeCoefficients, PrefillCoefficients
 from kvcake.core.ids import InstanceId
 from kvcake.serve.client import RemoteInstance
 from kvcake.serve.events import POOL
+from kvcake.serve.online_fit import OnlineFit
 from kvcake.serve.wire import InstanceError
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,14 @@ class Pending:
     # the rest wait in the router), so this is its one source of truth.
     prefill_s: float = 0.0  # predicted prefill seconds dispatched, not finished
     prefill_requests: int = 0
+    running_pred: float = 0.0  # predicted seconds of the prefill holding the gate now
+    running_since: float = 0.0  # time.monotonic() it took the gate (0 = none)
+
+    def queued_seconds(self, now: float) -> float:
+        """Predicted seconds until a new prefill could start: the waiting ones plus what is
+        left of the running one."""
+        done = min(self.running_pred, now - self.running_since) if self.running_since else 0.0
+        return max(0.0, self.prefill_s - done)
 
 
 @dataclass
@@ -57,6 +66,10 @@ class LiveCluster:
     pool_from_store: bool = False  # the store master's events own the POOL holder (pool_events)
     seqs: dict[InstanceId, int] = field(default_factory=dict)
     pending: dict[InstanceId, Pending] = field(default_factory=dict)
+    # Per prefill instance: its prefill *service* time as the proxy sees it (gate taken ->
+    # result: reservation, RPC, fetch, compute, KV wait), fitted online. This is what the
+    # prefill queue is made of, so TTFT predictions use it rather than compute time alone.
+    service_fit: dict[InstanceId, OnlineFit] = field(default_factory=dict)
     polls: int = 0
 
     def alive(self, role: Role) -> list[RemoteInstance]:
@@ -108,10 +121,33 @@ class LiveCluster:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
 
+    def record_service(
+        self, iid: InstanceId, prompt: int, cached: int, seconds: float, seed: PrefillCoefficients
+    ) -> None:
+        """One measured prefill service time; ``seed``: the coefficients to start from when
+        the instance reported none (the conductor's current ones)."""
+        fit = self.service_fit.get(iid)
+        if fit is None:
+            inst = self.instances[iid]
+            if _has(inst, "prefill"):  # its warm-up / own fit
+                seed = PrefillCoefficients(*map(float, _fitted(inst)["prefill"]))
+            fit = OnlineFit(seed, DecodeCoefficients(0.0, 0.0, 0.0), few="offset")
+            self.service_fit[iid] = fit
+        fit.add_prefill(prompt, cached, seconds)
+
+    def _prefill_fit(self, inst: RemoteInstance) -> dict[str, Any]:
+        fit = self.service_fit.get(inst.instance_id)
+        if fit is not None:
+            f = fit.fitted().as_dict()
+            if int(f["prefill_samples"]):  # type: ignore[call-overload]
+                return f
+        return _fitted(inst) if _has(inst, "prefill") else {}
+
     def fitted_predictors(self, current: Predictors) -> Predictors | None:
         """``current`` with the prefill / decode coefficients the instances fitted online (mean
         over the live instances of each role that reported some samples); None if none did."""
-        pre = [_fitted(i) for i in self.alive(Role.PREFILL) if _has(i, "prefill")]
+        pre = [self._prefill_fit(i) for i in self.alive(Role.PREFILL)]
+        pre = [f for f in pre if f]
         dec = [_fitted(i) for i in self.alive(Role.DECODE) if _has(i, "decode")]
         if not pre and not dec:
             return None
@@ -127,11 +163,12 @@ class LiveCluster:
         return Predictors(p, current.transfer, d)
 
     def snapshot(self, now_s: float) -> ClusterSnapshot:
+        now = time.monotonic()
         prefill = tuple(
             PrefillState(
                 instance_id=i.instance_id,
                 # The queue is the proxy's (router gates): current, where reports lag a poll.
-                queued_seconds=self.pending.get(i.instance_id, Pending()).prefill_s,
+                queued_seconds=self.pending.get(i.instance_id, Pending()).queued_seconds(now),
                 queued_requests=self.pending.get(i.instance_id, Pending()).prefill_requests,
                 healthy=i.alive and i.load_report().healthy,
             )
