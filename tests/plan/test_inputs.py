@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvcake.cli import main
-from kvcake.core.errors import TraceError
+from kvcake.core.errors import ConfigError, TraceError
 from kvcake.core.requestlog import BlockNamer, parse_request, read_request_log, to_trace
 from kvcake.core.trace import read_trace
 
@@ -112,3 +113,22 @@ def test_plan_cli_end_to_end_on_a_tiny_trace(tmp_path: Path, capsys) -> None:  #
     assert doc["config"]["network_gbps"] == 100.0 and doc["runs"] > 0
     assert len(read_trace(tmp_path / "conv.jsonl")) == 40
     assert "wrote" in capsys.readouterr().out
+
+
+def test_plan_takes_a_calibration_file_as_hardware(tmp_path: Path) -> None:
+    from kvcake.core.costmodel import preset, save_calibration
+    from kvcake.sim.plan import PlanConfig, Planner
+    from kvcake.sim.plan.search import cost_model_for
+
+    cm = preset("smollm2-135m/cpu")
+    fitted = cm.with_coefficients(cm.prefill, cm.decode.__class__(0.02, 0.001, 1e-7))
+    cal = tmp_path / "cal.json"
+    save_calibration(fitted, cal)
+    assert cost_model_for(str(cal)).decode.d0 == 0.02
+    recs = read_trace(Path(__file__).parents[2] / "data" / "conversation_sample.jsonl", limit=30)
+    pl = Planner(recs, PlanConfig(hardware=str(cal), traffic=(1.0,), jobs=1, max_nodes=4))
+    assert pl.base.calibration == str(cal) and pl.base.cost_model().decode.d0 == 0.02
+    ctx = int(np.median([r.input_length + r.output_length / 2 for r in recs]))
+    assert pl.plan.tbt_slo == pytest.approx(5 * fitted.decode_step_time(1, ctx))
+    with pytest.raises(ConfigError, match="--hardware"):
+        PlanConfig(hardware=str(tmp_path / "missing.json"))

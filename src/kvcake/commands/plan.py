@@ -14,6 +14,8 @@ from typing import Any
 
 from kvcake.core.costmodel import PRESETS
 
+HARDWARE = tuple(sorted(PRESETS))  # = sim.plan.search.HARDWARE
+
 
 def _gbps(text: str) -> float:
     t = text.strip().lower().removesuffix("bps").removesuffix("/s")
@@ -41,8 +43,9 @@ def register(sub: Any) -> None:
                    "input_length, output_length, hash_ids) or an OpenAI-style request log "
                    "(JSONL of timestamp + messages/prompt/prompt_token_ids + output length), "
                    "converted with --tokenizer")  # fmt: skip
-    p.add_argument("--hardware", default="llama3-70b/8xA800", choices=sorted(PRESETS),
-                   help="cost-model preset of one node (model/hardware)")  # fmt: skip
+    p.add_argument("--hardware", default="llama3-70b/8xA800", metavar="PRESET",
+                   help=f"one node's model/hardware: a cost-model preset ({', '.join(HARDWARE)}) "
+                   "or the path of a `kvcake calibrate` file (e.g. your CPU, measured)")  # fmt: skip
     p.add_argument("--network", type=_gbps, default=800.0, metavar="BW",
                    help="per-node network bandwidth, e.g. 100Gbps (Gbps when no unit)")  # fmt: skip
     p.add_argument("--ttft-slo", type=float, default=0.0, metavar="S",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import cast
 
 from kvcake.core.api import Accept, ClusterSnapshot, RequestView
-from kvcake.core.costmodel import CostModel, preset
+from kvcake.core.costmodel import CostModel
 from kvcake.core.ids import BlockHash, RequestId
 from kvcake.sim.config import SimConfig
 from kvcake.sim.events import EventQueue
@@ -21,7 +21,7 @@ class ClusterBase:
     ) -> None:
         self.cfg = cfg
         self.eq = eq
-        self.cm: CostModel = preset(cfg.preset)
+        self.cm: CostModel = cfg.cost_model()
         self.index = make_index()
         self.scheduler = scheduler or build_scheduler(cfg, colocated=colocated)
         self.finished: list[SimRequest] = []

@@ -4,14 +4,20 @@ from a ``[sim]`` TOML section, ``KVCAKE_SIM_*`` variables or flags)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from kvcake.core.config import require
-from kvcake.core.costmodel import PRESETS
+from kvcake.core.costmodel import PRESETS, CostModel, load_calibration, preset
 from kvcake.core.trace import TRACE_BLOCK_TOKENS
 
 SYSTEMS = ("mooncake", "vllm", "vllm-prefix", "vllm-chunked")
 FETCH_SOURCES = ("peer", "pool")
+
+
+@lru_cache(maxsize=8)
+def _calibrated(path: str) -> CostModel:
+    return load_calibration(path)
 
 
 def parse_failures(spec: str, prefill: int, decode: int) -> list[tuple[str, int, float]]:
@@ -42,6 +48,7 @@ class SimConfig:
     prefill_nodes: int = 8
     decode_nodes: int = 8
     preset: str = "llama3-70b/8xA800"
+    calibration: str = ""  # a `kvcake calibrate` file: its cost model replaces the preset's
     block_tokens: int = TRACE_BLOCK_TOKENS
     cache_tokens: int = 3_000_000  # DRAM KV cache per prefill node (tokens)
     link_gbps: float = 800.0  # per-node network bandwidth (4 x 200 Gbps in the paper)
@@ -79,6 +86,8 @@ class SimConfig:
             "sim.decode_nodes must be >= 1 for mooncake",
         )
         require(self.preset in PRESETS, f"sim.preset must be one of {sorted(PRESETS)}")
+        if self.calibration:
+            self.cost_model()  # ConfigError now if the file is missing or malformed
         require(self.block_tokens >= 1, "sim.block_tokens must be >= 1")
         require(self.cache_tokens >= 0, "sim.cache_tokens must be >= 0")
         require(self.link_gbps > 0, "sim.link_gbps must be positive")
@@ -101,6 +110,10 @@ class SimConfig:
         require(self.speedup > 0, "sim.speedup must be positive")
         require(self.sample_interval_s > 0, "sim.sample_interval_s must be positive")
 
+    def cost_model(self) -> CostModel:
+        """The simulated hardware's times: the calibration file's fit, else the preset."""
+        return _calibrated(self.calibration) if self.calibration else preset(self.preset)
+
     @property
     def link_bytes_per_s(self) -> float:
         return self.link_gbps * 1e9 / 8.0
@@ -119,6 +132,8 @@ FIELD_HELP: dict[str, str] = {
     "prefill_nodes": "prefill instances (8-GPU nodes); vLLM baselines: colocated = P + D",
     "decode_nodes": "decode instances (8-GPU nodes); 0 allowed for vLLM baselines",
     "preset": f"core.costmodel preset (model/hardware), one of {', '.join(sorted(PRESETS))}",
+    "calibration": "a `kvcake calibrate` JSON file: its fitted cost model replaces the "
+    "preset's (empty: the preset)",
     "block_tokens": "tokens per KV block (the trace's hash_ids granularity)",
     "cache_tokens": "DRAM KV cache per prefill node, in tokens (LRU over blocks)",
     "link_gbps": "per-node network bandwidth in Gbps (KV fetches and streaming to decode)",

@@ -10,7 +10,7 @@ import numpy as np
 
 from kvcake.conductor import Conductor, ConductorConfig, Predictors, PrefixIndex
 from kvcake.conductor.predictors import DecodeTBTModel, PrefillTimeModel, TransferTimeModel
-from kvcake.core.costmodel import CostModel, preset
+from kvcake.core.costmodel import CostModel
 
 if TYPE_CHECKING:
     from kvcake.sim.config import SimConfig
@@ -34,7 +34,7 @@ def build_scheduler(cfg: SimConfig, *, colocated: bool) -> Conductor:
         seed=cfg.seed,
         colocated=colocated,
     )
-    return Conductor(ccfg, noisy_predictors(preset(cfg.preset), cfg.predictor_noise, cfg.seed))
+    return Conductor(ccfg, noisy_predictors(cfg.cost_model(), cfg.predictor_noise, cfg.seed))
 
 
 def noisy_predictors(cm: CostModel, noise: float, seed: int = 0, n: int = 64) -> Predictors:

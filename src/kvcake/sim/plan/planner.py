@@ -19,7 +19,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcake.core.costmodel import min_reuse_bandwidth, preset
+from kvcake.core.costmodel import min_reuse_bandwidth
 from kvcake.core.errors import TraceError
 from kvcake.core.trace import TraceRecord, TraceStats, trace_stats
 from kvcake.sim.config import SimConfig
@@ -29,7 +29,9 @@ from kvcake.sim.plan.search import (
     Evaluator,
     PlanConfig,
     Point,
+    cost_model_for,
     default_slos,
+    resolve_hardware,
     sim_config,
 )
 
@@ -78,7 +80,7 @@ def check_trace(records: Sequence[TraceRecord]) -> float:
 
 def lower_bound(records: Sequence[TraceRecord], hardware: str, span: float) -> float:
     """Prefill instance-seconds per second if every block seen before were reused for free."""
-    cm = preset(hardware)
+    cm = cost_model_for(hardware)
     seen: set[int] = set()
     work = 0.0
     for r in records:
@@ -104,7 +106,8 @@ class Planner:
         if cfg.tbt_slo_s:
             tbt, rule = cfg.tbt_slo_s, rule.replace("TBT SLO =", "TBT SLO given; rule:")
         self.plan = Plan(cfg, name, trace_stats(records), len(records) / span, ttft, tbt, rule)
-        self.base = SimConfig(preset=cfg.hardware, ttft_slo_s=ttft, tbt_slo_s=tbt,
+        pname, cal = resolve_hardware(cfg.hardware)
+        self.base = SimConfig(preset=pname, calibration=cal, ttft_slo_s=ttft, tbt_slo_s=tbt,
                               link_gbps=cfg.network_gbps)  # fmt: skip
         self.work = lower_bound(records, cfg.hardware, span)
         self.progress = progress
@@ -240,7 +243,7 @@ class Planner:
             pl.verdict[t] = self.verdict(t)
         hit = [r for r in self.records if r.hash_ids]
         if pooled is not None and hit:
-            cm = preset(cfg.hardware)
+            cm = cost_model_for(cfg.hardware)
             prefix = max(512.0, pooled.hit_rate * sum(r.input_length for r in hit) / len(hit))
             pl.reuse_gbps = min_reuse_bandwidth(cm.model, cm.hardware, int(prefix)) * 8 / 1e9
 

@@ -16,12 +16,14 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kvcake.core.config import require
-from kvcake.core.costmodel import PRESETS, preset
+from kvcake.core.costmodel import DEFAULT_PRESET, PRESETS, CostModel, load_calibration, preset
+from kvcake.core.errors import ConfigError
 from kvcake.core.trace import TraceRecord
 from kvcake.sim.config import SimConfig
 from kvcake.sim.runner import simulate
@@ -51,7 +53,31 @@ MEMORY: dict[str, tuple[int, int, int]] = {
     "llama3-70b/8xH800": (1_300_000, 500_000, 3_000_000),
     "smollm2-135m/cpu": (200_000, 50_000, 400_000),
 }
-SLO_MULTIPLE = 5.0  # default SLOs: this many times the uncontended step (see default_slos)
+# Calibrated presets shipped with kvcake (name -> `kvcake calibrate` file); none yet (see
+# docs/plan.md). `--hardware` takes the path of any calibration file.
+CALIBRATED: dict[str, Path] = {}
+HARDWARE = (*sorted(PRESETS), *sorted(CALIBRATED))
+SLO_MULTIPLE = 5.0
+
+
+def resolve_hardware(name: str) -> tuple[str, str]:
+    """``(preset name, calibration path or "")`` for a ``--hardware`` value."""
+    if name in PRESETS:
+        return name, ""
+    path = CALIBRATED.get(name) or Path(name)
+    if not path.is_file():
+        raise ConfigError(f"--hardware must be one of {', '.join(HARDWARE)} or a `kvcake "
+                          f"calibrate` file, got {name!r}")  # fmt: skip
+    cm = load_calibration(path)
+    base = "smollm2-135m/cpu" if "smollm" in cm.model.name else DEFAULT_PRESET
+    return base, str(path)
+
+
+def cost_model_for(name: str) -> CostModel:
+    p, cal = resolve_hardware(name)
+    return (
+        load_calibration(cal) if cal else preset(p)
+    )  # default SLOs: this many times the uncontended step (see default_slos)
 
 
 @dataclass(frozen=True)
@@ -72,8 +98,7 @@ class PlanConfig:
     jobs: int = 0  # 0: all cores
 
     def __post_init__(self) -> None:
-        require(self.hardware in PRESETS, f"--hardware must be one of {sorted(PRESETS)}, "
-                f"got {self.hardware!r}")  # fmt: skip
+        resolve_hardware(self.hardware)
         require(self.network_gbps > 0, "--network must be positive")
         require(self.ttft_slo_s >= 0 and self.tbt_slo_s >= 0, "SLOs must be positive")
         require(0 < self.target <= 1, "--target must be in (0, 1]")
@@ -89,7 +114,7 @@ class PlanConfig:
 
     @property
     def memory(self) -> tuple[int, int, int]:
-        kv, local, pool = MEMORY.get(self.hardware, MEMORY["llama3-70b/8xA800"])
+        kv, local, pool = MEMORY.get(resolve_hardware(self.hardware)[0], MEMORY[DEFAULT_PRESET])
         return kv, self.local_cache_tokens or local, self.pool_tokens_per_node or pool
 
 
@@ -97,7 +122,7 @@ def default_slos(records: Sequence[TraceRecord], hardware: str) -> tuple[float, 
     """The stated rule: TTFT SLO = 5x the uncontended prefill of the trace's p90 prompt (no
     cache); TBT SLO = 5x the uncontended decode step of one sequence at the trace's median
     context. Returns ``(ttft, tbt, rule text)``."""
-    cm = preset(hardware)
+    cm = cost_model_for(hardware)
     inp = np.array([r.input_length for r in records])
     out = np.array([r.output_length for r in records])
     p90 = int(np.percentile(inp, 90))
