@@ -4,12 +4,15 @@ the same inputs (recorded against the wheel in tests/compat/test_mooncake_table.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from kvcake.compat.mooncake._base import StoreBase, check_key, returns
+from kvcake.compat.mooncake._bytes import new_bytes
 from kvcake.compat.mooncake._types import BufferHandle, ReplicateConfig
 from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.store import errors as E
+from kvcake.store.staging import MAX_ITEM
 
 
 def _bytes_view(value: Any) -> memoryview:
@@ -19,6 +22,7 @@ def _bytes_view(value: Any) -> memoryview:
 
 
 class KvMethods(StoreBase):
+    _big_values = False  # the last get_batch held only values too large for staged reads
     # --- puts ---------------------------------------------------------------------------------
 
     @returns(int)
@@ -77,21 +81,46 @@ class KvMethods(StoreBase):
         except StoreError:
             return None
 
+    def _read_bytes(self, keys: Sequence[str]) -> list[bytes]:
+        """One lookup, then each value read into its own fresh ``bytes`` (no staging)."""
+        c = self._c
+        reply, t0, lease_s = c._lookup(keys)
+        out = []
+        for key, res in zip(keys, reply.results, strict=True):
+            if res.code != 0 or res.size < 2:
+                out.append(bytes(c.get(key)) if res.code == 0 else b"")
+                continue
+            value, view = new_bytes(res.size)
+            try:
+                c._read(key, res, view, t0, lease_s)
+            except StoreError:
+                value = b""
+            out.append(value)
+        return out
+
     @returns(b"")
     def get(self, key: str) -> bytes:
         check_key(key)
-        got = self._read(key)
-        return b"" if got is None else bytes(got)
+        return self._read_bytes((key,))[0] if key else b""
 
     def get_batch(self, keys: list[str]) -> list[bytes]:
+        """Large values are read into their ``bytes`` directly; batches of small ones go through
+        the client's staged batch read (then one small copy each). Which path a batch takes is
+        guessed from the previous batch: a wrong guess costs time, never correctness."""
         if not isinstance(keys, list):
             raise TypeError("keys must be a list of str")
         if self._client is None or not keys:
             return [b""] * max(len(keys), 1)  # the wheel answers [] with [b""]
         try:
+            if self._big_values:
+                got: list[Any] = self._read_bytes(keys)
+                self._big_values = min((len(g) for g in got if g), default=0) > MAX_ITEM
+                return got
             got = self._client.batch_get(keys)
         except KvcakeError:
             return [b""] * len(keys)
+        sizes = [len(g) for g in got if not isinstance(g, StoreError)]
+        self._big_values = bool(sizes) and min(sizes) > MAX_ITEM
         return [b"" if isinstance(g, StoreError) else bytes(g) for g in got]
 
     @returns(None)
