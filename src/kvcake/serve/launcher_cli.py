@@ -74,6 +74,10 @@ def _up(args: argparse.Namespace) -> int:
     from kvcake.serve.launcher import Cluster, load_serve_file
 
     path = args.config or str(default_cluster_file())
+    from kvcake.serve.vllm_cluster import is_vllm_config, up
+
+    if is_vllm_config(path):  # a fleet of vLLM engines (configs/vllm.toml)
+        return up(path, detach=args.detach)
     conf = load_serve_file(path, {
         "instance": {"backend": args.backend},
         "cluster": {"prefill": args.prefill, "decode": args.decode, "proxy_port": args.port},

@@ -87,6 +87,20 @@ def build_app(fleet: VllmFleet) -> FastAPI:
             "pool_blocks": fleet.index.blocks_of(InstanceId("pool")),
         }
 
+    @app.get("/v1/cluster")
+    async def cluster() -> dict[str, Any]:  # the shape `kvcake status` prints
+        cap = fleet.cfg.kv_capacity_tokens // fleet.cfg.block_tokens
+        return {
+            "ready": any(e.healthy for e in fleet.engines.values()),
+            "indexed_blocks": len(fleet.index),
+            "instances": [
+                {"id": e.id, "role": "vllm", "alive": e.healthy, "queued": int(e.waiting),
+                 "running": int(e.running), "kv_used": int(e.kv_usage * cap), "kv_total": cap,
+                 "cached_blocks": fleet.index.blocks_of(e.id)}
+                for e in fleet.engines.values()
+            ],
+        }  # fmt: skip
+
     async def forward(request: Request, path: str) -> Response:
         try:
             body = json.loads(await request.body())

@@ -1,0 +1,217 @@
+"""``kvcake up --config configs/vllm.toml``: master, store-server, N vLLM engines with the
+KvcakeConnector, and the vLLM fleet proxy, recorded in ``<run_dir>/latest.json`` in the same
+form as :mod:`kvcake.serve.launcher` so ``kvcake status`` / ``kvcake down`` manage it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kvcake.core.config import parse_size, require
+from kvcake.core.errors import ConfigError
+from kvcake.serve.runstate import proc_start_ticks
+from kvcake.serve.vllm_procs import (
+    VllmEngine,
+    VllmEngineSpec,
+    VllmStartError,
+    default_model_dir,
+    spawn_kvcake,
+    start_engine,
+)
+
+
+@dataclass(frozen=True)
+class VllmClusterConfig:
+    engines: int = 2
+    model: str = ""
+    served_model_name: str = "smollm2"
+    block_size: int = 32
+    max_model_len: int = 4096
+    kv_cache_gib: int = 1
+    cpus: tuple[str, ...] = ("0", "1")
+    proxy_port: int = 8000
+    master_port: int = 0
+    store_size: str = "1GiB"
+    run_dir: str = "runs"
+    startup_timeout_s: float = 600.0
+    connector: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        require(self.engines >= 1, "vllm.engines must be >= 1")
+        require(self.block_size >= 1, "vllm.block_size must be >= 1")
+        require(self.kv_cache_gib >= 1, "vllm.kv_cache_gib must be an integer >= 1")
+        require(bool(self.cpus), "vllm.cpus must name at least one core")
+        parse_size(self.store_size)
+
+
+def is_vllm_config(path: str | Path) -> bool:
+    try:
+        return "vllm" in tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+
+
+def load(path: str | Path) -> VllmClusterConfig:
+    raw = dict(tomllib.loads(Path(path).read_text()).get("vllm", {}))
+    known = {f.name for f in fields(VllmClusterConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown [vllm] key(s) {unknown}; known: {sorted(known)}")
+    if "cpus" in raw:
+        raw["cpus"] = tuple(str(c) for c in raw["cpus"])
+    return VllmClusterConfig(**raw)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VllmCluster:
+    def __init__(self, cfg: VllmClusterConfig):
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_dir) / (time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
+        self.procs: dict[str, Any] = {}  # name -> KvcakeProc | VllmEngine | Popen
+        self.addresses: dict[str, dict[str, str]] = {}
+        self.url = ""
+
+    def start(self) -> str:
+        c = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        m = spawn_kvcake("master", "--port", str(c.master_port), "--http-port", "0")
+        self.procs["master"], self.addresses["master"] = m, m.info
+        s = spawn_kvcake("store-server", "--master", m.info["rpc"], "--segment-size", c.store_size)
+        self.procs["store-0"], self.addresses["store-0"] = s, s.info
+        model = c.model or default_model_dir()
+        engines: list[VllmEngine] = []
+        for i in range(c.engines):
+            spec = VllmEngineSpec(
+                f"vllm-{i}", _free_port(), model, c.served_model_name, m.info["rpc"],
+                connector_extra=dict(c.connector), block_size=c.block_size,
+                max_model_len=c.max_model_len, kv_cache_gib=c.kv_cache_gib,
+                cpu=c.cpus[i % len(c.cpus)], kv_events_port=_free_port(),
+            )  # fmt: skip
+            engines.append(start_engine(spec, self.run_dir))
+        for e in engines:
+            e.wait_ready(c.startup_timeout_s)
+            self.procs[e.spec.name] = e
+            self.addresses[e.spec.name] = {"url": e.url, "events": str(e.spec.kv_events_port)}
+        argv = [sys.executable, "-m", "kvcake.serve.vllm_proxy", "--master", m.info["rpc"],
+                "--port", str(c.proxy_port), "--block-tokens", str(c.block_size)]  # fmt: skip
+        for e in engines:
+            argv += ["--engine", f"{e.spec.name}={e.url}@tcp://127.0.0.1:{e.spec.kv_events_port}"]
+        log = (self.run_dir / "proxy.log").open("w")
+        proxy = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True,
+                                 start_new_session=True)  # fmt: skip
+        assert proxy.stdout is not None
+        line = proxy.stdout.readline()
+        if not line.startswith("vllm-proxy url="):
+            raise VllmStartError(f"the proxy did not start: {line}")
+        self.url = line.split("=", 1)[1].strip()
+        self.procs["proxy"], self.addresses["proxy"] = proxy, {"url": self.url}
+        deadline = time.monotonic() + 60
+        while httpx.get(self.url + "/health", timeout=5).status_code != 200:
+            if time.monotonic() > deadline:
+                raise VllmStartError("the proxy sees no healthy engine")
+            time.sleep(0.5)
+        self.write_state()
+        return self.url
+
+    def _pid(self, p: Any) -> int:
+        return int(p.proc.pid if hasattr(p, "proc") else p.pid)
+
+    def write_state(self) -> None:
+        procs = {}
+        for name, p in self.procs.items():
+            pid = self._pid(p)
+            popen = p.proc if hasattr(p, "proc") else p
+            procs[name] = {"pid": pid, "start_ticks": proc_start_ticks(pid), "restarts": 0,
+                           "last_exit": "", "alive": popen.poll() is None,
+                           "addresses": self.addresses.get(name, {})}  # fmt: skip
+        doc = {"supervisor_pid": os.getpid(), "supervisor_start_ticks": proc_start_ticks(os.getpid()),
+               "url": self.url, "run_dir": str(self.run_dir), "processes": procs,
+               "instances": {n: a["url"] for n, a in self.addresses.items() if n.startswith("vllm-")}}  # fmt: skip
+        text = json.dumps(doc, indent=2)
+        for path in (self.run_dir / "cluster.json", Path(self.cfg.run_dir) / "latest.json"):
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
+
+    def stop(self) -> None:
+        for name in reversed(list(self.procs)):
+            p = self.procs[name]
+            if isinstance(p, subprocess.Popen):
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            else:
+                p.stop()
+        self.procs.clear()
+        (Path(self.cfg.run_dir) / "latest.json").unlink(missing_ok=True)
+
+
+def up(path: str, detach: bool = False) -> int:
+    """Foreground: start, wait for SIGINT/SIGTERM (``kvcake down``), stop everything."""
+    from kvcake.serve.runstate import live_cluster
+
+    cfg = load(path)
+    if live_cluster(cfg.run_dir) is not None:
+        print(f"kvcake: error: a cluster is already running from {cfg.run_dir}; stop it with "
+              f"`kvcake down --run-dir {cfg.run_dir}`", file=sys.stderr)  # fmt: skip
+        return 2
+    if detach:
+        run = Path(cfg.run_dir)
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "latest.json").unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "kvcake", "up", "--config", path]
+        with (run / "supervisor.log").open("wb") as fh:
+            proc = subprocess.Popen(
+                argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + cfg.startup_timeout_s + 60
+        while (
+            time.monotonic() < deadline
+            and proc.poll() is None
+            and not (run / "latest.json").exists()
+        ):
+            time.sleep(0.5)
+        if not (run / "latest.json").exists():
+            print((run / "supervisor.log").read_text()[-3000:], file=sys.stderr)
+            return 2
+        print(
+            f"cluster up: {json.loads((run / 'latest.json').read_text())['url']}/v1 (stop: kvcake down)"
+        )
+        return 0
+    cluster = VllmCluster(cfg)
+    stop = {"now": False}
+
+    def on_signal(*_: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"starting vLLM cluster ({cfg.engines} engines), logs in {cluster.run_dir}", flush=True)
+    try:
+        url = cluster.start()
+        print(f"ready: OpenAI endpoint {url}/v1  (Ctrl-C stops the cluster)", flush=True)
+        while not stop["now"]:
+            time.sleep(0.2)
+    finally:
+        print("stopping cluster...", flush=True)
+        cluster.stop()
+    return 0
