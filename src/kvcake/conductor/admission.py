@@ -60,6 +60,12 @@ class AdmissionPolicy:
     def __init__(self, ttft_slo_s: float = 30.0, tbt_slo_s: float = 0.3) -> None:
         self.ttft_slo_s = ttft_slo_s
         self.tbt_slo_s = tbt_slo_s
+        # Predicted TTFT is multiplied by this before the SLO check (>= 1): the live proxy sets
+        # it from how far measured TTFTs have recently exceeded predictions (1 = trust them).
+        self.ttft_margin = 1.0
+
+    def ttft_misses(self, ttft_s: float) -> bool:
+        return ttft_s * self.ttft_margin > self.ttft_slo_s
 
     @classmethod
     def from_config(cls, config: ConductorConfig, decode: DecodeTBTModel) -> AdmissionPolicy:
@@ -92,7 +98,7 @@ class PerStageAdmission(AdmissionPolicy):
     recheck_at_decode = True
 
     def admit(self, x: AdmissionInput) -> str | None:
-        if x.ttft_s > self.ttft_slo_s:
+        if self.ttft_misses(x.ttft_s):
             return TTFT_SLO
         return None if x.decode_fits else KV_FULL
 
@@ -101,7 +107,7 @@ class EarlyRejection(AdmissionPolicy):
     name = "early-rejection"
 
     def admit(self, x: AdmissionInput) -> str | None:
-        if x.ttft_s > self.ttft_slo_s:
+        if self.ttft_misses(x.ttft_s):
             return TTFT_SLO
         if not x.decode_fits:
             return KV_FULL
@@ -165,7 +171,7 @@ class PredictionAdmission(AdmissionPolicy):
         return len(self._slot)
 
     def admit(self, x: AdmissionInput) -> str | None:
-        if x.ttft_s > self.ttft_slo_s:
+        if self.ttft_misses(x.ttft_s):
             return TTFT_SLO
         if not x.decode_fits:
             return KV_FULL

@@ -56,6 +56,10 @@ class Conductor:
         if hasattr(self.admission, "decode"):
             self.admission.decode = predictors.decode
 
+    def set_ttft_margin(self, margin: float) -> None:
+        """Admission judges ``predicted TTFT x margin`` against the SLO (margin >= 1)."""
+        self.admission.ttft_margin = max(1.0, float(margin))
+
     # -- arrival -------------------------------------------------------------------------------
 
     def schedule(

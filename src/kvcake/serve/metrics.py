@@ -79,6 +79,11 @@ class ProxyMetrics:
             "Median of the last 256 requests' |predicted - measured| / measured TTFT",
             registry=r,
         )
+        self.ttft_margin = Gauge(
+            "kvcake:admission_ttft_margin",
+            "Factor on predicted TTFT in admission (p90 of recent measured/predicted, >= 1)",
+            registry=r,
+        )
         self.fitted = Gauge(
             "kvcake:cost_model_coefficient",
             "Cost-model coefficient the conductor predicts with (fitted online; seconds)",

@@ -49,6 +49,8 @@ from kvcake.serve.wire import InstanceError, InstanceUnavailable
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
 
+MARGIN_MIN_SAMPLES = 4
+
 # Error types of a 429 (the ``type`` of the OpenAI error body).
 TTFT_SLO, TBT_SLO, NO_CAPACITY = "ttft_slo", "tbt_slo", "no_capacity"
 _KIND_OF_REASON = {
@@ -128,6 +130,7 @@ class Router:
         self._cleanups: set[asyncio.Task[None]] = set()
         self._fitted_at = -1
         self.ttft_errors: deque[float] = deque(maxlen=256)
+        self.ttft_ratios: deque[float] = deque(maxlen=64)  # measured / predicted TTFT
 
     def new_id(self) -> RequestId:
         return RequestId(f"req-{int(time.time() * 1000)}-{next(_ids)}")
@@ -329,6 +332,22 @@ class Router:
             self.metrics.ttft_prediction_error.observe(err)
             s = sorted(self.ttft_errors)
             self.metrics.ttft_prediction_error_median.set(s[len(s) // 2])
+            if pred > 0:
+                self.ttft_ratios.append(ttft / pred)
+                self._update_margin()
+
+    def _update_margin(self) -> None:
+        """Admission's TTFT margin: the 90th percentile of measured / predicted TTFT of recent
+        requests (>= 1, <= 3), once there are a few — predictions that ran short on this
+        cluster lately are trusted that much less."""
+        if len(self.ttft_ratios) < MARGIN_MIN_SAMPLES or not hasattr(
+            self.conductor, "set_ttft_margin"
+        ):
+            return
+        r = sorted(self.ttft_ratios)
+        margin = min(3.0, max(1.0, r[int(0.9 * (len(r) - 1))]))
+        self.conductor.set_ttft_margin(margin)
+        self.metrics.ttft_margin.set(margin)
 
     async def _reserve(self, d: Any, rid: RequestId, n: int) -> Any:
         """Reserve KV for the prompt on the decode instance. While it is full, wait for
