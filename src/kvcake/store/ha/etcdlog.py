@@ -47,8 +47,9 @@ class EtcdOpLog(GroupCommitLog):
         leader_revision: int,
         snapshot_every: int = 20_000,
         retry_s: float = 2.0,
+        depth: int = 4,
     ):
-        super().__init__(snapshot_every)
+        super().__init__(snapshot_every, depth)
         self.etcd = etcd
         self.root = cluster_prefix(cluster)
         self.leader_key = self.root + b"leader"
@@ -85,6 +86,9 @@ class EtcdOpLog(GroupCommitLog):
                 time.sleep(0.05)
         if not ok:
             raise LogFailed("fenced: another master holds the leader key")
+
+    def _truncate(self, first: int) -> None:
+        self._fenced([op_delete(self._log_key(first), prefix_end(self.root + b"log/"))])
 
     def _write_entry(self, number: int, records: list[Record]) -> None:
         self._fenced([op_put(self._log_key(number), encode_records(records))])

@@ -97,33 +97,36 @@ class JournaledState(MasterState):
         self._mark("o", key)
         return super()._adopt(seg, key, size)
 
-    def _drop_segment(self, seg: Segment) -> None:
+    # Overrides pass their arguments through untouched (*args): only the first ones, which
+    # name what changed, are read here.
+
+    def _drop_segment(self, seg: Segment, *args: Any, **kw: Any) -> None:
         self._mark("s", seg.name)
         for obj in self.objects.values():
             if any(r.segment == seg.name for r in obj.replicas):
                 self._mark("o", obj.key)
-        super()._drop_segment(seg)
+        super()._drop_segment(seg, *args, **kw)
 
-    def _drop_object(self, obj: ObjectMeta) -> None:
-        self._mark("o", obj.key)
-        super()._drop_object(obj)
+    def _drop_object(self, obj: ObjectMeta, *args: Any, **kw: Any) -> None:
+        if obj.status is Status.COMPLETE:  # a PROCESSING object was never logged
+            self._mark("o", obj.key)
+        super()._drop_object(obj, *args, **kw)
 
-    def _replace(
-        self, obj: ObjectMeta, client: ClientId, size: int, upsert: bool
-    ) -> ObjectMeta | None:
-        self._mark("o", obj.key)
-        return super()._replace(obj, client, size, upsert)
+    def _replace(self, obj: ObjectMeta, *args: Any, **kw: Any) -> ObjectMeta | None:
+        if obj.status is Status.COMPLETE:
+            self._mark("o", obj.key)
+        return super()._replace(obj, *args, **kw)
 
-    def put_end(self, client: ClientId, key: str) -> None:
+    def put_end(self, client: ClientId, key: str, *args: Any, **kw: Any) -> None:
         with self.lock:
-            super().put_end(client, key)
+            super().put_end(client, key, *args, **kw)
             self._mark("o", key)
 
-    def _evict_one(self, obj: ObjectMeta, offload: bool) -> int:
+    def _evict_one(self, obj: ObjectMeta, *args: Any, **kw: Any) -> int:
         self._mark("o", obj.key)
-        return super()._evict_one(obj, offload)
+        return super()._evict_one(obj, *args, **kw)
 
-    def task_done(self, client: ClientId, kind: str, key: str, ok: bool) -> None:
+    def task_done(self, client: ClientId, kind: str, key: str, *args: Any, **kw: Any) -> None:
         with self.lock:
-            super().task_done(client, kind, key, ok)
+            super().task_done(client, kind, key, *args, **kw)
             self._mark("o", key)

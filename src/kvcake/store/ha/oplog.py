@@ -17,6 +17,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from kvcake.core.errors import KvcakeError
 from kvcake.store.ha.view import Record, Snapshot, View
@@ -57,8 +58,9 @@ class GroupCommitLog(OpLog):
     ``snapshot_every`` records it writes a snapshot of the view and drops the entries it covers.
     ``source`` (optional) is polled when idle so that housekeeping changes get logged too."""
 
-    def __init__(self, snapshot_every: int = 20_000):
+    def __init__(self, snapshot_every: int = 20_000, depth: int = 1):
         self.snapshot_every = snapshot_every
+        self.depth = depth  # concurrent entry writes (1: strictly one after the other)
         self.view = View()
         self.source: Callable[[], object] | None = None
         self.on_failure: Callable[[Exception], None] | None = None
@@ -66,9 +68,16 @@ class GroupCommitLog(OpLog):
         self._pending: list[Record] = []
         self._appended = 0
         self._committed = 0
-        self._entry = 0  # number of the last entry written
+        self._entry = 0  # number of the last entry dispatched
+        self._next = 1  # the next entry to commit (entries finish out of order with depth > 1)
+        self._done: dict[int, tuple[list[Record], int]] = {}
+        self._inflight = 0
+        self._dispatched = 0  # ticket at the end of the last dispatched batch
+        self._snapshotting = False
         self._since_snapshot = 0
         self._failed: Exception | None = None
+        self.entries_written = 0  # statistics: entries, and seconds spent writing them
+        self.write_s = 0.0
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="oplog-commit", daemon=True)
 
@@ -86,6 +95,10 @@ class GroupCommitLog(OpLog):
     def _write_snapshot(self, snap: Snapshot) -> None:
         """Store ``snap`` and drop the entries up to ``snap.seq``."""
 
+    def _truncate(self, first: int) -> None:
+        """Drop every stored entry numbered ``first`` or more (after a hole)."""
+        raise LogFailed(f"operation log: entries after a hole at {first} cannot be dropped")
+
     # --- OpLog ---------------------------------------------------------------------------------
 
     def load(self) -> View:
@@ -95,9 +108,16 @@ class GroupCommitLog(OpLog):
         for number, records in entries:
             if number <= self.view.seq:
                 continue
+            if number != self._entry + 1:  # a hole: entries after it were never acknowledged
+                log.warning(
+                    "operation log: entry %d missing; dropping the later ones", self._entry + 1
+                )
+                self._truncate(self._entry + 1)
+                break
             self.view.apply_all(number, records)
             self._entry = number
             self._since_snapshot += len(records)
+        self._next = self._entry + 1
         self._thread.start()
         return self.view
 
@@ -138,31 +158,60 @@ class GroupCommitLog(OpLog):
             self.on_failure(exc)
 
     def _run(self) -> None:
-        while True:
-            with self._cv:
-                if not self._pending and not self._closed:
-                    self._cv.wait(0.05)
-                if self._closed and not self._pending:
-                    return
-                batch = self._pending[:MAX_ENTRY_RECORDS]
-            if not batch:
-                self._poll_source()
-                continue
-            try:
-                self._write_entry(self._entry + 1, batch)
-            except Exception as exc:
-                log.error("operation log: write failed, stepping down: %s", exc)
-                self.fail(exc)
-                return
-            with self._cv:
-                del self._pending[: len(batch)]
-                self._entry += 1
-                self.view.apply_all(self._entry, batch)
-                self._committed += len(batch)
-                self._since_snapshot += len(batch)
-                self._cv.notify_all()
-            if self._since_snapshot >= self.snapshot_every:
-                self._snapshot()
+        """Dispatch batches to up to ``depth`` concurrent writes (etcd batches concurrent
+        proposals into one fsync of its own); entries become committed in number order."""
+        writers = ThreadPoolExecutor(self.depth, thread_name_prefix="oplog-write")
+        try:
+            while True:
+                with self._cv:
+                    if self._failed is not None:
+                        return
+                    if self._closed and not self._pending and not self._inflight:
+                        return
+                    if not self._pending or self._inflight >= self.depth:
+                        idle = not self._pending and not self._inflight
+                        self._cv.wait(0.05)
+                        job = None
+                    else:
+                        batch = self._pending[:MAX_ENTRY_RECORDS]
+                        del self._pending[: len(batch)]
+                        self._entry += 1
+                        self._inflight += 1
+                        self._dispatched += len(batch)
+                        job = (self._entry, batch, self._dispatched)
+                if job is not None:
+                    writers.submit(self._write_one, *job)
+                elif idle:
+                    self._poll_source()
+        finally:
+            writers.shutdown(wait=True)
+
+    def _write_one(self, number: int, batch: list[Record], end: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._write_entry(number, batch)
+        except Exception as exc:
+            log.error("operation log: write failed, stepping down: %s", exc)
+            self.fail(exc)
+            return
+        snap = None
+        with self._cv:
+            self.entries_written += 1
+            self.write_s += time.perf_counter() - t0
+            self._inflight -= 1
+            self._done[number] = (batch, end)
+            while self._next in self._done:  # commit in order, whatever finished first
+                done, ticket = self._done.pop(self._next)
+                self.view.apply_all(self._next, done)
+                self._committed = ticket
+                self._since_snapshot += len(done)
+                self._next += 1
+            self._cv.notify_all()
+            if self._since_snapshot >= self.snapshot_every and not self._snapshotting:
+                self._snapshotting = True
+                snap = self.view.snapshot()
+        if snap is not None:
+            self._snapshot(snap)
 
     def _poll_source(self) -> None:
         if self.source is None:
@@ -174,15 +223,19 @@ class GroupCommitLog(OpLog):
         except Exception:
             log.exception("operation log: source poll failed")
 
-    def _snapshot(self) -> None:
+    def _snapshot(self, snap: Snapshot) -> None:
         try:
-            self._write_snapshot(self.view.snapshot())
-            self._since_snapshot = 0
+            self._write_snapshot(snap)
+            with self._cv:
+                self._since_snapshot = 0
         except LogFailed as exc:
             self.fail(exc)
         except Exception:  # the log itself is intact: try again after more entries
             log.exception("operation log: snapshot failed")
-            self._since_snapshot = self.snapshot_every // 2
+            with self._cv:
+                self._since_snapshot = self.snapshot_every // 2
+        finally:
+            self._snapshotting = False
 
     def snapshot_now(self) -> None:
         """Write a snapshot at once (tests, clean shutdown); waits for pending entries first."""
@@ -197,3 +250,11 @@ class GroupCommitLog(OpLog):
             self._cv.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        if self.entries_written:
+            log.warning(
+                "oplog: %d records in %d entries (%.1f per entry), %.2f ms per write",
+                self._committed,
+                self.entries_written,
+                self._committed / self.entries_written,
+                1000 * self.write_s / self.entries_written,
+            )
