@@ -184,7 +184,7 @@ class TransferEngine:
 
     def _check_group(self, batch: Batch, lname: str, tname: str, items: list[Item]) -> list[Item]:
         """The items whose local and target ranges are in bounds; the others fail alone (in
-        the order of checks of :meth:`_validate`: local segment, its range, target, its range)."""
+        the order every path checks them: local segment, its range, target, its range)."""
         try:
             lsize = self._segments.get(lname).size
         except TransferError as exc:
@@ -212,16 +212,6 @@ class TransferEngine:
             except TransferError as exc:
                 batch.fail_request(i, exc)
         return valid
-
-    def _validate(self, r: TransferRequest) -> None:
-        if not isinstance(r.op, Op):
-            raise InvalidRequest(f"op must be Op.READ or Op.WRITE, got {r.op!r}")
-        if r.length <= 0:
-            raise InvalidRequest(f"length must be > 0, got {r.length}")
-        local = self._segments.get(r.local_segment)
-        check_range(r.local_segment, local.size, r.local_offset, r.length)
-        target = self.registry.target(r.target_segment)
-        check_range(r.target_segment, target.size, r.target_offset, r.length)
 
     def _new_batch(self, n: int, collectable: bool = True) -> Batch:
         """A batch; ``collectable`` ones (``submit``) enter the bounded table that ``status``
@@ -309,13 +299,19 @@ class TransferEngine:
     def _sync(
         self, op: Op, target: str, local: str, local_offset: int, target_offset: int, length: int
     ) -> None:
+        # The checks of _plan, in its order, without building a request first.
+        if length <= 0:
+            raise InvalidRequest(f"length must be > 0, got {length}")
+        seg = self._segments.get(local)
+        check_range(local, seg.size, local_offset, length)
+        info = self.registry.target(target)
+        check_range(target, info.size, target_offset, length)
+        view = seg.view[local_offset : local_offset + length]
+        if self._try_fast(op, view, info, target_offset):
+            return
         req = TransferRequest(
             op, SegmentName(local), local_offset, SegmentName(target), target_offset, length
         )
-        self._validate(req)
-        view = self._segments.get(local).view[local_offset : local_offset + length]
-        if self._try_fast(op, view, self.registry.target(target), target_offset):
-            return
         self.transfer([req]).raise_for_errors()
 
     def _try_fast(self, op: Op, view: memoryview, target: SegmentInfo, offset: int) -> bool:

@@ -1,6 +1,6 @@
 """The per-process transfer server: peers read and write this process's segments over TCP.
 
-Bytes of a write are ``recv_into``'d straight into segment memory (except the < 4 KB that may
+Bytes of a write are ``recv_into``'d straight into segment memory (except the < 8 KB that may
 arrive in the same read-ahead as their header, see :mod:`.stream`) and a read is answered with
 ``sendmsg`` straight from it. A refused request (unknown
 segment, bad range) gets a ``Fail`` reply and its data section is drained, so the connection

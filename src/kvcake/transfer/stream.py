@@ -22,7 +22,7 @@ from typing_extensions import Buffer
 from kvcake.core import framing
 from kvcake.core.errors import TruncatedFrame
 
-READAHEAD = 4096
+READAHEAD = 8192 + 256  # a reply or request with an 8 KB block arrives in one recv
 _HEADER = framing.HEADER
 _HSIZE = framing.HEADER_SIZE
 IOV_CHUNK = 512  # iovecs per sendmsg / recvmsg_into (the kernel's IOV_MAX is 1024)
