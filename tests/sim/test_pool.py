@@ -107,3 +107,20 @@ def test_failure_spec_is_validated() -> None:
     for bad in ("x0@1", "p0", "p9@1", "p0@-1"):
         with pytest.raises(ConfigError):
             SimConfig(prefill_nodes=2, decode_nodes=2, failures=bad)
+
+
+def test_prefill_batching_shares_one_call_overhead() -> None:
+    """Three 1024-token prompts at t=0 on one prefill node: the first runs alone (the queue was
+    empty), the other two run as one batch that pays the per-call overhead c0 once."""
+    recs = [TraceRecord(0.0, 1024, 2, (10 * i, 10 * i + 1)) for i in range(3)]
+    base = SimConfig(prefill_nodes=1, decode_nodes=1, fetch_source="pool",
+                     pool_tokens_per_node=0, prefill_policy="least-load")  # fmt: skip
+    one, batched = simulate(recs, base), simulate(recs, base.with_(prefill_batch_tokens=4096))
+    cm = preset()
+    t = cm.chunked_prefill_time(1024, 0, 4096)
+    assert one.queue[2] == pytest.approx(2 * t)  # serial: waits for two prefills
+    assert batched.queue[1] == batched.queue[2] == pytest.approx(t)  # batched: start together
+    end = t + 2 * t - cm.prefill.c0
+    cl = batched.extra["cluster"]
+    assert cl.prefill[0].busy_s == pytest.approx(end)
+    assert batched.completed.all() and all(d.kv_used == 0 for d in cl.decode)

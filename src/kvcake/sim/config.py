@@ -69,6 +69,7 @@ class SimConfig:
     ssd_gbps: float = 25.0  # pool mode: SSD read bandwidth per node
     index_lag_s: float = 0.0  # KV-index events reach the conductor this much later
     predictor_noise: float = 0.0  # relative noise of the samples the predictors are fitted on
+    prefill_batch_tokens: int = 0  # pool mode: batch queued prompts up to this many new tokens
     failures: str = ""  # node failures "p0@300,d1@600" (node @ trace seconds)
     # vLLM baselines
     vllm_batch_tokens: int = 2048  # chunked prefill: tokens per iteration (decode + chunk)
@@ -105,6 +106,7 @@ class SimConfig:
         require(self.ssd_gbps > 0, "sim.ssd_gbps must be positive")
         require(self.index_lag_s >= 0, "sim.index_lag_s must be >= 0")
         require(0 <= self.predictor_noise < 1, "sim.predictor_noise must be in [0, 1)")
+        require(self.prefill_batch_tokens >= 0, "sim.prefill_batch_tokens must be >= 0")
         parse_failures(self.failures, self.prefill_nodes, self.decode_nodes)
         require(self.vllm_batch_tokens >= 16, "sim.vllm_batch_tokens must be >= 16")
         require(self.speedup > 0, "sim.speedup must be positive")
@@ -158,6 +160,8 @@ FIELD_HELP: dict[str, str] = {
     "index_lag_s": "KV-index add/remove events reach the conductor this many seconds late",
     "predictor_noise": "relative noise of the timing samples the conductor's predictors are "
     "fitted from (0: the simulator's own cost model, exact)",
+    "prefill_batch_tokens": "fetch_source=pool: batch queued prompts into one prefill call "
+    "up to this many uncached tokens (0: one prompt per call)",
     "failures": "node failures, comma-separated NODE@SECONDS (p0@300 = prefill node 0 fails "
     "at trace second 300)",
     "vllm_batch_tokens": "vllm-chunked: tokens per iteration (running decodes + prefill chunk)",

@@ -181,6 +181,11 @@ class MooncakeCluster(ClusterBase):
         req = p.current
         assert req is not None
         p.current = None
+        self._finish_prefill(now, p, req)
+        if p.queue:
+            self._start_prefill(now, p)
+
+    def _finish_prefill(self, now: float, p: PrefillNode, req: SimRequest) -> None:
         self._computed(now, p, req)
         # The decode node returns the first token (computed by the prefill) once the KV has
         # arrived, so TTFT includes the exposed part of the layer-wise KV transfer.
@@ -204,8 +209,6 @@ class MooncakeCluster(ClusterBase):
             self._done(now, req)
         else:
             self.eq.schedule(req.kv_ready, Prio.READY, self._kv_ready, req)
-        if p.queue:
-            self._start_prefill(now, p)
 
     # --- decode ---------------------------------------------------------------------------
 

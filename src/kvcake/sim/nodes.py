@@ -29,6 +29,7 @@ class Job:
 
 class PrefillNode:
     __slots__ = (
+        "batch",
         "busy_s",
         "busy_until",
         "cache",
@@ -47,6 +48,7 @@ class PrefillNode:
         self.queue: deque[Job] = deque()
         self.queued_pred = 0.0
         self.current: SimRequest | None = None
+        self.batch: list[SimRequest] = []  # batched with ``current`` (pool model), same end
         self.busy_until = 0.0
         self.nic_free = 0.0
         self.busy_s = 0.0
@@ -56,7 +58,7 @@ class PrefillNode:
 
     @property
     def queued_requests(self) -> int:
-        return len(self.queue) + (self.current is not None)
+        return len(self.queue) + (self.current is not None) + len(self.batch)
 
 
 class DecodeNode:

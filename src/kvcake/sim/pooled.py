@@ -10,6 +10,9 @@ per prefill node):
 - the KV stream to decode holds the prefill node's transmit and the decode node's receive side;
 - after a prefill the blocks the pool lacks are put to their store nodes (prefill TX, store
   RX); they become fetchable (and visible in the index) when the put completes;
+- ``prefill_batch_tokens``: queued prompts are batched into one prefill call while their
+  uncached tokens fit the budget (the head always runs); the call pays the per-call overhead
+  ``c0`` once, every member's KV streams behind the batch's compute and all finish together;
 - ``failures``: a failed prefill node leaves the snapshot (``healthy=False``) and the index, and
   its queued requests are rescheduled; a failed decode node's requests fail (rejected after
   prefill) and it takes no new ones.
@@ -130,6 +133,58 @@ class PooledCluster(MooncakeCluster):
 
     def _put_done(self, _now: float, blocks: tuple[int, ...]) -> None:
         self.pool.put(blocks)
+
+    # --- prefill batching -----------------------------------------------------------------
+
+    def _start_prefill(self, now: float, p: PrefillNode) -> None:
+        budget = self.cfg.prefill_batch_tokens
+        if not budget or len(p.queue) < 2:
+            super()._start_prefill(now, p)
+            return
+        jobs = [p.queue.popleft()]
+        used = jobs[0].req.prompt_len - self.plan(p, jobs[0].req, jobs[0].accept)[2]
+        while p.queue:
+            nxt = p.queue[0]
+            new = nxt.req.prompt_len - self.plan(p, nxt.req, nxt.accept)[2]
+            if used + new > budget:
+                break
+            jobs.append(p.queue.popleft())
+            used += new
+        for j in jobs:
+            p.queued_pred -= j.predicted
+        if not p.queue:
+            p.queued_pred = 0.0
+        start, parts = now, []
+        for j in jobs:  # every member's fetch lands before the batch computes
+            req = j.req
+            local, fetched, cached, _ = self.plan(p, req, j.accept)
+            p.cache.touch(req.blocks[:local])
+            if fetched:
+                start = max(start, self._fetch(now, p, req.blocks[local : local + fetched]))
+                p.cache.insert(req.blocks[local : local + fetched])
+            c = self.cm.chunked_prefill_time(req.prompt_len, cached, self.cfg.prefill_chunk_tokens)
+            parts.append((req, local, cached, c))
+        compute = sum(c for *_, c in parts) - (len(parts) - 1) * self.cm.prefill.c0
+        load = (
+            sum(cached for _, _, cached, _ in parts) * self.kvbpt / self.cm.hardware.h2d_bandwidth
+        )
+        end = start + max(compute, load)
+        bt = self.cfg.block_tokens
+        for req, local, cached, c in parts:
+            req.kv_ready = self._stream(p, req, start, end)
+            req.prefill_start, req.prefill_compute = now, c
+            req.hit_tokens, req.local_hit_tokens = cached, min(local * bt, cached)
+            req.transfer = (start - now) + (req.kv_ready - end)
+        p.current, p.batch = parts[0][0], [r for r, *_ in parts[1:]]
+        p.busy_until = end
+        p.busy_s += end - now
+        self.eq.schedule(end, Prio.FINISH, self._prefill_done, p)
+
+    def _prefill_done(self, now: float, p: PrefillNode) -> None:
+        rest, p.batch = p.batch, []
+        for req in rest:
+            self._finish_prefill(now, p, req)
+        super()._prefill_done(now, p)
 
     # --- failures -------------------------------------------------------------------------
 
