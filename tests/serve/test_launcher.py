@@ -195,3 +195,90 @@ def test_supervisor_restarts_killed_children_on_their_ports(tmp_path: Path) -> N
     from kvcake.transfer import cleanup_stale
 
     cleanup_stale()
+
+
+def _copy_tree(dst: Path) -> Path:
+    """The working tree's tracked and new files (no .venv, no build output) — pip builds there,
+    not in the shared clone."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root,
+                         capture_output=True, text=True, check=True).stdout.split("\n")  # fmt: skip
+    for rel in filter(None, out):
+        src = root / rel
+        if src.is_file() or src.is_symlink():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            if src.is_symlink():
+                (dst / rel).symlink_to(src.readlink())
+            else:
+                (dst / rel).write_bytes(src.read_bytes())
+    return dst
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)  # two real-model clusters start; measured in docs/serve.md
+def test_non_editable_install_runs_up_and_demo(tmp_path: Path) -> None:
+    """`pip install .` (not editable) into a fresh venv, then `kvcake up` with the default config
+    and `kvcake demo`, from a directory that is not the clone. Kept cheap: no dependency
+    downloads (the venv sees the project venv's packages through a .pth file, --no-deps
+    --no-build-isolation), a short demo."""
+    pytest.importorskip("torch")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    deps = next(
+        p for p in map(Path, sys.path) if p.name == "site-packages" and (p / "fastapi").exists()
+    )
+    (site / "_kvcake_deps.pth").write_text(f"{deps}\n")
+    src = _copy_tree(tmp_path / "src")
+    py = str(venv / "bin" / "python")
+    pip = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                          "--no-cache-dir", str(src)], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert pip.returncode == 0, pip.stderr
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    where = subprocess.run([py, "-c", "import kvcake; print(kvcake.__file__)"], cwd=work,
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert where.startswith(str(site)), where  # the installed copy, not the clone
+    kv = [str(venv / "bin" / "kvcake")]
+    up = subprocess.run([*kv, "up", "--detach", "--port", "0"], cwd=work, capture_output=True,
+                        text=True, timeout=600)  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        url = json.loads((work / "runs" / "latest.json").read_text())["url"]
+        body = {"messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 4}
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
+    finally:
+        down = subprocess.run([*kv, "down"], cwd=work, capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    demo = subprocess.run([*kv, "demo", "--requests", "4", "--max-tokens", "6", "--think-s", "0"],
+                          cwd=work, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert "prefix-cache hit" in demo.stdout and "trace replay" in demo.stdout, demo.stdout
+
+
+def test_a_killed_supervisor_leaves_no_cluster_behind(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        '[kv]\nmodel = "emulated-llama3-70b"\nkv_block_tokens = 32\n'
+        f'[cluster]\nproxy_port = 0\nstore_servers = 0\nrun_dir = "{run_dir}"\n'
+        '[instance]\nbackend = "emulated"\nkv_blocks = 64\nthreads = 1\n'
+    )
+    up = subprocess.Popen([sys.executable, "-m", "kvcake", "up", "--config", str(cfg)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (run_dir / "latest.json").exists():
+            time.sleep(0.2)
+        pids = [
+            p["pid"]
+            for p in json.loads((run_dir / "latest.json").read_text())["processes"].values()
+        ]
+    finally:
+        up.kill()
+        up.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if Path(f"/proc/{p}").exists()], "orphaned cluster processes"

@@ -127,7 +127,8 @@ class ServeFile:
 
 
 def default_cluster_file() -> Path:
-    """``configs/cluster.toml`` in the source tree (installed editable by ``make``)."""
-    import kvcake
+    """The packaged ``kvcake/configs/cluster.toml`` (``configs/`` in a clone links to it), so
+    a non-editable ``pip install`` finds it too."""
+    from importlib import resources
 
-    return Path(kvcake.__file__).resolve().parents[2] / "configs" / "cluster.toml"
+    return Path(str(resources.files("kvcake") / "configs" / "cluster.toml"))

@@ -277,7 +277,7 @@ class Cluster:
                 fh.flush()
             env = dict(os.environ, PYTHONUNBUFFERED="1")
             ch.proc = subprocess.Popen(ch.argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True)  # fmt: skip
+                                       start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
         ch.started = time.monotonic()
         ch.start_ticks = proc_start_ticks(ch.proc.pid)
 
@@ -371,6 +371,17 @@ class Cluster:
 
     def dead_children(self) -> list[str]:
         return [c.name for c in self.children if c.proc is not None and c.proc.poll() is not None]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the launcher's spawning thread dies, so a
+    SIGKILLed ``kvcake up`` leaves no cluster behind that nobody supervises (Linux only)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _set_flags(argv: list[str], values: dict[str, str]) -> list[str]:
