@@ -41,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if not sys.stdout.isatty():  # rich cuts tables to 80 columns when piped or logged
+        import os
+
+        os.environ.setdefault("COLUMNS", "200")
     try:
         return int(args.func(args) or 0)
     except KvcakeError as exc:

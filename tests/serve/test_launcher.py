@@ -282,3 +282,29 @@ def test_a_killed_supervisor_leaves_no_cluster_behind(tmp_path: Path) -> None:
     while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
         time.sleep(0.2)
     assert not [p for p in pids if Path(f"/proc/{p}").exists()], "orphaned cluster processes"
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_cluster_section_sets_every_port(tmp_path: Path) -> None:
+    proxy, master, http, directory, base = _free_ports(5)
+    c = make_cluster(tmp_path, cluster={
+        "proxy_port": proxy, "master_port": master, "master_http_port": http,
+        "directory_port": directory, "instance_base_port": base, "store_servers": 1,
+        "store_size": "16MB",
+    })  # fmt: skip
+    with c:
+        m = c.child("master").info
+        assert (m["rpc"], m["directory"], m["http"]) == (
+            f"127.0.0.1:{master}", f"127.0.0.1:{directory}", f"127.0.0.1:{http}")  # fmt: skip
+        assert c.url == f"http://127.0.0.1:{proxy}"
+        assert c.instance_urls == {"prefill-0": f"http://127.0.0.1:{base}",
+                                   "decode-0": f"http://127.0.0.1:{base + 50}"}  # fmt: skip

@@ -97,6 +97,8 @@ class ClusterConfig:
     proxy_port: int = 8000
     instance_base_port: int = 0  # 0 = free ports; else prefill i = base+i, decode j = base+50+j
     master_port: int = 0
+    master_http_port: int = 0  # the master's admin HTTP (/metrics); 0 = a free port
+    directory_port: int = 0  # the master's Transfer Engine DirectoryService (or the bare one's)
     store_servers: int = 1  # 0 = no pool (no master either)
     store_size: int = size_field("256MB")
     run_dir: str = "runs"
@@ -111,7 +113,8 @@ class ClusterConfig:
             "cluster.decode must be >= 1 (or set cluster.colocated = true)",
         )
         require(0 <= self.proxy_port <= 65535, "cluster.proxy_port out of range")
-        require(0 <= self.master_port <= 65535, "cluster.master_port out of range")
+        for key in ("master_port", "master_http_port", "directory_port"):
+            require(0 <= getattr(self, key) <= 65535, f"cluster.{key} out of range")
         require(self.store_servers >= 0, "cluster.store_servers must be >= 0")
         require(self.startup_timeout_s > 0, "cluster.startup_timeout_s must be > 0")
 

@@ -143,7 +143,8 @@ class Cluster:
         c, inst = self.conf.cluster, self.conf.instance
         check_model(inst.backend)
         check_port_free(c.host, c.proxy_port, "cluster.proxy_port")
-        check_port_free(c.host, c.master_port, "cluster.master_port")
+        for key in ("master_port", "master_http_port", "directory_port"):
+            check_port_free(c.host, getattr(c, key), f"cluster.{key}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._start_all()
@@ -218,11 +219,13 @@ class Cluster:
         c = self.conf.cluster
         if c.store_servers == 0:
             ch = self._spawn("directory", ["transfer-server", "--metadata", "--metadata-host",
-                                           c.host, "--metadata-port", str(c.master_port)])  # fmt: skip
+                                           c.host, "--metadata-port",
+                                           str(c.directory_port or c.master_port)])  # fmt: skip
             self._wait_line(ch, r'"directory": "(?P<directory>[^"]+)"')
             return ch.info["directory"], ""
         ch = self._spawn("master", ["master", "--host", c.host, "--port", str(c.master_port),
-                                    "--http-port", "0", "--directory-port", "0"])  # fmt: skip
+                                    "--http-port", str(c.master_http_port),
+                                    "--directory-port", str(c.directory_port)])  # fmt: skip
         self._wait_line(
             ch, r"master rpc=(?P<rpc>\S+) directory=(?P<directory>\S+) http=(?P<http>\S+)"
         )
