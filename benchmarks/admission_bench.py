@@ -56,6 +56,7 @@ async def one(
     t0 = time.perf_counter()
     times: list[float] = []
     async with http.stream("POST", "/v1/completions", json=body) as r:
+        pred = r.headers.get("x-kvcake-predicted-ttft")
         if r.status_code != 200:
             doc = json.loads(await r.aread())
             return {"status": r.status_code, "type": doc["error"].get("type"),
@@ -67,7 +68,8 @@ async def one(
             if doc.get("choices") and doc["choices"][0].get("text"):  # as `kvcake replay`
                 times.append(time.perf_counter())
     ttft = times[0] - t0 if times else None
-    return {"status": 200, "ttft": ttft, "tbt": paper_tbt(times), "tokens": len(times)}
+    return {"status": 200, "ttft": ttft, "tbt": paper_tbt(times), "tokens": len(times),
+            "predicted_ttft": float(pred) if pred else None, "prompt": len(prompt)}  # fmt: skip
 
 
 def run(args: argparse.Namespace, tmp: Path, admission: str, tag: str) -> dict[str, Any]:

@@ -270,6 +270,8 @@ async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
         return _err(code, str(exc), "invalid_request_error" if code == 400 else "unavailable")
     meta = shapes.ResponseMeta(chat=req.chat, model=req.model)
     headers = {"x-kvcake-prefill": out.prefill, "x-kvcake-decode": out.decode}
+    if out.predicted_ttft_s is not None:  # what admission judged (benchmarks compare)
+        headers["x-kvcake-predicted-ttft"] = f"{out.predicted_ttft_s:.4f}"
     det = Detokenizer(st.codec, req.stop)
     if req.stream:
         return StreamingResponse(
