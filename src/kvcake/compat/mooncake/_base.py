@@ -66,7 +66,9 @@ def view(ptr: int, size: int) -> memoryview:
 
 def options(config: ReplicateConfig | None) -> PutOptions:
     """Mooncake refuses a soft-pin TTL without ``soft_pin_action = ENABLE`` (-600)."""
-    c = config if config is not None else ReplicateConfig()
+    if config is None:
+        return DEFAULT_OPTIONS
+    c = config
     if not isinstance(c, ReplicateConfig):
         raise TypeError("config must be a ReplicateConfig")
     action = SoftPinAction(c.soft_pin_action)
@@ -82,6 +84,9 @@ def options(config: ReplicateConfig | None) -> PutOptions:
         soft_pin_ttl_ms=c.soft_pin_ttl_ms or 0,
         preferred_segments=preferred,
     )
+
+
+DEFAULT_OPTIONS = PutOptions()  # what a default ReplicateConfig() maps to (frozen: shared)
 
 
 def check_key(key: Any) -> None:

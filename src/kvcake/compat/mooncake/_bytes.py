@@ -12,7 +12,12 @@ import sys
 _new = ctypes.pythonapi.PyBytes_FromStringAndSize
 _new.restype = ctypes.py_object
 _new.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
+_view = ctypes.pythonapi.PyMemoryView_FromMemory
+_view.restype = ctypes.py_object
+_view.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int]
+_WRITE = 0x200  # PyBUF_WRITE
 _DATA = sys.getsizeof(b"") - 1  # offset of ob_sval in a bytes object (CPython)
+SMALL = 64 * 1024  # below this a copy is cheaper than the two ctypes calls
 
 
 def new_bytes(n: int) -> tuple[bytes, memoryview]:
@@ -20,4 +25,4 @@ def new_bytes(n: int) -> tuple[bytes, memoryview]:
     if n < 2:
         raise ValueError("new_bytes needs n >= 2")
     out = _new(None, n)
-    return out, memoryview((ctypes.c_char * n).from_address(id(out) + _DATA)).cast("B")
+    return out, _view(id(out) + _DATA, n, _WRITE)

@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvcake.compat.mooncake._base import StoreBase, check_key, returns
-from kvcake.compat.mooncake._bytes import new_bytes
+from kvcake.compat.mooncake._bytes import SMALL, new_bytes
 from kvcake.compat.mooncake._types import BufferHandle, ReplicateConfig
 from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.store import errors as E
+from kvcake.store.reads import uninitialized_bytearray
 from kvcake.store.staging import MAX_ITEM
 
 
@@ -90,12 +91,17 @@ class KvMethods(StoreBase):
             if res.code != 0 or res.size < 2:
                 out.append(bytes(c.get(key)) if res.code == 0 else b"")
                 continue
-            value, view = new_bytes(res.size)
+            if res.size < SMALL:
+                buf = uninitialized_bytearray(res.size)
+                value, view = b"", memoryview(buf)
+            else:
+                value, view = new_bytes(res.size)
             try:
                 c._read(key, res, view, t0, lease_s)
             except StoreError:
-                value = b""
-            out.append(value)
+                out.append(b"")
+                continue
+            out.append(value or bytes(buf))
         return out
 
     @returns(b"")
