@@ -261,9 +261,15 @@ class MasterRpcServer(ThreadedServer):
 class Master:
     """A whole master: ``m = Master(cfg); m.start(); m.rpc_address; m.stop()``."""
 
-    def __init__(self, config: MasterConfig, with_directory: bool = True):
+    def __init__(
+        self,
+        config: MasterConfig,
+        with_directory: bool = True,
+        state_factory: Callable[..., MasterState] = MasterState,
+    ):
         self.cfg = config
-        self.state = MasterState(config, owner_dead=self._segment_owner_dead)
+        # store/ha passes a factory of a journaled state rebuilt from its operation log.
+        self.state = state_factory(config, owner_dead=self._segment_owner_dead)
         self.metrics = MasterMetrics(self.state)
         self.directory: Any = None
         if with_directory:

@@ -30,8 +30,10 @@ from kvcake.store.metadata import ObjectMeta, Segment, Status
 
 
 class JournaledState(MasterState):
-    def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.monotonic):
-        super().__init__(config, clock)
+    def __init__(
+        self, config: MasterConfig, clock: Callable[[], float] = time.monotonic, **kw: Any
+    ):
+        super().__init__(config, clock, **kw)
         self.rejoin: set[ClientId] = set()
         self._dirty: dict[tuple[str, str], None] = {}  # ordered set of ("o"|"s", name)
         self._local = threading.local()

@@ -23,7 +23,6 @@ from kvcake.store.ha.election import Election, LeaderInfo
 from kvcake.store.ha.etcd import Etcd
 from kvcake.store.ha.etcdlog import EtcdOpLog
 from kvcake.store.ha.filelog import FileOpLog
-from kvcake.store.ha.replay import build_state
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ def open_state_dir(cfg: MasterConfig, ha: HaConfig) -> DurableMaster:
         len(view.segments),
         len(view.objects),
     )
-    return DurableMaster(cfg, build_state(cfg, view), oplog)
+    return DurableMaster(cfg, view, oplog)
 
 
 class HaMaster:
@@ -84,7 +83,7 @@ class HaMaster:
         )
         oplog.on_failure = lambda exc: self._term_over.set()
         view = oplog.load()
-        master = DurableMaster(self.cfg, build_state(self.cfg, view), oplog)
+        master = DurableMaster(self.cfg, view, oplog)
         try:
             master.start()
             info = LeaderInfo(self.name, master.rpc_address, master.http_address)

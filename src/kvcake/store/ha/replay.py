@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from kvcake.core.ids import ClientId, ObjectKey, SegmentName
 from kvcake.store.allocator import RangeAllocator, aligned
@@ -73,9 +74,12 @@ def _valid(view: View) -> tuple[list[ObjRec], dict[str, list[tuple[int, int]]]]:
 
 
 def build_state(
-    config: MasterConfig, view: View, clock: Callable[[], float] | None = None
+    config: MasterConfig, view: View, clock: Callable[[], float] | None = None, **kw: Any
 ) -> JournaledState:
-    state = JournaledState(config, clock) if clock is not None else JournaledState(config)
+    """``kw`` goes to :class:`MasterState` (the hooks a :class:`Master` wires in)."""
+    state = (
+        JournaledState(config, clock, **kw) if clock is not None else JournaledState(config, **kw)
+    )
     now = state.clock()
     objects, live = _valid(view)
     for rec in view.segments.values():
