@@ -37,7 +37,7 @@ class MasterConfig:
     max_connections: int = 1024
     max_request_bytes: int = size_field("16MiB")
     # Work of one eviction step under the lock (objects looked at); the housekeeper loops.
-    evict_batch: int = 512
+    evict_batch: int = 64
     # KV events (zmq PUB on tcp://host:events_port; 0 = a free port, -1 = no events).
     events_port: int = 0
     events_buffer: int = 65536  # events queued for the publisher thread; beyond: dropped + gap

@@ -34,6 +34,8 @@ from kvcake.store.rpc import BufferedFrames, send_msg
 from kvcake.transfer.netserver import ThreadedServer
 
 log = logging.getLogger(__name__)
+EVICT_STEPS_PER_TICK = 1000
+EVICT_YIELD_S = 0.0001
 
 
 def _ok(fn: Callable[[str], None]) -> Callable[[str], P.KeyResult]:
@@ -346,7 +348,10 @@ class Master:
         next_expiry = 0.0
         while not self._stop.wait(self.cfg.eviction_interval_s):
             try:
-                self.state.maybe_evict()
+                for _ in range(EVICT_STEPS_PER_TICK):  # lock released between steps
+                    if not self.state.maybe_evict() or self._stop.is_set():
+                        break
+                    time.sleep(EVICT_YIELD_S)  # let waiting RPC threads take the lock
                 self.state.sweep_processing()
                 now = time.monotonic()
                 if now >= next_expiry:

@@ -43,6 +43,7 @@ from kvcake.store.strategy import make as make_strategy
 from kvcake.store.tiering import TieringMixin
 
 MAX_KEY_LEN = 4096
+SYNC_EVICT_STEPS = 4  # eviction batches a put_start may run when allocation fails
 MEMORY = Tier.MEMORY  # module constant: enum attribute lookups are slow on hot paths
 R = TypeVar("R")
 
@@ -78,6 +79,8 @@ class MasterState(TieringMixin, AdminMixin):
         self.processing: OrderedDict[ObjectKey, ObjectMeta] = OrderedDict()
         self.swept = 0
         self.events = EventLog(config.events_buffer)
+        self._barren = 0
+        self._evicting = False
         self.lock = threading.RLock()
         self.rng = random.Random(config.seed)
         self.strategy = make_strategy(config.allocation_strategy)
@@ -385,7 +388,13 @@ class MasterState(TieringMixin, AdminMixin):
         reps = self._try_place(size, opts, host)
         if not reps:  # allocation failure: evict (no offload: space is needed now), retry once
             pool = sum(s.allocator.capacity for s in self.memory_segments())
-            self.evict(max(size * opts.replica_num, int(pool * self.cfg.eviction_ratio)), False)
+            need = max(size * opts.replica_num, int(pool * self.cfg.eviction_ratio))
+            freed = 0
+            for _ in range(SYNC_EVICT_STEPS):  # bounded: a few batches, not the whole table
+                step = self.evict(need - freed, False)
+                freed += step
+                if freed >= need or (step == 0 and self._barren > len(self.objects)):
+                    break
             self._reclaim_discarded(force=False)
             reps = self._try_place(size, opts, host)
         if not reps:

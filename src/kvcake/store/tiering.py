@@ -1,7 +1,9 @@
 """Eviction and tier movement of the master (mixed into :class:`MasterState`; same lock).
 
-Eviction walks objects from least to most recently used and skips leased, PROCESSING, hard-pinned
-and in-copy objects (soft-pinned ones only in a second pass). For each victim: if a disk copy
+Eviction is incremental: each step takes at most ``evict_batch`` objects from the least recently
+used end of the LRU-ordered object table (no copy or scan of the table), skips leased,
+PROCESSING, hard-pinned and in-copy objects (moving them to the MRU end) and soft-pinned ones
+until nothing else is left. For each victim: if a disk copy
 exists, its memory replicas are freed; else, if offloading is allowed and the owner node has a
 disk tier with room, the node is asked to copy it to disk (memory is freed when it reports done);
 else the object is dropped.
@@ -9,6 +11,7 @@ else the object is dropped.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -34,6 +37,8 @@ class TieringMixin:
     offloads: int
     promotions: int
     events: EventLog
+    _barren: int  # objects looked at by eviction since the last one it could evict
+    _evicting: bool  # a watermark eviction run is in progress
 
     def _free(self, rep: Replica) -> None:
         raise NotImplementedError
@@ -60,7 +65,10 @@ class TieringMixin:
         return 0.0 if cap == 0 else sum(s.allocator.allocated for s in segs) / cap
 
     def maybe_evict(self) -> int:
-        """Periodic check: above the high watermark, evict down by ``eviction_ratio``."""
+        """One bounded eviction step: above the high watermark, evict towards ``high -
+        eviction_ratio``, looking at no more than ``evict_batch`` objects. Returns the bytes
+        freed or scheduled; the housekeeper repeats it (releasing the lock in between) while
+        it makes progress."""
         with self.lock:
             self._reclaim_discarded(force=False)
             segs = self.memory_segments()
@@ -68,28 +76,41 @@ class TieringMixin:
             # Bytes already on their way to disk count as freed, so a slow node is not
             # flooded with more offloads every tick.
             used = sum(s.allocator.allocated for s in segs) - sum(self.offloading.values())
-            if cap == 0 or used <= self.cfg.high_watermark * cap:
+            low = int((self.cfg.high_watermark - self.cfg.eviction_ratio) * cap)
+            # Hysteresis: a run that started above the high watermark goes on, step by step,
+            # until usage is down to high - eviction_ratio.
+            if used > self.cfg.high_watermark * cap:
+                self._evicting = True
+            if cap == 0 or used <= low or not self._evicting:
+                self._evicting = False
                 return 0
-            target = used - int((self.cfg.high_watermark - self.cfg.eviction_ratio) * cap)
-            return self.evict(target, self.cfg.offload_on_evict)
+            return self.evict(used - low, self.cfg.offload_on_evict)
 
     def evict(self, need: int, offload: bool) -> int:
-        """Free (or start offloading) at least ``need`` memory bytes if possible; returns the
-        bytes freed or scheduled."""
+        """Free (or start offloading) up to ``need`` memory bytes from the least recently used
+        end, looking at no more than ``evict_batch`` objects (bounded work under the lock).
+
+        Within the batch, memory copies of objects already on disk go first. An object that
+        cannot be evicted now (leased, PROCESSING, pinned, in copy) is moved to the MRU end,
+        out of the next batch's way; soft-pinned objects become eligible once a whole
+        table's worth of objects was looked at without finding anything else."""
         done = 0
         evicted: list[str] = []
         with self.lock:
             try:
-                # Cheapest first: memory copies of objects already on disk, then the rest; soft
-                # pins only when nothing else is left.
-                for allow_soft, on_disk_only in ((False, True), (False, False), (True, False)):
-                    for obj in list(self.objects.values()):
-                        if done >= need:
-                            return done
-                        if on_disk_only and not any(r.complete for r in obj.disk()):
-                            continue
-                        if self._evictable(obj, allow_soft):
-                            done += self._evict_one(obj, offload, evicted)
+                head = list(itertools.islice(self.objects.values(), self.cfg.evict_batch))
+                allow_soft = self._barren >= len(self.objects)
+                on_disk = [o for o in head if any(r.complete for r in o.disk())]
+                seen = {id(o) for o in on_disk}
+                for obj in on_disk + [o for o in head if id(o) not in seen]:
+                    if done >= need:
+                        break
+                    if self._evictable(obj, allow_soft):
+                        done += self._evict_one(obj, offload, evicted)
+                        self._barren = 0
+                    elif obj.key in self.objects:
+                        self.objects.move_to_end(obj.key)
+                        self._barren += 1
             finally:
                 self.events.emit(StoreEventKind.EVICTED_MEMORY, evicted, Tier.MEMORY.value)
         return done
