@@ -114,6 +114,13 @@ def write_report(results: list[ExpResult], out_dir: Path, command: str, wall_s: 
         "`kvcake.conductor` (the same code as the live proxy). Grids: docs/experiments.md. "
         "Every number below is computed from this run's results (findings.py).",
         "",
+        "Main trace: "
+        + (
+            ", ".join(sorted({r.trace for r in results if r.trace}))
+            or "not recorded (results from before traces were recorded)"
+        )
+        + ".",
+        "",
         "## Overview",
         "",
     ]

@@ -215,16 +215,13 @@ class Planner:
         others = [p for k, p in best.items() if not BY_KEY[k].pooled and p is not None]
         local = cheapest(others)
         rec = pl.recommended[t0]
-        if pooled is not None:  # the smallest pool that still meets the SLOs
+        if pooled is not None:  # pool sizes around the hardware's
             caps = [round(cfg.memory[2] * f) for f in CAPACITY_FACTORS]
             pts = ev.run([self.conf("disagg-pool", pooled.prefill, pooled.decode, pool=c)
                           for c in caps], cfg.target)  # fmt: skip
+            # the sweep says from which hit rate on the pool pays; the recommendation keeps the
+            # hardware's DRAM (shrinking the pool saves no node and costs headroom)
             pl.capacity_sweep = pts
-            smallest = next((p for p in pts if p.meets and p.pool_tokens > 0), None)
-            if smallest is not None and rec is pooled:
-                pl.recommended[t0] = rec = smallest
-            if smallest is not None:
-                best["disagg-pool"] = pooled = smallest
             bws = sorted({b for b in BANDWIDTHS if b < cfg.network_gbps} | {cfg.network_gbps})
             pl.bandwidth_sweep = ev.run([self.conf("disagg-pool", pooled.prefill, pooled.decode,
                                                    pool=pooled.pool_tokens, gbps=b)
