@@ -78,6 +78,7 @@ def test_shim_matches_table(master_proc: Proc, shim_dir: Path) -> None:
     assert not wrong, json.dumps(wrong, indent=1)
 
 
+@pytest.mark.peer
 def test_wheel_matches_table(tmp_path: Path) -> None:
     py = wheel_python()
     if py is None:
@@ -125,6 +126,7 @@ def test_engine_shim_matches_table(shim_dir: Path) -> None:
     assert not diff and set(got) == set(ENGINE_EXPECTED), json.dumps(diff, indent=1)
 
 
+@pytest.mark.peer
 def test_engine_wheel_matches_table() -> None:
     py = wheel_python()
     if py is None:
