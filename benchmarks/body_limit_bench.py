@@ -15,6 +15,7 @@ Run: ``python benchmarks/body_limit_bench.py [--baseline 6dda18e] [--repeats 3]`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -64,23 +65,25 @@ def start_proxy(
     raise RuntimeError(f"proxy at {url} never became healthy (log {log})")
 
 
-def body(chunked: bool) -> bytes | Iterator[bytes]:
-    data = b'{"prompt": "' + b"a" * (SIZE - 40) + b'", "max_tokens": 1}'
+def body(chunked: bool, size: int) -> bytes | Iterator[bytes]:
+    words = b"lorem ipsum dolor sit amet " * (size // 27 + 1)
+    data = b'{"prompt": "' + words[: size - 40] + b'", "max_tokens": 1}'
     if not chunked:
         return data
     step = 1 << 20
     return (data[i : i + step] for i in range(0, len(data), step))
 
 
-def one_run(url: str, pid: int, chunked: bool) -> dict[str, Any]:
+def one_run(url: str, pid: int, chunked: bool, size: int) -> dict[str, Any]:
     lat: list[float] = []
     done = threading.Event()
 
     def poll() -> None:
-        with httpx.Client(timeout=60) as c:
+        with httpx.Client(timeout=300) as c:
             while not done.is_set():
                 t0 = time.perf_counter()
-                c.get(url + "/health")
+                with contextlib.suppress(httpx.HTTPError):  # counted as its full wait
+                    c.get(url + "/health")
                 lat.append(time.perf_counter() - t0)
                 time.sleep(0.02)
 
@@ -89,7 +92,7 @@ def one_run(url: str, pid: int, chunked: bool) -> dict[str, Any]:
     time.sleep(0.1)
     t0 = time.perf_counter()
     try:
-        r = httpx.post(url + "/v1/completions", content=body(chunked), timeout=120,
+        r = httpx.post(url + "/v1/completions", content=body(chunked, size), timeout=300,
                        headers={"content-type": "application/json"})  # fmt: skip
         status: Any = r.status_code
     except httpx.HTTPError as exc:
@@ -116,6 +119,7 @@ def main() -> int:
     )
     ap.add_argument("--baseline", help="git revision whose proxy to compare with")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--size", type=int, default=SIZE, help="body bytes (default 20 MB)")
     ap.add_argument(
         "--codec",
         choices=("emulated", "torch"),
@@ -142,7 +146,7 @@ def main() -> int:
                     for rep in range(args.repeats):
                         for name, (proc, url) in proxies.items():
                             for chunked in (False, True) if args.chunked else (False,):
-                                res = one_run(url, proc.pid, chunked)
+                                res = one_run(url, proc.pid, chunked, args.size)
                                 print(json.dumps({"proxy": name, "repeat": rep,
                                                   "chunked": chunked, **res}), flush=True)  # fmt: skip
                 finally:

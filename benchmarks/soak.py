@@ -1,0 +1,183 @@
+"""Soak test (issue 12, section 3; on demand, not in CI): mixed traffic with aborts against a
+local cluster for ``--minutes`` (default 30), then: is every process's RSS, open fds and threads,
+and the /dev/shm use, flat (within 10 %) from the start (after ``--warmup-s`` of the same
+traffic) to the end (after the traffic stopped and ``--settle-s`` passed)?
+
+Traffic, from ``--clients`` threads: streaming and non-streaming completions and chats, prompts
+with shared prefixes (KV reuse, pool puts and fetches), stop strings, requests aborted after a few
+streamed chunks (the client closes the stream), and malformed bodies (400s).
+
+Run: ``python benchmarks/soak.py [--config configs/cluster.toml] [--backend emulated]
+[--minutes 30] [--out soak.json]``. The default cluster is the real-model one; ``--backend
+emulated`` keeps its shape with the emulated engine. Prints JSON lines and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kvcake.serve.config import default_cluster_file
+from kvcake.serve.launcher import Cluster, load_serve_file
+
+TOLERANCE = 0.10
+
+
+def proc_sample(pid: int) -> dict[str, float]:
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    vals = {ln.split(":")[0]: ln.split(":")[1].split() for ln in status if ":" in ln}
+    return {"rss_mib": int(vals["VmRSS"][0]) / 1024, "threads": int(vals["Threads"][0]),
+            "fds": len(os.listdir(f"/proc/{pid}/fd"))}  # fmt: skip
+
+
+def shm_sample(pids: list[int]) -> dict[str, float]:
+    """/dev/shm files mapped by the cluster's processes (other users of /dev/shm excluded)."""
+    paths: set[str] = set()
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            if "/dev/shm/" in line and not line.endswith("(deleted)"):
+                paths.add(line[line.index("/dev/shm/") :])
+    used = sum(Path(p).stat().st_blocks * 512 for p in paths if Path(p).exists())
+    return {"shm_files": len(paths), "shm_used_mib": used / 2**20}
+
+
+def sample(c: Cluster) -> dict[str, Any]:
+    live = {ch.name: ch.proc.pid for ch in c.children if ch.proc and ch.proc.poll() is None}
+    procs = {name: proc_sample(pid) for name, pid in live.items()}
+    return {"t": time.time(), "procs": procs, **shm_sample(list(live.values()))}
+
+
+class Traffic:
+    def __init__(self, url: str, clients: int, seed: int):
+        self.url, self.clients, self.seed = url, clients, seed
+        self.stop = threading.Event()
+        self.counts: Counter[str] = Counter()
+        self.lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)
+        ]
+        self.prefixes = [f"Document {k}: " + "lorem ipsum dolor sit amet " * 40 for k in range(4)]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def join(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(120)
+
+    def _count(self, key: str) -> None:
+        with self.lock:
+            self.counts[key] += 1
+
+    def _run(self, i: int) -> None:
+        rng = random.Random(self.seed * 1000 + i)
+        with httpx.Client(base_url=self.url, timeout=120) as http:
+            while not self.stop.is_set():
+                try:
+                    self._count(self._one(http, rng))
+                except httpx.HTTPError as exc:
+                    self._count(f"client_error:{type(exc).__name__}")
+                    time.sleep(0.5)
+
+    def _one(self, http: httpx.Client, rng: random.Random) -> str:
+        kind = rng.choices(["complete", "chat", "stream", "abort", "stop", "bad"],
+                           [3, 2, 3, 2, 1, 1])[0]  # fmt: skip
+        text = rng.choice(self.prefixes) + f"question {rng.randrange(10**6)}?"
+        if kind == "bad":
+            r = http.post("/v1/completions", content=b'{"prompt": "\\ud800"}')
+            return f"bad:{r.status_code}"
+        body: dict[str, Any] = {"max_tokens": rng.randint(4, 48), "temperature": 0}
+        if kind == "chat":
+            body["messages"] = [{"role": "user", "content": text}]
+            return f"chat:{http.post('/v1/chat/completions', json=body).status_code}"
+        body["prompt"] = text
+        if kind == "stop":
+            body["stop"] = [" ", "\n"]
+        if kind in ("stream", "abort"):
+            body["stream"] = True
+            with http.stream("POST", "/v1/completions", json=body) as r:
+                for n, _ in enumerate(r.iter_lines()):
+                    if kind == "abort" and n >= 3:
+                        break  # the client goes away mid-stream
+            return f"{kind}:{r.status_code}"
+        return f"{kind}:{http.post('/v1/completions', json=body).status_code}"
+
+
+def compare(start: dict[str, Any], end: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for name, s in start["procs"].items():
+        e = end["procs"].get(name)
+        for key in ("rss_mib", "fds", "threads"):
+            a, b = s[key], (e or {}).get(key, float("nan"))
+            rows.append({"process": name, "metric": key, "start": round(a, 1), "end": round(b, 1),
+                         "ratio": round(b / a, 3) if a else None})  # fmt: skip
+    for key in ("shm_files", "shm_used_mib"):
+        a, b = start[key], end[key]
+        rows.append({"process": "/dev/shm", "metric": key, "start": round(a, 1),
+                     "end": round(b, 1), "ratio": round(b / a, 3) if a else None})  # fmt: skip
+    for r in rows:
+        r["flat"] = r["ratio"] is not None and r["ratio"] <= 1 + TOLERANCE
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--config", default=str(default_cluster_file()))
+    ap.add_argument("--backend", choices=("torch", "emulated"))
+    ap.add_argument("--minutes", type=float, default=30.0)
+    ap.add_argument("--warmup-s", type=float, default=60.0)
+    ap.add_argument("--settle-s", type=float, default=10.0)
+    ap.add_argument("--clients", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="write the samples and the comparison as JSON")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        ov: dict[str, dict[str, Any]] = {"cluster": {"proxy_port": 0, "run_dir": d},
+                                         "proxy": {"admission": "none"}}  # fmt: skip
+        if args.backend:
+            ov["instance"] = {"backend": args.backend}
+        with Cluster(load_serve_file(args.config, ov), run_dir=Path(d) / "run", quiet=True) as c:
+            traffic = Traffic(c.url, args.clients, args.seed)
+            traffic.start()
+            time.sleep(args.warmup_s)
+            start = sample(c)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < args.minutes * 60:
+                time.sleep(min(30.0, args.minutes * 60))
+                print(
+                    json.dumps({"elapsed_s": round(time.monotonic() - t0), **dict(traffic.counts)}),
+                    flush=True,
+                )
+            traffic.join()
+            time.sleep(args.settle_s)
+            end = sample(c)
+            dead = c.dead_children()
+    rows = compare(start, end)
+    for r in rows:
+        print(json.dumps(r))
+    summary = {"minutes": args.minutes, "requests": dict(traffic.counts), "dead": dead,
+               "all_flat": all(r["flat"] for r in rows)}  # fmt: skip
+    print(json.dumps(summary))
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps({"start": start, "end": end, "rows": rows, **summary}, indent=2)
+        )
+    return 0 if summary["all_flat"] and not dead else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
