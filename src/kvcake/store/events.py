@@ -30,6 +30,7 @@ BATCH_DECODER = msgspec.msgpack.Decoder(list[StoreEvent])
 MAX_BATCH = 1024  # events per zmq message
 TICK_TOPIC = STORE_EVENTS_TOPIC + b".tick"  # idle: msgpack [publisher, last seq] once a second
 TICK_S = 1.0
+BATCH_WAIT_S = 0.002
 
 
 class EventLog:
@@ -42,6 +43,7 @@ class EventLog:
         self._queue: deque[StoreEvent] = deque()
         self._maxlen = maxlen
         self._cv = threading.Condition()
+        self._waiting = False  # the publisher sleeps on _cv: only then is it worth a wake-up
         self.enabled = True
 
     def emit(
@@ -60,12 +62,15 @@ class EventLog:
             if len(self._queue) > self._maxlen:
                 self._queue.popleft()
                 self.dropped += 1
-            self._cv.notify()
+            if self._waiting:
+                self._cv.notify()
 
     def take(self, timeout: float, limit: int = MAX_BATCH) -> list[StoreEvent]:
         with self._cv:
             if not self._queue:
+                self._waiting = True
                 self._cv.wait(timeout)
+                self._waiting = False
             n = min(limit, len(self._queue))
             return [self._queue.popleft() for _ in range(n)]
 
@@ -113,6 +118,9 @@ class EventPublisher:
                 self.sent += len(batch)
             except Exception:  # a send failure must not stop the thread; subscribers resync
                 log.exception("master: publishing %d events failed", len(batch))
+            # Under a stream of changes, gather for a moment: one message and one wake-up
+            # per BATCH_WAIT_S instead of one per event (the RPC threads need the CPU).
+            self._stop.wait(BATCH_WAIT_S)
 
     def stop(self) -> None:
         self._stop.set()
