@@ -246,7 +246,7 @@ class Cluster:
             for i in range(c.store_servers)
         ]
         for s in stores:
-            self._wait_line(s, r"store-server segment=(?P<segment>\S+)")
+            self._wait_line(s, r"store-server segment=(?P<segment>\S+)(?: disk=(?P<disk>\S+))?")
         return ch.info["directory"], ch.info["rpc"]
 
     def _start_proxy(self) -> None:
