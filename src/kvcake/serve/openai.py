@@ -165,7 +165,7 @@ def _stop(raw: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-def _reject_unimplemented(body: dict[str, Any], chat: bool) -> None:
+def _reject_unimplemented(body: dict[str, Any]) -> None:
     for key in sorted(set(body) & set(_NOOP)):
         v, ok = body[key], _NOOP[key]
         if v is None:
@@ -203,7 +203,7 @@ def parse(body: Any, *, chat: bool, vocab_size: int, models: tuple[str, ...]) ->
         raise BadRequest("'model' must be a string")
     if model and model not in models:
         raise ModelNotFound(model)
-    _reject_unimplemented(body, chat)
+    _reject_unimplemented(body)
     if body.get("n") not in (None, 1):
         raise BadRequest("only n=1 is supported")
     text, ids = None, None
