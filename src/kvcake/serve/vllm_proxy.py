@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     fleet = VllmFleet(args.engine, cfg, args.master)
     sock = socket.socket()
     sock.bind((args.host, args.port))
+    sock.listen(128)  # connections wait in the backlog until uvicorn accepts them
     port = sock.getsockname()[1]
     print(f"vllm-proxy url=http://{args.host}:{port}", flush=True)
     server = uvicorn.Server(uvicorn.Config(build_app(fleet), log_level="warning"))

@@ -110,8 +110,8 @@ def cluster() -> Iterator[Cluster]:
     )  # fmt: skip
     procs: list[Proc] = []
     try:
-        a.wait_ready()
-        b.wait_ready()
+        a.wait_ready(900)  # ~50 s on an idle 2-core machine, minutes when it is shared
+        b.wait_ready(900)
         # Master down at start-up: both engines must serve.
         probe = [5, 6, 7, 8] * 20
         before = {"a": complete(a, probe), "b": complete(b, probe), "probe": probe}

@@ -16,7 +16,8 @@ from kvcake.integrations.vllm.keys import BlockNamer
 from kvcake.store.client import Client
 from tests.integrations.vllm.conftest import Cluster, complete, metric, wait_log
 
-pytestmark = pytest.mark.slow
+# The first test also waits for the shared engines to start (minutes on a loaded machine).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 BS = 32
 HITS = "vllm:external_prefix_cache_hits_total"

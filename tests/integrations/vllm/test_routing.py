@@ -13,7 +13,8 @@ import pytest
 
 from tests.integrations.vllm.conftest import Cluster
 
-pytestmark = pytest.mark.slow
+# The first test also waits for the shared engines to start (minutes on a loaded machine).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")

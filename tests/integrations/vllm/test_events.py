@@ -1,0 +1,68 @@
+"""vLLM KV events -> kvcake block names (encoded with vLLM's own event classes)."""
+
+from __future__ import annotations
+
+import msgspec
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+
+from kvcake.conductor.index import PrefixIndex
+from kvcake.core.hashing import block_hashes
+from kvcake.serve.vllm_adapter import parse_metrics
+from kvcake.serve.vllm_index import EngineEvents
+from kvcake.serve.vllm_proxy import parse_engine
+
+ENC = msgspec.msgpack.Encoder()
+
+
+def stored(hashes: list[bytes], parent: bytes | None, tokens: list[int]) -> BlockStored:
+    return BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=tokens,
+                       block_size=4, lora_id=None, medium="GPU", lora_name=None)  # fmt: skip
+
+
+def batch(*events: object) -> bytes:
+    return ENC.encode(EventBatch(ts=1.0, events=list(events)))
+
+
+def test_runs_are_rehashed_and_chained_on_the_parent() -> None:
+    ix = PrefixIndex()
+    e = EngineEvents(ix, "a", 4, 100)
+    toks = list(range(16))
+    e.apply(batch(stored([b"v0", b"v1"], None, toks[:8])))
+    e.apply(batch(stored([b"v2", b"v3"], b"v1", toks[8:])))  # a later step, same request
+    assert ix.prefix_matches(block_hashes(toks, 4)) == {"a": 4}
+    e.apply(batch(BlockRemoved(block_hashes=[b"v3"], medium="GPU")))
+    assert ix.prefix_matches(block_hashes(toks, 4)) == {"a": 3}
+    e.apply(batch(AllBlocksCleared()))
+    assert len(ix) == 0 and len(e) == 0
+
+
+def test_unknown_parent_foreign_block_size_and_garbage_are_skipped() -> None:
+    ix = PrefixIndex()
+    e = EngineEvents(ix, "a", 4, 100)
+    e.apply(batch(stored([b"x"], b"never-seen", list(range(4)))))
+    odd = BlockStored(block_hashes=[b"y"], parent_block_hash=None, token_ids=[1] * 8,
+                      block_size=8, lora_id=None, medium="GPU", lora_name=None)  # fmt: skip
+    e.apply(batch(odd))
+    e.apply(b"\xff\x00garbage")
+    e.apply(ENC.encode([1.0, [{"type": "BlockStored", "block_hashes": "nope"}], None]))
+    assert len(ix) == 0 and e.skipped == 1 and e.bad_batches == 2
+
+
+def test_bounded_by_engine_blocks() -> None:
+    ix = PrefixIndex()
+    e = EngineEvents(ix, "a", 4, 1)
+    e.apply(batch(stored([b"v0", b"v1"], None, list(range(8)))))
+    assert len(e) == 0 and e.skipped == 2
+
+
+def test_metrics_and_engine_flags() -> None:
+    text = (
+        '# HELP x\nvllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0\n'
+        "vllm:kv_cache_usage_perc 0.25\nvllm:num_requests_running_extra 9\n"
+    )
+    m = parse_metrics(text)
+    assert m == {"vllm:num_requests_running": 2.0, "vllm:num_requests_waiting": 1.0,
+                 "vllm:kv_cache_usage_perc": 0.25}  # fmt: skip
+    ref = parse_engine("a=http://127.0.0.1:1/@tcp://127.0.0.1:2")
+    assert (ref.id, ref.url, ref.events) == ("a", "http://127.0.0.1:1", "tcp://127.0.0.1:2")
