@@ -107,7 +107,7 @@ def _compare(console: Any, recs: Any, summary: Any, opts: Any, path: str) -> Non
 
     predicted = simulate_like(recs, summary, load_serve_file(path), opts)
     t = Table(title="measured vs simulated (same cluster config and cost model)")
-    for col in ("metric", "measured", "simulated"):
+    for col in ("metric", "measured", "simulated", "error"):
         t.add_column(col, justify="right")
     for row in side_by_side(summary.as_dict(), predicted):
         t.add_row(*row)
