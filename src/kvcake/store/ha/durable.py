@@ -62,6 +62,15 @@ class DurableMaster(Master):
         if hasattr(oplog, "source"):
             oplog.source = lambda: jstate.flush(oplog)
 
+    def start(self) -> None:
+        # The replayed clients' grace period starts now, not when the state was built: a slow
+        # take-over must not expire every storage node before it could heartbeat us.
+        with self.jstate.lock:
+            now = self.jstate.clock()
+            for info in self.jstate.clients.values():
+                info.last_seen = now
+        super().start()
+
     def stop(self) -> None:
         """Stop serving, make what is queued durable, snapshot (a fast next start), close."""
         super().stop()

@@ -10,6 +10,8 @@ lease) so a standby takes over without waiting for the TTL.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -23,6 +25,7 @@ from kvcake.store.ha.election import Election, LeaderInfo
 from kvcake.store.ha.etcd import Etcd
 from kvcake.store.ha.etcdlog import EtcdOpLog
 from kvcake.store.ha.filelog import FileOpLog
+from kvcake.store.master_server import Master
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,7 @@ class HaMaster:
         self.on_leader = on_leader
         self.master: DurableMaster | None = None
         self._term_over = threading.Event()
+        _warm_up(cfg)
 
     def run(self, stop: threading.Event) -> None:
         """Campaign, lead, step down, repeat, until ``stop``."""
@@ -94,3 +98,14 @@ class HaMaster:
             raise
         log.warning("ha: replayed %d segments, %d objects", len(view.segments), len(view.objects))
         return master
+
+
+def _warm_up(cfg: MasterConfig) -> None:
+    """Import what a master imports lazily (HTTP, directory, events: seconds on a busy host)
+    while still a standby, so that taking over costs only the replay."""
+    import importlib
+
+    Master(dataclasses.replace(cfg, port=0, http_port=-1))  # constructed, never started
+    for module in ("kvcake.store.events", "kvcake.store.http"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)

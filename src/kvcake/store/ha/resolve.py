@@ -75,19 +75,19 @@ class FailoverConnection(MasterConnection):
             self.address = ""
             raise
 
-    def call(self, msg: msgspec.Struct) -> P.Reply:
+    def call(self, msg: msgspec.Struct, retries: int | None = None) -> P.Reply:
         deadline = time.monotonic() + self.failover_s
         pause = 0.05
         while True:
             try:
-                return super().call(msg)
+                return super().call(msg, retries)
             except RpcFailed:
                 self.close()
                 self.address = ""
                 if time.monotonic() + pause > deadline:
                     raise
                 time.sleep(pause)
-                pause = min(pause * 2, 0.5)
+                pause = min(pause * 2, 0.2)
 
     def shutdown(self) -> None:
         self.close()
