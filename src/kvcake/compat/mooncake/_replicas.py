@@ -70,28 +70,27 @@ class ReplicaMethods(StoreBase):
 
     @returns([])
     def batch_replica_clear(self, keys: list[str], segment_name: str = "") -> list[str]:
-        """Drop the replicas of each key (on ``segment_name`` only, if given) when no read lease
-        holds it; returns the keys cleared. kvcake cannot drop one replica of several, so with
-        ``segment_name`` a key is cleared only when all its replicas are on that segment."""
+        """Drop the replicas of each key whose read lease has expired; returns the keys
+        cleared (missing and leased keys are not). kvcake cannot drop one replica of several,
+        so with ``segment_name`` a key is cleared only when all its replicas are on that segment
+        (the client's own hostname names its own segments); reading the replica list takes a
+        lease in kvcake, so for those keys the lease check is the list lookup's, not a later one."""
         if not keys:
             return []
         c = self._c
-        reply = c.conn.call(P.Exist(c.id, list(keys)))  # no lease taken
-        present = [k for k, r in zip(keys, reply.results, strict=True) if r.code == 1]
-        if segment_name:
-            present = [k for k in present if self._only_on(k, segment_name)]
-        cleared = []
-        for key, res in zip(present, c.batch_remove(present) if present else [], strict=True):
-            if res is None:
-                cleared.append(key)
-        return cleared
-
-    def _only_on(self, key: str, segment: str) -> bool:
-        try:
-            reps = self._c.get_replica_desc(key).replicas
-        except StoreError:
-            return False
-        return all(r.segment == segment for r in reps)
+        if not segment_name:
+            results = c.batch_remove(list(keys))  # non-forced: leased keys answer -706
+            return [k for k, r in zip(keys, results, strict=True) if r is None]
+        reply = c.conn.call(P.GetReplicas(c.id, list(keys)))
+        own = set(c.segments) if segment_name == self._hostname else set()
+        chosen = [
+            k
+            for k, res in zip(keys, reply.results, strict=True)
+            if res.code == 0
+            and all(r.segment == segment_name or r.segment in own for r in res.replicas)
+        ]
+        results = c.batch_remove(chosen, force=True) if chosen else []
+        return [k for k, r in zip(chosen, results, strict=True) if r is None]
 
     def _task_precheck(self, key: str, segments: list[str]) -> int:
         check_key(key)
@@ -100,6 +99,8 @@ class ReplicaMethods(StoreBase):
         if not self._c.is_exist(key):
             return E.OBJECT_NOT_FOUND
         for s in segments:
+            if s == self._hostname:
+                continue
             try:
                 self._c.engine.segment_info(s)
             except KvcakeError:

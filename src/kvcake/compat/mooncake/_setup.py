@@ -130,7 +130,9 @@ class SetupMethods(StoreBase):
                     protocol=proto,
                     segment_size=global_segment_size,
                 )
-                self._client = Client(cfg)
+                # "host:port" given: the segment is named so (Mooncake names a client's segment
+                # by its hostname; preferred_segments and replica calls use that name).
+                self._client = Client(cfg, segment_name=local_hostname if _port else "")
         except StoreError as exc:
             log.error("setup failed: %s", exc)
             return E.INTERNAL_ERROR if exc.code == E.RPC_FAIL else exc.code
@@ -138,7 +140,7 @@ class SetupMethods(StoreBase):
             log.error("setup failed: %s", exc)
             return E.INVALID_PARAMS
         self._local_buffer = local_buffer_size
-        port = self._client.engine.addresses[0].rsplit(":", 1)[1]
+        port = _port or self._client.engine.addresses[0].rsplit(":", 1)[1]
         self._hostname = f"{host or '127.0.0.1'}:{port}"
         return 0
 
