@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import time
 
+import httpx
 import numpy as np
 import pytest
 
@@ -96,6 +97,22 @@ def test_connector_stats_reach_prometheus(cluster: Cluster) -> None:
     assert metric(cluster.b, "kvcake_connector_load_blocks_total") > 0
     assert metric(cluster.b, "kvcake_connector_load_bytes_total") > 0
     assert metric(cluster.a, "kvcake_connector_save_blocks_total") > 0
+
+
+def test_prefill_on_a_decode_on_b_through_kv_transfer_params(cluster: Cluster) -> None:
+    p = tokens(9, 330)
+    body = {"model": "smollm2", "prompt": p, "max_tokens": 1, "temperature": 0,
+            "kv_transfer_params": {"do_remote_decode": True}}  # fmt: skip
+    r = httpx.post(cluster.a.url + "/v1/completions", json=body, timeout=180).json()
+    params = r["kv_transfer_params"]
+    assert params["do_remote_prefill"] is True and params["kvcake_blocks"] == 330 // BS
+    before = metric(cluster.b, HITS)
+    body = {"model": "smollm2", "prompt": p, "max_tokens": 12, "temperature": 0,
+            "return_token_ids": True, "kv_transfer_params": params}  # fmt: skip
+    out = httpx.post(cluster.b.url + "/v1/completions", json=body, timeout=180).json()
+    # B waited for A's background save instead of recomputing the prompt
+    assert metric(cluster.b, HITS) - before == (330 - 1) // BS * BS
+    assert out["choices"][0]["token_ids"] == complete(cluster.a, p)
 
 
 def test_slow_store_past_deadline_recomputes(cluster: Cluster) -> None:

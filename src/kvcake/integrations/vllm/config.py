@@ -24,6 +24,7 @@ class ConnectorConfig:
     protocol: str = "auto"  # store data path: auto (shm on one host) | tcp | shm
     lookup_timeout_s: float = 1.0  # scheduler-side pool lookup (one master RPC)
     load_timeout_s: float = 5.0  # worker-side load deadline; past it the blocks are recomputed
+    producer_wait_s: float = 10.0  # P/D consumer: wait this long for the producer's blocks
     backoff_s: float = 5.0  # after a failed pool call, treat the pool as empty this long
     connect_retry_s: float = 10.0  # master unreachable at start-up: retry this often
     save: bool = True  # put computed prompt blocks into the pool
@@ -33,7 +34,13 @@ class ConnectorConfig:
         require(bool(self.master), "kv_connector_extra_config.master is required (host:port)")
         require(":" in self.master, f"master must be host:port, got {self.master!r}")
         require(self.protocol in ("auto", "tcp", "shm"), "protocol must be auto, tcp or shm")
-        for name in ("lookup_timeout_s", "load_timeout_s", "backoff_s", "connect_retry_s"):
+        for name in (
+            "lookup_timeout_s",
+            "load_timeout_s",
+            "producer_wait_s",
+            "backoff_s",
+            "connect_retry_s",
+        ):
             require(getattr(self, name) > 0, f"{name} must be > 0")
         require(self.max_pending_saves >= 1, "max_pending_saves must be >= 1")
 

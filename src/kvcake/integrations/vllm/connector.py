@@ -9,6 +9,7 @@ scheduler side asks the pool which leading prompt blocks it holds and plans load
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,16 @@ def namer_for(vllm_config: VllmConfig, cfg: ConnectorConfig) -> BlockNamer:
     return BlockNamer(model, dtype, cc.block_size, cfg.tenant)
 
 
+def producer_blocks(params: dict[str, Any] | None) -> int:
+    """Blocks a P/D producer said it pools (its ``kv_transfer_params``), 0 for other requests."""
+    if not params or not params.get("do_remote_prefill"):
+        return 0
+    try:
+        return max(0, int(params.get("kvcake_blocks", 0)))
+    except (TypeError, ValueError):
+        return 0
+
+
 class KvcakeConnector(KVConnectorBase_V1):
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
@@ -74,6 +85,7 @@ class KvcakeConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             self.pool = PoolHandle(self.cfg, "vLLM scheduler", self.cfg.lookup_timeout_s, log)
             self.planner = Planner(self.namer, save=self.saves_enabled)
+            self._awaiting: dict[str, float] = {}  # P/D consumers waiting for the producer
         else:
             self.pool = PoolHandle(self.cfg, "vLLM worker", self.cfg.load_timeout_s, log)
             self.counters = Counters()
@@ -97,12 +109,31 @@ class KvcakeConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
+        rid = request.request_id
         if self.pool.client() is None:
-            self.planner.finished(request.request_id)
+            self.planner.finished(rid)
             return 0, False
         lookup = self._exists if self.loads_enabled else (lambda keys: [False] * len(keys))
         prompt = list(request.prompt_token_ids or [])
-        return self.planner.match(request.request_id, prompt, num_computed_tokens, lookup), False
+        ext = self.planner.match(rid, prompt, num_computed_tokens, lookup)
+        want = producer_blocks(request.kv_transfer_params)
+        if want:  # P/D: the producer named how many blocks it pools; wait (bounded) for them
+            need = min(want, (len(prompt) - 1) // self.namer.block_tokens)
+            have = (num_computed_tokens + ext) // self.namer.block_tokens
+            if have < need:
+                first = self._awaiting.setdefault(rid, time.monotonic())
+                if time.monotonic() - first < self.cfg.producer_wait_s:
+                    return None, False  # vLLM asks again next step
+                log.warning(
+                    "kvcake: %s: %d of the producer's %d blocks pooled after %.1f s; the rest "
+                    "is recomputed",
+                    rid,
+                    have,
+                    need,
+                    self.cfg.producer_wait_s,
+                )
+            self._awaiting.pop(rid, None)
+        return ext, False
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -130,7 +161,16 @@ class KvcakeConnector(KVConnectorBase_V1):
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         self.planner.finished(request.request_id)
-        return False, None
+        self._awaiting.pop(request.request_id, None)
+        params = request.kv_transfer_params or {}
+        if not params.get("do_remote_decode"):
+            return False, None
+        # P/D handshake: the consumer continues with these params and waits until the pool
+        # holds this many blocks (they were copied out and queued for saving during prefill,
+        # so this request's blocks need not be held).
+        blocks = len(request.prompt_token_ids or []) // self.namer.block_tokens
+        return False, {"do_remote_prefill": True, "kvcake_blocks": blocks,
+                       "kvcake_model_key": self.namer.model}  # fmt: skip
 
     # ---- worker side -----------------------------------------------------------------------
 
