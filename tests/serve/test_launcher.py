@@ -308,3 +308,12 @@ def test_cluster_section_sets_every_port(tmp_path: Path) -> None:
         assert c.url == f"http://127.0.0.1:{proxy}"
         assert c.instance_urls == {"prefill-0": f"http://127.0.0.1:{base}",
                                    "decode-0": f"http://127.0.0.1:{base + 50}"}  # fmt: skip
+
+
+def test_restart_backoff_and_exit_descriptions() -> None:
+    from kvcake.serve.supervisor import RestartPolicy, describe_exit
+
+    p = RestartPolicy(base_s=0.5, max_s=30.0)
+    assert [p.delay(n) for n in (1, 2, 3, 4, 10)] == [0.5, 1.0, 2.0, 4.0, 30.0]
+    assert describe_exit(-9) == "killed by SIGKILL" and describe_exit(-15) == "killed by SIGTERM"
+    assert describe_exit(2) == "exited with code 2"
