@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -136,3 +137,25 @@ def test_bad_addresses_and_settings() -> None:
         HaConfig(etcd_endpoints="http://127.0.0.1:1", state_dir="/tmp/x")  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         HaConfig(ha_lease_ttl_s=1)
+
+
+def test_slow_take_over_does_not_expire_replayed_nodes(tmp_path: pytest.TempPathFactory) -> None:
+    """The replayed owners' client TTL runs from when the new master serves, not from when
+    its state was built (a take-over slower than the TTL used to drop every node)."""
+    from kvcake.store.ha.durable import DurableMaster
+
+    log = FileOpLog(tmp_path)  # type: ignore[arg-type]
+    log.load()
+    log.wait(log.append([SEG, *_objs(5)]))
+    log.close()
+    log = FileOpLog(tmp_path)  # type: ignore[arg-type]
+    cfg = MasterConfig(port=0, http_port=-1, directory_port=0, client_ttl_s=1.0)
+    master = DurableMaster(cfg, log.load(), log)
+    for info in master.state.clients.values():
+        info.last_seen -= 60  # as if building and starting had taken a minute
+    master.start()
+    try:
+        time.sleep(0.5)  # several housekeeping passes, well inside the TTL
+        assert "seg-a" in master.state.segments and len(master.state.objects) == 5
+    finally:
+        master.stop()
