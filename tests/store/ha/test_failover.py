@@ -207,3 +207,31 @@ def test_state_dir_restart_keeps_metadata(tmp_path: Path) -> None:
     finally:
         node.stop()
         master.stop()
+
+
+def test_mooncake_shim_follows_the_leader(etcd: EtcdServer) -> None:
+    """Mooncake's address form through the compat shim: setup(..., "etcd://..."), then the
+    leader dies and the same store object keeps working."""
+    from kvcake.compat.mooncake import MooncakeDistributedStore
+
+    cluster = "t-shim"
+    ectl = Etcd(etcd.url)
+    masters = [spawn_master(etcd.url, cluster) for _ in range(2)]
+    store = MooncakeDistributedStore()
+    try:
+        leader = _leader_proc(ectl, cluster, masters)
+        addr = f"etcd://{etcd.hostport}/{cluster}"
+        assert store.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", addr) == 0
+        assert store.put("shim-key", b"v" * 100) == 0
+        leader.stop(signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while store.get("shim-key") != b"v" * 100:  # b"" while no master leads
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert store.put("shim-after", b"w") == 0
+        assert store.get("shim-after") == b"w"
+    finally:
+        store.close()
+        for m in masters:
+            m.stop()
+        ectl.close()
