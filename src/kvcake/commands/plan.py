@@ -59,6 +59,11 @@ def register(sub: Any) -> None:
                    help="pool DRAM per node in tokens (0: the preset's, 3M for 70B)")  # fmt: skip
     p.add_argument("--traffic", default="1,2", metavar="LIST",
                    help="traffic multipliers to plan for; the first is the baseline")  # fmt: skip
+    p.add_argument("--index-lag", type=float, default=0.0, metavar="S",
+                   help="KV-index events reach the conductor this late (live-path realism)")  # fmt: skip
+    p.add_argument("--predictor-noise", type=float, default=0.0, metavar="REL",
+                   help="the conductor's predictors are fitted from timings with this relative "
+                   "noise (0: exact)")  # fmt: skip
     p.add_argument("--out", default="plan", metavar="DIR", help="output directory")
     p.add_argument("--jobs", type=int, default=0, metavar="N",
                    help="worker processes (0: all cores)")  # fmt: skip
@@ -111,7 +116,8 @@ def _plan(args: argparse.Namespace) -> int:
         raise ConfigError("--traffic: give at least one multiplier")
     cfg = PlanConfig(hardware=args.hardware, network_gbps=args.network, ttft_slo_s=args.ttft_slo,
                      tbt_slo_s=args.tbt_slo, target=args.target, max_nodes=args.max_nodes,
-                     pool_tokens_per_node=args.pool_tokens, traffic=traffic, jobs=args.jobs)  # fmt: skip
+                     pool_tokens_per_node=args.pool_tokens, traffic=traffic, jobs=args.jobs,
+                     index_lag_s=args.index_lag, predictor_noise=args.predictor_noise)  # fmt: skip
     records = load_any(args.trace, args.tokenizer, args.time_unit)
     if args.save_trace:
         write_trace(records, args.save_trace)

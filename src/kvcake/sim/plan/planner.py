@@ -108,7 +108,8 @@ class Planner:
         self.plan = Plan(cfg, name, trace_stats(records), len(records) / span, ttft, tbt, rule)
         pname, cal = resolve_hardware(cfg.hardware)
         self.base = SimConfig(preset=pname, calibration=cal, ttft_slo_s=ttft, tbt_slo_s=tbt,
-                              link_gbps=cfg.network_gbps)  # fmt: skip
+                              link_gbps=cfg.network_gbps, index_lag_s=cfg.index_lag_s,
+                              predictor_noise=cfg.predictor_noise)  # fmt: skip
         self.work = lower_bound(records, cfg.hardware, span)
         self.progress = progress
 

@@ -96,6 +96,8 @@ class PlanConfig:
     local_cache_tokens: int = 0
     traffic: tuple[float, ...] = (1.0, 2.0)
     jobs: int = 0  # 0: all cores
+    index_lag_s: float = 0.0  # realism knobs of the live-path model (docs/sim.md)
+    predictor_noise: float = 0.0
 
     def __post_init__(self) -> None:
         resolve_hardware(self.hardware)
@@ -107,6 +109,8 @@ class PlanConfig:
                 "cache sizes must be >= 0")  # fmt: skip
         require(all(t > 0 for t in self.traffic), "traffic multipliers must be positive")
         require(self.jobs >= 0, "--jobs must be >= 0")
+        require(self.index_lag_s >= 0, "--index-lag must be >= 0")
+        require(0 <= self.predictor_noise < 1, "--predictor-noise must be in [0, 1)")
 
     @property
     def workers(self) -> int:
