@@ -215,7 +215,7 @@ def _copy_tree(dst: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # two real-model clusters start; measured in docs/serve.md
+@pytest.mark.timeout(1500)  # 769 s under load average ~25 (2 vCPU shared); see docs/serve.md
 def test_non_editable_install_runs_up_and_demo(tmp_path: Path) -> None:
     """`pip install .` (not editable) into a fresh venv, then `kvcake up` with the default config
     and `kvcake demo`, from a directory that is not the clone. Kept cheap: no dependency
@@ -240,8 +240,10 @@ def test_non_editable_install_runs_up_and_demo(tmp_path: Path) -> None:
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert where.startswith(str(site)), where  # the installed copy, not the clone
     kv = [str(venv / "bin" / "kvcake")]
-    up = subprocess.run([*kv, "up", "--detach", "--port", "0"], cwd=work, capture_output=True,
-                        text=True, timeout=600)  # fmt: skip
+    # The default config file (found in the package); the emulated engine keeps this cheap —
+    # the demo below runs the default config's real model.
+    up = subprocess.run([*kv, "up", "--detach", "--port", "0", "--backend", "emulated"], cwd=work,
+                        capture_output=True, text=True, timeout=600)  # fmt: skip
     try:
         assert up.returncode == 0, up.stderr + up.stdout
         url = json.loads((work / "runs" / "latest.json").read_text())["url"]
