@@ -385,6 +385,17 @@ def run_cases(store_mod: Any, master: str, metadata: str) -> dict[str, Any]:
             return [ax.rank, ax.size, ax.split_dim, norm(ax.kind), len(tp.axes)]
 
         case("tensor.parallel_defaults", par)
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="mc_table_")
+        f1, f2 = f"{d}/a.safetensors", f"{d}/b.safetensors"
+        case("safetensor.save", lambda: st.save_tensor_to_safetensor("t.t1", f1))
+        case("safetensor.load_positional", lambda: st.load_tensor_from_safetensor("t.st", f1))
+        case("safetensor.get_loaded", lambda: st.get_tensor("t.st"))
+        case("safetensor.load_missing", lambda: st.load_tensor_from_safetensor("t.x", f"{d}/no"))
+        case("safetensor.save_not_tensor", lambda: st.save_tensor_to_safetensor("t.k", f2))
+        case("safetensor.save_missing_key", lambda: st.save_tensor_to_safetensor("t.missing", f2))
+        case("safetensor.no_file_name", lambda: st.load_tensor_from_safetensor("t.x"))
         case("tensor.par_put_none", lambda: st.put_tensor_with_parallelism("t.par", t))
         case("tensor.par_get_none", lambda: st.get_tensor_with_parallelism("t.par"))
     # --- removal -----------------------------------------------------------------------------

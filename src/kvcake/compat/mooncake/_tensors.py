@@ -191,9 +191,14 @@ class TensorMethods(StoreBase):
             return FILE_ERROR
         return 0
 
-    def load_tensor_from_safetensor(self, key: str | None = None, *, file_name: str) -> Any:
+    def load_tensor_from_safetensor(
+        self, key: str | None = None, file_name: str | None = None
+    ) -> Any:
         """Load ``key`` (or the file's first tensor) from the file and store it under ``key``
-        (or ``file_name``); returns the tensor, None on failure."""
+        (or ``file_name``); returns the tensor, None on failure. ``file_name`` is required (the
+        wheel's signature: ``key=None, file_name``)."""
+        if file_name is None:
+            raise TypeError("load_tensor_from_safetensor(): missing argument 'file_name'")
         if self._client is None:
             return None
         try:
