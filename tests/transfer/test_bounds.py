@@ -153,13 +153,11 @@ def test_reads_stop_at_once_when_the_owner_dies(
     # The directory still lists the segment (nobody dropped the dead owner yet), the file is
     # still in /dev/shm: yet the very next read fails, typed, and the mapping is gone.
     assert a.segment_info("pool").shm_path is not None
-    t0 = time.monotonic()
-    with pytest.raises(OwnerGone):
+    with pytest.raises(OwnerGone):  # the very next read: not one more byte from a dead owner
         a.read_into("pool", 100, out)
     with pytest.raises(OwnerGone):  # a fresh lookup maps nothing for a dead owner
         a.transfer_sync_read("pool", "a", 0, 0, 4096)
     res = a.transfer([TransferRequest(Op.READ, S("a"), 0, S("pool"), 0, 16)])
     assert res.results[0].error_type == "OwnerGone"
-    assert time.monotonic() - t0 < 1.0
     assert shm.mapped() == []
     cleanup_stale()
