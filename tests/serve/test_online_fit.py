@@ -51,3 +51,14 @@ def test_windows_are_bounded_and_bad_samples_ignored() -> None:
         fit.add_decode(0, 10, 0.1)  # empty batch: not a sample
     f = fit.fitted()
     assert f.prefill_samples == 8 and f.decode_samples == 0
+
+
+def test_collinear_decode_samples_keep_the_seed_shape() -> None:
+    """Steps whose context grows with the batch cannot separate the batch and context terms:
+    no full fit (it would extrapolate wildly, e.g. a 1 s TBT for a 14 ms step)."""
+    fit = OnlineFit(TRUE_P, TRUE_D)
+    for b in (1, 2, 4, 8, 1, 2, 4, 8):
+        fit.add_decode(b, 129 * b, TRUE_D.time(b, 129 * b) * 1.5)
+    dc = DecodeCoefficients(*fit.fitted().decode)
+    for b, c in ((1, 100), (16, 60000)):
+        assert abs(dc.time(b, c) / (1.5 * TRUE_D.time(b, c)) - 1) < 0.05  # the scaled seed

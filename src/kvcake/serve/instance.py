@@ -155,8 +155,9 @@ class Instance(InstanceAPI):
         for n in sizes:
             self._timed_prefill(n, sp, record=True)
         if self.role is not Role.PREFILL:
-            ctx = max(8, n_max // 8)
-            for batch in (1, 2, 4, 8):
+            # Batch and context varied independently, so the fit can tell the two terms apart.
+            small, large = max(8, n_max // 8), max(8, n_max // 2)
+            for batch, ctx in ((1, small), (4, small), (8, small), (2, large), (1, large)):
                 self._timed_decode(batch, ctx, sp)
 
     def _timed_prefill(self, n: int, sp: SamplingParams, record: bool) -> None:

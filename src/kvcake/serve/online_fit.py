@@ -47,11 +47,26 @@ def _rel_err(pred: np.ndarray, t: np.ndarray) -> float:
 
 
 def _relative_lstsq(feats: np.ndarray, t: np.ndarray) -> tuple[float, ...]:
-    """Least squares of the *relative* error (rows divided by the measured time): short
-    prefills matter as much as long ones, as they do for a TTFT SLO."""
+    """Non-negative least squares of the *relative* error (rows divided by the measured time:
+    short prefills matter as much as long ones, as they do for a TTFT SLO). Empty when the
+    samples cannot pin three coefficients (rank < 3: e.g. decode steps whose context grows in
+    proportion to the batch) — such a fit matches the window and extrapolates wildly.
+    Coefficients are times per unit and cannot be negative: a term that fits negative is
+    dropped and the rest refitted."""
+    if np.linalg.matrix_rank(feats) < feats.shape[1]:
+        return ()
     w = 1.0 / np.maximum(t, 1e-9)
-    coef, *_ = np.linalg.lstsq(feats * w[:, None], t * w, rcond=None)
-    return tuple(float(c) for c in coef)
+    a, b = feats * w[:, None], t * w
+    keep = list(range(feats.shape[1]))
+    while keep:
+        coef, *_ = np.linalg.lstsq(a[:, keep], b, rcond=None)
+        if (coef >= 0).all():
+            out = [0.0] * feats.shape[1]
+            for k, c in zip(keep, coef, strict=True):
+                out[k] = float(c)
+            return tuple(out)
+        keep.pop(int(np.argmin(coef)))
+    return ()
 
 
 def _choose(
