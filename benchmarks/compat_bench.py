@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import signal
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import store_bench
+import mooncake_peer as peer
 
 KB, MB = 1024, 1024 * 1024
 BATCH = 16
@@ -81,6 +85,17 @@ OPS = [
 ]
 
 
+def spawn(args: list[str], what: str) -> dict[str, str]:
+    """A kvcake subprocess (killed with us: PR_SET_PDEATHSIG) and the fields of its ready line."""
+    proc = peer.start(
+        [sys.executable, "-m", "kvcake", *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    line = peer.read_ready(proc, what, timeout=120)
+    assert proc.stdout is not None
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep its pipe drained
+    return dict(re.findall(r"(\w+)=(\S*)", line))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--protocol", default="tcp", choices=("tcp", "auto"))
@@ -91,10 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kvcake.compat.mooncake.store import MooncakeDistributedStore
     from kvcake.store.client import Client
 
-    master, minfo = store_bench.spawn(["master", "--port", "0", "--http-port", "-1"], "master")
-    node, _ = store_bench.spawn(
-        ["store-server", "--master", minfo["rpc"], "--segment-size", args.segment], "store-server"
-    )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below
+    minfo = spawn(["master", "--port", "0", "--http-port", "-1"], "master")
+    spawn(["store-server", "--master", minfo["rpc"], "--segment-size", args.segment], "store")
     client = Client(master=minfo["rpc"], protocol=args.protocol)
     shim = MooncakeDistributedStore()
     rc = shim.setup("127.0.0.1", "P2PHANDSHAKE", 0, 64 * MB, args.protocol, "", minfo["rpc"])
@@ -107,18 +121,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         for op in OPS:
             spent = {"client": 0.0, "shim": 0.0}
             ratios = []
+            for name in sides:  # values the read ops read, written once per side
+                op.prepare(sides[name], f"{op.name}/{name}", op.calls)
             for r in range(args.rounds):
                 order = ("client", "shim") if r % 2 == 0 else ("shim", "client")
                 t: dict[str, float] = {}
                 for name in order:
-                    tag = f"{op.name}/{name}/{r}"
-                    op.prepare(sides[name], tag, op.calls)
+                    fresh = op.prepare is _noop  # puts write new keys every round
+                    tag = f"{op.name}/{name}/{r}" if fresh else f"{op.name}/{name}"
                     t[name] = timed(op.run(sides[name], tag), 0, op.calls)
-                    sides[name].remove_all(True) if name == "shim" else client.remove_all(
-                        force=True
-                    )
                     spent[name] += t[name]
                 ratios.append(t["client"] / t["shim"])
+            client.remove_all(force=True)
             n = op.calls * args.rounds
             results[op.name] = {
                 "client": n / spent["client"],
@@ -131,9 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shim.close()
         client.close()
-        for p in (node, master):
-            p.terminate()
-            p.wait(10)
+        peer.stop_all()
     print(f"protocol={args.protocol} rounds={args.rounds}")
     print("| op | Client op/s | shim op/s | shim/Client (totals) | per-round ratio median (IQR) |")
     print("|---|---:|---:|---:|---:|")
