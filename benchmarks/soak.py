@@ -47,8 +47,13 @@ def shm_sample(pids: list[int]) -> dict[str, float]:
         for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
             if "/dev/shm/" in line and not line.endswith("(deleted)"):
                 paths.add(line[line.index("/dev/shm/") :])
-    used = sum(Path(p).stat().st_blocks * 512 for p in paths if Path(p).exists())
-    return {"shm_files": len(paths), "shm_used_mib": used / 2**20}
+    files = {p: Path(p).stat() for p in sorted(paths) if Path(p).exists()}
+    per = {p: {"used_mib": round(st.st_blocks * 512 / 2**20, 1), "size_mib": round(st.st_size / 2**20, 1)}
+           for p, st in files.items()}  # fmt: skip
+    used = sum(st.st_blocks * 512 for st in files.values())
+    # Segments fill up to their size (the store pool takes puts until eviction): growth up to
+    # size_mib is use, growth beyond it would be a leak. Reported per file.
+    return {"shm_files": len(paths), "shm_used_mib": used / 2**20, "shm_per_file": per}
 
 
 def sample(c: Cluster) -> dict[str, Any]:
@@ -123,6 +128,8 @@ def compare(start: dict[str, Any], end: dict[str, Any]) -> list[dict[str, Any]]:
             a, b = s[key], (e or {}).get(key, float("nan"))
             rows.append({"process": name, "metric": key, "start": round(a, 1), "end": round(b, 1),
                          "ratio": round(b / a, 3) if a else None})  # fmt: skip
+    for f, e in end["shm_per_file"].items():
+        print(json.dumps({"shm_file": f, "start": start["shm_per_file"].get(f), "end": e}))
     for key in ("shm_files", "shm_used_mib"):
         a, b = start[key], end[key]
         rows.append({"process": "/dev/shm", "metric": key, "start": round(a, 1),
