@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 class EngineRef:
     id: InstanceId
     url: str
-    events: str = ""  # tcp://127.0.0.1:PORT of its KV events ("" = none)
+    events: str = ""  # tcp://127.0.0.1:PORT the proxy binds for its KV events ("" = none)
     running: float = 0.0
     waiting: float = 0.0
     kv_usage: float = 0.0
@@ -137,7 +137,9 @@ class VllmFleet:
         sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
-        sock.connect(e.events)
+        # vLLM *connects* its PUB to a tcp://host:port endpoint (it binds only "*" or ipc://),
+        # so the proxy binds: loopback only, and engines may start before or after it.
+        sock.bind(e.events)
         try:
             while not stop.is_set():
                 if not await sock.poll(500):
