@@ -43,7 +43,10 @@ class Slice:
 
     @property
     def local(self) -> memoryview:
-        return self.job.local[self.offset : self.offset + self.length]
+        job = self.job
+        if self.length == job.length:  # the whole job (one slice): its view as it is
+            return job.local
+        return job.local[self.offset : self.offset + self.length]
 
 
 _OK = RequestResult(True)

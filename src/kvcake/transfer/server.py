@@ -29,7 +29,7 @@ from kvcake.transfer.protocol import (
     decode_desc,
     request_limits,
 )
-from kvcake.transfer.segments import SegmentTable
+from kvcake.transfer.segments import SegmentTable, check_range
 from kvcake.transfer.stream import FrameReader, FrameWriter
 
 
@@ -129,11 +129,33 @@ class TransferServer(ThreadedServer):
             )
         return rows
 
-    def _resolve(self, msg: WriteV | ReadV, row: list[int]) -> memoryview:
-        index, offset, length = row
-        if not 0 <= index < len(msg.segments):
-            raise InvalidRequest(f"segment index {index} not in the request's table")
-        return self.segments.resolve(msg.segments[index], offset, length)
+    def _views(
+        self, msg: WriteV | ReadV, rows: list[list[int]]
+    ) -> list[memoryview | TransferError]:
+        """Each row's view of segment memory, or the typed error that refuses it alone. Each
+        segment of the request's table is looked up once."""
+        segs: list[memoryview | TransferError] = []
+        for name in msg.segments:
+            try:
+                segs.append(self.segments.get(name).view)
+            except TransferError as exc:
+                segs.append(exc)
+        out: list[memoryview | TransferError] = []
+        for index, offset, length in rows:
+            if not 0 <= index < len(segs):
+                out.append(InvalidRequest(f"segment index {index} not in the request's table"))
+                continue
+            seg = segs[index]
+            if not isinstance(seg, memoryview):
+                out.append(seg)
+            elif length > 0 and offset >= 0 and offset + length <= seg.nbytes:
+                out.append(seg[offset : offset + length])
+            else:
+                try:
+                    check_range(msg.segments[index], seg.nbytes, offset, length)
+                except TransferError as exc:  # (always: the range is out of bounds)
+                    out.append(exc)
+        return out
 
     def _write_v(
         self, reader: FrameReader, writer: FrameWriter, rid: int, data_len: int, msg: WriteV
@@ -150,15 +172,15 @@ class TransferServer(ThreadedServer):
             return
         failed: list[tuple[int, str, str]] = []
         run: list[memoryview] = []
-        for i, row in enumerate(rows):
-            try:
-                run.append(self._resolve(msg, row))
-            except TransferError as exc:
-                failed.append((i, type(exc).__name__, str(exc)))
-                if run:
-                    reader.read_into_views(run)
-                    run = []
-                reader.skip(max(row[2], 0))
+        for i, v in enumerate(self._views(msg, rows)):
+            if isinstance(v, memoryview):
+                run.append(v)
+                continue
+            failed.append((i, type(v).__name__, str(v)))
+            if run:
+                reader.read_into_views(run)
+                run = []
+            reader.skip(max(rows[i][2], 0))
         if run:
             reader.read_into_views(run)
         writer.queue(_head(rid, AckV(failed)))
@@ -174,11 +196,9 @@ class TransferServer(ThreadedServer):
         failed: list[tuple[int, str, str]] = []
         views: list[memoryview] = []
         total = 0
-        for i, row in enumerate(rows):
-            try:
-                v = self._resolve(msg, row)
-            except TransferError as exc:
-                failed.append((i, type(exc).__name__, str(exc)))
+        for i, v in enumerate(self._views(msg, rows)):
+            if not isinstance(v, memoryview):
+                failed.append((i, type(v).__name__, str(v)))
                 continue
             views.append(v)
             total += v.nbytes
