@@ -57,24 +57,18 @@ class PooledCluster(MooncakeCluster):
         """As the paper model's, but a prefill node's queue also counts the backlog of its
         transmit side (a request is the prefill instance's until its KV has left: the live
         proxy counts it in flight until then), and failed nodes are unhealthy."""
-        snap = super().snapshot(now)
-        nics = self.nics
-        pre = tuple(
-            PrefillState(s.instance_id, max(s.queued_seconds, nics[i].tx_free - now),
-                         s.queued_requests, s.fetch_bandwidth, healthy=i not in self.dead_p)
-            for i, s in enumerate(snap.prefill)
-        )  # fmt: skip
-        if not (self.dead_p or self.dead_d):
-            return ClusterSnapshot(now, pre, snap.decode, snap.kv_index, snap.block_tokens,
-                                   snap.kv_bytes_per_token, snap.link_bandwidth)  # fmt: skip
-        dec = tuple(
-            DecodeState(s.instance_id, s.running_requests, s.running_context_tokens,
-                        s.kv_capacity_tokens, s.pending_requests, s.pending_context_tokens,
-                        healthy=i not in self.dead_d)
-            for i, s in enumerate(snap.decode)
-        )  # fmt: skip
-        return ClusterSnapshot(now, pre, dec, snap.kv_index, snap.block_tokens,
-                               snap.kv_bytes_per_token, snap.link_bandwidth)  # fmt: skip
+        bw, nics, dp, dd = self.bw, self.nics, self.dead_p, self.dead_d
+        pre = tuple([
+            PrefillState(n.iid, max(n.queued_seconds(now), nics[n.idx].tx_free - now),
+                         n.queued_requests, bw, n.idx not in dp)
+            for n in self.prefill
+        ])  # fmt: skip
+        dec = tuple([
+            DecodeState(n.iid, n.batch.size, n.batch.context_with_pending(now), n.capacity,
+                        n.pending_reqs, n.pending_ctx, n.idx not in dd)
+            for n in self.decode
+        ])  # fmt: skip
+        return ClusterSnapshot(now, pre, dec, self.index, self.cfg.block_tokens, self.kvbpt, bw)
 
     # --- fetch source: the pool ---------------------------------------------------------------
 
