@@ -202,6 +202,11 @@ def test_shim_switch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pkg = shim.install(target)
     assert (pkg / shim.MARKER).is_file()
     assert [f.is_shim for f in shim.found([str(target)])] == [True]
+    over = shim.install(tmp_path / "over")  # a real wheel installed over the shim afterwards
+    (over / "__init__.py").write_text("from mooncake.buffer_pool import BufferPool\n")
+    assert [f.is_shim for f in shim.found([str(tmp_path / "over")])] == [False]
+    with pytest.raises(shim.ShimError, match="not kvcake's shim"):
+        shim.uninstall(tmp_path / "over")
     real = tmp_path / "real"
     (real / "mooncake").mkdir(parents=True)
     (real / "mooncake" / "__init__.py").write_text("")

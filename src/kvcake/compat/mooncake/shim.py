@@ -68,13 +68,23 @@ def site_dir() -> Path:
     return Path(sysconfig.get_paths()["purelib"])
 
 
+def is_shim(pkg: Path) -> bool:
+    """The marker *and* our ``__init__`` (a real wheel installed over the shim replaces the
+    latter and its extension modules take precedence over our ``store.py``)."""
+    try:
+        init = (pkg / "__init__.py").read_text(errors="replace")
+    except OSError:
+        return False
+    return (pkg / MARKER).is_file() and "__kvcake_shim__" in init
+
+
 def found(paths: list[str] | None = None) -> list[Found]:
     """Every ``mooncake`` package on the path, the one ``import mooncake`` picks first."""
     out = []
     for entry in paths if paths is not None else sys.path:
         pkg = Path(entry or ".") / "mooncake"
         if (pkg / "__init__.py").is_file():
-            out.append(Found(pkg.resolve(), (pkg / MARKER).is_file()))
+            out.append(Found(pkg.resolve(), is_shim(pkg)))
     return out
 
 
@@ -83,7 +93,7 @@ def active() -> Found | None:
     if spec is None or spec.origin is None:
         return None
     pkg = Path(spec.origin).parent
-    return Found(pkg.resolve(), (pkg / MARKER).is_file())
+    return Found(pkg.resolve(), is_shim(pkg))
 
 
 def install(target: Path | None = None) -> Path:
@@ -108,8 +118,8 @@ def uninstall(target: Path | None = None) -> Path | None:
     pkg = (target or site_dir()) / "mooncake"
     if not pkg.exists():
         return None
-    if not (pkg / MARKER).is_file():
-        raise ShimError(f"{pkg} is not kvcake's shim (no {MARKER} marker); not removing it")
+    if not is_shim(pkg):
+        raise ShimError(f"{pkg} is not kvcake's shim (a real Mooncake is there); not removing it")
     shutil.rmtree(pkg)
     importlib.invalidate_caches()
     return pkg
