@@ -76,11 +76,15 @@ class FailoverConnection(MasterConnection):
             raise
 
     def call(self, msg: msgspec.Struct, retries: int | None = None) -> P.Reply:
-        deadline = time.monotonic() + self.failover_s
+        """As MasterConnection.call, following the leader for up to ``failover_s``;
+        ``retries=0`` (a best-effort call) makes one attempt and does not wait for a leader."""
+        deadline = time.monotonic() + (0 if retries == 0 else self.failover_s)
         pause = 0.05
         while True:
             try:
-                return super().call(msg, retries)
+                if retries is None:
+                    return super().call(msg)
+                return super().call(msg, retries)  # type: ignore[call-arg,unused-ignore]
             except RpcFailed:
                 self.close()
                 self.address = ""
