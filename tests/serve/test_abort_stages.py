@@ -144,7 +144,7 @@ async def _load(insts: dict[str, Instance], hit: dict[str, str]) -> dict[str, di
                             stage, insts, hit))  # fmt: skip
     jobs += [_fetch_abort(insts, f"fetch{k}", seeded, hit) for k in range(2)]
     await asyncio.gather(*jobs)
-    for _ in range(500):  # detached cleanups, background puts
+    for _ in range(1500):  # detached cleanups, background puts (slow on a loaded machine)
         busy = router.in_cleanup or any(
             i.decoder.busy() or i.prefill.busy() or (i.writer and i.writer.pinned)
             for i in insts.values()
