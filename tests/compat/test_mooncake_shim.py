@@ -4,6 +4,7 @@ real master and store-server."""
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -217,3 +218,27 @@ def test_shim_switch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         shim.uninstall(real)
     assert shim.uninstall(target) == pkg and not pkg.exists()
     assert shim.uninstall(target) is None
+
+
+def test_ssd_offload_on_eviction_and_read_back(master_proc: Proc, tmp_path: Path) -> None:
+    """Over the watermark the master offloads this client's objects to its disk tier; they stay
+    readable (from disk) and show up as local-disk replicas."""
+    s = MooncakeDistributedStore()
+    rc = s.setup(
+        "127.0.0.1", "P2PHANDSHAKE", 4 * MB, 4 * MB, "tcp", "", master_proc.info["rpc"],
+        enable_ssd_offload=True, ssd_offload_path=str(tmp_path),
+    )  # fmt: skip
+    assert rc == 0
+    values = {f"o{i}": bytes([i]) * (256 * 1024) for i in range(15)}  # 94% of a 4 MiB segment
+    for k, v in values.items():
+        assert s.put(k, v) == 0
+    deadline = time.monotonic() + 30
+    on_disk: list[str] = []
+    while time.monotonic() < deadline and not on_disk:
+        time.sleep(0.2)
+        on_disk = [f.name for f in tmp_path.rglob("*.obj")]
+    assert on_disk, "nothing was offloaded to the SSD tier"
+    disk_keys = [k for k in values if any(r.is_local_disk_replica() for r in s.get_replica_desc(k))]
+    assert disk_keys
+    assert all(s.get(k) == values[k] for k in values)  # memory or disk, every value reads back
+    assert s.close() == 0
