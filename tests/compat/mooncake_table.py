@@ -213,6 +213,46 @@ def run_cases(store_mod: Any, master: str, metadata: str) -> dict[str, Any]:
     case("upsert_batch", lambda: st.upsert_batch(["t.ub1", "t.ub2"], [b"1", b"22"]))
     case("upsert_batch.mismatch", lambda: st.upsert_batch(["t.ub1"], []))
 
+    # --- ReplicateConfig in puts ---------------------------------------------------------------
+    def cfg(**kw: Any) -> Any:
+        c = ms.ReplicateConfig()
+        for k, v in kw.items():
+            setattr(c, k, v)
+        return c
+
+    case("cfg.str", lambda: str(ms.ReplicateConfig()))
+    case(
+        "cfg.str_pinned",
+        lambda: str(
+            cfg(
+                soft_pin_action=ms.SoftPinAction.ENABLE,
+                soft_pin_ttl_ms=1000,
+                with_hard_pin=True,
+                replica_num=2,
+            )
+        ),
+    )
+    case("cfg.ttl_without_action", lambda: st.put("t.c1", b"x", cfg(soft_pin_ttl_ms=1000)))
+    case(
+        "cfg.ttl_with_action",
+        lambda: st.put(
+            "t.c2", b"x", cfg(soft_pin_action=ms.SoftPinAction.ENABLE, soft_pin_ttl_ms=1000)
+        ),
+    )
+    case("cfg.hard_pin", lambda: st.put("t.c3", b"x", cfg(with_hard_pin=True)))
+    case(
+        "cfg.replicas_best_effort",
+        lambda: [st.put("t.c4", b"x", cfg(replica_num=3)), len(st.get_replica_desc("t.c4"))],
+    )
+    case(
+        "cfg.disable_action",
+        lambda: st.put("t.c5", b"x", cfg(soft_pin_action=ms.SoftPinAction.DISABLE)),
+    )
+    case(
+        "cfg.batch_ttl_without_action",
+        lambda: st.put_batch(["t.c6"], [b"x"], cfg(soft_pin_ttl_ms=5)),
+    )
+
     # --- pointers ----------------------------------------------------------------------------
     src = buf(bytes(range(256)) * 16)
     dst = buf(4096)
