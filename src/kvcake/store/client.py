@@ -140,8 +140,9 @@ class Client(ReadPath):
             reply = self.conn.call(start)
         except RpcFailed:
             # The master may have applied the PutStart before the link failed: revoke whatever
-            # it started, so the space is not held until the sweep (best effort).
-            self._revoke(list(keys))
+            # it started, so the space is not held until the sweep (one attempt: the master
+            # was just unreachable, and the sweep covers what this misses).
+            self._revoke(list(keys), retries=0)
             raise
         started = [k for k, r in zip(keys, reply.results, strict=True) if r.code == 0]
         try:
@@ -150,10 +151,10 @@ class Client(ReadPath):
             self._revoke(started)  # e.g. PutEnd lost, or interrupted mid-copy: undo half a put
             raise
 
-    def _revoke(self, keys: list[str]) -> None:
+    def _revoke(self, keys: list[str], retries: int | None = None) -> None:
         if keys:
             with contextlib.suppress(StoreError):
-                self.conn.call(P.PutRevoke(self.id, keys))
+                self.conn.call(P.PutRevoke(self.id, keys), retries)
 
     def _finish_puts(
         self, keys: Sequence[str], views: list[memoryview], reply: P.Reply, started: list[str]

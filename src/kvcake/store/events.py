@@ -25,6 +25,7 @@ import msgspec
 from kvcake.core.api import STORE_EVENTS_TOPIC, StoreEvent, StoreEventKind
 
 log = logging.getLogger(__name__)
+_now = time.time
 ENCODER = msgspec.msgpack.Encoder()
 BATCH_DECODER = msgspec.msgpack.Decoder(list[StoreEvent])
 MAX_BATCH = 1024  # events per zmq message
@@ -40,7 +41,9 @@ class EventLog:
         self.publisher = publisher or f"master-{secrets.token_hex(6)}"
         self.seq = 0  # last assigned
         self.dropped = 0
-        self._queue: deque[StoreEvent] = deque()
+        # Raw tuples (seq, kind, keys, tier, segment, time): StoreEvent objects are built by
+        # the publisher thread, off the RPC path.
+        self._queue: deque[tuple[int, StoreEventKind, tuple[str, ...], str, str, float]] = deque()
         self._maxlen = maxlen
         self._cv = threading.Condition()
         self._waiting = False  # the publisher sleeps on _cv: only then is it worth a wake-up
@@ -49,16 +52,14 @@ class EventLog:
     def emit(
         self, kind: StoreEventKind, keys: Iterable[str], tier: str = "", segment: str = ""
     ) -> None:
-        ks = tuple(keys)
+        ks = keys if type(keys) is tuple else tuple(keys)
         if not ks and kind is not StoreEventKind.SEGMENT_LOST:
             return
         with self._cv:
             self.seq += 1
             if not self.enabled:
                 return
-            self._queue.append(
-                StoreEvent(self.seq, self.publisher, kind, ks, tier, segment, time.time())
-            )
+            self._queue.append((self.seq, kind, ks, tier, segment, _now()))
             if len(self._queue) > self._maxlen:
                 self._queue.popleft()
                 self.dropped += 1
@@ -72,7 +73,9 @@ class EventLog:
                 self._cv.wait(timeout)
                 self._waiting = False
             n = min(limit, len(self._queue))
-            return [self._queue.popleft() for _ in range(n)]
+            raw = [self._queue.popleft() for _ in range(n)]
+        pub = self.publisher
+        return [StoreEvent(s, pub, k, ks, t, seg, ts) for s, k, ks, t, seg, ts in raw]
 
     def wake(self) -> None:
         with self._cv:

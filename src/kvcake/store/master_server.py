@@ -9,6 +9,7 @@ server keeps serving everyone else. Per-key failures travel as codes inside a no
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import socket
 import threading
@@ -88,17 +89,22 @@ class MasterHandlers:
         """Answer one request. Mutating requests run through :meth:`MasterState.once`, so a
         retried one (same ``rid``) is applied once and its first reply is replayed."""
         rid = getattr(msg, "rid", None)
-        run: Callable[[], P.Reply] = lambda: self._run(msg)  # noqa: E731
-        if isinstance(msg, P.RemoveAll):  # match off the lock, remove under it
+        if type(msg) is P.RemoveAll:  # match off the lock, remove under it
             try:
                 keys = self.state.match_keys(msg.pattern, msg.regex)
             except StoreError as exc:
                 return P.Reply(code=exc.code, message=str(exc))
-            run = lambda: P.Reply(count=self.state.remove_keys(keys, msg.force))  # noqa: E731
+            run: Callable[[], P.Reply] = lambda: P.Reply(  # noqa: E731
+                count=self.state.remove_keys(keys, msg.force)
+            )
+        elif rid is None:
+            return self._run(msg)
+        else:
+            run = functools.partial(self._run, msg)
         if rid is None:
             return run()
         try:
-            return self.state.once(ClientId(msg.client), rid, run)  # type: ignore[attr-defined]
+            return self.state.once(msg.client, rid, run)  # type: ignore[attr-defined]
         except StaleRequest as exc:
             return P.Reply(code=INVALID_PARAMS, message=f"stale duplicate: {exc}")
 

@@ -108,11 +108,11 @@ class MasterState(TieringMixin, AdminMixin):
         with self.lock:
             if rid is None:
                 return apply()
-            got = self.dedup.lookup(client, rid.session, rid.seq, rid.ack)
+            session, got = self.dedup.begin(client, rid.session, rid.seq, rid.ack)
             if got is not None:
                 return got  # type: ignore[return-value]
             out = apply()
-            self.dedup.record(client, rid.session, rid.seq, out)
+            self.dedup.finish(session, rid.seq, out)
             return out
 
     # --- clients and segments ---------------------------------------------------------------

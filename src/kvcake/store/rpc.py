@@ -113,14 +113,16 @@ class MasterConnection:
         self._reader = BufferedFrames(sock, P.REPLY_CODEC, REPLY_LIMITS, self.busy_poll_us)
         return sock
 
-    def call(self, msg: msgspec.Struct) -> P.Reply:
-        """Send one request; return its reply, raising the typed error of a whole-call failure."""
+    def call(self, msg: msgspec.Struct, retries: int | None = None) -> P.Reply:
+        """Send one request; return its reply, raising the typed error of a whole-call failure.
+        ``retries`` overrides the connection's re-send count for this call."""
+        retries = self.retries if retries is None else retries
         frame: framing.Frame[msgspec.Struct] | None = None
         with self._lock:
             if type(msg).__name__ in P.MUTATING and getattr(msg, "rid", None) is None:
                 self._seq += 1
                 msg.rid = P.ReqId(self.session, self._seq, self._acked)  # type: ignore[attr-defined]
-            for attempt in range(self.retries + 1):
+            for attempt in range(retries + 1):
                 if self._sock is None:
                     self._sock = self._connect()
                 try:
@@ -131,7 +133,7 @@ class MasterConnection:
                     break
                 except (OSError, ConnectionError, FramingError) as exc:
                     self._close_locked()
-                    if attempt == self.retries:
+                    if attempt == retries:
                         raise RpcFailed(f"master {self.address}: {exc}") from exc
             rid = getattr(msg, "rid", None)
             if rid is not None:
