@@ -229,6 +229,7 @@ def run_cell(src: str, cell: str, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--before", default="", help="src dir of the tree to compare with")
+    ap.add_argument("--after", default=AFTER_SRC, help="src dir of the tree under test")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--objects", type=int, default=100_000)
@@ -242,7 +243,7 @@ def main() -> int:
     if args._worker == "evict":
         print(json.dumps(worker_evict(args._src, args.objects)))
         return 0
-    trees = [("after", AFTER_SRC)] + ([("before", args.before)] if args.before else [])
+    trees = [("after", args.after)] + ([("before", args.before)] if args.before else [])
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     print(f"# master_bench {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load "
           f"{os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
