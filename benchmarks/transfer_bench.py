@@ -15,6 +15,11 @@ median of ``--repeats`` runs (min and max shown); a run moves at least ``--min-b
 ``--min-batches`` batches. Also the 4 KB round-trip latency (``transfer_sync_read``; p50/p99) and
 the same round trip over the bare socket.
 
+Then the layer-wise streaming cell (issue 18; ``--stream-layers 0`` skips it): one request's KV
+(``--stream-layers`` x ``--stream-blocks`` blocks of ``--stream-block-bytes``) streamed layer by
+layer to a target process, a ``transfer()`` per layer (``sync``) or a ``submit()`` per layer and
+``wait()`` for all (``async``); with ``--mooncake`` also Mooncake's batch API in the same layout.
+
 ``--mooncake PYTHON`` (default: $KVCAKE_MOONCAKE_PYTHON): right after these runs, the real Mooncake
 Transfer Engine over TCP in the same topology (``benchmarks/mooncake_peer.py`` run by PYTHON, a
 separate venv with ``mooncake-transfer-engine-non-cuda``), then a side-by-side table with
@@ -383,6 +388,7 @@ def check_targets(rows: list[Row], lat: dict[str, float]) -> list[tuple[str, str
     if "tcp_read_4k_p50_us" in lat:
         v = lat["tcp_read_4k_p50_us"]
         out.append(("tcp 4 KB read p50 <= 100 us", f"{v:.0f} us", v <= 100))
+    out += issue18_targets(rows, lat)
     for op in ("write", "read"):
         for block in (mb, 16 * mb):
             t, mc = get(rows, "tcp", op, block), get(rows, "mooncake", op, block)
@@ -396,6 +402,31 @@ def check_targets(rows: list[Row], lat: dict[str, float]) -> list[tuple[str, str
                         ratio >= 2.0,
                     )
                 )
+    return out
+
+
+def issue18_targets(rows: list[Row], lat: dict[str, float]) -> list[tuple[str, str, bool]]:
+    """Issue 18: small-block batches >= 1.0x the live Mooncake, >= 1 MB at >= 90% of the same
+    run's bare socket, 4 KB sync read p50 <= the socket's and <= 1.5x Mooncake's."""
+    out: list[tuple[str, str, bool]] = []
+    for op in ("write", "read"):
+        for block in (4 << 10, 64 << 10):
+            t, mc = get(rows, "tcp", op, block), get(rows, "mooncake", op, block)
+            if t and mc:
+                r = t.gbps_med / mc.gbps_med
+                out.append(
+                    (f"tcp {op} {fmt_size(block)} >= 1.0x Mooncake (live)", f"{r:.2f}x", r >= 1.0)
+                )
+        for block in sorted({r.block for r in rows if r.block >= 1 << 20}):
+            t, b = get(rows, "tcp", op, block), get(rows, "socket", op, block)
+            if t and b:
+                r = t.gbps_med / b.gbps_med
+                out.append((f"tcp {op} {fmt_size(block)} >= 90% of socket", f"{r:.0%}", r >= 0.9))
+    k, sock, mc = (lat.get(f"{m}_read_4k_p50_us") for m in ("tcp", "socket", "mooncake"))
+    if k and sock:
+        out.append(("tcp 4 KB read p50 <= socket p50", f"{k:.0f} vs {sock:.0f} us", k <= sock))
+    if k and mc:
+        out.append(("tcp 4 KB read p50 <= 1.5x Mooncake", f"{k / mc:.2f}x", k <= 1.5 * mc))
     return out
 
 
