@@ -223,7 +223,9 @@ def run_all(args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:
     local = np.zeros(top, dtype=np.uint8)
     local[:] = np.random.default_rng(0).integers(0, 256, top, dtype=np.uint8)
     dst = np.zeros(top, dtype=np.uint8)  # the memmove baseline's other side
-    cfg = TransferConfig(streams=args.streams, slice_size=args.slice_size)
+    cfg = TransferConfig(
+        streams=args.streams, slice_size=args.slice_size, lane_bytes=args.lane_bytes
+    )
     tcp = TransferEngine(target.info["directory"], protocol="tcp", config=cfg)
     shm = TransferEngine(target.info["directory"], protocol="auto", config=cfg)
     tcp.register_memory("local-tcp", local)
@@ -279,7 +281,9 @@ def run_stream(args: argparse.Namespace) -> list[dict[str, object]]:
     lay = peer.stream_layout(args.layers, args.blocks, blk)
     top = args.layers * args.blocks * blk
     target = Target(top)
-    cfg = TransferConfig(streams=args.streams, slice_size=args.slice_size)
+    cfg = TransferConfig(
+        streams=args.streams, slice_size=args.slice_size, lane_bytes=args.lane_bytes
+    )
     engine = TransferEngine(target.info["directory"], protocol="tcp", config=cfg)
     try:
         local = np.random.default_rng(1).integers(0, 256, top, dtype=np.uint8)
@@ -536,6 +540,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--streams", type=int, default=TransferConfig.streams, help="TCP lanes per batch"
     )
     p.add_argument("--slice-size", type=int, default=1 << 20, help="TCP slice size in bytes")
+    p.add_argument(
+        "--lane-bytes",
+        type=int,
+        default=TransferConfig.lane_bytes,
+        help="a batch opens one more lane (up to --streams) per this many bytes",
+    )
     p.add_argument(
         "--api",
         choices=("transfer", "submit"),
