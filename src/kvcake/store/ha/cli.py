@@ -50,4 +50,6 @@ def run_master(cfg: MasterConfig, ha: HaConfig) -> int:
     finally:
         stop.set()
         runner.join(timeout=15)
+        if runner.is_alive() or node.master is not None:  # the runner died or hangs
+            node.step_down()
     return 0

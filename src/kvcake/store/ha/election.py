@@ -67,6 +67,8 @@ class Election:
                     return True
             except EtcdError as exc:
                 log.debug("campaign: %s", exc)
+            except Exception:  # a malformed reply must not end the campaign thread
+                log.exception("campaign: unexpected failure")
             stop.wait(self.poll_s)
         return False
 

@@ -76,10 +76,19 @@ class HaMaster:
             while not (stop.is_set() or self.election.lost.is_set() or self._term_over.is_set()):
                 stop.wait(0.05)
             log.warning("ha: %s ends its term", self.name)
-            self.master.stop()
-            self.master = None
-            self.election.resign()
+            self.step_down()
         self.etcd.close()
+
+    def step_down(self) -> None:
+        """Stop serving and end the term; never raises (a master left half-stopped would keep
+        its threads, and so its process, alive)."""
+        master, self.master = self.master, None
+        if master is not None:
+            try:
+                master.stop()
+            except Exception:
+                log.exception("ha: stopping the master failed")
+        self.election.resign()
 
     def _lead(self) -> DurableMaster:
         oplog = EtcdOpLog(
