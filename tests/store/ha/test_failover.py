@@ -235,3 +235,28 @@ def test_mooncake_shim_follows_the_leader(etcd: EtcdServer) -> None:
         for m in masters:
             m.stop()
         ectl.close()
+
+
+def test_sigterm_resigns_and_exits(etcd: EtcdServer) -> None:
+    """A clean stop ends the term at once (lease revoked: no TTL wait for the standby) and the
+    process exits; a wrong flag combination is refused with status 2."""
+    cluster = "t-term"
+    ectl = Etcd(etcd.url)
+    master = spawn_master(etcd.url, cluster)
+    try:
+        wait_line(master, "master leader")
+        assert read_leader(ectl, cluster) is not None
+        master.popen.send_signal(signal.SIGTERM)
+        assert master.popen.wait(30) == 0
+        assert read_leader(ectl, cluster) is None
+    finally:
+        master.stop()
+        ectl.close()
+    import subprocess
+
+    bad = subprocess.run(
+        [sys.executable, "-m", "kvcake", "master", "--etcd-endpoints", etcd.url,
+         "--state-dir", "/tmp/x", "--port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "either --etcd-endpoints" in bad.stderr
