@@ -242,3 +242,34 @@ def test_ssd_offload_on_eviction_and_read_back(master_proc: Proc, tmp_path: Path
     assert disk_keys
     assert all(s.get(k) == values[k] for k in values)  # memory or disk, every value reads back
     assert s.close() == 0
+
+
+def test_buffer_pool_and_allocators(store: MooncakeDistributedStore) -> None:
+    from kvcake.compat.mooncake import store as ms
+
+    pool = ms.BufferPool(store, max_bytes=256 * 1024, min_size_class=64 * 1024)
+    a = pool.acquire(10_000)  # 64 KiB class
+    assert a.size == 10_000 and a.ptr in store._registered
+    a.buffer[:5] = b"hello"
+    assert store.put_from("pool", a.ptr, 5) == 0
+    b = pool.acquire(100_000)  # 128 KiB class: 192 KiB of 256 mapped
+    with pytest.raises(MemoryError):
+        pool.acquire(100_000, block=False)
+    with pytest.raises(TimeoutError):
+        pool.acquire(100_000, timeout=0.05)
+    b.release()
+    with pool.acquire(100_000) as c:  # b's region comes back
+        assert c.ptr == b.ptr
+        assert store.get_into("pool", c.ptr, c.size) == 5 and bytes(c.buffer[:5]) == b"hello"
+    with pytest.raises(ValueError):
+        ms.BufferPool(store, max_size_class=1024).acquire(4096)
+    pool.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.acquire(1)
+    assert ms.RegisteredBufferPool is ms.BufferPool
+    alloc = ms.MooncakeHostMemAllocator()
+    p = alloc.alloc(4096)
+    assert p != 0 and alloc.free(p) == 0 and alloc.free(p) == -1
+    assert ms.get_alloc_func_addr() != 0 and ms.get_free_func_addr() != 0
+    head, ptr, size, _owner = ms._serialize_tensor(__import__("torch").ones(3))
+    assert len(head) == ms._tensor_metadata_size() == 304 and size == 12 and ptr != 0
