@@ -14,6 +14,7 @@ import ctypes
 import itertools
 import json
 import logging
+import os
 import threading
 import weakref
 from enum import IntEnum
@@ -101,6 +102,8 @@ class TransferEngine(MemoryMethods):
             return -1
         host, _, port = local_hostname.partition(":")
         host = host or "127.0.0.1"
+        if not os.environ.get("MC_LEGACY_RPC_PORT_BINDING"):
+            port = ""  # as Mooncake: the rpc port is picked freely unless legacy binding is asked
         try:
             self._dir = DirectoryService(host, int(port or 0), backend=self._backend)
             self._dir.start()
