@@ -103,7 +103,9 @@ def test_instance_rpc_rejects_garbage(emulated_cluster: Cluster) -> None:
     url = emulated_cluster.instance_urls["prefill-0"]
     for path, body in (("/rpc/prefill", b"\x00\x01garbage"), ("/rpc/prefill", b"{}"),
                        ("/rpc/reserve_kv", b'{"request_id": "x", "num_tokens": -1}'),
-                       ("/rpc/stream", b'{"request_id": 3}')):  # fmt: skip
+                       ("/rpc/stream", b'{"request_id": 3}'),
+                       ("/rpc/abort", b'{"request_id": "x", "writer_stopped": "yes"}'),
+                       ("/rpc/abort", b"[1, 2]")):  # fmt: skip
         r = httpx.post(url + path, content=body, timeout=10)
         assert r.status_code == 400, (path, r.text)
         assert "error" in r.json()
@@ -112,6 +114,10 @@ def test_instance_rpc_rejects_garbage(emulated_cluster: Cluster) -> None:
     r = httpx.post(url + "/rpc/prefill", json=bad_hash, timeout=10)
     assert r.status_code == 400 and "block_hashes" in r.text
     assert httpx.get(url + "/health").status_code == 200  # still serving
+    ack = httpx.post(url + "/rpc/abort", json={"request_id": "never-seen"}, timeout=10)
+    assert ack.status_code == 200 and ack.json() == {"stopped": True}  # unknown ids: ignored
+    acct = httpx.get(url + "/rpc/kv", timeout=10).json()  # the accounting, checked
+    assert acct["used"] + acct["cached"] + acct["free"] == acct["capacity"]
 
 
 def test_layerwise_streaming_overlaps_prefill(emulated_cluster: Cluster) -> None:
