@@ -268,6 +268,9 @@ def prometheus_config(targets: dict[str, list[str]], interval_s: int = 5) -> dic
         {
             "job_name": f"{APP}-{job}",
             "metrics_path": "/metrics",
+            # The proxy labels per-instance series `instance=<kvcake id>`: keep that label
+            # rather than letting Prometheus rename it to exported_instance.
+            "honor_labels": True,
             "static_configs": [{"targets": hosts, "labels": {"component": job}}],
         }
         for job, hosts in targets.items()
