@@ -66,3 +66,24 @@ def test_metrics_and_engine_flags() -> None:
                  "vllm:kv_cache_usage_perc": 0.25}  # fmt: skip
     ref = parse_engine("a=http://127.0.0.1:1/@tcp://127.0.0.1:2")
     assert (ref.id, ref.url, ref.events) == ("a", "http://127.0.0.1:1", "tcp://127.0.0.1:2")
+
+
+def test_fleet_places_a_request_where_its_prefix_is() -> None:
+    from kvcake.serve.vllm_adapter import EngineRef, FleetConfig, VllmFleet
+
+    fleet = VllmFleet(
+        [EngineRef("a", "http://127.0.0.1:1"), EngineRef("b", "http://127.0.0.1:2")],
+        FleetConfig(block_tokens=4),
+    )
+    for e in fleet.engines.values():
+        e.healthy = True
+    toks = list(range(400))
+    for holder in ("a", "b"):  # each engine holds a different conversation's prefix
+        ev = fleet.events[holder]
+        mine = [t + (0 if holder == "a" else 1000) for t in toks]
+        ev.apply(batch(stored([f"{holder}{i}".encode() for i in range(100)], None, mine)))
+    for holder, offset in (("a", 0), ("b", 1000)):
+        turn2 = [t + offset for t in toks] + [7, 7, 7, 7, 7]
+        engine, _ = fleet.dispatch(f"r-{holder}", turn2, 8)
+        assert engine.id == holder
+        fleet.done(f"r-{holder}", engine.id, 0.0)

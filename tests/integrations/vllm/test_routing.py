@@ -52,12 +52,12 @@ def blocks_of(url: str, engine: str) -> int:
 @pytest.mark.parametrize("first", ["a", "b"])
 def test_second_turn_lands_where_its_prefix_is(cluster: Cluster, proxy: str, first: str) -> None:
     engine = cluster.a if first == "a" else cluster.b
-    system = f"You are assistant number {first}. " + "Answer briefly and politely. " * 30
+    system = f"You are assistant number {first}. " + "Answer briefly and politely. " * 60
     turn1 = [{"role": "system", "content": system}, {"role": "user", "content": "Name a color."}]
     before = blocks_of(proxy, first)
     answer, _ = chat(engine.url, turn1)  # turn 1 straight to one engine, not via the proxy
     deadline = time.monotonic() + 20
-    while blocks_of(proxy, first) < before + 8:  # its KV events reached the proxy
+    while blocks_of(proxy, first) < before + 8:  # its KV events reached the proxy (~12 blocks)
         assert time.monotonic() < deadline, httpx.get(proxy + "/fleet").json()
         time.sleep(0.2)
     turn2 = [*turn1, {"role": "assistant", "content": answer},
