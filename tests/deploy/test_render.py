@@ -126,3 +126,22 @@ def test_committed_deploy_dir_is_a_fresh_render(tmp_path: Path) -> None:
             committed = ROOT / "deploy" / rel
             assert committed.exists(), f"deploy/{rel} missing: run `kvcake deploy render`"
             assert committed.read_text() == f.read_text(), f"deploy/{rel} is stale"
+
+
+def test_every_container_command_parses_with_kvcake_s_own_cli(tmp_path: Path) -> None:
+    """The args in the manifests are real `kvcake` flags (a renamed flag breaks this test)."""
+    from kvcake.cli import build_parser
+
+    parser = build_parser()
+    for toml in (DISAGG, COLOC):
+        for o in objects(render(tmp_path, toml)):
+            if o["kind"] not in ("StatefulSet", "Deployment"):
+                continue
+            (c,) = o["spec"]["template"]["spec"]["containers"]
+            assert c["command"] == ["kvcake"]
+            args = [a.replace("$(POD_IP)", "10.1.2.3").replace("$(POD_NAME)", "p-0")
+                    for a in c["args"]]  # fmt: skip
+            ns = parser.parse_args(args)
+            assert callable(ns.func), args
+            env = {e["name"] for e in c["env"]}
+            assert {"POD_IP", "POD_NAME"} <= env

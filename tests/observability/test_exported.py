@@ -61,3 +61,19 @@ def test_the_check_catches_an_unexported_name(emulated_cluster: Cluster) -> None
     everything = set().union(*scrape(emulated_cluster).values())
     assert "kvcake:no_such_series_total" not in everything
     assert "kvcake:prefix_cache_hits" not in everything  # a counter without _total is wrong
+
+
+def test_scrape_config_command(emulated_cluster: Cluster, tmp_path: Path) -> None:
+    import yaml
+
+    from kvcake.cli import main
+
+    out = tmp_path / "prometheus.yml"
+    state = Path(emulated_cluster.run_dir) / "cluster.json"
+    assert main(["deploy", "scrape-config", "--state", str(state), "--out", str(out)]) == 0
+    jobs = {j["job_name"]: j for j in yaml.safe_load(out.read_text())["scrape_configs"]}
+    assert len(jobs["kvcake-decode"]["static_configs"][0]["targets"]) == 2
+    assert jobs["kvcake-proxy"]["static_configs"][0]["targets"] == [
+        emulated_cluster.url.split("//", 1)[1]
+    ]
+    assert main(["deploy", "scrape-config", "--state", str(tmp_path / "none.json")]) == 2
