@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate as kv
 import pytest
 import yaml
 
@@ -16,7 +17,6 @@ from kvcake.core.config import load_config
 from kvcake.serve.config import ProxyConfig
 from kvcake.serve.launcher import load_serve_file
 
-kv = pytest.importorskip("kubernetes_validate")
 ROOT = Path(__file__).resolve().parents[2]
 
 
