@@ -215,7 +215,7 @@ def _copy_tree(dst: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # 769 s under load average ~25 (2 vCPU shared); see docs/serve.md
+@pytest.mark.timeout(1500)  # 240 s under load average ~25 (2 vCPU shared); docs/benchmarks.md
 def test_non_editable_install_runs_up_and_demo(tmp_path: Path) -> None:
     """`pip install .` (not editable) into a fresh venv, then `kvcake up` with the default config
     and `kvcake demo`, from a directory that is not the clone. Kept cheap: no dependency
