@@ -99,6 +99,28 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _lock_held(fd: int) -> bool:
+    """Does some process hold the liveness flock of the file open at ``fd``?"""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
+def owner_holds_lock(path: str | Path) -> bool:
+    """True while the file's creator (or any process it handed the file to) is alive."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        return _lock_held(fd)
+    finally:
+        os.close(fd)
+
+
 def is_stale(path: Path) -> bool:
     """True when no process holds the file's liveness lock (its owner is gone)."""
     try:
@@ -106,11 +128,8 @@ def is_stale(path: Path) -> bool:
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        if _lock_held(fd):
+            return False
         m = _NAME_RE.match(path.name)
         if m is None or not _pid_alive(int(m.group(1))):
             return True

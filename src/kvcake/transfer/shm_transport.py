@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import fcntl
 import mmap
 import os
 import select
@@ -94,23 +93,6 @@ class PeerMap:
             self.mm.close()  # views still in use keep the pages until they are dropped
 
 
-def _owner_holds_lock(path: str) -> bool:
-    """Does some process still hold the file's liveness flock (see :mod:`.shm`)?"""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
-
-
 class ShmTransport(Transport):
     name = "shm"
 
@@ -148,7 +130,7 @@ class ShmTransport(Transport):
                 self._maps.move_to_end(path)
                 return pm
         live = Liveness(owner_pid(target.owner))
-        if not live.alive() or not _owner_holds_lock(path):
+        if not live.alive() or not shm.owner_holds_lock(path):
             live.close()
             raise self._gone(target)
         mm = shm.map_peer(path, target.size)
