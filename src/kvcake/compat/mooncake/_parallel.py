@@ -49,6 +49,16 @@ def _tp_axis(par: TensorParallelism | None) -> ParallelAxis | None:
 class ParallelMethods(TensorMethods, StoreBase):
     # --- _with_tp -----------------------------------------------------------------------------
 
+    def _batch_put_tp(
+        self, keys: list[str], tensors: list[Any], config: Any, tp_size: int, split_dim: int
+    ) -> list[int]:
+        if len(keys) != len(tensors):
+            return [E.INVALID_PARAMS] * len(keys)
+        return [
+            self._put_tp(k, t, config, tp_size, split_dim, False)
+            for k, t in zip(keys, tensors, strict=True)
+        ]
+
     def _put_tp(
         self, key: str, tensor: Any, config: Any, tp_size: int, split_dim: int, up: bool
     ) -> int:
@@ -92,12 +102,7 @@ class ParallelMethods(TensorMethods, StoreBase):
         tp_size: int = 1,
         split_dim: int = 0,
     ) -> list[int]:
-        if len(base_keys) != len(tensors_list):
-            return [E.INVALID_PARAMS] * len(base_keys)
-        return [
-            self._put_tp(k, t, None, tp_size, split_dim, False)
-            for k, t in zip(base_keys, tensors_list, strict=True)
-        ]
+        return self._batch_put_tp(base_keys, tensors_list, None, tp_size, split_dim)
 
     @returns([])
     def batch_pub_tensor_with_tp(
@@ -109,12 +114,7 @@ class ParallelMethods(TensorMethods, StoreBase):
         tp_size: int = 1,
         split_dim: int = 0,
     ) -> list[int]:
-        if len(base_keys) != len(tensors_list):
-            return [E.INVALID_PARAMS] * len(base_keys)
-        return [
-            self._put_tp(k, t, config, tp_size, split_dim, False)
-            for k, t in zip(base_keys, tensors_list, strict=True)
-        ]
+        return self._batch_put_tp(base_keys, tensors_list, config, tp_size, split_dim)
 
     @returns(int)
     def put_tensor_with_tp_from(

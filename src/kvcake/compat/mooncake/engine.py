@@ -55,6 +55,11 @@ Read, Write = TransferOpcode.Read, TransferOpcode.Write
 _Opcode = TransferOpcode
 
 
+def _op(opcode: _Opcode) -> Op:
+    """Mooncake's opcode (enum or int) as the Transfer Engine's operation."""
+    return Op.WRITE if TransferOpcode(opcode) is TransferOpcode.Write else Op.READ
+
+
 class TransferNotify:
     def __init__(self, name: str = "", msg: str = ""):
         self.name, self.msg = name, msg
@@ -200,7 +205,7 @@ class TransferEngine(MemoryMethods):
         notify: TransferNotify | None = None,
         transport_hint: str = "",
     ) -> int:
-        op = Op.WRITE if TransferOpcode(opcode) is TransferOpcode.Write else Op.READ
+        op = _op(opcode)
         rc = self._run(target_hostname, [buffer], [peer_buffer_address], [length], op)[0]
         return self._notify(target_hostname, notify) if rc == 0 else rc
 
@@ -234,7 +239,7 @@ class TransferEngine(MemoryMethods):
         notify: TransferNotify | None = None,
         transport_hint: str = "",
     ) -> int:
-        op = Op.WRITE if TransferOpcode(opcode) is TransferOpcode.Write else Op.READ
+        op = _op(opcode)
         rc = self._run(target_hostname, buffers, peer_buffer_addresses, lengths, op)[0]
         return self._notify(target_hostname, notify) if rc == 0 else rc
 
@@ -281,7 +286,7 @@ class TransferEngine(MemoryMethods):
         opcode: _Opcode,
         transport_hint: str = "",
     ) -> int:
-        op = Op.WRITE if TransferOpcode(opcode) is TransferOpcode.Write else Op.READ
+        op = _op(opcode)
         return self._async(target_hostname, buffers, peer_buffer_addresses, lengths, op)
 
     def batch_transfer_async_write(
