@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcake.core.errors import TraceError
-from kvcake.core.trace import TRACE_BLOCK_TOKENS, TraceRecord
+from kvcake.core.trace import TRACE_BLOCK_TOKENS, TraceRecord, json_object
 
 MS_THRESHOLD = 1e11  # a timestamp above this is in ms (1e11 s would be the year 5138)
 
@@ -94,12 +94,7 @@ def _output(obj: dict[str, Any], line: int) -> int | None:
 
 
 def parse_request(text: str, line: int = 1, time_unit: str = "auto") -> LoggedRequest:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TraceError(f"not valid JSON ({exc.msg})", line=line) from exc
-    if not isinstance(obj, dict):
-        raise TraceError("must be a JSON object", line=line)
+    obj = json_object(text, line)
     if "timestamp" not in obj:
         raise TraceError("missing", line=line, field="timestamp")
     ts = _timestamp(obj["timestamp"], line, time_unit)

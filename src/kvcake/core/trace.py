@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -54,14 +55,20 @@ def _int_field(obj: dict[str, object], name: str, line: int, minimum: int) -> in
     return v
 
 
-def parse_line(text: str, line: int = 1) -> TraceRecord:
-    """Parse and validate one JSONL line; errors name the line and the field."""
+def json_object(text: str, line: int) -> dict[str, Any]:
+    """One JSONL line as a JSON object, or a TraceError naming the line."""
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise TraceError(f"not valid JSON ({exc.msg})", line=line) from exc
     if not isinstance(obj, dict):
         raise TraceError("must be a JSON object", line=line)
+    return obj
+
+
+def parse_line(text: str, line: int = 1) -> TraceRecord:
+    """Parse and validate one JSONL line; errors name the line and the field."""
+    obj = json_object(text, line)
     missing = [f for f in _FIELDS if f not in obj]
     if missing:
         raise TraceError("missing", line=line, field=missing[0])
