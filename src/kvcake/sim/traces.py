@@ -6,11 +6,13 @@ those files are not at hand."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+from kvcake.core.costmodel import CostModel
 from kvcake.core.errors import TraceError
 from kvcake.core.synth import SynthConfig, generate
-from kvcake.core.trace import TraceRecord, read_trace
+from kvcake.core.trace import TRACE_BLOCK_TOKENS, TraceRecord, read_trace
 
 # paper: 23,608 requests, avg input 8,596, avg output 182, cache ratio 59%
 TOOL_AGENT = SynthConfig(
@@ -42,3 +44,20 @@ def load_workload(spec: str) -> tuple[str, list[TraceRecord]]:
     if not recs:
         raise TraceError(f"{p}: the trace has no requests (empty file)")
     return p.stem.removesuffix("_trace"), recs
+
+
+def ideal_prefill_s(records: Sequence[TraceRecord], cm: CostModel) -> float:
+    """Prefill seconds of the whole trace if every block seen before were reused for free: the
+    lower bound that sizes replay speeds and clusters (a request's leading seen blocks are its
+    cached prefix; at least one token is always computed)."""
+    seen: set[int] = set()
+    work = 0.0
+    for r in records:
+        n = 0
+        for h in r.hash_ids:
+            if h not in seen:
+                break
+            n += 1
+        seen.update(r.hash_ids)
+        work += cm.prefill_time(r.input_length, min(n * TRACE_BLOCK_TOKENS, r.input_length - 1))
+    return work

@@ -19,7 +19,7 @@ from kvcake.core.trace import TraceRecord
 from kvcake.sim.config import SimConfig
 from kvcake.sim.metrics import SimResult
 from kvcake.sim.runner import simulate
-from kvcake.sim.traces import load_workload
+from kvcake.sim.traces import ideal_prefill_s, load_workload
 
 Observer = tuple[float, Callable[[float, Any], None]]  # (period s, fn(now, cluster))
 _WORKLOADS: dict[str, tuple[str, list[TraceRecord]]] = {}
@@ -56,17 +56,7 @@ def decode_step_s(spec: str, preset_name: str = DEFAULT_PRESET) -> float:
 def fill_speed(spec: str, nodes: int, preset_name: str = DEFAULT_PRESET) -> float:
     """The replay speed at which the trace's prefill work, with every block seen before
     reused for free (a lower bound), would keep ``nodes`` prefill instances busy."""
-    cm = preset(preset_name)
-    seen: set[int] = set()
-    work = 0.0
-    for r in workload(spec)[1]:
-        n = 0
-        for h in r.hash_ids:
-            if h not in seen:
-                break
-            n += 1
-        seen.update(r.hash_ids)
-        work += cm.prefill_time(r.input_length, min(n * 512, r.input_length - 1))
+    work = ideal_prefill_s(workload(spec)[1], preset(preset_name))
     return nodes * span_s(spec) / max(work, 1e-12)
 
 

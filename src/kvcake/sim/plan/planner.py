@@ -34,6 +34,7 @@ from kvcake.sim.plan.search import (
     resolve_hardware,
     sim_config,
 )
+from kvcake.sim.traces import ideal_prefill_s
 
 HEADROOM = (1.1, 1.25, 1.5, 2.0, 3.0, 4.0)
 BANDWIDTHS = (10.0, 25.0, 50.0, 100.0, 200.0, 400.0, 800.0)
@@ -80,18 +81,7 @@ def check_trace(records: Sequence[TraceRecord]) -> float:
 
 def lower_bound(records: Sequence[TraceRecord], hardware: str, span: float) -> float:
     """Prefill instance-seconds per second if every block seen before were reused for free."""
-    cm = cost_model_for(hardware)
-    seen: set[int] = set()
-    work = 0.0
-    for r in records:
-        n = 0
-        for h in r.hash_ids:
-            if h not in seen:
-                break
-            n += 1
-        seen.update(r.hash_ids)
-        work += cm.prefill_time(r.input_length, min(n * 512, r.input_length - 1))
-    return work / span
+    return ideal_prefill_s(records, cost_model_for(hardware)) / span
 
 
 class Planner:
