@@ -365,13 +365,7 @@ class TcpTransport(Transport):
     ) -> list[tuple[Slice, TransferError | None]]:
         """Read the reply to a vectored request: per-slice outcomes (refusals returned); a
         read's bytes land straight in initiator memory, one ``recvmsg_into`` per wake-up."""
-        head = reader.read_head(_REPLY_LIMITS)
-        if head is None:
-            raise framing.TruncatedFrame("transfer server closed the connection")
-        reply_rid, meta_len, data_len = head
-        if reply_rid != rid:
-            raise framing.MalformedFrame(f"reply {reply_rid} does not match request {rid}")
-        msg = reader.read_msg(CODEC, meta_len)
+        msg, data_len = _read_reply(reader, rid)
         if isinstance(msg, Fail):
             if data_len:
                 raise framing.MalformedFrame("a Fail reply carries no data")
@@ -410,13 +404,7 @@ class TcpTransport(Transport):
         self, reader: FrameReader, rid: int, op: Op, local: memoryview, target: SegmentInfo
     ) -> TransferError | None:
         """Read the reply to a single request; a refusal is returned, a broken stream raises."""
-        head = reader.read_head(_REPLY_LIMITS)
-        if head is None:
-            raise framing.TruncatedFrame("transfer server closed the connection")
-        reply_rid, meta_len, data_len = head
-        if reply_rid != rid:
-            raise framing.MalformedFrame(f"reply {reply_rid} does not match request {rid}")
-        msg = reader.read_msg(CODEC, meta_len)
+        msg, data_len = _read_reply(reader, rid)
         if type(msg) is not Ack:
             if isinstance(msg, Fail):
                 if data_len:
@@ -432,3 +420,14 @@ class TcpTransport(Transport):
         if expect:
             reader.read_into(local)
         return None
+
+
+def _read_reply(reader: FrameReader, rid: int) -> tuple[object, int]:
+    """The reply to request ``rid``: its message and the length of the data that follows."""
+    head = reader.read_head(_REPLY_LIMITS)
+    if head is None:
+        raise framing.TruncatedFrame("transfer server closed the connection")
+    reply_rid, meta_len, data_len = head
+    if reply_rid != rid:
+        raise framing.MalformedFrame(f"reply {reply_rid} does not match request {rid}")
+    return reader.read_msg(CODEC, meta_len), data_len
