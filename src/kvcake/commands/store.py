@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from typing import Any, TypeVar
 
-from kvcake.commands._common import wait_for_signal
+from kvcake.commands._common import serve_until_signal, wait_for_signal
 
 T = TypeVar("T")
 
@@ -77,27 +76,19 @@ def _master(args: argparse.Namespace) -> int:
     cfg = _load(args, MasterConfig, "master")
     ha = _load(args, HaConfig, "ha")
     if ha.enabled:
-        from kvcake.store.ha.cli import run_master
+        from kvcake.commands._ha_master import run_master
 
         return run_master(cfg, ha)
     master = Master(cfg)
-    try:
-        master.start()
-    except OSError as exc:
-        print(f"kvcake master: cannot listen: {exc}", file=sys.stderr)
-        master.stop()
-        return 2
     # One parseable line so launchers (tests, the cluster launcher) learn the bound ports.
-    print(
-        f"master rpc={master.rpc_address} directory={master.directory_address} "
-        f"http={master.http_address} events={master.events_address}",
-        flush=True,
+    return serve_until_signal(
+        master,
+        "master",
+        lambda: (
+            f"master rpc={master.rpc_address} directory={master.directory_address} "
+            f"http={master.http_address} events={master.events_address}"
+        ),
     )
-    try:
-        wait_for_signal()
-    finally:
-        master.stop()
-    return 0
 
 
 def _store_server(args: argparse.Namespace) -> int:

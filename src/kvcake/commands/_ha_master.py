@@ -7,10 +7,9 @@ Printed lines (for launchers and tests): ``master rpc=... directory=... http=...
 
 from __future__ import annotations
 
-import sys
 import threading
 
-from kvcake.commands._common import wait_for_signal
+from kvcake.commands._common import serve_until_signal, wait_for_signal
 from kvcake.store.config import MasterConfig
 from kvcake.store.ha.config import HaConfig
 from kvcake.store.ha.durable import DurableMaster
@@ -24,18 +23,9 @@ def _where(m: DurableMaster) -> str:
 def run_master(cfg: MasterConfig, ha: HaConfig) -> int:
     if ha.state_dir is not None:
         master = open_state_dir(cfg, ha)
-        try:
-            master.start()
-        except OSError as exc:
-            print(f"kvcake master: cannot listen: {exc}", file=sys.stderr)
-            master.stop()
-            return 2
-        print(f"master {_where(master)} state_dir={ha.state_dir}", flush=True)
-        try:
-            wait_for_signal()
-        finally:
-            master.stop()
-        return 0
+        return serve_until_signal(
+            master, "master", lambda: f"master {_where(master)} state_dir={ha.state_dir}"
+        )
     stop = threading.Event()
     node = HaMaster(
         cfg,
