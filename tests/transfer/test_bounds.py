@@ -161,3 +161,38 @@ def test_reads_stop_at_once_when_the_owner_dies(
     assert res.results[0].error_type == "OwnerGone"
     assert shm.mapped() == []
     cleanup_stale()
+
+
+def test_concurrent_first_reads_share_one_mapping(make_engine: EngineFactory) -> None:
+    """Threads mapping a peer's segment for the first time at once: none may close the mapping
+    another is copying through (was: 'operation forbidden on released memoryview object')."""
+    import threading
+
+    a = make_engine(protocol="shm", config=TransferConfig(io_timeout_s=5.0))
+    b = make_engine()
+    mem = b.allocate_segment("p", 4096)
+    mem[:4] = b"kvkv"
+    shm = a.transports["shm"]
+    assert isinstance(shm, ShmTransport)
+    target = a.segment_info("p")
+    errors: list[BaseException] = []
+    for _ in range(20):
+        shm.forget(target.shm_path or "")
+        gate = threading.Barrier(8)
+
+        def read(gate: threading.Barrier = gate) -> None:
+            out = memoryview(bytearray(4))
+            gate.wait()
+            try:
+                shm._copy(Op.READ, out, target, 0)
+                assert bytes(out) == b"kvkv"
+            except BaseException as exc:  # collected for the assertion below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=read) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(shm.mapped()) == 1
+    assert errors == []

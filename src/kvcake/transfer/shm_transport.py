@@ -137,11 +137,15 @@ class ShmTransport(Transport):
         pm = PeerMap(mm, memoryview(mm), live)
         evicted: list[PeerMap] = []
         with self._lock:
-            old = self._maps.pop(path, None)
-            self._maps[path] = pm
-            while len(self._maps) > self._max_maps:
-                evicted.append(self._maps.popitem(last=False)[1])
-        for m in ([old] if old else []) + evicted:
+            first = self._maps.get(path)
+            if first is None:
+                self._maps[path] = pm
+                while len(self._maps) > self._max_maps:
+                    evicted.append(self._maps.popitem(last=False)[1])
+        if first is not None:  # another thread mapped it meanwhile and may be copying through it
+            pm.close()
+            return first
+        for m in evicted:
             m.close()
         return pm
 
