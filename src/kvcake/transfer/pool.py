@@ -123,6 +123,9 @@ class EndpointPool:
         except OSError as exc:
             self._forget(placeholder)
             raise PathFailure(f"cannot connect to {address}: {exc}") from exc
+        # create_connection's timeout leaves Python's non-blocking timeout mode on (a poll
+        # before every call): go back to a blocking socket, then the kernel-side timeouts.
+        sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         set_io_timeout(sock, self._io_timeout)
         ep = Endpoint(address, sock, busy_poll_us=self._busy_poll_us)
