@@ -52,6 +52,11 @@ def register(sub: Any) -> None:
     p.add_argument("--decode", action="append", help="decode instance URL")
     p.add_argument("--backend", default="torch", help="torch: real tokenizer; emulated: bytes")
     p.add_argument("--colocated", action="store_true", help="instances prefill and decode")
+    p.add_argument("--request-log", metavar="PATH",
+                   help="proxy.request_log: JSON-lines log, one line per request (kvcake logs)")  # fmt: skip
+    p.add_argument("--metrics-names", choices=("kvcake", "vllm", "both"),
+                   help="proxy.metrics_names: export /metrics under kvcake:, vLLM's vllm: names "
+                   "(labelled component=kvcake-proxy) or both")  # fmt: skip
     p.add_argument("--policy", help="conductor prefill policy")
     p.add_argument("--admission", help="conductor admission policy (none = never 429)")
     p.add_argument("--ttft-slo-s", type=float)
@@ -92,7 +97,7 @@ def _proxy(args: argparse.Namespace) -> int:
     from kvcake.serve.config import ProxyConfig
     from kvcake.serve.proxy_main import run_proxy
 
-    ov = _overrides(args, ["host", "port", "policy", "admission", "ttft_slo_s", "tbt_slo_s"])
+    ov = _overrides(args, ["request_log", "metrics_names", "host", "port", "policy", "admission", "ttft_slo_s", "tbt_slo_s"])
     ov["prefill"] = tuple(args.prefill) if args.prefill else None
     ov["decode"] = tuple(args.decode) if args.decode else None
     cfg = load_config(ProxyConfig, toml_path=args.config, section="proxy", overrides=ov)

@@ -100,6 +100,10 @@ class PrefillResult:
     cached_tokens: int  # tokens whose KV was reused (local, fetched or from the pool)
     computed_tokens: int
     timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+    # Where the reused blocks came from, as the prefill instance saw it (serve.attribution):
+    # blocks per source — "local", "memory:<segment>" / "disk:<segment>" (pool reads), and
+    # "fetch:not_found" / "fetch:failed" / "fetch:too_slow" (pool reads that did not succeed).
+    kv_sources: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,7 @@ class LoadReport:
     recent_ttft_s: float = 0.0
     recent_tbt_s: float = 0.0
     healthy: bool = True
+    preemptions: int = 0  # decode preemptions since the instance started (a running total)
 
     def __post_init__(self) -> None:
         if not 0 <= self.kv_blocks_used <= max(self.kv_blocks_total, self.kv_blocks_used):

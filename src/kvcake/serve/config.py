@@ -76,6 +76,14 @@ class ProxyConfig:
     max_prompt_tokens: int = 8192
     max_body_bytes: int = size_field("8MiB")  # larger request bodies get 413 before parsing
     master: str = ""  # store master RPC host:port: its KV events keep the pool index ("" = off)
+    # JSON-lines request log (serve.reqlog; `kvcake logs` reads it; "" = off), rotated to
+    # .1 .. .N when it passes request_log_max_bytes.
+    request_log: str = ""
+    request_log_max_bytes: int = size_field("64MiB")
+    request_log_backups: int = 3
+    # /metrics names: "kvcake" (kvcake:*), "vllm" (vLLM's vllm:* where vLLM has the metric,
+    # with component="kvcake-proxy"), or "both".
+    metrics_names: str = "kvcake"
 
     def __post_init__(self) -> None:
         require(0 <= self.port <= 65535, f"proxy.port {self.port} out of range")
@@ -84,6 +92,10 @@ class ProxyConfig:
         require(self.link_bandwidth > 0, "proxy.link_bandwidth must be > 0")
         require(self.max_prompt_tokens >= 1, "proxy.max_prompt_tokens must be >= 1")
         require(self.max_body_bytes >= 1024, "proxy.max_body_bytes must be >= 1024")
+        require(self.request_log_max_bytes >= 4096, "proxy.request_log_max_bytes must be >= 4KiB")
+        require(0 <= self.request_log_backups <= 100, "proxy.request_log_backups must be in [0, 100]")
+        require(self.metrics_names in ("kvcake", "vllm", "both"),
+                f"proxy.metrics_names must be kvcake, vllm or both, got {self.metrics_names!r}")  # fmt: skip
 
 
 @dataclass(frozen=True)

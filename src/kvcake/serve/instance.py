@@ -312,6 +312,7 @@ class Instance(InstanceAPI):
             recent_ttft_s=self.prefill.recent_s,
             recent_tbt_s=self.decoder.recent_tbt_s,
             healthy=not self.draining,
+            preemptions=self.decoder.preemptions,
         )
 
     def kv_events(self, since_seq: int) -> list[KVEvent]:

@@ -24,6 +24,7 @@ from kvcake.core.errors import TransferError
 from kvcake.core.hashing import block_key
 from kvcake.core.ids import BlockHash, SegmentName
 from kvcake.engine.kv_memory import KVLayout
+from kvcake.serve import attribution
 
 log = logging.getLogger(__name__)
 
@@ -215,19 +216,30 @@ class PoolLink:
 
     def get_into(self, hashes: Sequence[BlockHash], views: Sequence[memoryview]) -> int:
         """Read blocks in order into ``views``; stops at the first miss. Returns blocks read."""
+        return sum(self.read_prefix(hashes, views)[0].values())
+
+    def read_prefix(
+        self, hashes: Sequence[BlockHash], views: Sequence[memoryview]
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """Like :meth:`get_into`, saying what happened (``serve.attribution`` keys): blocks
+        read per replica source (``memory:<segment>`` / ``disk:<segment>``), and the blocks
+        not read (from the first miss on) under the kind of that miss."""
+        read: dict[str, int] = {}
         if not hashes:
-            return 0
+            return read, {}
+        reps: list[Any] = []
         try:
-            got = self.client.batch_get_into([self.key(h) for h in hashes], list(views))
+            got = self.client.batch_get_into([self.key(h) for h in hashes], list(views), reps)
         except Exception as exc:  # the pool is unreachable: compute instead
             log.warning("pool read failed: %r", exc)
-            return 0
-        n = 0
-        for g, v in zip(got, views, strict=True):
-            if not isinstance(g, int) or g != v.nbytes:
-                break  # a miss (evicted) or a foreign object: compute from here
-            n += 1
-        return n
+            return read, {attribution.FETCH_FAILED: len(hashes)}
+        for i, (g, v) in enumerate(zip(got, views, strict=True)):
+            if not isinstance(g, int) or g != v.nbytes:  # compute from here
+                return read, {_miss_kind(g): len(hashes) - i}
+            rep = reps[i] if i < len(reps) else None
+            src = attribution.pool_source(rep.tier, rep.segment) if rep else "memory:?"
+            read[src] = read.get(src, 0) + 1
+        return read, {}
 
     def put(self, hashes: Sequence[BlockHash], views: Sequence[memoryview]) -> list[BlockHash]:
         """Write blocks not yet in the pool. Returns the hashes the pool now holds."""
@@ -241,3 +253,14 @@ class PoolLink:
             return []
         failed = {i for i, r in zip(todo, res, strict=True) if r is not None}
         return [h for i, h in enumerate(hashes) if i not in failed]
+
+
+def _miss_kind(result: Any) -> str:
+    """The ``serve.attribution`` kind of a pool read that did not return a block."""
+    from kvcake.store.errors import LeaseExpired, ObjectNotFound
+
+    if isinstance(result, ObjectNotFound):
+        return attribution.FETCH_NOT_FOUND
+    if isinstance(result, LeaseExpired):
+        return attribution.FETCH_TOO_SLOW
+    return attribution.FETCH_FAILED

@@ -208,6 +208,9 @@ class Cluster:
         dec = tuple(u for n, u in urls if n.startswith("decode"))
         proxy = replace(p, host=c.host, port=c.proxy_port, prefill=pre, decode=dec,
                         master=getattr(self, "master_rpc", ""))  # fmt: skip
+        # Every run logs its requests (`kvcake logs` reads the latest run's).
+        log = p.request_log or str((self.run_dir / "requests.jsonl").resolve())
+        proxy = replace(proxy, request_log=log)
         cfg = self.run_dir / "proxy.toml"
         cfg.write_text(toml_dump({"kv": self.conf.kv, "proxy": proxy}))
         argv = ["proxy", "--config", str(cfg), "--backend", self.conf.instance.backend]

@@ -31,6 +31,7 @@ from kvcake.core.api import PrefillResult, PrefillTask
 from kvcake.core.hashing import block_hashes
 from kvcake.core.ids import BlockHash, RequestId
 from kvcake.engine.backend import EngineBackend
+from kvcake.serve import attribution
 from kvcake.serve.kvblocks import KVBlocks
 from kvcake.serve.kvlink import KVLink, KVSender, PoolLink
 from kvcake.serve.online_fit import OnlineFit
@@ -167,7 +168,8 @@ class PrefillWorker:
         d, be, rid = self.d, self.d.backend, task.request_id
         t0 = time.perf_counter()
         n_tokens = len(task.prompt_tokens)
-        table, n_local, n_fetched = self._acquire_blocks(task)
+        table, n_local, sources = self._acquire_blocks(task)
+        n_fetched = sum(v for k, v in sources.items() if k.startswith(("memory:", "disk:")))
         cached = (n_local + n_fetched) * d.kv.block_tokens
         first_new = cached // d.kv.block_tokens
         t_fetch = time.perf_counter()
@@ -215,11 +217,12 @@ class PrefillWorker:
             "fetched_blocks": float(n_fetched),
             **stream,
         }
-        return PrefillResult(rid, first, n_tokens, cached, n_tokens - cached, timings)
+        return PrefillResult(rid, first, n_tokens, cached, n_tokens - cached, timings, sources)
 
-    def _acquire_blocks(self, task: PrefillTask) -> tuple[list[int], int, int]:
+    def _acquire_blocks(self, task: PrefillTask) -> tuple[list[int], int, dict[str, int]]:
         """The request's block table: reused local blocks, then blocks read from the pool,
-        then fresh blocks for the rest. Returns (table, local blocks, fetched blocks)."""
+        then fresh blocks for the rest. Returns (table, local blocks, ``kv_sources``: blocks
+        per source, serve.attribution)."""
         kv, n_tokens = self.d.kv, len(task.prompt_tokens)
         hashes = list(task.block_hashes)
         local = kv.lookup_prefix(hashes, keep_tokens=n_tokens)
@@ -234,25 +237,27 @@ class PrefillWorker:
         except BaseException:
             kv.free(table)
             raise
-        return table, len(local), fetched
+        return table, len(local), {attribution.LOCAL: len(local), **fetched}
 
     def _fetch(
         self, task: PrefillTask, hashes: Sequence[BlockHash], table: list[int], n: int
-    ) -> int:
-        """Read prefix blocks ``n..`` the conductor said exist elsewhere from the pool."""
+    ) -> dict[str, int]:
+        """Read prefix blocks ``n..`` the conductor said exist elsewhere from the pool.
+        Returns blocks per source and per failure (``kv_sources`` keys)."""
         d = self.d
         if d.pool is None or not task.fetch:
-            return 0
+            return {}
         want = max(s.first_block + s.num_blocks for s in task.fetch)
         full_limit = (len(task.prompt_tokens) - 1) // d.kv.block_tokens
         want = min(want, full_limit, len(hashes))
         if want <= n or task.request_id in d.aborted:
-            return 0
+            return {}
         views = [d.backend.memory.block_view(b) for b in table[n:want]]
-        got = d.pool.get_into(hashes[n:want], views)
+        read, missed = d.pool.read_prefix(hashes[n:want], views)
+        got = sum(read.values())
         if got:  # replicate: this instance now holds them too
             d.kv.register(table[n : n + got], hashes[n : n + got])
-        return got
+        return {**read, **missed}
 
     def _after(self, task: PrefillTask, table: list[int], first_new: int) -> None:
         d = self.d

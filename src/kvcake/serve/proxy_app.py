@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kvcake.core.api import FinishReason, SamplingParams
 from kvcake.core.errors import KvcakeError
 from kvcake.core.ids import InstanceId
-from kvcake.serve import openai, pool_events
+from kvcake.serve import attribution, openai, pool_events, reqlog
 from kvcake.serve import openai_shapes as shapes
 from kvcake.serve.client import RemoteInstance
 from kvcake.serve.detok import Detokenizer
@@ -53,6 +53,7 @@ class ProxyState:
     max_prompt_tokens: int  # the context: prompt + answer (also capped by the instances')
     max_body_bytes: int = 8 << 20
     master: str = ""  # store master RPC host:port; "" = no store events (pool_events)
+    request_log: Any = None  # serve.reqlog.RequestLog: one JSON line per request (None = off)
     cluster: LiveCluster | None = None
     router: Router | None = None
     codec: TextCodec | None = None
@@ -96,7 +97,10 @@ async def _connect_all(st: ProxyState) -> None:
     st.codec = st.codec_factory(info)
     contexts = [r.info.max_context for r in remotes.values() if r.info.max_context > 0]
     st.max_prompt_tokens = min([st.max_prompt_tokens, *contexts])
-    cluster = LiveCluster(remotes, info.block_tokens, info.kv_bytes_per_token, st.link_bandwidth)
+    index = attribution.tracking_index(attribution.EvictionMemory())  # miss reasons: evicted
+    cluster = LiveCluster(remotes, info.block_tokens, info.kv_bytes_per_token, st.link_bandwidth,
+                          kv_index=index)  # fmt: skip
+    st.metrics.preemptions.source = lambda: reqlog.preemptions(cluster)
     await cluster.poll_once()
     st.cluster = cluster
     st.router = Router(cluster, st.conductor_factory(info), st.metrics, info.eos_token_ids)
@@ -250,10 +254,12 @@ async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
     req, tokens = prep.req, prep.tokens
     rid = st.router.new_id()
     out = Outcome(str(rid), len(tokens))
+    out.model, out.endpoint, out.stream = req.model, "chat" if req.chat else "completions", req.stream
     gen = st.router.run(rid, tokens, prep.sampling, out)
     try:
         first = await gen.__anext__()  # placement errors surface before any byte is sent
     except Rejected as exc:  # type says why (ttft_slo / tbt_slo / no_capacity)
+        reqlog.on_end(st, out, outcome="rejected", error=exc.kind)
         rej = _err(429, str(exc), exc.kind)
         rej.headers["Retry-After"] = str(exc.retry_after_s)
         return rej
@@ -324,6 +330,7 @@ async def _collect(
     if reason is FinishReason.ERROR:
         return _err(502, error or "the request failed", "instance_error")
     use = shapes.usage(out.prompt_tokens, len(det.ids), out.cached_tokens)
+    attribution.extend_usage(use, out.kv)
     doc = shapes.response(meta, det.text, shapes.finish_reason(reason), use)
     # An extension clients ignore: where the request ran and what prefill measured.
     doc["kvcake"] = {
@@ -353,6 +360,7 @@ async def _sse(
                 first_chunk = False
         if req.include_usage:
             use = shapes.usage(out.prompt_tokens, len(det.ids), out.cached_tokens)
+            attribution.extend_usage(use, out.kv)
             yield _data(shapes.usage_chunk(meta, use))
         yield b"data: [DONE]\n\n"
     finally:
@@ -377,3 +385,4 @@ def _record(st: ProxyState, out: Outcome, reason: FinishReason | None, error: st
     m.requests.labels(out.finish_reason).inc()
     st.outcomes.append(out)
     del st.outcomes[:-1000]
+    reqlog.on_end(st, out)

@@ -62,7 +62,9 @@ def run_proxy(
     import uvicorn
 
     from kvcake.serve.instance_main import bind
+    from kvcake.serve.metrics import ProxyMetrics
     from kvcake.serve.proxy_app import ProxyState, build_app
+    from kvcake.serve.reqlog import RequestLog
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
     urls = [*cfg.prefill, *cfg.decode]
@@ -79,6 +81,12 @@ def run_proxy(
         max_prompt_tokens=cfg.max_prompt_tokens,
         max_body_bytes=cfg.max_body_bytes,
         master=cfg.master,
+        metrics=ProxyMetrics(
+            (cfg.served_model_name or (kv.model,))[0], cfg.metrics_names, cfg.max_prompt_tokens
+        ),
+        request_log=RequestLog(cfg.request_log, cfg.request_log_max_bytes, cfg.request_log_backups)
+        if cfg.request_log
+        else None,
     )
     port = sock.getsockname()[1]
     print(f"kvcake proxy on http://{cfg.host}:{port}/v1", flush=True)

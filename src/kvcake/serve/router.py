@@ -39,9 +39,10 @@ from kvcake.core.api import (
     SamplingParams,
 )
 from kvcake.core.errors import KvcakeError
-from kvcake.core.hashing import block_hashes
+from kvcake.core.hashing import ROOT_HASH, block_hashes, hash_block
 from kvcake.core.ids import InstanceId, RequestId
 from kvcake.engine.sampling import finish_reason
+from kvcake.serve import attribution as attr
 from kvcake.serve.metrics import ProxyMetrics
 from kvcake.serve.state import LiveCluster, Pending
 from kvcake.serve.wire import InstanceError, InstanceUnavailable
@@ -90,6 +91,17 @@ class Outcome:
     error: str | None = None
     prefill_timings: dict[str, float] = field(default_factory=dict)
     predicted_ttft_s: float | None = None
+    wall: float = field(default_factory=time.time)  # arrival, Unix time (request logs)
+    gate_at: float = 0.0  # perf_counter when its prefill instance took it (queue time)
+    max_tokens: int = 0
+    block_hashes: tuple[Any, ...] = ()  # the prompt's full blocks
+    tail_hash: Any = None  # chained hash of the partial last block (None if there is none)
+    held_elsewhere: tuple[bool, ...] = ()  # per block, at placement (attribution)
+    kv: attr.Attribution | None = None  # where the prompt's KV came from
+    model: str = ""
+    endpoint: str = ""  # "chat" | "completions"
+    stream: bool = False
+    tenant: str | None = None  # set by the API-key layer when there is one
 
     @property
     def ttft(self) -> float | None:
@@ -178,11 +190,13 @@ class Router:
         )  # fmt: skip
         self.metrics.prompt_tokens.inc(len(tokens))
         self.metrics.prefix_queries.inc(len(tokens))
+        self._describe(out, tokens, hashes, sampling)
         life = _Life(rid)
         try:
             result = None
             for attempt in range(2):
                 life.acc = self._place(view)
+                out.held_elsewhere = self._held_elsewhere(hashes, life.acc, len(tokens))
                 life.attempt_id = rid if attempt == 0 else RequestId(f"{rid}.{attempt}")
                 try:
                     result = await self._prefill(life, tokens, hashes, sampling, out)
@@ -196,11 +210,37 @@ class Router:
             life.prefilled = True
             out.cached_tokens = result.cached_tokens
             self.metrics.prefix_hits.inc(result.cached_tokens)
+            out.kv = self._attribute(out, result)
             self.conductor.on_prefill_done(rid, time.monotonic() - self.t0)
             async for ev in self._decode(life, result, sampling, out, tuple(tokens)):
                 yield ev
         finally:
             self._end(life)
+
+    def _describe(
+        self, out: Outcome, tokens: list[int], hashes: tuple[Any, ...], sampling: SamplingParams
+    ) -> None:
+        out.block_hashes, out.max_tokens = hashes, sampling.max_tokens
+        tail = len(tokens) % self.cluster.block_tokens
+        if tail:
+            out.tail_hash = hash_block(hashes[-1] if hashes else ROOT_HASH, tokens[-tail:])
+
+    def _held_elsewhere(self, hashes: tuple[Any, ...], acc: Accept, n: int) -> tuple[bool, ...]:
+        """Per reusable block: did a holder other than the chosen prefill instance have it?"""
+        index, me = self.cluster.kv_index, acc.prefill
+        limit = min((n - 1) // self.cluster.block_tokens, len(hashes))
+        return tuple(bool(index.holders(h) - {me}) for h in hashes[:limit])
+
+    def _attribute(self, out: Outcome, result: PrefillResult) -> attr.Attribution:
+        n, bt = out.prompt_tokens, self.cluster.block_tokens
+        if result.kv_sources:
+            mem = getattr(self.cluster.kv_index, "evictions", None)  # attr.tracking_index
+            a = attr.attribute(n, bt, out.block_hashes, result.kv_sources, out.held_elsewhere,
+                               (lambda h: h in mem) if mem is not None else (lambda h: False))  # fmt: skip
+        else:
+            a = attr.fallback(n, result.cached_tokens)
+        self.metrics.record_attribution(a)
+        return a
 
     def _end(self, life: _Life) -> None:
         """The terminal hook: exactly one conductor hook per accepted attempt, and the
@@ -263,6 +303,7 @@ class Router:
         try:
             async with gate:
                 t_gate = time.monotonic()
+                out.gate_at = time.perf_counter()
                 ppend.running_since, ppend.running_pred = t_gate, predicted
                 try:
                     reservation = None

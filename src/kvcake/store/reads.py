@@ -75,7 +75,10 @@ class ReadPath:
 
         return sorted(reps, key=rank)
 
-    def _read(self, key: str, res: P.KeyResult, out: memoryview, t0: float, lease_s: float) -> None:
+    def _read(
+        self, key: str, res: P.KeyResult, out: memoryview, t0: float, lease_s: float
+    ) -> P.ReplicaDesc:
+        """Read ``key`` from the best readable replica; returns the replica it was read from."""
         errors = []
         for rep in self._order(res.replicas):
             try:
@@ -83,7 +86,7 @@ class ReadPath:
                 if own is not None:
                     out[: res.size] = own[rep.offset : rep.offset + res.size]
                 elif rep.tier == "disk":
-                    read_remote(rep.endpoint, key, out[: res.size])
+                    read_remote(rep.endpoint, key, out[: res.size], self.engine.auth)
                 else:
                     self._read_remote_memory(rep, out[: res.size])
             except KvcakeError as exc:
@@ -91,7 +94,7 @@ class ReadPath:
                 continue
             if time.monotonic() - t0 > lease_s:
                 raise LeaseExpired(f"{key!r}: read outlived its lease; bytes may be stale")
-            return
+            return rep
         raise TransferFailed(f"{key!r}: no replica readable ({'; '.join(errors)})")
 
     def _read_remote_memory(self, rep: P.ReplicaDesc, out: memoryview) -> None:
@@ -185,7 +188,12 @@ class ReadPath:
             raise got
         return got
 
-    def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[int | StoreError]:
+    def batch_get_into(
+        self, keys: Sequence[str], buffers: Sequence[Any],
+        sources: list[P.ReplicaDesc | None] | None = None,
+    ) -> list[int | StoreError]:  # fmt: skip
+        """Read each key into its buffer: its size, or the error. With ``sources`` (a list, filled
+        in): the replica each key was read from (segment, tier), None where it failed."""
         if len(keys) != len(buffers):
             raise InvalidParams(f"{len(keys)} keys but {len(buffers)} buffers")
         views = [byte_view(b) for b in buffers]
@@ -202,10 +210,15 @@ class ReadPath:
                 )
             else:
                 try:
-                    self._read(key, res, view, t0, lease_s)
+                    rep = self._read(key, res, view, t0, lease_s)
                     out.append(res.size)
+                    if sources is not None:
+                        sources.append(rep)
+                    continue
                 except StoreError as exc:
                     out.append(exc)
+            if sources is not None:
+                sources.append(None)
         return out
 
     def get_size(self, key: str) -> int:
