@@ -46,6 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.environ.setdefault("COLUMNS", "200")
     try:
+        if hasattr(args, "auth_secret_file"):  # commands that serve: the shared secret
+            from kvcake.core import auth
+
+            auth.setup_process(args.auth_secret_file, getattr(args, "config", None))
         return int(args.func(args) or 0)
     except KvcakeError as exc:
         print(f"kvcake: error: {exc}", file=sys.stderr)

@@ -44,10 +44,12 @@ def netns_forbidden() -> str | None:
 
 
 @pytest.fixture
-def netns() -> Iterator[None]:
+def netns(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     reason = netns_forbidden()
     if reason:
         pytest.skip(reason)
+    # Namespace addresses are not loopback: every server needs the shared secret (issue 15 §3).
+    monkeypatch.setenv("KVCAKE_AUTH_SECRET", "netns-test-secret-0123456789")
     try:
         sh("ip", "netns", "add", NS)
         sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")

@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any, TypeVar
 
 from kvcake.commands._common import serve_until_signal, wait_for_signal
+from kvcake.core import auth
 
 T = TypeVar("T")
 
@@ -45,6 +46,7 @@ def register(sub: Any) -> None:
     from kvcake.compat.mooncake import master_flags  # mooncake_master's flag names (compat)
 
     master_flags.add_flags(m)
+    auth.add_cli_args(m)
     m.set_defaults(func=_master)
 
     s = sub.add_parser(
@@ -55,6 +57,7 @@ def register(sub: Any) -> None:
         "unmounts gracefully. Settings: flags, KVCAKE_STORE_* or TOML ([store] section).",
     )
     _add_config_flags(s, StoreServerConfig)
+    auth.add_cli_args(s)
     s.set_defaults(func=_store_server)
 
 

@@ -43,6 +43,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--config", help="TOML file with a [transfer] section")
     p.add_argument("--io-timeout-s", type=float, help="override transfer.io_timeout_s")
+    from kvcake.core import auth
+
+    auth.add_cli_args(p)
     p.set_defaults(func=_server)
 
     t = sub.add_parser("transfer", help="Transfer Engine maintenance")

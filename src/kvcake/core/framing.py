@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from typing_extensions import Buffer
 
+from kvcake.core.auth import AUTH_MARK, ENV_HINT, AuthRequired
 from kvcake.core.errors import FrameTooLarge, MalformedFrame, TruncatedFrame
 
 MAGIC = b"KC"
@@ -101,6 +102,8 @@ def parse_header(buf: Buffer, limits: FrameLimits = DEFAULT_LIMITS) -> FrameHead
     if magic != MAGIC:
         raise MalformedFrame(f"bad magic {bytes(magic)!r} (not a kvcake peer?)")
     if version != VERSION:
+        if magic == MAGIC and version == AUTH_MARK:
+            raise AuthRequired(f"the peer requires authentication (a shared secret): {ENV_HINT}")
         raise MalformedFrame(f"unsupported frame version {version} (this side speaks {VERSION})")
     if meta_len > limits.max_meta:
         raise FrameTooLarge(f"meta section {meta_len} bytes exceeds limit {limits.max_meta}")

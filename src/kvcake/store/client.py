@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvcake.core import auth as _auth
 from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.store import protocol as P
 from kvcake.store.config import ClientConfig
@@ -36,19 +37,33 @@ Result = StoreError | None
 
 
 class Client(ReadPath):
-    def __init__(self, config: ClientConfig | None = None, segment_name: str = "", **kw: Any):
+    def __init__(
+        self,
+        config: ClientConfig | None = None,
+        segment_name: str = "",
+        auth: _auth.Authenticator | None = None,
+        **kw: Any,
+    ):
+        """``auth``: the cluster's shared secret (None: the environment's, if any)."""
         from kvcake.transfer.engine import TransferEngine
 
         self.cfg = config or ClientConfig(**kw)
+        self.auth = auth = _auth.resolve(auth) or _auth.DISABLED
         if self.cfg.tune_malloc:
             tune_malloc()
         self.conn = _connection(
-            self.cfg.master, self.cfg.rpc_timeout_s, self.cfg.busy_poll_us, self.cfg.rpc_retries
+            self.cfg.master,
+            self.cfg.rpc_timeout_s,
+            self.cfg.busy_poll_us,
+            self.cfg.rpc_retries,
+            auth=auth,
         )
         hello = self.conn.call(P.Heartbeat("", self.cfg.hostname))
         if not hello.directory:
             raise StoreError("the master hosts no Transfer Engine directory", -1)
-        self.engine = TransferEngine(hello.directory, self.cfg.hostname, protocol=self.cfg.protocol)
+        self.engine = TransferEngine(
+            hello.directory, self.cfg.hostname, protocol=self.cfg.protocol, auth=auth
+        )
         self.id = self.engine.owner
         self.host = self.cfg.hostname
         self.segments: dict[str, memoryview] = {}
@@ -66,7 +81,7 @@ class Client(ReadPath):
             self.engine.close()  # releases the shm segment it may have created
             self.conn.close()
             raise
-        hb_conn = _connection(self.cfg.master, self.cfg.rpc_timeout_s, retries=0)
+        hb_conn = _connection(self.cfg.master, self.cfg.rpc_timeout_s, retries=0, auth=auth)
         ttl_s = hello.client_ttl_ms / 1000
         self.heartbeat = Heartbeater(hb_conn, self.id, self.host, ttl_s, self.remount_hooks)
         self.heartbeat.start()
@@ -93,7 +108,9 @@ class Client(ReadPath):
         if old is not None and where and where != old.address:
             from kvcake.transfer.metadata import DirectoryClient
 
-            self.engine.directory = self.engine.registry.directory = DirectoryClient(where)
+            self.engine.directory = self.engine.registry.directory = DirectoryClient(
+                where, auth=self.auth
+            )
             old.close()
 
     # --- writes -------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import msgspec
 
+from kvcake.core import auth as _auth
 from kvcake.core import framing
 from kvcake.core.errors import FramingError
 from kvcake.store.errors import (
@@ -31,6 +32,7 @@ from kvcake.store.errors import (
     InvalidParams,
     ObjectNotFound,
     RpcFailed,
+    Unauthorized,
     error_for,
 )
 from kvcake.transfer.netserver import ThreadedServer
@@ -160,8 +162,10 @@ LIMITS = framing.FrameLimits(max_meta=1 << 16, max_data=0)
 class DiskService(ThreadedServer):
     """Answers ``DiskRead`` with the verified bytes as the frame's data section."""
 
-    def __init__(self, tier: DiskTier, host: str, port: int = 0):
-        super().__init__((host,), port, name="disk")
+    def __init__(
+        self, tier: DiskTier, host: str, port: int = 0, auth: _auth.Authenticator | None = None
+    ):
+        super().__init__((host,), port, name=_auth.DISK, auth=auth)
         self.tier = tier
 
     def handle(self, conn: socket.socket, listen_address: str) -> None:
@@ -208,11 +212,15 @@ def close_gracefully(
             drain_bytes -= n
 
 
-def read_remote(endpoint: str, key: str, out: memoryview) -> None:
+def read_remote(
+    endpoint: str, key: str, out: memoryview, auth: _auth.Authenticator | None = None
+) -> None:
     """Fetch ``key`` from a node's disk service straight into ``out``."""
     host, _, port = endpoint.rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=30) as sock:
+            if auth is not None:
+                auth.client_handshake(sock, _auth.DISK, endpoint)
             framing.send_frame(sock, REQ, 1, DiskRead(key, out.nbytes))
             hdr = framing.read_header(sock)
             if hdr is None:
@@ -225,5 +233,7 @@ def read_remote(endpoint: str, key: str, out: memoryview) -> None:
             if hdr.data_len != out.nbytes:
                 raise RpcFailed(f"disk service sent {hdr.data_len} bytes, wanted {out.nbytes}")
             framing.recv_exact_into(sock, out)
+    except _auth.AuthError as exc:  # (AuthRequired is a FramingError: first)
+        raise Unauthorized(f"disk service {endpoint}: {exc}") from exc
     except (OSError, FramingError, ValueError) as exc:
         raise RpcFailed(f"disk service {endpoint}: {exc}") from exc

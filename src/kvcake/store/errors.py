@@ -80,6 +80,11 @@ class RpcFailed(InternalError):
     default_code = RPC_FAIL
 
 
+class Unauthorized(RpcFailed):
+    """The master refused this client's shared secret, or wants one it lacks (issue 15 §3;
+    Mooncake has no code for it: -900 like any unreachable master). Never retried."""
+
+
 _BY_CODE: dict[int, type[InternalError]] = {
     c.default_code: c
     for c in (

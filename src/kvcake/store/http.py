@@ -59,4 +59,4 @@ def build_app(master: Master) -> FastAPI:
 
 class MasterHttp(HttpThread):
     def __init__(self, master: Master, host: str, port: int):
-        super().__init__(build_app(master), host, port, name="master-http")
+        super().__init__(build_app(master), host, port, name="master-http", auth=master.auth)

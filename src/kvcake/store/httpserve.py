@@ -3,10 +3,46 @@ threaded processes; their HTTP is a side door for admin, health and metrics)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
 from typing import Any
+
+from kvcake.core import auth as _auth
+
+# Answered without credentials: a liveness probe carries no secret (and learns nothing).
+OPEN_PATHS = frozenset({"/health"})
+
+
+class RequireAuth:
+    """ASGI middleware: every HTTP request but :data:`OPEN_PATHS` needs ``Authorization:
+    Bearer <secret>`` or the HMAC header (``kvcake.core.auth.HTTP_HEADER``); else 401."""
+
+    def __init__(self, app: Any, auth: _auth.Authenticator):
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.auth.http_ok(headers, scope["method"], scope["path"]):
+            return await self.app(scope, receive, send)
+        hint = f"send Authorization: Bearer <shared secret> or the {_auth.HTTP_HEADER} header"
+        body = json.dumps({"error": f"unauthorized: {hint}"}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"www-authenticate", b'Bearer realm="kvcake"'),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
 
 
 class HttpThread:
@@ -14,9 +50,21 @@ class HttpThread:
     bound in the constructor, so a busy port fails there with OSError and ``address`` is
     known before the server runs."""
 
-    def __init__(self, app: Any, host: str, port: int, name: str = "http"):
+    def __init__(
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        name: str = "http",
+        auth: _auth.Authenticator | None = None,
+    ):
+        """``auth``: the shared secret every request (but ``/health``) must show; None = no
+        secret, which is only allowed on loopback."""
         import uvicorn
 
+        _auth.check_bind(host, auth, name)
+        if auth is not None:
+            app = RequireAuth(app, auth)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

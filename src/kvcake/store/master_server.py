@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from kvcake.core import auth as _auth
 from kvcake.core import framing
 from kvcake.core.errors import FramingError, StoreError
 from kvcake.core.ids import ClientId, SegmentName
@@ -206,8 +207,9 @@ class MasterRpcServer(ThreadedServer):
         busy_poll_us: float = 0.0,
         max_connections: int = 1024,
         max_request_bytes: int = 16 << 20,
+        auth: _auth.Authenticator | None = None,
     ):
-        super().__init__((host,), port, name="master")
+        super().__init__((host,), port, name=_auth.MASTER, auth=auth)
         self.handlers = handlers
         self.metrics = metrics
         self.busy_poll_us = busy_poll_us
@@ -274,8 +276,11 @@ class Master:
         config: MasterConfig,
         with_directory: bool = True,
         state_factory: Callable[..., MasterState] = MasterState,
+        auth: _auth.Authenticator | None = None,
     ):
         self.cfg = config
+        # One shared secret for the RPC, the directory and the HTTP (None: the environment's).
+        self.auth = auth = _auth.resolve(auth)
         # store/ha passes a factory of a journaled state rebuilt from its operation log.
         self.state = state_factory(config, owner_dead=self._segment_owner_dead)
         self.metrics = MasterMetrics(self.state)
@@ -284,7 +289,9 @@ class Master:
             from kvcake.transfer.metadata import DirectoryService
 
             backend = ReleasingBackend(self._owner_gone)
-            self.directory = DirectoryService(config.host, config.directory_port, backend)
+            self.directory = DirectoryService(
+                config.host, config.directory_port, backend, auth or _auth.DISABLED
+            )
         self.rpc = MasterRpcServer(
             config.host,
             config.port,
@@ -293,6 +300,7 @@ class Master:
             config.busy_poll_us,
             config.max_connections,
             config.max_request_bytes,
+            auth,
         )
         self.http: Any = None
         from kvcake.store.metadata_http import MetadataKV
@@ -322,6 +330,7 @@ class Master:
         return self.http.address if self.http is not None else ""
 
     def start(self) -> None:
+        _auth.check_bind(self.cfg.host, self.auth, "the master")
         if self.directory is not None:
             self.directory.start()
         if self.cfg.events_port >= 0:

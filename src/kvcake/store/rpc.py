@@ -14,10 +14,11 @@ import threading
 
 import msgspec
 
+from kvcake.core import auth as _auth
 from kvcake.core import framing
 from kvcake.core.errors import FramingError, TruncatedFrame
 from kvcake.store import protocol as P
-from kvcake.store.errors import RpcFailed, error_for
+from kvcake.store.errors import RpcFailed, Unauthorized, error_for
 from kvcake.transfer.stream import Poller
 
 # Replies can be large (a KvSnapshot of a big pool); requests are capped by the master.
@@ -85,9 +86,15 @@ class BufferedFrames:
 
 class MasterConnection:
     def __init__(
-        self, address: str, timeout_s: float = 30.0, busy_poll_us: float = 0.0, retries: int = 1
+        self,
+        address: str,
+        timeout_s: float = 30.0,
+        busy_poll_us: float = 0.0,
+        retries: int = 1,
+        auth: _auth.Authenticator | None = None,
     ):
         self.address = address
+        self.auth = _auth.resolve(auth)  # None: the environment's secret, if any
         self.timeout_s = timeout_s
         self.busy_poll_us = busy_poll_us
         self.retries = retries
@@ -104,6 +111,14 @@ class MasterConnection:
             sock = socket.create_connection((host, port), timeout=self.timeout_s)
         except OSError as exc:
             raise RpcFailed(f"cannot reach master at {self.address}: {exc}") from exc
+        if self.auth is not None:  # once per connection
+            try:
+                self.auth.client_handshake(sock, _auth.MASTER, self.address)
+            except (_auth.AuthError, OSError) as exc:
+                sock.close()
+                if isinstance(exc, _auth.AuthError):
+                    raise Unauthorized(f"master {self.address}: {exc}") from exc
+                raise RpcFailed(f"cannot reach master at {self.address}: {exc}") from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # Blocking socket with a kernel receive timeout: no poll() before every recv.
         sock.settimeout(None)
@@ -131,6 +146,9 @@ class MasterConnection:
                     if frame is None:
                         raise ConnectionError("master closed the connection")
                     break
+                except _auth.AuthError as exc:  # (AuthRequired is a FramingError: first)
+                    self._close_locked()
+                    raise Unauthorized(f"master {self.address}: {exc}") from exc
                 except (OSError, ConnectionError, FramingError) as exc:
                     self._close_locked()
                     if attempt == retries:

@@ -13,6 +13,7 @@ import os
 import threading
 from typing import Any
 
+from kvcake.core import auth as _auth
 from kvcake.core.errors import KvcakeError
 from kvcake.store import protocol as P
 from kvcake.store.client import Client
@@ -26,8 +27,9 @@ POLL_S = 0.02
 
 
 class StoreServer:
-    def __init__(self, config: StoreServerConfig):
+    def __init__(self, config: StoreServerConfig, auth: _auth.Authenticator | None = None):
         self.cfg = config
+        self.auth = _auth.resolve(auth)  # for the master, the Transfer Engine, disk and HTTP
         self.segment_name = config.name or f"store-{config.hostname}-{os.getpid()}"
         self.disk: DiskTier | None = None
         self.disk_service: DiskService | None = None
@@ -58,9 +60,11 @@ class StoreServer:
         )
         if self.cfg.ssd_dir is not None:
             self.disk = DiskTier(self.cfg.ssd_dir)
-            self.disk_service = DiskService(self.disk, self.cfg.hostname, self.cfg.disk_port)
+            self.disk_service = DiskService(
+                self.disk, self.cfg.hostname, self.cfg.disk_port, self.auth
+            )
             self.disk_service.start()
-        self.client = Client(ccfg, segment_name=self.segment_name)
+        self.client = Client(ccfg, segment_name=self.segment_name, auth=self.auth or _auth.DISABLED)
         if self.disk is not None:
             self._mount_disk(self.disk.scan())
             self.client.remount_hooks.append(
@@ -69,7 +73,11 @@ class StoreServer:
             self._poller.start()
         if self.cfg.http_port >= 0:
             self.http = HttpThread(
-                build_app(self, self.metrics), self.cfg.hostname, self.cfg.http_port, "node-http"
+                build_app(self, self.metrics),
+                self.cfg.hostname,
+                self.cfg.http_port,
+                "node-http",
+                self.auth,
             )
             self.http.start()
 

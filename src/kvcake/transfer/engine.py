@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from kvcake.core import auth as _auth
 from kvcake.core.ids import BatchId, SegmentName
 from kvcake.transfer import shm
 from kvcake.transfer.batch import Batch, Claimable, Job
@@ -60,8 +61,11 @@ class TransferEngine:
         config: TransferConfig | None = None,
         topology: Topology | None = None,
         cleanup_stale_shm: bool = True,
+        auth: _auth.Authenticator | None = None,
     ):
         base = config or TransferConfig()
+        # The shared secret (None: the environment's, see kvcake.core.auth.resolve).
+        self.auth = auth = _auth.resolve(auth)
         self.config = base if protocol == base.protocol else _with(base, protocol=protocol)
         self.hostname = hostname
         self.owner = f"{hostname}/{os.getpid()}/{secrets.token_hex(4)}"
@@ -72,21 +76,27 @@ class TransferEngine:
         self._swept_at = time.monotonic()
         self._ids = itertools.count(1)
         self._closed = False
-        self.directory = DirectoryClient(directory) if directory else None
+        self.directory = DirectoryClient(directory, auth=auth) if directory else None
         self.registry = SegmentRegistry(
             self.owner, hostname, self.directory, lambda: self.server.addresses, topology
         )
         self.host_id = self.registry.host_id
         self._segments = self.registry.table
         self.server = TransferServer(
-            self._segments, listen_hosts, self.config.server_max_data, self.config.busy_poll_us
+            self._segments,
+            listen_hosts,
+            self.config.server_max_data,
+            self.config.busy_poll_us,
+            auth=auth,
         )
         self.server.start()
         cfg = self.config
         self.pool = EndpointPool(
-            cfg.max_endpoints, cfg.connect_timeout_s, cfg.io_timeout_s, cfg.busy_poll_us
+            cfg.max_endpoints, cfg.connect_timeout_s, cfg.io_timeout_s, cfg.busy_poll_us, auth
         )
-        self.health = PathHealth(lambda a: probe(a, cfg.connect_timeout_s), cfg.probe_interval_s)
+        self.health = PathHealth(
+            lambda a: probe(a, cfg.connect_timeout_s, auth), cfg.probe_interval_s
+        )
         self.hooks = TransferHooks()
         self.transports: dict[str, Transport] = {
             "shm": ShmTransport(

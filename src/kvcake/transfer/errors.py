@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvcake.core.errors import TransferError
 
 __all__ = [
+    "AuthFailed",
     "EndpointsExhausted",
     "InvalidRequest",
     "NoPathAvailable",
@@ -53,6 +54,11 @@ class PathFailure(TransferError):
 
 class EndpointsExhausted(TransferError):
     """Every pooled connection stayed busy for ``io_timeout_s``; the path itself may be fine."""
+
+
+class AuthFailed(TransferError):
+    """The peer refused this engine's shared secret, or wants one this engine lacks (never
+    retried: another path of the same peer has the same secret)."""
 
 
 class RemoteError(TransferError):

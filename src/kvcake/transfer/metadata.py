@@ -17,9 +17,10 @@ from abc import ABC, abstractmethod
 import msgspec
 
 from kvcake.core import framing
+from kvcake.core.auth import DIRECTORY, Authenticator, AuthError, resolve
 from kvcake.core.errors import FramingError
 from kvcake.core.ids import SegmentName
-from kvcake.transfer.errors import SegmentExists, TransferError, UnknownSegment
+from kvcake.transfer.errors import AuthFailed, SegmentExists, TransferError, UnknownSegment
 from kvcake.transfer.netserver import ThreadedServer, split_address
 from kvcake.transfer.types import PathInfo, SegmentInfo
 
@@ -172,9 +173,13 @@ class DirectoryService(ThreadedServer):
     dead owner's entries directly."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, backend: DirectoryBackend | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        backend: DirectoryBackend | None = None,
+        auth: Authenticator | None = None,
     ):
-        super().__init__((host,), port, name="directory")
+        super().__init__((host,), port, name=DIRECTORY, auth=resolve(auth))
         self.backend = backend or MemoryBackend()
 
     @property
@@ -206,8 +211,9 @@ class DirectoryService(ThreadedServer):
 class DirectoryClient:
     """Blocking client with one connection (re-opened once after a failure); thread-safe."""
 
-    def __init__(self, address: str, timeout_s: float = 5.0):
+    def __init__(self, address: str, timeout_s: float = 5.0, auth: Authenticator | None = None):
         self.address = address
+        self._auth = resolve(auth)
         self._host, self._port = split_address(address)
         self._timeout = timeout_s
         self._lock = threading.Lock()
@@ -219,6 +225,9 @@ class DirectoryClient:
             for attempt in (0, 1):
                 try:
                     return self._roundtrip(msg)
+                except AuthError as exc:  # before FramingError (AuthRequired is one)
+                    self._drop()
+                    raise AuthFailed(f"directory {self.address}: {exc}") from exc
                 except (OSError, FramingError) as exc:
                     self._drop()
                     if attempt:
@@ -229,6 +238,8 @@ class DirectoryClient:
         if self._sock is None:
             self._sock = socket.create_connection((self._host, self._port), self._timeout)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._auth is not None:
+                self._auth.client_handshake(self._sock, DIRECTORY, self.address)
         self._rid += 1
         framing.send_frame(self._sock, CODEC, self._rid, msg)
         frame = framing.read_frame(self._sock, CODEC, LIMITS)

@@ -14,6 +14,8 @@ import socket
 import threading
 from abc import ABC, abstractmethod
 
+from kvcake.core import auth as _auth
+
 log = logging.getLogger(__name__)
 
 
@@ -28,12 +30,22 @@ class ThreadedServer(ABC):
     """Owns its listening sockets, accept threads and connection threads; ``stop`` closes and
     joins all of them (idempotent)."""
 
-    def __init__(self, hosts: tuple[str, ...], port: int = 0, name: str = "server"):
+    def __init__(
+        self,
+        hosts: tuple[str, ...],
+        port: int = 0,
+        name: str = "server",
+        auth: _auth.Authenticator | None = None,
+    ):
+        """``auth``: every connection must pass its HMAC challenge (``name`` is the context)
+        before :meth:`handle` sees a byte; None = no secret, loopback hosts only."""
         if not hosts:
             raise ValueError("at least one listen host is needed")
         self._hosts = hosts
         self._port = port
         self._name = name
+        self.auth = auth
+        self.auth_refused = 0
         self._lock = threading.Lock()
         self._listeners: dict[str, socket.socket] = {}
         self._conns: dict[socket.socket, str] = {}
@@ -43,6 +55,8 @@ class ThreadedServer(ABC):
         self.addresses: list[str] = []
 
     def start(self) -> None:
+        for host in self._hosts:
+            _auth.check_bind(host, self.auth, f"the {self._name} server")
         port = self._port
         for host in self._hosts:
             addr = self._listen(host, port)
@@ -92,6 +106,13 @@ class ThreadedServer(ABC):
 
     def _serve(self, conn: socket.socket, addr: str) -> None:
         try:
+            if self.auth is not None:
+                try:
+                    self.auth.server_handshake(conn, self._name)
+                except (_auth.AuthError, OSError) as exc:
+                    self.auth_refused += 1
+                    log.info("%s: connection on %s refused: %s", self._name, addr, exc)
+                    return
             self.handle(conn, addr)
         except Exception as exc:  # one bad peer must never take the server down
             if not self._stopped.is_set():

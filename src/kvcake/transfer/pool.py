@@ -16,7 +16,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from kvcake.transfer.errors import EndpointsExhausted, PathFailure
+from kvcake.core.auth import TRANSFER, Authenticator, AuthError
+from kvcake.transfer.errors import AuthFailed, EndpointsExhausted, PathFailure
 from kvcake.transfer.netserver import split_address
 from kvcake.transfer.sieve import Sieve
 from kvcake.transfer.stream import FrameReader
@@ -59,9 +60,15 @@ def set_io_timeout(sock: socket.socket, seconds: float) -> None:
 
 class EndpointPool:
     def __init__(
-        self, cap: int, connect_timeout_s: float, io_timeout_s: float, busy_poll_us: float = 0.0
+        self,
+        cap: int,
+        connect_timeout_s: float,
+        io_timeout_s: float,
+        busy_poll_us: float = 0.0,
+        auth: Authenticator | None = None,
     ):
         self.cap = cap
+        self._auth = auth
         self._busy_poll_us = busy_poll_us
         self._connect_timeout = connect_timeout_s
         self._io_timeout = io_timeout_s
@@ -123,6 +130,15 @@ class EndpointPool:
         except OSError as exc:
             self._forget(placeholder)
             raise PathFailure(f"cannot connect to {address}: {exc}") from exc
+        if self._auth is not None:  # once per connection, never per frame
+            try:
+                self._auth.client_handshake(sock, TRANSFER, address)
+            except (AuthError, OSError) as exc:
+                sock.close()
+                self._forget(placeholder)
+                if isinstance(exc, AuthError):
+                    raise AuthFailed(str(exc)) from exc
+                raise PathFailure(f"cannot connect to {address}: {exc}") from exc
         # create_connection's timeout leaves Python's non-blocking timeout mode on (a poll
         # before every call): go back to a blocking socket, then the kernel-side timeouts.
         sock.settimeout(None)

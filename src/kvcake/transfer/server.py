@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 
 from kvcake.core import framing
+from kvcake.core.auth import Authenticator
 from kvcake.core.errors import TransferError
 from kvcake.transfer.errors import InvalidRequest
 from kvcake.transfer.netserver import ThreadedServer
@@ -50,8 +51,9 @@ class TransferServer(ThreadedServer):
         hosts: tuple[str, ...],
         max_data: int,
         busy_poll_us: float = 0.0,
+        auth: Authenticator | None = None,
     ):
-        super().__init__(hosts, 0, name="transfer")
+        super().__init__(hosts, 0, name="transfer", auth=auth)
         self.segments = segments
         self.busy_poll_us = busy_poll_us
         self.limits = request_limits(max_data)

@@ -20,10 +20,12 @@ from collections.abc import Callable
 from typing_extensions import Buffer
 
 from kvcake.core import framing
+from kvcake.core.auth import TRANSFER, Authenticator, AuthError
 from kvcake.core.errors import FramingError
 from kvcake.transfer.batch import Batch, Job, Slice, cut
 from kvcake.transfer.config import TransferConfig
 from kvcake.transfer.errors import (
+    AuthFailed,
     EndpointsExhausted,
     InvalidRequest,
     NoPathAvailable,
@@ -136,16 +138,18 @@ class SliceQueue:
         return any(self._qs)
 
 
-def probe(address: str, timeout_s: float) -> bool:
+def probe(address: str, timeout_s: float, auth: Authenticator | None = None) -> bool:
     """Does a fresh connection to ``address`` answer a ``Probe``?"""
     try:
         host, port = split_address(address)
         with socket.create_connection((host, port), timeout_s) as sock:
+            if auth is not None:
+                auth.client_handshake(sock, TRANSFER, address)
             sock.settimeout(timeout_s)
             framing.send_frame(sock, CODEC, 1, Probe())
             frame = framing.read_frame(sock, CODEC, _REPLY_LIMITS)
             return frame is not None and isinstance(frame.msg, Ack)
-    except (OSError, FramingError, ValueError):
+    except (OSError, FramingError, ValueError, AuthError):
         return False
 
 
@@ -191,7 +195,7 @@ class TcpTransport(Transport):
             ep = self.pool.acquire(addr)
         except EndpointsExhausted:
             return False
-        except PathFailure:
+        except PathFailure:  # (AuthFailed is not one: it reaches the caller)
             self._path_failed(addr)
             return False
         try:
@@ -206,6 +210,9 @@ class TcpTransport(Transport):
             if self.hooks.after_send is not None:
                 self.hooks.sent(addr)
             err = self._recv(ep.reader, rid, op, local, target)
+        except AuthError as exc:  # the peer wants a secret (before FramingError: a subclass)
+            self.pool.release(ep, healthy=False)
+            raise AuthFailed(str(exc)) from exc
         except (OSError, FramingError, PathFailure):
             self.pool.release(ep, healthy=False)
             self._path_failed(addr)
@@ -236,12 +243,22 @@ class TcpTransport(Transport):
                 ep = self.pool.acquire(addr)
             except EndpointsExhausted:
                 continue  # other lanes hold every endpoint: wait again, the path is not at fault
+            except AuthFailed as exc:  # every path of this peer has the same secret
+                for s in q.drain():
+                    batch.slice_done(s, exc)
+                return
             except PathFailure:
                 self._path_failed(addr)
                 continue
             inflight: collections.deque[tuple[int, list[Slice]]] = collections.deque()
             try:
                 last = self._pump(batch, q, lane, ep, inflight)
+            except AuthError as exc:  # before FramingError (AuthRequired is a MalformedFrame)
+                self.pool.release(ep, healthy=False)
+                auth_err = AuthFailed(str(exc))
+                for s in [s for _, f in inflight for s in f] + q.drain():
+                    batch.slice_done(s, auth_err)
+                return
             except (OSError, FramingError, PathFailure) as exc:
                 self.pool.release(ep, healthy=False)
                 self._path_failed(addr)

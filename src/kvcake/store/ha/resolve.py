@@ -17,8 +17,9 @@ import time
 
 import msgspec
 
+from kvcake.core.auth import Authenticator
 from kvcake.store import protocol as P
-from kvcake.store.errors import RpcFailed
+from kvcake.store.errors import RpcFailed, Unauthorized
 from kvcake.store.ha.election import read_leader
 from kvcake.store.ha.etcd import Etcd, EtcdError
 from kvcake.store.rpc import MasterConnection
@@ -59,12 +60,13 @@ class FailoverConnection(MasterConnection):
         busy_poll_us: float = 0.0,
         retries: int = 1,
         failover_s: float = 30.0,
+        auth: Authenticator | None = None,
     ):
         endpoints, self.cluster = parse_etcd_address(address)
         self.etcd = Etcd(endpoints, timeout_s=2.0)
         self.target = address
         self.failover_s = failover_s
-        super().__init__("", timeout_s, busy_poll_us, retries)
+        super().__init__("", timeout_s, busy_poll_us, retries, auth)
 
     def _connect(self) -> socket.socket:
         if not self.address:
@@ -85,6 +87,8 @@ class FailoverConnection(MasterConnection):
                 if retries is None:
                     return super().call(msg)
                 return super().call(msg, retries)  # type: ignore[call-arg,unused-ignore]
+            except Unauthorized:  # a new leader has the same secret: do not wait for one
+                raise
             except RpcFailed:
                 self.close()
                 self.address = ""

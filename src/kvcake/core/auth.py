@@ -1,0 +1,318 @@
+"""Shared-secret authentication of kvcake's own connections (master RPC, Transfer Engine,
+directory, disk service, admin HTTP).
+
+Per connection, before any frame: the server sends a challenge (a fresh 32-byte nonce), the
+client answers ``HMAC-SHA256(secret, nonce || context)`` where ``context`` names the service,
+the server compares in constant time and says OK or refuses (with a reason) and closes. After
+that the connection carries plain kvcake frames: nothing is encrypted, so the data path keeps
+its speed, and the cost is one round trip per connection, never per frame.
+
+Wire (all sizes fixed)::
+
+    challenge  "KC" A5 01 | nonce[32]           server -> client (parses as a frame header with
+                                                 version A5, so a client without a secret
+                                                 reports AuthRequired instead of garbage)
+    answer     "KR" A5 01 | mac[32]             client -> server
+    verdict    "KC" A5 00                       OK
+               "KC" A5 FF | u16 len | reason    refused, then the server closes
+
+The secret comes from ``[auth]`` in a TOML file, ``KVCAKE_AUTH_SECRET`` /
+``KVCAKE_AUTH_SECRET_FILE`` or ``--auth-secret-file`` (:func:`load_auth`). A process that was
+given no :class:`Authenticator` explicitly uses the environment's (:func:`resolve`).
+Binding anything but loopback without a secret is refused (:func:`check_bind`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import ipaddress
+import os
+import socket
+import struct
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvcake.core.config import load_config, require
+from kvcake.core.errors import ConfigError, KvcakeError, MalformedFrame
+
+NONCE_SIZE = 32
+MAC_SIZE = 32
+AUTH_MARK = 0xA5  # the "version" byte of the challenge (kvcake frames use version 1)
+CHALLENGE = b"KC" + bytes([AUTH_MARK, 1])
+ANSWER = b"KR" + bytes([AUTH_MARK, 1])
+VERDICT_OK = b"KC" + bytes([AUTH_MARK, 0])
+VERDICT_NO = b"KC" + bytes([AUTH_MARK, 0xFF])
+MIN_SECRET = 16  # bytes; shorter secrets are refused as a configuration error
+HTTP_HEADER = "x-kvcake-auth"  # "t=<unix seconds>,mac=<hex HMAC(secret, t\nMETHOD\npath)>"
+HTTP_WINDOW_S = 300.0
+
+# Service names mixed into the MAC: an answer for one service is useless for another.
+MASTER = "master"
+TRANSFER = "transfer"
+DIRECTORY = "directory"
+DISK = "disk"
+
+ENV_HINT = (
+    "set the shared secret: [auth] secret_file, KVCAKE_AUTH_SECRET(_FILE) or --auth-secret-file"
+)
+
+
+class AuthError(KvcakeError):
+    """Authentication failed or is required: a wrong or missing shared secret."""
+
+
+class AuthRequired(AuthError, MalformedFrame):
+    """The peer sent an authentication challenge and this side has no secret."""
+
+
+class AuthRefused(AuthError):
+    """The peer refused this side's answer (the secrets differ)."""
+
+
+class InsecureBind(ConfigError, AuthError):
+    """A server would bind a non-loopback address without a shared secret."""
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """``[auth]``: ``secret`` (KVCAKE_AUTH_SECRET) or ``secret_file`` (KVCAKE_AUTH_SECRET_FILE,
+    ``--auth-secret-file``: the file's content, surrounding whitespace stripped)."""
+
+    secret: str = ""
+    secret_file: Path | None = None
+    handshake_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        require(
+            not (self.secret and self.secret_file),
+            "auth.secret and auth.secret_file exclude each other: set one",
+        )
+        require(self.handshake_timeout_s > 0, "auth.handshake_timeout_s must be > 0")
+
+    def secret_bytes(self) -> bytes:
+        if self.secret_file is not None:
+            try:
+                raw = self.secret_file.read_bytes().strip()
+            except OSError as exc:
+                raise ConfigError(f"auth.secret_file {self.secret_file}: {exc}") from exc
+            require(raw != b"", f"auth.secret_file {self.secret_file} is empty")
+        else:
+            raw = self.secret.encode()
+        require(
+            not raw or len(raw) >= MIN_SECRET,
+            f"the shared secret must be at least {MIN_SECRET} bytes (e.g. `openssl rand -hex 32`)",
+        )
+        return raw
+
+
+class Authenticator:
+    """Holds one shared secret; performs both sides of the handshake and checks HTTP headers."""
+
+    def __init__(self, secret: bytes, handshake_timeout_s: float = 5.0):
+        if len(secret) < MIN_SECRET:
+            raise ConfigError(f"the shared secret must be at least {MIN_SECRET} bytes")
+        self._secret = secret
+        self.timeout_s = handshake_timeout_s
+
+    @classmethod
+    def from_config(cls, cfg: AuthConfig) -> Authenticator | None:
+        raw = cfg.secret_bytes()
+        return cls(raw, cfg.handshake_timeout_s) if raw else None
+
+    def __repr__(self) -> str:  # never print the secret
+        return "Authenticator(<secret>)"
+
+    def mac(self, nonce: bytes, context: str) -> bytes:
+        return hmac.new(self._secret, nonce + context.encode(), hashlib.sha256).digest()
+
+    def verify(self, nonce: bytes, context: str, mac: bytes) -> bool:
+        return hmac.compare_digest(self.mac(nonce, context), mac)
+
+    # --- sockets ---------------------------------------------------------------------------
+
+    def server_handshake(self, sock: socket.socket, context: str) -> None:
+        """Challenge the client; return once it answered correctly, else send the refusal,
+        drain what it sent (so it can read the reason) and raise :class:`AuthError`."""
+        nonce = os.urandom(NONCE_SIZE)
+        with _timeout(sock, self.timeout_s):
+            sock.sendall(CHALLENGE + nonce)
+            head = _recv_exact(sock, len(ANSWER))
+            if head != ANSWER:
+                reason = (
+                    f"this {context} server requires authentication and the peer sent a request "
+                    f"without it: {ENV_HINT}"
+                )
+                _refuse(sock, reason)
+                raise AuthError(reason)
+            mac = _recv_exact(sock, MAC_SIZE)
+            if not self.verify(nonce, context, mac):
+                reason = f"authentication to the {context} server failed: the shared secrets differ"
+                _refuse(sock, reason)
+                raise AuthError(reason)
+            sock.sendall(VERDICT_OK)
+
+    def client_handshake(self, sock: socket.socket, context: str, peer: str = "") -> None:
+        """Answer the server's challenge; raise :class:`AuthError` when it refuses or sends
+        no challenge within the timeout (a server without a secret)."""
+        where = f"{context} server {peer}".strip()
+        with _timeout(sock, self.timeout_s):
+            try:
+                head = _recv_exact(sock, len(CHALLENGE) + NONCE_SIZE)
+            except TimeoutError as exc:
+                raise AuthError(
+                    f"{where} sent no authentication challenge within {self.timeout_s}s: "
+                    "is the shared secret configured on both sides?"
+                ) from exc
+            if head[: len(CHALLENGE)] != CHALLENGE:
+                raise AuthError(f"{where} did not start with an authentication challenge")
+            sock.sendall(ANSWER + self.mac(head[len(CHALLENGE) :], context))
+            verdict = _recv_exact(sock, len(VERDICT_OK))
+            if verdict == VERDICT_OK:
+                return
+            if verdict != VERDICT_NO:
+                raise AuthError(f"{where} sent an unknown authentication verdict")
+            (n,) = struct.unpack("<H", _recv_exact(sock, 2))
+            reason = _recv_exact(sock, n).decode(errors="replace")
+            raise AuthRefused(f"{where} refused the connection: {reason}")
+
+    # --- HTTP ------------------------------------------------------------------------------
+
+    def http_headers(self, method: str, path: str, now: float | None = None) -> dict[str, str]:
+        """The HMAC header for one request (the secret itself never goes over the wire)."""
+        t = str(int(time.time() if now is None else now))
+        mac = hmac.new(self._secret, f"{t}\n{method.upper()}\n{path}".encode(), hashlib.sha256)
+        return {HTTP_HEADER: f"t={t},mac={mac.hexdigest()}"}
+
+    def http_ok(self, headers: Mapping[str, str], method: str, path: str) -> bool:
+        """``Authorization: Bearer <secret>`` or a fresh, valid :data:`HTTP_HEADER`."""
+        bearer = headers.get("authorization", "")
+        if bearer[:7].lower() == "bearer ":
+            return hmac.compare_digest(bearer[7:].strip().encode(), self._secret)
+        value = headers.get(HTTP_HEADER, "")
+        fields = dict(p.split("=", 1) for p in value.split(",") if "=" in p)
+        t, mac = fields.get("t", ""), fields.get("mac", "")
+        if not t.isdigit() or abs(time.time() - int(t)) > HTTP_WINDOW_S:
+            return False
+        want = self.http_headers(method, path, float(t))[HTTP_HEADER].rsplit("mac=", 1)[1]
+        return hmac.compare_digest(want.encode(), mac.encode())
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise AuthError("connection closed during the authentication handshake")
+        buf += chunk
+    return bytes(buf)
+
+
+def _refuse(sock: socket.socket, reason: str) -> None:
+    """Send the refusal, then read and drop (bounded) what the client already sent: closing
+    with unread input would reset the connection and the client might never see the reason."""
+    body = reason.encode()[:4000]
+    with contextlib.suppress(OSError):
+        sock.sendall(VERDICT_NO + struct.pack("<H", len(body)) + body)
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(0.5)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and sock.recv(1 << 16):
+            pass
+
+
+@contextlib.contextmanager
+def _timeout(sock: socket.socket, seconds: float) -> Any:
+    prev = sock.gettimeout()
+    sock.settimeout(seconds)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            sock.settimeout(prev)
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+class _Disabled:
+    """Pass ``DISABLED`` to turn authentication off even when the environment has a secret."""
+
+    def __repr__(self) -> str:
+        return "auth.DISABLED"
+
+
+DISABLED: Any = _Disabled()
+
+
+def load_auth(
+    toml_path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Authenticator | None:
+    """The ``[auth]`` settings from TOML < ``KVCAKE_AUTH_*`` < ``overrides``; None = no secret."""
+    cfg = load_config(AuthConfig, toml_path=toml_path, section="auth", env=env, overrides=overrides)
+    return Authenticator.from_config(cfg)
+
+
+def resolve(auth: Authenticator | None) -> Authenticator | None:
+    """An explicit authenticator, else the environment's (``KVCAKE_AUTH_SECRET(_FILE)``);
+    :data:`DISABLED` means none."""
+    if auth is DISABLED:
+        return None
+    if auth is not None:
+        return auth
+    return load_auth()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, auth: Authenticator | None, what: str) -> None:
+    """Refuse to listen on a non-loopback ``host`` without a shared secret."""
+    if auth is None and not is_loopback(host):
+        raise InsecureBind(
+            f"{what} would listen on {host or '0.0.0.0'} (not loopback) without a shared secret; "
+            f"{ENV_HINT}"
+        )
+
+
+def add_cli_args(parser: Any) -> None:
+    """``--auth-secret-file`` for every command that serves or connects."""
+    parser.add_argument(
+        "--auth-secret-file",
+        dest="auth_secret_file",
+        default=None,
+        help="file holding the cluster's shared secret (>= 16 bytes; also [auth] secret_file, "
+        "KVCAKE_AUTH_SECRET_FILE or KVCAKE_AUTH_SECRET): required to listen on anything but "
+        "loopback; every connection is then authenticated by an HMAC challenge",
+    )
+
+
+def setup_process(
+    secret_file: str | None, toml_path: str | os.PathLike[str] | None = None
+) -> Authenticator | None:
+    """For a command: ``--auth-secret-file`` > ``KVCAKE_AUTH_*`` > ``[auth]`` of ``--config``,
+    made the process default (exported as ``KVCAKE_AUTH_SECRET(_FILE)``, so every component
+    of this process and every child it starts uses the same secret)."""
+    over: dict[str, Any] = {"secret_file": secret_file, "secret": "" if secret_file else None}
+    cfg = load_config(AuthConfig, toml_path=toml_path, section="auth", overrides=over)
+    found = Authenticator.from_config(cfg)
+    if found is not None:
+        if cfg.secret_file is not None:
+            os.environ["KVCAKE_AUTH_SECRET_FILE"] = str(cfg.secret_file.resolve())
+            os.environ.pop("KVCAKE_AUTH_SECRET", None)
+        else:
+            os.environ["KVCAKE_AUTH_SECRET"] = cfg.secret
+            os.environ.pop("KVCAKE_AUTH_SECRET_FILE", None)
+    return found
