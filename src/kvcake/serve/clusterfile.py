@@ -11,7 +11,13 @@ from typing import Any
 
 from kvcake.core.config import KVLayoutConfig
 from kvcake.core.errors import ConfigError
-from kvcake.serve.config import ClusterConfig, InstanceConfig, ProxyConfig, ServeFile
+from kvcake.serve.config import (
+    ClusterConfig,
+    HaClusterConfig,
+    InstanceConfig,
+    ProxyConfig,
+    ServeFile,
+)
 
 
 def toml_dump(sections: dict[str, Any]) -> str:
@@ -75,6 +81,7 @@ def load_serve_file(
     ov = overrides or {}
     kw: dict[str, Any] = {}
     for name, cls in (("kv", KVLayoutConfig), ("cluster", ClusterConfig),
-                      ("instance", InstanceConfig), ("proxy", ProxyConfig)):  # fmt: skip
+                      ("instance", InstanceConfig), ("proxy", ProxyConfig),
+                      ("ha", HaClusterConfig)):  # fmt: skip
         kw[name] = load_config(cls, toml_path=path, section=name, overrides=ov.get(name))
     return ServeFile(**kw)

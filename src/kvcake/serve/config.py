@@ -132,6 +132,42 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class HaClusterConfig:
+    """``[ha]``: the store master highly available on etcd (docs/store.md, "High availability").
+
+    ``etcd = true`` starts one etcd member on free loopback ports (data in the run dir);
+    ``etcd_endpoints`` uses an existing one instead. ``masters`` HA masters then campaign, and
+    store-servers, instances and the proxy address the pool as ``etcd://HOST:PORT/<cluster>``,
+    so they follow the leader."""
+
+    etcd: bool = False
+    etcd_endpoints: str = ""  # "host:port[,host:port]" of a running etcd (instead of etcd = true)
+    masters: int = 1
+    cluster: str = "kvcake"  # etcd key prefix /kvcake/<cluster>/
+    ha_lease_ttl_s: int = 2  # a dead leader is replaced about this long after
+
+    def __post_init__(self) -> None:
+        require(1 <= self.masters <= 9, "ha.masters must be in [1, 9]")
+        require(
+            not (self.etcd and self.etcd_endpoints),
+            "ha: set either etcd = true (start one) or etcd_endpoints (use one), not both",
+        )
+        require(
+            self.masters == 1 or self.enabled,
+            "ha.masters > 1 needs etcd: set ha.etcd = true or ha.etcd_endpoints",
+        )
+        require(
+            all(":" in e and "/" not in e for e in self.etcd_endpoints.split(",") if e),
+            f"ha.etcd_endpoints must be 'host:port[,host:port]', got {self.etcd_endpoints!r}",
+        )
+        require(2 <= self.ha_lease_ttl_s <= 60, "ha.ha_lease_ttl_s must be in [2, 60]")
+
+    @property
+    def enabled(self) -> bool:
+        return self.etcd or bool(self.etcd_endpoints)
+
+
+@dataclass(frozen=True)
 class ServeFile:
     """A whole cluster file: every section, each validated."""
 
@@ -139,6 +175,13 @@ class ServeFile:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     instance: InstanceConfig = field(default_factory=InstanceConfig)
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    ha: HaClusterConfig = field(default_factory=HaClusterConfig)
+
+    def __post_init__(self) -> None:
+        require(
+            not self.ha.enabled or self.cluster.store_servers >= 1,
+            "[ha] needs a store: set cluster.store_servers >= 1",
+        )
 
 
 def default_cluster_file() -> Path:

@@ -169,6 +169,10 @@ class Cluster:
 
     def _start_pool(self) -> tuple[str, str]:
         c = self.conf.cluster
+        if self.conf.ha.enabled:  # etcd + several masters; everybody on etcd://
+            from kvcake.serve.ha_pool import start_ha_pool
+
+            return start_ha_pool(self)
         if c.store_servers == 0:
             ch = self._spawn("directory", ["transfer-server", "--metadata", "--metadata-host",
                                            c.host, "--metadata-port",
@@ -287,9 +291,9 @@ class Cluster:
             self.stopping = True
         if self.supervisor is not None:
             self.supervisor.stop()
-        tiers: list[list[Child]] = [[], [], [], []]
+        tiers: list[list[Child]] = [[], [], [], [], []]
         for ch in self.children:
-            tier = {"proxy": 0, "store": 2, "master": 3, "directory": 3}
+            tier = {"proxy": 0, "store": 2, "master": 3, "directory": 3, "etcd": 4}
             tiers[tier.get(ch.name.split("-")[0], 1)].append(ch)
         for group in tiers:
             for ch in group:

@@ -40,7 +40,7 @@ def block_of(key: str) -> BlockHash | None:
 class PoolEvents:
     def __init__(self, index: KVIndex, master: str, holder: InstanceId = POOL):
         self.index = index
-        self.master = master  # host:port of the master RPC
+        self.master = master  # host:port of the master RPC, or etcd://...
         self.holder = holder
         self.view = PoolView()
         self.resyncs = 0
@@ -50,10 +50,10 @@ class PoolEvents:
     # --- blocking helpers (run in a thread) ---------------------------------------------------
 
     def _call(self, msg: Any) -> Any:
-        from kvcake.store.rpc import MasterConnection
+        from kvcake.store.ha.resolve import connect  # host:port, or etcd:// (follows the leader)
 
         if self._conn is None:
-            self._conn = MasterConnection(self.master, timeout_s=10.0)
+            self._conn = connect(self.master, timeout_s=10.0)
         return self._conn.call(msg)
 
     def _probe(self) -> str:

@@ -1,0 +1,313 @@
+"""A whole kvcake cluster over emulated hosts (one network namespace each, real TCP between).
+
+Hosts: ``master``, ``store-<i>``, ``prefill-<i>``, ``decode-<i>``, ``proxy`` and ``client``
+(nothing runs there: tests and users send requests from it). Every server binds its host's
+``10.199.0.x`` address; the Transfer Engine takes TCP between hosts (distinct hostnames, private
+``/dev/shm``: :mod:`kvcake.serve.netns`). Options: ``rate`` caps every host's egress with
+``tbf``; ``delay_ms`` puts a delaying relay (:mod:`kvcake.serve.netns_relay`) in front of the
+master's RPC and of every instance's HTTP RPC, so store lookups and the proxy's instance calls
+pay it (one way, each direction). The shared secret (``KVCAKE_AUTH_SECRET``) is set for every
+process: they bind non-loopback addresses.
+
+Script: ``python -m kvcake.serve.netns_cluster [--config FILE] [--prefill N] [--decode M]
+[--stores S] [--rate 1gbit] [--delay-ms 2]`` (root) prints the hosts and the endpoint and runs
+until Ctrl-C; docs/deploy.md, "A multi-host cluster on one machine".
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kvcake.core.errors import KvcakeError
+from kvcake.serve.clusterfile import load_serve_file, toml_dump
+from kvcake.serve.config import InstanceConfig, ServeFile
+from kvcake.serve.netns import Network
+
+
+class NetnsClusterError(KvcakeError):
+    """A process of the namespace cluster failed to start (its log tail is in the message)."""
+
+
+@dataclass(frozen=True)
+class NetnsOptions:
+    prefill: int = 1
+    decode: int = 1
+    stores: int = 2
+    store_size: str = "64MB"
+    rate: str = ""  # tc rate of every host's egress ("" = unlimited)
+    delay_ms: float = 0.0  # one-way delay on master RPC and instance RPC (0 = no relay)
+    client_ttl_s: float = 10.0  # the master expires silent clients / storage nodes after this
+    config: str | None = None  # cluster file for [kv], [instance], [proxy] (emulated default)
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    startup_timeout_s: float = 180.0
+
+
+@dataclass
+class Proc:
+    name: str
+    role: str  # the host it runs on
+    popen: subprocess.Popen[bytes]
+    log: Path
+    info: dict[str, str] = field(default_factory=dict)
+
+
+class NetnsCluster:
+    """Use as a context manager: everything (processes, namespaces) is gone on exit."""
+
+    def __init__(self, opts: NetnsOptions, run_dir: Path):
+        self.opts = opts
+        self.run_dir = run_dir
+        self.conf: ServeFile = self._serve_file()
+        roles = ["master", *(f"store-{i}" for i in range(opts.stores)),
+                 *(f"prefill-{i}" for i in range(opts.prefill)),
+                 *(f"decode-{i}" for i in range(opts.decode)), "proxy", "client"]  # fmt: skip
+        self.net = Network(roles)
+        self.secret = secrets.token_hex(16)
+        self.procs: list[Proc] = []
+        self.master = ""  # the master RPC address clients use (the relay's with delay_ms)
+        self.directory = ""
+        self.url = ""  # the proxy's base URL (reach it from the client host)
+        self.instances: dict[str, str] = {}
+
+    def _serve_file(self) -> ServeFile:
+        ov: dict[str, dict[str, Any]] = {"instance": {"backend": "emulated"}}
+        for k, v in self.opts.overrides.items():
+            ov.setdefault(k, {}).update(v)
+        return load_serve_file(self.opts.config, ov)
+
+    def __enter__(self) -> NetnsCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- start --------------------------------------------------------------------------------
+    def start(self) -> str:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.net.create()
+            if self.opts.rate:
+                for role in self.net.hosts:
+                    self.net.limit(role, self.opts.rate)
+            self._start_master()
+            self._start_stores()
+            self._start_instances()
+            self._start_proxy()
+        except BaseException:
+            self.stop()
+            raise
+        return self.url
+
+    def _start_master(self) -> None:
+        h = self.net["master"]
+        m = self.spawn("master", "master", ["master", "--host", h.addr, "--port", "0",
+                       "--http-port", "0", "--directory-port", "0",
+                       "--client-ttl-s", str(self.opts.client_ttl_s)],
+                       r"master rpc=(?P<rpc>\S+) directory=(?P<directory>\S+) http=(?P<http>\S+)")  # fmt: skip
+        self.directory = m.info["directory"]
+        self.master = self.relayed("master", m.info["rpc"])
+
+    def relayed(self, role: str, target: str) -> str:
+        """``target`` (on host ``role``) as peers should address it: through a delaying relay
+        on that host when ``delay_ms`` is set."""
+        if not self.opts.delay_ms:
+            return target
+        addr = self.net[role].addr
+        name = f"relay-{role}-{len([p for p in self.procs if p.name.startswith('relay-')])}"
+        argv = [sys.executable, "-m", "kvcake.serve.netns_relay", "--delay-ms",
+                str(self.opts.delay_ms), "--route", f"{addr}:0={target}"]  # fmt: skip
+        p = self.spawn(name, role, argv, r"relay on (?P<addr>\S+) ->", raw=True)
+        return p.info["addr"]
+
+    def _start_stores(self) -> None:
+        stores = [
+            self.spawn(
+                f"store-{i}",
+                f"store-{i}",
+                [
+                    "store-server",
+                    "--master",
+                    self.master,
+                    "--hostname",
+                    self.net[f"store-{i}"].addr,
+                    "--segment-size",
+                    self.opts.store_size,
+                    "--name",
+                    f"store-{i}",
+                ],
+                None,
+            )  # fmt: skip
+            for i in range(self.opts.stores)
+        ]
+        for s in stores:
+            self.wait_line(s, r"store-server segment=(?P<segment>\S+)")
+
+    def _start_instances(self) -> None:
+        started = []
+        for role in [f"prefill-{i}" for i in range(self.opts.prefill)] + [
+            f"decode-{i}" for i in range(self.opts.decode)
+        ]:
+            inst = replace(self.conf.instance, id=role, host=self.net[role].addr, port=0,
+                           directory=self.directory, master=self.master)  # fmt: skip
+            cfg = self.run_dir / f"{role}.toml"
+            cfg.write_text(toml_dump({"kv": self.conf.kv, "instance": inst}))
+            kind = role.split("-")[0]
+            started.append(self.spawn(role, role, [kind, "--config", str(cfg)], None))
+        for p in started:
+            self.wait_line(p, r"ready on (?P<url>http://\S+)")
+            host, port = p.info["url"].removeprefix("http://").split("/")[0].rsplit(":", 1)
+            self.instances[p.name] = "http://" + self.relayed(p.role, f"{host}:{port}")
+
+    def _start_proxy(self) -> None:
+        urls = self.instances
+        proxy = replace(self.conf.proxy, host=self.net["proxy"].addr, port=0,
+                        prefill=tuple(u for n, u in urls.items() if n.startswith("prefill")),
+                        decode=tuple(u for n, u in urls.items() if n.startswith("decode")),
+                        master=self.master)  # fmt: skip
+        cfg = self.run_dir / "proxy.toml"
+        cfg.write_text(toml_dump({"kv": self.conf.kv, "proxy": proxy}))
+        argv = ["proxy", "--config", str(cfg), "--backend", self.conf.instance.backend]
+        p = self.spawn("proxy", "proxy", argv, r"proxy on (?P<url>http://\S+)/v1")
+        self.url = p.info["url"]
+        deadline = time.monotonic() + self.opts.startup_timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if self.http("GET", "/health", timeout=2).status_code == 200:
+                    return
+            self._check_alive(p)
+            time.sleep(0.2)
+        raise NetnsClusterError(self._failure(p, "never became healthy"))
+
+    # --- processes ----------------------------------------------------------------------------
+    def child_env(self) -> dict[str, str]:
+        return dict(os.environ, PYTHONUNBUFFERED="1", KVCAKE_AUTH_SECRET=self.secret,
+                    **self.net.env())  # fmt: skip
+
+    def spawn(
+        self, name: str, role: str, args: list[str], ready: str | None, raw: bool = False
+    ) -> Proc:
+        """Start ``kvcake <args>`` (``raw``: ``args`` as is) on host ``role``; with ``ready``,
+        wait for that line."""
+        argv = args if raw else [sys.executable, "-m", "kvcake", *args]
+        log = self.run_dir / f"{name}.log"
+        with log.open("wb") as fh:
+            popen = subprocess.Popen(self.net.command(role, argv), stdout=fh,
+                                     stderr=subprocess.STDOUT, env=self.child_env(),
+                                     start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
+        p = Proc(name, role, popen, log)
+        self.procs.append(p)
+        if ready:
+            self.wait_line(p, ready)
+        return p
+
+    def wait_line(self, p: Proc, pattern: str) -> None:
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + self.opts.startup_timeout_s
+        while time.monotonic() < deadline:
+            m = rx.search(p.log.read_text(errors="replace"))
+            if m:
+                p.info.update({k: v for k, v in m.groupdict().items() if v is not None})
+                return
+            self._check_alive(p)
+            time.sleep(0.05)
+        raise NetnsClusterError(self._failure(p, "did not become ready in time"))
+
+    def _check_alive(self, p: Proc) -> None:
+        if p.popen.poll() is not None:
+            raise NetnsClusterError(self._failure(p, f"exited with {p.popen.returncode}"))
+
+    def _failure(self, p: Proc, what: str) -> str:
+        tail = p.log.read_text(errors="replace").strip().splitlines()[-12:]
+        return f"{p.name} on {p.role} {what} (log {p.log}):\n    " + "\n    ".join(tail)
+
+    def proc(self, name: str) -> Proc:
+        return next(p for p in self.procs if p.name == name)
+
+    def http(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """One HTTP call to the proxy from the client host."""
+        kw.setdefault("timeout", 60)
+        with self.net.inside("client"):
+            return httpx.request(method, self.url + path, **kw)
+
+    def run_python(
+        self, role: str, code: str, args: list[str], stdin: str = "", timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``python -c code args...`` on host ``role`` (with the cluster's secret)."""
+        cmd = self.net.command(role, [sys.executable, "-c", code, *args])
+        return subprocess.run(cmd, input=stdin, capture_output=True, text=True,
+                              timeout=timeout, env=self.child_env())  # fmt: skip
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM in reverse start order (proxy first, master last), SIGKILL after the grace,
+        then delete the namespaces (which kills whatever is left in them)."""
+        for p in reversed(self.procs):
+            if p.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for p in reversed(self.procs):
+            try:
+                p.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                p.popen.wait(5)
+        self.procs.clear()
+        self.net.close()
+
+
+def _die_with_parent() -> None:
+    """Children die with the harness (PR_SET_PDEATHSIG survives the exec chain)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", help="cluster TOML ([kv], [instance], [proxy]); emulated backend")
+    p.add_argument("--prefill", type=int, default=1)
+    p.add_argument("--decode", type=int, default=1)
+    p.add_argument("--stores", type=int, default=2)
+    p.add_argument("--store-size", default="256MB")
+    p.add_argument("--rate", default="", help="egress cap of every host (tc rate: 1gbit)")
+    p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay, master/instance RPC")
+    p.add_argument("--run-dir", default="runs/netns")
+    a = p.parse_args(argv)
+    from kvcake.serve.netns import unavailable
+
+    if why := unavailable():
+        p.error(why)
+    opts = NetnsOptions(prefill=a.prefill, decode=a.decode, stores=a.stores, rate=a.rate,
+                        store_size=a.store_size, delay_ms=a.delay_ms, config=a.config)  # fmt: skip
+    run_dir = Path(a.run_dir) / time.strftime("%Y%m%d-%H%M%S")
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    with NetnsCluster(opts, run_dir) as c:
+        for h in c.net.hosts.values():
+            print(f"  {h.role:<11} {h.addr:<13} netns {h.ns}")
+        print(f"proxy on {c.url}/v1  (from the client host: ip netns exec "
+              f"{c.net['client'].ns} curl {c.url}/v1/models)\nlogs in {run_dir}; Ctrl-C stops",
+              flush=True)  # fmt: skip
+        with contextlib.suppress(KeyboardInterrupt):
+            while not stop["now"]:
+                time.sleep(0.5)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
