@@ -54,6 +54,7 @@ class RequestRecord:
     cached_tokens: int = 0
     latency_s: float | None = None
     error: str | None = None
+    sent_s: float | None = None  # when the request was actually sent (s after the start)
 
 
 @dataclass
@@ -110,14 +111,16 @@ def prepare(
 
 
 async def _one(
-    http: httpx.AsyncClient, rec: RequestRecord, prompt: list[int], opts: ReplayOptions
-) -> None:
+    http: httpx.AsyncClient, rec: RequestRecord, prompt: list[int], opts: ReplayOptions,
+    start: float = 0.0,
+) -> None:  # fmt: skip
     body = {
         "model": opts.model or None, "prompt": prompt, "max_tokens": rec.max_tokens,
         "temperature": 0, "ignore_eos": True, "stream": True,
         "stream_options": {"include_usage": True},
     }  # fmt: skip
     t0 = time.perf_counter()
+    rec.sent_s = t0 - start if start else None
     times: list[float] = []
     try:
         async with http.stream("POST", "/v1/completions", json=body) as r:
@@ -166,7 +169,7 @@ async def run_replay(
             delay = start + rec.arrival_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await _one(http, rec, prompt, opts)
+            await _one(http, rec, prompt, opts, start)
             if on_done is not None:
                 on_done(rec)
 

@@ -24,6 +24,7 @@ from kvcake.core.api import (
     PrefillState,
     RequestView,
 )
+from kvcake.core.costmodel import CostModel
 from kvcake.core.ids import InstanceId
 from kvcake.sim.cluster import ClusterBase
 from kvcake.sim.config import SimConfig
@@ -35,8 +36,11 @@ from kvcake.sim.sched import Scheduler
 
 
 class MooncakeCluster(ClusterBase):
-    def __init__(self, cfg: SimConfig, eq: EventQueue, scheduler: Scheduler | None = None) -> None:
-        super().__init__(cfg, eq, scheduler, colocated=False)
+    def __init__(
+        self, cfg: SimConfig, eq: EventQueue, scheduler: Scheduler | None = None,
+        cost_model: CostModel | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(cfg, eq, scheduler, colocated=False, cost_model=cost_model)
         self.kvbpt = self.cm.model.kv_bytes_per_token
         self.bw = cfg.link_bytes_per_s
         cache_blocks = cfg.cache_tokens // cfg.block_tokens

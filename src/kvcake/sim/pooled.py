@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from kvcake.core.api import Accept, ClusterSnapshot, DecodeState, PrefillState
 from kvcake.sim.config import SimConfig, parse_failures
 from kvcake.sim.events import EventQueue, Prio
+from kvcake.sim.livehost import LiveHost, slowed
 from kvcake.sim.mooncake import MooncakeCluster
 from kvcake.sim.nodes import PrefillNode
 from kvcake.sim.pool import Nic, StorePool
@@ -33,8 +34,16 @@ from kvcake.sim.sched import Scheduler
 
 
 class PooledCluster(MooncakeCluster):
-    def __init__(self, cfg: SimConfig, eq: EventQueue, scheduler: Scheduler | None = None) -> None:
-        super().__init__(cfg, eq, scheduler)
+    def __init__(
+        self, cfg: SimConfig, eq: EventQueue, scheduler: Scheduler | None = None,
+        live: LiveHost | None = None,
+    ) -> None:  # fmt: skip
+        self.live = live
+        cm = slowed(cfg.cost_model(), live.cpu_slowdown) if live is not None else None
+        super().__init__(cfg, eq, scheduler, cm)
+        # live proxy gates (sim.livehost): when each prefill node's gate opens again
+        self._gate = [0.0] * cfg.prefill_nodes
+        self._gate_wait: set[int] = set()
         nodes = cfg.prefill_nodes + cfg.decode_nodes
         bt = cfg.block_tokens
         self.pool = StorePool(
@@ -131,6 +140,29 @@ class PooledCluster(MooncakeCluster):
     # --- prefill batching -----------------------------------------------------------------
 
     def _start_prefill(self, now: float, p: PrefillNode) -> None:
+        live = self.live
+        if live is None:
+            self._start_batch(now, p)
+            return
+        if now < self._gate[p.idx]:  # the proxy still holds this instance's gate
+            if p.idx not in self._gate_wait:
+                self._gate_wait.add(p.idx)
+                self.eq.schedule(self._gate[p.idx], Prio.FINISH, self._gate_open, p)
+            return
+        self._start_batch(now, p)
+        reqs = [r for r in (p.current, *p.batch) if r is not None]
+        # the instance answers once every KV write is complete; the gate opens with the answer
+        answer = max(p.busy_until, *(r.kv_ready for r in reqs)) + live.dispatch_s
+        for r in reqs:
+            r.kv_ready = answer  # the decode stream starts after the answer
+        self._gate[p.idx] = p.busy_until = answer
+
+    def _gate_open(self, now: float, p: PrefillNode) -> None:
+        self._gate_wait.discard(p.idx)
+        if p.current is None and p.queue:
+            self._start_prefill(now, p)
+
+    def _start_batch(self, now: float, p: PrefillNode) -> None:
         budget = self.cfg.prefill_batch_tokens
         if not budget or len(p.queue) < 2:
             super()._start_prefill(now, p)
@@ -179,6 +211,11 @@ class PooledCluster(MooncakeCluster):
         for req in rest:
             self._finish_prefill(now, p, req)
         super()._prefill_done(now, p)
+
+    def _finish_prefill(self, now: float, p: PrefillNode, req: SimRequest) -> None:
+        super()._finish_prefill(now, p, req)
+        if self.live is not None:  # proxy -> client: the first chunk comes this much later
+            req.first_token = req.kv_ready + self.live.first_token_s
 
     # --- failures -------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from kvcake.core.trace import TraceRecord
 from kvcake.sim.config import SimConfig
 from kvcake.sim.events import EventQueue, Prio
+from kvcake.sim.livehost import LiveHost
 from kvcake.sim.metrics import SimResult
 from kvcake.sim.request import SimRequest
 from kvcake.sim.sched import Scheduler
@@ -57,17 +58,26 @@ def simulate(
     *,
     scheduler: Scheduler | None = None,
     observers: Sequence[tuple[float, Callable[[float, Any], None]]] = (),
+    live: LiveHost | None = None,
 ) -> SimResult:
     """Replay ``records`` (timestamps re-based to the first one, divided by ``cfg.speedup``).
 
     ``observers`` are ``(interval_s, fn(now, cluster))`` callbacks run periodically while
-    requests remain (e.g. replica counting)."""
+    requests remain (e.g. replica counting). ``live``: model the live serving path on one
+    machine too (:mod:`kvcake.sim.livehost`; the live-path model, ``fetch_source = "pool"``)."""
     wall = time.perf_counter()
     eq = EventQueue()
     kind = (
         "mooncake-pool" if cfg.system == "mooncake" and cfg.fetch_source == "pool" else cfg.system
     )
-    cluster = _factory(kind)(cfg, eq, scheduler)
+    if live is not None:
+        if kind != "mooncake-pool":
+            raise ValueError("live= needs system 'mooncake' with fetch_source 'pool'")
+        from kvcake.sim.pooled import PooledCluster
+
+        cluster: Cluster = PooledCluster(cfg, eq, scheduler, live)
+    else:
+        cluster = _factory(kind)(cfg, eq, scheduler)
     reqs = to_requests(records, cfg.speedup)
     result_load = SimResult.from_requests([]).load
     for r in reqs:  # the heap orders them; ties keep trace order
@@ -96,6 +106,8 @@ def simulate(
             eq.schedule(0.0, Prio.SAMPLE, observe(interval, fn))
     eq.run()
     res = SimResult.from_requests(reqs)
+    if live is not None and live.tbt_extra_s:  # the client sees every gap run through the path
+        res.tbt[res.tbt > 0] += live.tbt_extra_s
     res.load = result_load
     res.events = eq.processed
     res.sim_end_s = eq.now
