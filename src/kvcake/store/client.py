@@ -61,12 +61,8 @@ class Client(ReadPath):
         hello = self.conn.call(P.Heartbeat("", self.cfg.hostname))
         if not hello.directory:
             raise StoreError("the master hosts no Transfer Engine directory", -1)
-        self.engine = TransferEngine(  # listens where peers reach this host (not only loopback)
-            hello.directory,
-            self.cfg.hostname,
-            (self.cfg.hostname,),
-            protocol=self.cfg.protocol,
-            auth=auth,
+        self.engine = TransferEngine(
+            hello.directory, self.cfg.hostname, protocol=self.cfg.protocol, auth=auth
         )
         self.id = self.engine.owner
         self.host = self.cfg.hostname
@@ -156,6 +152,7 @@ class Client(ReadPath):
             [v.nbytes for v in views],
             options or P.PutOptions(),
             upsert,
+            tenant=self.cfg.tenant,
         )
         try:
             reply = self.conn.call(start)

@@ -41,6 +41,10 @@ class MasterConfig:
     # KV events (zmq PUB on tcp://host:events_port; 0 = a free port, -1 = no events).
     events_port: int = 0
     events_buffer: int = 65536  # events queued for the publisher thread; beyond: dropped + gap
+    # Tenants (store/tenants.py): "NAME=SIZE" byte quotas, and the quota of other named tenants
+    # (0 = unlimited). Puts without a tenant are never limited.
+    tenant_quotas: tuple[str, ...] = ()
+    tenant_quota: int = size_field(0)
 
     def __post_init__(self) -> None:
         from kvcake.store.strategy import STRATEGIES
@@ -71,6 +75,9 @@ class MasterConfig:
         require(self.evict_batch >= 1, "master.evict_batch must be >= 1")
         require(-1 <= self.events_port < 65536, "master.events_port must be -1, 0 or a port")
         require(self.events_buffer >= 16, "master.events_buffer must be >= 16")
+        from kvcake.store.tenants import parse_quotas
+
+        parse_quotas(self.tenant_quotas)  # ConfigError names a bad entry
 
 
 @dataclass(frozen=True)
@@ -83,9 +90,16 @@ class ClientConfig:
     rpc_retries: int = 2  # re-sends after a timeout or broken connection (safe: deduplicated)
     tune_malloc: bool = True  # keep freed value buffers warm (see kvcake.store.memtune)
     busy_poll_us: float = 50.0  # master replies: poll before sleeping (TransferConfig doc)
+    tenant: str = ""  # puts are charged to this tenant's quota (master.tenant_quotas)
 
     def __post_init__(self) -> None:
         require(":" in self.master, f"client.master must be host:port, got {self.master!r}")
+        from kvcake.store.tenants import TENANT_RE
+
+        require(
+            not self.tenant or bool(TENANT_RE.match(self.tenant)),
+            f"client.tenant {self.tenant[:80]!r}: use 1-64 characters [A-Za-z0-9._-]",
+        )
         require(
             self.protocol in ("auto", "tcp", "shm"),
             f"client.protocol must be auto, tcp or shm, got {self.protocol!r}",

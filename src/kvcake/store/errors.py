@@ -21,6 +21,7 @@ TRANSFER_FAIL = -800
 CHECKSUM_MISMATCH = -801
 RPC_FAIL = -900
 RPC_TIMEOUT = -901
+QUOTA_EXCEEDED = -2001  # kvcake's own (Mooncake has no tenants)
 
 
 class InternalError(StoreError):
@@ -38,6 +39,12 @@ class NoSpace(InternalError):
     """No segment can hold the object even after eviction (everything leased, pinned, busy)."""
 
     default_code = NO_AVAILABLE_HANDLE
+
+
+class QuotaExceeded(NoSpace):
+    """A put would take its tenant past its byte quota (issue 15 §4); nothing is evicted for it."""
+
+    default_code = QUOTA_EXCEEDED
 
 
 class InvalidParams(InternalError):
@@ -91,6 +98,7 @@ _BY_CODE: dict[int, type[InternalError]] = {
         InternalError,
         SegmentNotFound,
         NoSpace,
+        QuotaExceeded,
         InvalidParams,
         ReplicaNotReady,
         ObjectNotFound,

@@ -151,7 +151,9 @@ class MasterHandlers:
         return _per_key(
             m.keys,
             lambda k: P.KeyResult(
-                0, sizes[k], self.state.put_start(cid, m.host, k, sizes[k], m.options, m.upsert)
+                0,
+                sizes[k],
+                self.state.put_start(cid, m.host, k, sizes[k], m.options, m.upsert, m.tenant),
             ),
         )
 

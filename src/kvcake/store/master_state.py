@@ -40,6 +40,7 @@ from kvcake.store.metadata import ClientInfo, NodeTask, ObjectMeta, Replica, Seg
 from kvcake.store.patterns import match_regex, matcher
 from kvcake.store.protocol import PutOptions, ReplicaDesc, ReqId
 from kvcake.store.strategy import make as make_strategy
+from kvcake.store.tenants import TenantQuotas, check_tenant, parse_quotas
 from kvcake.store.tiering import TieringMixin
 
 MAX_KEY_LEN = 4096
@@ -93,8 +94,16 @@ class MasterState(TieringMixin, AdminMixin):
         self.evicted_objects = 0
         self.offloading: dict[ObjectKey, int] = {}
         self.evicted_bytes = 0
+        self.evicted_disk_objects = 0
         self.offloads = 0
         self.promotions = 0
+        self.tenants = TenantQuotas(parse_quotas(config.tenant_quotas), config.tenant_quota)
+
+    def check(self) -> None:
+        """The tiering invariants, and each tenant's charge == the sizes of its objects."""
+        super().check()
+        with self.lock:
+            self.tenants.check(self.objects.values())
 
     # --- the mutation entry point ------------------------------------------------------------
 
@@ -280,7 +289,9 @@ class MasterState(TieringMixin, AdminMixin):
             if rep.tier is Tier.DISK:
                 self._queue_task(rep.segment, NodeTask("delete", obj.key, obj.size, 0))
         obj.replicas = []
-        self.objects.pop(obj.key, None)
+        gone = self.objects.pop(obj.key, None)
+        if gone is not None:
+            self.tenants.release(gone.tenant, gone.size)
         self.processing.pop(obj.key, None)
 
     def _queue_task(self, segment: SegmentName, task: NodeTask) -> None:
@@ -313,9 +324,12 @@ class MasterState(TieringMixin, AdminMixin):
         size: int,
         opts: PutOptions = PutOptions(),
         upsert: bool = False,
+        tenant: str = "",
     ) -> list[ReplicaDesc]:
-        """Allocate replicas for ``key`` (status PROCESSING) and return where to write them."""
+        """Allocate replicas for ``key`` (status PROCESSING) and return where to write them.
+        A put that would take ``tenant`` past its quota is refused before any allocation."""
         okey = check_key(key)
+        check_tenant(tenant)
         if size <= 0:
             raise InvalidParams(f"object size must be > 0, got {size}")
         if opts.replica_num < 1 or opts.replica_num > 64:
@@ -330,8 +344,11 @@ class MasterState(TieringMixin, AdminMixin):
                 if reuse is not None:
                     self._apply_pins(reuse, opts)
                     return [self.describe(r) for r in reuse.replicas]
+            self.tenants.admit(tenant, size)  # before _place: never evict for an over-quota put
             reps = self._place(size, opts, host)
             obj = ObjectMeta(okey, size, Status.PROCESSING, client, self.clock(), reps)
+            obj.tenant = tenant
+            self.tenants.charge(tenant, size)
             self._apply_pins(obj, opts)
             self.objects[okey] = obj
             self.processing[okey] = obj
@@ -350,6 +367,7 @@ class MasterState(TieringMixin, AdminMixin):
                 self.discarded.append((now + self.cfg.put_start_discard_s, rep.segment, rep.offset))
             obj.replicas = []
             self.objects.pop(obj.key)
+            self.tenants.release(obj.tenant, obj.size)
             self.processing.pop(obj.key, None)
             return None
         if not upsert:

@@ -62,6 +62,7 @@ class ObjectMeta:
     soft_pin_ttl_s: float = 0.0
     disk_hits: int = 0
     copying: bool = False  # an offload/promotion task is in flight
+    tenant: str = ""  # charged with ``size`` (store/tenants.py); "" = no tenant
 
     def readable(self) -> list[Replica]:
         if self.status is not Status.COMPLETE:

@@ -81,6 +81,7 @@ class PutStart(msgspec.Struct, tag=True):
     options: PutOptions = PutOptions()
     upsert: bool = False
     rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
+    tenant: str = ""  # charged for the bytes (master.tenant_quotas); "" = no tenant
 
 
 class PutEnd(msgspec.Struct, tag=True):
