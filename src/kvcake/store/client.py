@@ -61,8 +61,12 @@ class Client(ReadPath):
         hello = self.conn.call(P.Heartbeat("", self.cfg.hostname))
         if not hello.directory:
             raise StoreError("the master hosts no Transfer Engine directory", -1)
-        self.engine = TransferEngine(
-            hello.directory, self.cfg.hostname, protocol=self.cfg.protocol, auth=auth
+        self.engine = TransferEngine(  # listens where peers reach this host (not only loopback)
+            hello.directory,
+            self.cfg.hostname,
+            (self.cfg.hostname,),
+            protocol=self.cfg.protocol,
+            auth=auth,
         )
         self.id = self.engine.owner
         self.host = self.cfg.hostname
