@@ -77,7 +77,8 @@ def run(args: argparse.Namespace, tmp: Path, admission: str, tag: str) -> dict[s
         "cluster": {"proxy_port": 0, "run_dir": str(tmp), "store_servers": 1,
                     "prefill": 1, "decode": 1},
         "instance": {"backend": "emulated", "kv_blocks": 4096, "time_scale": args.time_scale},
-        "proxy": {"admission": admission, "ttft_slo_s": args.ttft_slo, "tbt_slo_s": args.tbt_slo},
+        "conductor": {"admission_policy": admission, "ttft_slo_s": args.ttft_slo,
+                      "tbt_slo_s": args.tbt_slo},
     }  # fmt: skip
     c = Cluster(load_serve_file(None, ov), run_dir=tmp / tag, quiet=True)
     reqs = mix(args.requests, args.seed, args.min_prompt, args.max_prompt)

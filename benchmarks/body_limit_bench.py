@@ -131,7 +131,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         ov = {"cluster": {"proxy_port": 0, "store_servers": 0, "run_dir": str(tmp)},
-              "instance": {"backend": "emulated", "kv_blocks": 64}, "proxy": {"admission": "none"}}  # fmt: skip
+              "instance": {"backend": "emulated", "kv_blocks": 64}, "conductor": {"admission_policy": "none"}}  # fmt: skip
         base_src = worktree(args.baseline, tmp) if args.baseline else None
         try:
             with Cluster(load_serve_file(None, ov), run_dir=tmp / "run", quiet=True) as c:

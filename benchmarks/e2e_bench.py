@@ -41,7 +41,7 @@ def cluster(run_dir: Path, **sections: dict[str, Any]) -> Cluster:
     ov: dict[str, dict[str, Any]] = {
         "cluster": {"proxy_port": 0, "run_dir": str(run_dir), "store_servers": 1},
         "instance": {"backend": "emulated"},
-        "proxy": {"admission": "none"},
+        "conductor": {"admission_policy": "none"},
     }
     for k, v in sections.items():
         ov.setdefault(k, {}).update(v)
@@ -95,7 +95,7 @@ def part_trace(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
         inst = {"time_scale": args.time_scale, "kv_blocks": 1024, "max_batch": 64,
                 "max_context": 65536}  # fmt: skip
         c = cluster(tmp / name.split()[0], instance=inst, kv={"kv_block_tokens": 512},
-                    proxy={"admission": "none", "max_prompt_tokens": 65536}, **sections)  # fmt: skip
+                    proxy={"max_prompt_tokens": 65536}, **sections)  # fmt: skip
         with c:
             opts = ReplayOptions(
                 url=c.url, tokens_per_block=args.tokens_per_block, max_context=65536,

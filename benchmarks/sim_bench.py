@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t = time.perf_counter()
     recs = read_trace(args.trace)
     load_s = time.perf_counter() - t
-    cfg = SimConfig(system=args.system, prefill_policy=args.policy)
+    cfg = SimConfig(system=args.system).with_(prefill_policy=args.policy)
     walls, cpus, dyn, res = [], [], [], None
     for _ in range(args.repeats):
         c = time.process_time()
@@ -144,7 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     wall, cpu = statistics.median(walls), statistics.median(cpus)
     s = res.summary()
     print(f"trace {args.trace}: {len(recs):,} requests (read in {load_s:.2f} s)")
-    print(f"cluster: {cfg.system} {cfg.prefill_nodes}P+{cfg.decode_nodes}D, {cfg.prefill_policy}")
+    print(
+        f"cluster: {cfg.system} {cfg.prefill_nodes}P+{cfg.decode_nodes}D, {cfg.conductor.prefill_policy}"
+    )
     print("| metric | value |\n|---|---|")
     print(f"| wall s (median of {args.repeats}) | {wall:.2f} |")
     print(f"| CPU s (median) | {cpu:.2f} |")
@@ -189,7 +191,7 @@ def plan_like_configs(n: int) -> list[tuple[str, Any]]:
     from kvcake.sim.plan.search import VARIANTS, PlanConfig, sim_config
 
     pc = PlanConfig()
-    base = SimConfig(ttft_slo_s=20.0, tbt_slo_s=0.07)
+    base = SimConfig().with_(ttft_slo_s=20.0, tbt_slo_s=0.07)
     out: list[tuple[str, Any]] = []
     sizes = [8, 10, 12, 14, 16, 18, 20, 24]
     while len(out) < n:

@@ -154,7 +154,7 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         ov: dict[str, dict[str, Any]] = {"cluster": {"proxy_port": 0, "run_dir": d},
-                                         "proxy": {"admission": "none"}}  # fmt: skip
+                                         "conductor": {"admission_policy": "none"}}  # fmt: skip
         if args.backend:
             ov["instance"] = {"backend": args.backend}
         with Cluster(load_serve_file(args.config, ov), run_dir=Path(d) / "run", quiet=True) as c:

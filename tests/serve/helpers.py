@@ -13,7 +13,8 @@ def make_cluster(run_dir: Path, **sections: dict[str, Any]) -> Cluster:
         "cluster": {"proxy_port": 0, "store_servers": 0, "run_dir": str(run_dir),
                     "startup_timeout_s": 240.0},
         "instance": {"backend": "emulated", "kv_blocks": 1024, "threads": 1},
-        "proxy": {"admission": "none", "poll_interval_s": 0.05},
+        "proxy": {"poll_interval_s": 0.05},
+        "conductor": {"admission_policy": "none"},
     }  # fmt: skip
     for name, values in sections.items():
         ov.setdefault(name, {}).update(values)

@@ -22,13 +22,13 @@ BODY_LIMIT = 1 << 20
 @contextmanager
 def extra_proxy(cluster: Cluster, tmp: Path, **proxy: object) -> Iterator[str]:
     settings = {"served_model_name": list(MODELS), "max_prompt_tokens": CONTEXT,
-                "max_body_bytes": BODY_LIMIT, "admission": "none", "poll_interval_s": 0.05,
-                **proxy}  # fmt: skip
+                "max_body_bytes": BODY_LIMIT, "poll_interval_s": 0.05, **proxy}  # fmt: skip
     cfg = tmp / "proxy.toml"
     lines = ["[kv]", f"kv_block_tokens = {cluster.conf.kv.kv_block_tokens}", "[proxy]"]
     for k, v in settings.items():
         val = "[" + ", ".join(f'"{x}"' for x in v) + "]" if isinstance(v, list) else v
         lines.append(f'{k} = "{val}"' if isinstance(v, str) else f"{k} = {val}")
+    lines += ["[conductor]", 'admission_policy = "none"']
     cfg.write_text("\n".join(lines) + "\n")
     urls = cluster.instance_urls
     argv = [sys.executable, "-m", "kvcake", "proxy", "--config", str(cfg), "--backend",

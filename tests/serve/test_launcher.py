@@ -57,7 +57,9 @@ def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
 def test_toml_dump_round_trips(tmp_path: Path) -> None:
     from kvcake.serve.launcher import load_serve_file
 
-    conf = load_serve_file(None, {"proxy": {"prefill": ("http://a:1",), "ttft_slo_s": 2.5}})
+    conf = load_serve_file(
+        None, {"proxy": {"prefill": ("http://a:1",)}, "conductor": {"ttft_slo_s": 2.5, "seed": 4}}
+    )
     p = tmp_path / "c.toml"
     p.write_text(toml_dump({"kv": conf.kv, "cluster": conf.cluster, "proxy": conf.proxy}))
     again = load_serve_file(p)

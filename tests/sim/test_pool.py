@@ -70,7 +70,7 @@ def test_decode_nic_is_shared_by_prefill_nodes_streaming_to_it() -> None:
     recs = [TraceRecord(0.0, 16384, 2, tuple(range(32))),
             TraceRecord(0.0, 16384, 2, tuple(range(100, 132)))]  # fmt: skip
     cfg = SimConfig(prefill_nodes=2, decode_nodes=1, fetch_source="pool", link_gbps=10.0,
-                    pool_tokens_per_node=0, prefill_policy="least-load")  # fmt: skip
+                    pool_tokens_per_node=0).with_(prefill_policy="least-load")  # fmt: skip
     r = simulate(recs, cfg)
     stream = 16384 * preset().model.kv_bytes_per_token / (10e9 / 8)
     t = sorted(r.ttft)
@@ -114,7 +114,7 @@ def test_prefill_batching_shares_one_call_overhead() -> None:
     empty), the other two run as one batch that pays the per-call overhead c0 once."""
     recs = [TraceRecord(0.0, 1024, 2, (10 * i, 10 * i + 1)) for i in range(3)]
     base = SimConfig(prefill_nodes=1, decode_nodes=1, fetch_source="pool",
-                     pool_tokens_per_node=0, prefill_policy="least-load")  # fmt: skip
+                     pool_tokens_per_node=0).with_(prefill_policy="least-load")  # fmt: skip
     one, batched = simulate(recs, base), simulate(recs, base.with_(prefill_batch_tokens=4096))
     cm = preset()
     t = cm.chunked_prefill_time(1024, 0, 4096)

@@ -24,7 +24,7 @@ def _rec(t_ms: float, n: int, out: int, ids: tuple[int, ...]) -> TraceRecord:
 
 
 def test_single_request_exact_timeline() -> None:
-    cfg = SimConfig(prefill_nodes=1, decode_nodes=1, prefill_policy="round-robin")
+    cfg = SimConfig(prefill_nodes=1, decode_nodes=1).with_(prefill_policy="round-robin")
     res = simulate([_rec(0, 1024, 3, (1, 2))], cfg)
     c, d = CM.prefill, CM.decode
     compute = c.c0 + c.c1 * 1024 + c.c2 * 1024**2
@@ -41,7 +41,7 @@ def test_single_request_exact_timeline() -> None:
 
 
 def test_prefix_hit_and_queueing_exact() -> None:
-    cfg = SimConfig(prefill_nodes=1, decode_nodes=1, prefill_policy="round-robin")
+    cfg = SimConfig(prefill_nodes=1, decode_nodes=1).with_(prefill_policy="round-robin")
     recs = [_rec(0, 1024, 1, (1, 2)), _rec(0, 1024, 1, (1, 3))]
     res = simulate(recs, cfg)
     first = CM.prefill_time(1024, 0)
@@ -55,7 +55,7 @@ def test_prefix_hit_and_queueing_exact() -> None:
 
 
 def test_global_cache_fetches_and_replicates() -> None:
-    cfg = SimConfig(prefill_nodes=2, decode_nodes=1, prefill_policy="global-cache-aware")
+    cfg = SimConfig(prefill_nodes=2, decode_nodes=1).with_(prefill_policy="global-cache-aware")
     ids = tuple(range(8))
     big = tuple(range(100, 164))
     # A fills p0's cache; B (long, unrelated) keeps p0 busy; C (= A's prompt) arrives then:
@@ -81,7 +81,7 @@ def _sample(n: int) -> list[TraceRecord]:
 @pytest.mark.parametrize("system", ["mooncake", "vllm", "vllm-prefix", "vllm-chunked"])
 def test_systems_complete_and_account(system: str) -> None:
     recs = _sample(300)
-    res = simulate(recs, SimConfig(system=system, prefill_policy="least-load", speedup=4.0))
+    res = simulate(recs, SimConfig(system=system, speedup=4.0).with_(prefill_policy="least-load"))
     assert res.completed.all()
     assert np.all(res.ttft > 0) and np.all(res.tbt >= 0)
     assert np.all(res.finish >= res.arrival + res.ttft - 1e-9)
@@ -94,17 +94,21 @@ def test_systems_complete_and_account(system: str) -> None:
 
 def test_vllm_prefill_stalls_decode() -> None:
     # one colocated node: A decodes 9 tokens (TBT = its longest gap); B's 8k-token prefill stalls A mid-stream
-    cfg = SimConfig(system="vllm", prefill_nodes=1, decode_nodes=0, prefill_policy="least-load")
+    cfg = SimConfig(system="vllm", prefill_nodes=1, decode_nodes=0).with_(
+        prefill_policy="least-load"
+    )
     recs = [_rec(0, 512, 10, (1,)), _rec(100, 8192, 2, tuple(range(10, 26)))]
     res = simulate(recs, cfg)
     assert res.tbt[0] >= CM.prefill_time(8192)
-    moon = simulate(recs, SimConfig(prefill_nodes=1, decode_nodes=1, prefill_policy="least-load"))
+    moon = simulate(
+        recs, SimConfig(prefill_nodes=1, decode_nodes=1).with_(prefill_policy="least-load")
+    )
     assert moon.tbt[0] < 0.1 < res.tbt[0]
 
 
 def test_deterministic_for_a_seed() -> None:
     recs = _sample(250)
-    cfg = SimConfig(prefill_policy="random", seed=7, speedup=2.0)
+    cfg = SimConfig(speedup=2.0).with_(prefill_policy="random", seed=7)
     a, b = simulate(recs, cfg), simulate(recs, cfg)
     for name in ("ttft", "tbt", "finish", "hit_tokens"):
         assert np.array_equal(getattr(a, name), getattr(b, name), equal_nan=True)
@@ -114,8 +118,8 @@ def test_deterministic_for_a_seed() -> None:
 
 def test_overload_policies_reject() -> None:
     recs = _sample(400)
-    base = dict(speedup=8.0, tbt_slo_s=0.018, ttft_slo_s=5.0)
-    out = {p: simulate(recs, SimConfig(admission_policy=p, **base)) for p in
+    base = dict(tbt_slo_s=0.018, ttft_slo_s=5.0)
+    out = {p: simulate(recs, SimConfig(speedup=8.0).with_(admission_policy=p, **base)) for p in
            ("none", "per-stage", "early-rejection")}  # fmt: skip
     assert out["none"].rejected() == 0
     assert out["per-stage"].rejected() > 0 and out["early-rejection"].rejected() > 0
@@ -143,7 +147,7 @@ def test_bad_configs_raise_config_error() -> None:
         with pytest.raises(ConfigError):
             SimConfig(**kw)  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
-        simulate(_sample(5), SimConfig(prefill_policy="best-guess"))
+        simulate(_sample(5), SimConfig().with_(prefill_policy="best-guess"))
 
 
 def test_cli_bad_trace_and_bad_experiment(

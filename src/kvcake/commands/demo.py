@@ -135,7 +135,8 @@ def _replay(args: argparse.Namespace) -> None:
 
         opts = ReplayOptions(
             url=cluster.url, tokens_per_block=512, max_context=conf.instance.max_context,
-            ttft_slo_s=conf.proxy.ttft_slo_s, tbt_slo_s=conf.proxy.tbt_slo_s, max_output=128,
+            ttft_slo_s=conf.proxy.conductor.ttft_slo_s,
+            tbt_slo_s=conf.proxy.conductor.tbt_slo_s, max_output=128,
         )  # fmt: skip
         summary = asyncio.run(run_replay(recs, opts, done))
     keys = ("requests", "completed", "rejected", "errors", "dropped", "ttft_p50", "ttft_p99",

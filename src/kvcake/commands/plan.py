@@ -64,6 +64,10 @@ def register(sub: Any) -> None:
     p.add_argument("--predictor-noise", type=float, default=0.0, metavar="REL",
                    help="the conductor's predictors are fitted from timings with this relative "
                    "noise (0: exact)")  # fmt: skip
+    p.add_argument("--config", metavar="TOML", default=None,
+                   help="a cluster TOML whose [conductor] section (balancing threshold, seed, "
+                   "expected output, admission) the simulations use; the prefill policy is "
+                   "swept and the SLOs come from --ttft-slo/--tbt-slo or the rule")  # fmt: skip
     p.add_argument("--out", default="plan", metavar="DIR", help="output directory")
     p.add_argument("--jobs", type=int, default=0, metavar="N",
                    help="worker processes (0: all cores)")  # fmt: skip
@@ -101,6 +105,7 @@ def load_any(path: str, tokenizer: str = "smollm2", time_unit: str = "auto") -> 
 def _plan(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    from kvcake.conductor.config import load_conductor_config
     from kvcake.core.errors import ConfigError
     from kvcake.core.trace import write_trace
     from kvcake.sim.plan import PlanConfig, Planner
@@ -117,7 +122,8 @@ def _plan(args: argparse.Namespace) -> int:
     cfg = PlanConfig(hardware=args.hardware, network_gbps=args.network, ttft_slo_s=args.ttft_slo,
                      tbt_slo_s=args.tbt_slo, target=args.target, max_nodes=args.max_nodes,
                      pool_tokens_per_node=args.pool_tokens, traffic=traffic, jobs=args.jobs,
-                     index_lag_s=args.index_lag, predictor_noise=args.predictor_noise)  # fmt: skip
+                     index_lag_s=args.index_lag, predictor_noise=args.predictor_noise,
+                     conductor=load_conductor_config(args.config))  # fmt: skip
     records = load_any(args.trace, args.tokenizer, args.time_unit)
     if args.save_trace:
         write_trace(records, args.save_trace)

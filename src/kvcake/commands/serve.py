@@ -45,7 +45,7 @@ def register(sub: Any) -> None:
         description="OpenAI-compatible front end: /v1/completions, /v1/chat/completions, "
         "/v1/models, /health, /metrics. Instances are given by URL.",
     )
-    p.add_argument("--config", help="cluster TOML ([kv] and [proxy] sections)")
+    p.add_argument("--config", help="cluster TOML ([kv], [proxy] and [conductor] sections)")
     p.add_argument("--host", type=str)
     p.add_argument("--port", type=int)
     p.add_argument("--prefill", action="append", help="prefill (or colocated) instance URL")
@@ -57,10 +57,15 @@ def register(sub: Any) -> None:
     p.add_argument("--metrics-names", choices=("kvcake", "vllm", "both"),
                    help="proxy.metrics_names: export /metrics under kvcake:, vLLM's vllm: names "
                    "(labelled component=kvcake-proxy) or both")  # fmt: skip
-    p.add_argument("--policy", help="conductor prefill policy")
-    p.add_argument("--admission", help="conductor admission policy (none = never 429)")
-    p.add_argument("--ttft-slo-s", type=float)
-    p.add_argument("--tbt-slo-s", type=float)
+    # [conductor] settings (the section the simulator reads too)
+    p.add_argument("--policy", dest="prefill_policy", help="conductor.prefill_policy")
+    p.add_argument("--admission", dest="admission_policy",
+                   help="conductor.admission_policy (none = never 429)")  # fmt: skip
+    p.add_argument("--ttft-slo-s", type=float, help="conductor.ttft_slo_s")
+    p.add_argument("--tbt-slo-s", type=float, help="conductor.tbt_slo_s")
+    p.add_argument("--kvcache-balancing-threshold", type=float,
+                   help="conductor.kvcache_balancing_threshold")  # fmt: skip
+    p.add_argument("--seed", type=int, help="conductor.seed")
     p.set_defaults(func=_proxy)
 
     from kvcake.serve import launcher_cli, replay_cli
@@ -94,12 +99,14 @@ def _instance(args: argparse.Namespace) -> int:
 
 def _proxy(args: argparse.Namespace) -> int:
     from kvcake.core.config import KVLayoutConfig, load_config
-    from kvcake.serve.config import ProxyConfig
+    from kvcake.serve.config import load_proxy_config
     from kvcake.serve.proxy_main import run_proxy
 
-    ov = _overrides(args, ["request_log", "metrics_names", "host", "port", "policy", "admission", "ttft_slo_s", "tbt_slo_s"])
+    ov = _overrides(args, ["request_log", "metrics_names", "host", "port"])
     ov["prefill"] = tuple(args.prefill) if args.prefill else None
     ov["decode"] = tuple(args.decode) if args.decode else None
-    cfg = load_config(ProxyConfig, toml_path=args.config, section="proxy", overrides=ov)
+    cond = _overrides(args, ["prefill_policy", "admission_policy", "ttft_slo_s", "tbt_slo_s",
+                             "kvcache_balancing_threshold", "seed"])  # fmt: skip
+    cfg = load_proxy_config(args.config, ov, cond)
     kv = load_config(KVLayoutConfig, toml_path=args.config, section="kv")
     return run_proxy(cfg, kv, args.backend, colocated=args.colocated)

@@ -27,6 +27,8 @@ class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def register(sub: Any) -> None:
+    from kvcake.conductor.config import FIELD_HELP as CONDUCTOR_HELP
+    from kvcake.conductor.config import ConductorConfig
     from kvcake.sim.config import FIELD_HELP, SimConfig
 
     fmt = _DefaultsFormatter
@@ -41,14 +43,19 @@ def register(sub: Any) -> None:
     r.add_argument("--trace", metavar="PATH",
                    help=f"{TRACE_HELP} (default: the bundled sample trace)")  # fmt: skip
     r.add_argument(
-        "--config", metavar="TOML", help="TOML file with a [sim] section (default: none)"
-    )
+        "--config", metavar="TOML",
+        help="TOML file with [sim] and [conductor] sections (default: none)",
+    )  # fmt: skip
     r.add_argument("--json", metavar="PATH", help="also write the summary as JSON here "
                    "(default: not written)")  # fmt: skip
-    for f in dataclasses.fields(SimConfig):
+    flags = [(f, FIELD_HELP) for f in dataclasses.fields(SimConfig) if f.name != "conductor"]
+    # the [conductor] fields under their own names (colocated follows --system)
+    flags += [(f, CONDUCTOR_HELP) for f in dataclasses.fields(ConductorConfig)
+              if f.name != "colocated"]  # fmt: skip
+    for f, text in flags:
         r.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=None,
                        metavar=type(f.default).__name__.upper(),
-                       help=f"{FIELD_HELP[f.name]} (default: {f.default})")  # fmt: skip
+                       help=f"{text[f.name]} (default: {f.default})")  # fmt: skip
     r.set_defaults(func=_run)
 
     e = ssub.add_parser("experiment", help="run one experiment (table, PNG and JSON)",
@@ -89,19 +96,19 @@ def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from kvcake.core.config import load_config
-    from kvcake.sim.config import SimConfig
+    from kvcake.conductor.config import ConductorConfig
+    from kvcake.sim.config import SimConfig, load_sim_config
     from kvcake.sim.runner import simulate
     from kvcake.sim.traces import load_workload
 
-    over = {f.name: getattr(args, f.name) for f in dataclasses.fields(SimConfig)}
-    cfg = load_config(SimConfig, toml_path=args.config, section="sim",
-                      overrides=over)  # fmt: skip
+    names = [f.name for c in (SimConfig, ConductorConfig) for f in dataclasses.fields(c)]
+    over = {n: getattr(args, n, None) for n in names if n not in ("conductor", "colocated")}
+    cfg = load_sim_config(args.config, over)
     spec = args.trace or str(sample_trace_path())
     _check_traces([spec])
     name, recs = load_workload(spec)
     res = simulate(recs, cfg)
-    summ = res.summary(cfg.tbt_slo_s)
+    summ = res.summary(cfg.conductor.tbt_slo_s)
     t = Table(title=f"{cfg.system} {cfg.prefill_nodes}P+{cfg.decode_nodes}D on {name}")
     t.add_column("metric")
     t.add_column("value", justify="right")

@@ -1,12 +1,20 @@
-"""The conductor's settings: one frozen, validated dataclass (load it with
-``kvcake.core.config.load_config(ConductorConfig, toml_path=..., section="conductor")``)."""
+"""The conductor's settings: one frozen, validated dataclass and one ``[conductor]`` TOML section,
+read by :func:`load_conductor_config` for both the simulator (``SimConfig.conductor``) and the
+live proxy (``ProxyConfig.conductor``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from kvcake.core.config import require
+from kvcake.core.config import load_config, read_toml, require
+from kvcake.core.errors import ConfigError
+
+SECTION = "conductor"
 
 
 def _names(kind: str) -> tuple[str, ...]:
@@ -77,3 +85,70 @@ class ConductorConfig:
         )
         u = self.uniform_decode_s
         require(math.isfinite(u) and u >= 0, f"conductor.uniform_decode_s must be >= 0, got {u}")
+
+
+# One line per field, for the `kvcake sim run` / `kvcake proxy` flags and docs.
+FIELD_HELP: dict[str, str] = {
+    "prefill_policy": "conductor prefill policy: random, round-robin, least-load, "
+    "local-cache-aware, global-cache-aware",
+    "admission_policy": "conductor admission: none, per-stage, early-rejection, prediction",
+    "ttft_slo_s": "TTFT SLO in s (admission, effective-request metric)",
+    "tbt_slo_s": "TBT SLO in s (admission, effective-request metric)",
+    "kvcache_balancing_threshold": "Algorithm 1: fetch a remote prefix when it is this many "
+    "times longer than the local one",
+    "uniform_decode_s": "prediction admission's uniform decode time t_d in s "
+    "(0: expected output tokens x predicted TBT)",
+    "expected_output_tokens": "output length the conductor assumes (it never sees the real one)",
+    "seed": "seed of the conductor's random policy (and the simulator's predictor noise)",
+    "colocated": "prefill and decode on one instance (set from sim.system / cluster.colocated)",
+}
+
+# Keys that lived in [sim] / [proxy] before the one [conductor] section: a clear error, not a
+# silently ignored or generic "unknown setting".
+_SIM_MOVED = ("prefill_policy", "admission_policy", "kvcache_balancing_threshold",
+              "uniform_decode_s", "ttft_slo_s", "tbt_slo_s", "expected_output_tokens", "seed")  # fmt: skip
+MOVED: dict[str, dict[str, str]] = {
+    "sim": {n: n for n in _SIM_MOVED},
+    "proxy": {
+        "policy": "prefill_policy",
+        "admission": "admission_policy",
+        "ttft_slo_s": "ttft_slo_s",
+        "tbt_slo_s": "tbt_slo_s",
+    },
+}
+
+
+def reject_moved(section: str, keys: Any, where: str) -> None:
+    """``ConfigError`` naming the new key when ``keys`` holds a ``[section]`` key that moved."""
+    moved = MOVED.get(section, {})
+    bad = [k for k in keys if k in moved]
+    if bad:
+        fix = ", ".join(f"{section}.{k} -> [conductor] {moved[k]}" for k in bad)
+        raise ConfigError(f"{where}: moved to the [conductor] section: {fix}")
+
+
+def check_moved(toml_path: str | os.PathLike[str] | None, section: str) -> None:
+    """Reject keys of ``[section]`` in ``toml_path`` that now live in ``[conductor]``."""
+    if toml_path is None:
+        return
+    data = read_toml(toml_path).get(section, {})
+    if isinstance(data, dict):
+        reject_moved(section, data, str(toml_path))
+
+
+def split_overrides(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Flat flag values -> ``(conductor fields, the rest)``; the names are disjoint."""
+    names = {f.name for f in dataclasses.fields(ConductorConfig)}
+    cond = {k: v for k, v in values.items() if k in names}
+    return cond, {k: v for k, v in values.items() if k not in names}
+
+
+def load_conductor_config(
+    toml_path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ConductorConfig:
+    """The one loader: defaults < ``[conductor]`` of ``toml_path`` < ``KVCAKE_CONDUCTOR_<FIELD>``
+    < ``overrides`` (``None`` values ignored)."""
+    return load_config(ConductorConfig, toml_path=toml_path, section=SECTION, env=env,
+                       overrides=overrides)  # fmt: skip

@@ -15,7 +15,6 @@ from kvcake.serve.config import (
     ClusterConfig,
     HaClusterConfig,
     InstanceConfig,
-    ProxyConfig,
     ServeFile,
 )
 
@@ -33,14 +32,18 @@ def toml_dump(sections: dict[str, Any]) -> str:
         return json.dumps(str(v))
 
     out = []
+    nested: dict[str, Any] = {}
     for name, obj in sections.items():
         out.append(f"[{name}]")
         for f in fields(obj):
             v = getattr(obj, f.name)
-            if v is not None and not is_dataclass(v):
+            if is_dataclass(v):  # e.g. proxy.conductor: its own top-level [conductor] section
+                nested.setdefault(f.name, v)
+            elif v is not None:
                 out.append(f"{f.name} = {val(v)}")
         out.append("")
-    return "\n".join(out)
+    rest = {k: v for k, v in nested.items() if k not in sections}
+    return "\n".join(out) + (toml_dump(rest) if rest else "")
 
 
 def check_port_free(host: str, port: int, key: str) -> None:
@@ -75,13 +78,15 @@ def check_model(backend: str) -> None:
 def load_serve_file(
     path: str | Path | None, overrides: dict[str, dict[str, Any]] | None = None
 ) -> ServeFile:
-    """Read a cluster file (every section validated); ``overrides`` per section win."""
+    """Read a cluster file (every section validated); ``overrides`` per section win
+    (``overrides["conductor"]``: the ``[conductor]`` section, held by the proxy)."""
     from kvcake.core.config import load_config
+    from kvcake.serve.config import load_proxy_config
 
     ov = overrides or {}
     kw: dict[str, Any] = {}
     for name, cls in (("kv", KVLayoutConfig), ("cluster", ClusterConfig),
-                      ("instance", InstanceConfig), ("proxy", ProxyConfig),
-                      ("ha", HaClusterConfig)):  # fmt: skip
+                      ("instance", InstanceConfig), ("ha", HaClusterConfig)):  # fmt: skip
         kw[name] = load_config(cls, toml_path=path, section=name, overrides=ov.get(name))
+    kw["proxy"] = load_proxy_config(path, ov.get("proxy"), ov.get("conductor"))
     return ServeFile(**kw)

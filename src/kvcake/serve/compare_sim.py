@@ -58,10 +58,12 @@ def simulate_like(
         block_tokens=bt,
         cache_tokens=inst.kv_blocks * bt,
         decode_kv_tokens=inst.kv_blocks * bt,
-        prefill_policy=p.policy,
-        admission_policy=p.admission,
-        ttft_slo_s=p.ttft_slo_s / scale,
-        tbt_slo_s=p.tbt_slo_s / scale,
+        # the cluster's own [conductor] section, SLOs in the simulator's unscaled time
+        conductor=replace(
+            p.conductor,
+            ttft_slo_s=p.conductor.ttft_slo_s / scale,
+            tbt_slo_s=p.conductor.tbt_slo_s / scale,
+        ),
         speedup=scale,  # records are already scaled by the replay's --speedup
     )
     res = simulate(kept, scfg)
@@ -76,7 +78,9 @@ def simulate_like(
         "tbt_p50": _pct(tbt, 50),
         "tbt_p99": _pct(tbt, 99),
         "prefix_hit_rate": res.hit_rate(),
-        "effective_capacity": res.effective_share(scfg.tbt_slo_s, scfg.ttft_slo_s),
+        "effective_capacity": res.effective_share(
+            scfg.conductor.tbt_slo_s, scfg.conductor.ttft_slo_s
+        ),
     }
 
 

@@ -3,15 +3,25 @@
 All are frozen dataclasses validated in ``__post_init__`` and loaded with
 :func:`kvcake.core.config.load_config` (defaults < TOML < ``KVCAKE_*`` env < flags). A cluster
 file (``configs/cluster.toml``) has the sections ``[kv]``, ``[cluster]``, ``[instance]`` (defaults
-for every prefill/decode instance) and ``[proxy]``.
+for every prefill/decode instance), ``[proxy]`` and ``[conductor]`` (the proxy's conductor; the
+simulator reads the same section).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from kvcake.core.config import KVLayoutConfig, require, size_field
+from kvcake.conductor.config import (
+    ConductorConfig,
+    check_moved,
+    load_conductor_config,
+    reject_moved,
+)
+from kvcake.core.config import KVLayoutConfig, load_config, require, size_field
 
 BACKENDS = ("torch", "emulated")
 
@@ -66,10 +76,9 @@ class ProxyConfig:
     decode: tuple[str, ...] = ()
     # Names clients may send as `model` (the first is the one reported); () = kv.model.
     served_model_name: tuple[str, ...] = ()
-    policy: str = "global-cache-aware"  # conductor prefill policy
-    admission: str = "early-rejection"  # conductor admission policy ("none" never rejects)
-    ttft_slo_s: float = 30.0
-    tbt_slo_s: float = 1.0
+    # The [conductor] section (policies, SLOs, balancing threshold, seed): the very settings
+    # the simulator reads; ``load_proxy_config`` fills it.
+    conductor: ConductorConfig = field(default_factory=ConductorConfig)
     poll_interval_s: float = 0.1  # how often load reports and KV events are pulled
     instance_timeout_s: float = 600.0
     link_bandwidth: float = 5e9  # bytes/s between instances / from the pool (for predictions)
@@ -87,7 +96,8 @@ class ProxyConfig:
 
     def __post_init__(self) -> None:
         require(0 <= self.port <= 65535, f"proxy.port {self.port} out of range")
-        require(self.ttft_slo_s > 0 and self.tbt_slo_s > 0, "proxy SLOs must be > 0")
+        require(isinstance(self.conductor, ConductorConfig),
+                "proxy.conductor must be a ConductorConfig ([conductor] section)")  # fmt: skip
         require(self.poll_interval_s > 0, "proxy.poll_interval_s must be > 0")
         require(self.link_bandwidth > 0, "proxy.link_bandwidth must be > 0")
         require(self.max_prompt_tokens >= 1, "proxy.max_prompt_tokens must be >= 1")
@@ -96,6 +106,20 @@ class ProxyConfig:
         require(0 <= self.request_log_backups <= 100, "proxy.request_log_backups must be in [0, 100]")
         require(self.metrics_names in ("kvcake", "vllm", "both"),
                 f"proxy.metrics_names must be kvcake, vllm or both, got {self.metrics_names!r}")  # fmt: skip
+
+
+def load_proxy_config(
+    toml_path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    conductor: Mapping[str, Any] | None = None,
+) -> ProxyConfig:
+    """``[proxy]`` + ``[conductor]`` of ``toml_path`` (< env < ``overrides`` / ``conductor``
+    overrides). Old ``[proxy]`` conductor keys get a ConfigError naming the new key."""
+    check_moved(toml_path, "proxy")
+    ov = dict(overrides or {})
+    reject_moved("proxy", [k for k, v in ov.items() if v is not None], "proxy overrides")
+    ov["conductor"] = load_conductor_config(toml_path, conductor)
+    return load_config(ProxyConfig, toml_path=toml_path, section="proxy", overrides=ov)
 
 
 @dataclass(frozen=True)

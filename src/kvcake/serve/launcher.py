@@ -35,7 +35,7 @@ from kvcake.serve.clusterfile import (  # noqa: F401  (re-exported: callers impo
     load_serve_file,
     toml_dump,
 )
-from kvcake.serve.config import InstanceConfig, ProxyConfig, ServeFile
+from kvcake.serve.config import InstanceConfig, ServeFile, load_proxy_config
 from kvcake.serve.runstate import proc_start_ticks
 from kvcake.serve.supervisor import Supervisor
 
@@ -130,8 +130,8 @@ class Cluster:
 
         cfg = Path(ch.argv[ch.argv.index("--config") + 1])
         sec = "proxy" if ch.name == "proxy" else "instance"
-        tp = ProxyConfig if ch.name == "proxy" else InstanceConfig
-        cur: Any = load_config(tp, toml_path=cfg, section=sec)
+        cur: Any = (load_proxy_config(cfg) if ch.name == "proxy"
+                    else load_config(InstanceConfig, toml_path=cfg, section=sec))  # fmt: skip
         cfg.write_text(toml_dump({"kv": self.conf.kv, sec: replace(cur, port=port)}))
 
     def _start_all(self) -> None:

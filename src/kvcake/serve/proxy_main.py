@@ -25,8 +25,9 @@ def make_codec_factory(backend: str, model_path: str) -> Any:
 
 def make_conductor_factory(cfg: ProxyConfig, colocated: bool) -> Any:
     def factory(info: InstanceInfo) -> Any:
+        from dataclasses import replace
+
         from kvcake.conductor import Conductor
-        from kvcake.conductor.config import ConductorConfig
         from kvcake.conductor.predictors import Predictors
         from kvcake.core.costmodel import (
             DecodeCoefficients,
@@ -34,13 +35,7 @@ def make_conductor_factory(cfg: ProxyConfig, colocated: bool) -> Any:
             preset,
         )
 
-        ccfg = ConductorConfig(
-            prefill_policy=cfg.policy,
-            admission_policy=cfg.admission,
-            ttft_slo_s=cfg.ttft_slo_s,
-            tbt_slo_s=cfg.tbt_slo_s,
-            colocated=colocated,
-        )
+        ccfg = replace(cfg.conductor, colocated=colocated)  # the [conductor] section
         # The instances' own cost model (calibrated or preset) scaled to wall-clock time.
         cal = info.calibration
         scale = float(cal.get("time_scale", 1.0)) or 1.0

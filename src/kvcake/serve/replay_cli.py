@@ -28,8 +28,12 @@ def register(sub: Any) -> None:
     p.add_argument("--max-context", type=int, default=8192, help="drop longer requests")
     p.add_argument("--max-output", type=int, default=0, help="cap output lengths (0 = trace)")
     p.add_argument("--vocab-size", type=int, default=32000, help="token ids are < this")
-    p.add_argument("--ttft-slo-s", type=float, default=30.0)
-    p.add_argument("--tbt-slo-s", type=float, default=0.3)
+    p.add_argument("--ttft-slo-s", type=float, default=None,
+                   help="TTFT SLO of the effective-capacity metric (default: conductor.ttft_slo_s "
+                   "of --cluster-config, else 30)")  # fmt: skip
+    p.add_argument("--tbt-slo-s", type=float, default=None,
+                   help="TBT SLO (default: conductor.tbt_slo_s of --cluster-config, "
+                   "else 0.3)")  # fmt: skip
     p.add_argument("--model", default="")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write per-request JSON lines here (+ .summary.json)")
@@ -59,10 +63,13 @@ def _replay(args: argparse.Namespace) -> int:
     if args.limit:
         recs = recs[: args.limit]
     recs = scale_time(recs, args.speedup)
+    slo = _conductor(args.cluster_config)
     opts = ReplayOptions(
         url=args.url.rstrip("/").removesuffix("/v1"), tokens_per_block=args.tokens_per_block,
         max_context=args.max_context, vocab_size=args.vocab_size, max_output=args.max_output,
-        model=args.model, seed=args.seed, ttft_slo_s=args.ttft_slo_s, tbt_slo_s=args.tbt_slo_s,
+        model=args.model, seed=args.seed,
+        ttft_slo_s=slo.ttft_slo_s if args.ttft_slo_s is None else args.ttft_slo_s,
+        tbt_slo_s=slo.tbt_slo_s if args.tbt_slo_s is None else args.tbt_slo_s,
     )  # fmt: skip
     console = Console()
     counts = {"ok": 0, "rejected": 0, "error": 0, "dropped": 0}
@@ -86,6 +93,13 @@ def _replay(args: argparse.Namespace) -> int:
                 fh.write(json.dumps(asdict(r)) + "\n")
         Path(args.out + ".summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
     return 0
+
+
+def _conductor(cluster_config: str | None) -> Any:
+    """The [conductor] settings the endpoint runs with (defaults without a cluster file)."""
+    from kvcake.conductor.config import ConductorConfig, load_conductor_config
+
+    return load_conductor_config(cluster_config) if cluster_config else ConductorConfig()
 
 
 def print_summary(console: Any, d: dict[str, Any], title: str) -> None:

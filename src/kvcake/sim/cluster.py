@@ -38,7 +38,7 @@ class ClusterBase:
         view = RequestView(
             RequestId(str(req.rid)), now, req.prompt_len,
             cast(tuple[BlockHash, ...], req.blocks),  # NewType: same ints
-            self.cfg.expected_output_tokens,
+            self.cfg.conductor.expected_output_tokens,
         )  # fmt: skip
         decision = self.scheduler.schedule(view, self.snapshot(now))
         if not isinstance(decision, Accept):

@@ -3,11 +3,19 @@ from a ``[sim]`` TOML section, ``KVCAKE_SIM_*`` variables or flags)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from kvcake.core.config import require
+from kvcake.conductor.config import (
+    ConductorConfig,
+    check_moved,
+    load_conductor_config,
+    split_overrides,
+)
+from kvcake.core.config import load_config, require
 from kvcake.core.costmodel import PRESETS, CostModel, load_calibration, preset
 from kvcake.core.trace import TRACE_BLOCK_TOKENS
 
@@ -54,14 +62,8 @@ class SimConfig:
     link_gbps: float = 800.0  # per-node network bandwidth (4 x 200 Gbps in the paper)
     prefill_chunk_tokens: int = 4096  # Mooncake: long suffixes are prefilled in chunks
     decode_kv_tokens: int = 1_300_000  # KV tokens that fit in one instance's HBM after weights
-    # conductor
-    prefill_policy: str = "global-cache-aware"
-    admission_policy: str = "none"
-    kvcache_balancing_threshold: float = 1.2
-    uniform_decode_s: float = 0.0  # prediction admission's t_d (0: expected_output * TBT)
-    ttft_slo_s: float = 30.0
-    tbt_slo_s: float = 0.1
-    expected_output_tokens: int = 256  # what the conductor assumes (it never sees the trace's)
+    # the conductor's settings: the [conductor] section, shared with the live proxy
+    conductor: ConductorConfig = field(default_factory=ConductorConfig)
     # realism (sim/pool.py; defaults keep the paper-reproduction model)
     fetch_source: str = "peer"  # "pool": the live path (store pool, both NICs, SSD, lag)
     pool_tokens_per_node: int = 3_000_000  # pool mode: store DRAM per node (prefill + decode)
@@ -75,7 +77,6 @@ class SimConfig:
     vllm_batch_tokens: int = 2048  # chunked prefill: tokens per iteration (decode + chunk)
     # replay
     speedup: float = 1.0
-    seed: int = 0
     sample_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
@@ -94,11 +95,8 @@ class SimConfig:
         require(self.link_gbps > 0, "sim.link_gbps must be positive")
         require(self.prefill_chunk_tokens >= 1, "sim.prefill_chunk_tokens must be >= 1")
         require(self.decode_kv_tokens >= 1, "sim.decode_kv_tokens must be >= 1")
-        require(
-            self.kvcache_balancing_threshold >= 1, "sim.kvcache_balancing_threshold must be >= 1"
-        )
-        require(self.ttft_slo_s > 0 and self.tbt_slo_s > 0, "sim SLOs must be positive")
-        require(self.expected_output_tokens >= 1, "sim.expected_output_tokens must be >= 1")
+        require(isinstance(self.conductor, ConductorConfig),
+                "sim.conductor must be a ConductorConfig ([conductor] section)")  # fmt: skip
         require(self.fetch_source in FETCH_SOURCES, f"sim.fetch_source must be one of "
                 f"{FETCH_SOURCES}, got {self.fetch_source!r}")  # fmt: skip
         require(self.pool_tokens_per_node >= 0 and self.ssd_tokens_per_node >= 0,
@@ -125,7 +123,24 @@ class SimConfig:
         return self.prefill_nodes + self.decode_nodes
 
     def with_(self, **changes: Any) -> SimConfig:
-        return replace(self, **changes)
+        """A copy with ``changes``; conductor field names (``prefill_policy``, ``tbt_slo_s``, ...)
+        change ``self.conductor`` (the two sets of names are disjoint)."""
+        cond, own = split_overrides(changes)
+        if cond:
+            own["conductor"] = replace(own.get("conductor", self.conductor), **cond)
+        return replace(self, **own)
+
+
+def load_sim_config(
+    toml_path: str | os.PathLike[str] | None = None, overrides: Mapping[str, Any] | None = None
+) -> SimConfig:
+    """``[sim]`` and ``[conductor]`` of ``toml_path`` (< ``KVCAKE_SIM_*`` / ``KVCAKE_CONDUCTOR_*``
+    < ``overrides``, flat: conductor field names go to the conductor). Old ``[sim]`` conductor
+    keys get a ConfigError naming their new place."""
+    check_moved(toml_path, "sim")
+    cond, own = split_overrides(overrides or {})
+    own["conductor"] = load_conductor_config(toml_path, cond)
+    return load_config(SimConfig, toml_path=toml_path, section="sim", overrides=own)
 
 
 # One line per field, for ``kvcake sim run --help`` (a test checks every field has one).
@@ -141,16 +156,6 @@ FIELD_HELP: dict[str, str] = {
     "link_gbps": "per-node network bandwidth in Gbps (KV fetches and streaming to decode)",
     "prefill_chunk_tokens": "Mooncake: prefill chunk size for long uncached suffixes",
     "decode_kv_tokens": "KV tokens that fit in one instance's HBM after the weights",
-    "prefill_policy": "conductor prefill policy: random, round-robin, least-load, "
-    "local-cache-aware, global-cache-aware",
-    "admission_policy": "conductor admission: none, per-stage, early-rejection, prediction",
-    "kvcache_balancing_threshold": "Algorithm 1: fetch a remote prefix when it is this many "
-    "times longer than the local one",
-    "uniform_decode_s": "prediction admission's uniform decode time t_d in s "
-    "(0: expected output tokens x predicted TBT)",
-    "ttft_slo_s": "TTFT SLO in s (admission, effective-request metric)",
-    "tbt_slo_s": "TBT SLO in s (admission, effective-request metric)",
-    "expected_output_tokens": "output length the conductor assumes (it never sees the trace's)",
     "fetch_source": "where a prefill node reads prefix blocks it lacks: peer (another prefill "
     "node's cache, the paper's model) or pool (the live path: the store pool over both NICs)",
     "pool_tokens_per_node": "fetch_source=pool: store-pool DRAM per node (prefill and decode "
@@ -166,6 +171,6 @@ FIELD_HELP: dict[str, str] = {
     "at trace second 300)",
     "vllm_batch_tokens": "vllm-chunked: tokens per iteration (running decodes + prefill chunk)",
     "speedup": "replay speed: trace timestamps divided by this",
-    "seed": "seed of the conductor's random policy",
+    "conductor": "the [conductor] section (flags: the conductor's own field names)",
     "sample_interval_s": "period of the prefill/decode load samples, simulated s",
 }

@@ -237,7 +237,7 @@ class MooncakeCluster(ClusterBase):
         """Mean prefill load (queue time / TTFT SLO) and decode load (TBT / TBT SLO)."""
         pl = sum(n.queued_seconds(now) for n in self.prefill) / len(self.prefill)
         dl = sum(n.batch.step_time(now) for n in self.decode) / len(self.decode)
-        return pl / self.cfg.ttft_slo_s, dl / self.cfg.tbt_slo_s
+        return pl / self.cfg.conductor.ttft_slo_s, dl / self.cfg.conductor.tbt_slo_s
 
     def replica_counts(self, blocks: Sequence[int]) -> list[int]:
         return [sum(b in n.cache for n in self.prefill) for b in blocks]

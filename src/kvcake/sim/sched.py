@@ -4,11 +4,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvcake.conductor import Conductor, ConductorConfig, Predictors, PrefixIndex
+from kvcake.conductor import Conductor, Predictors, PrefixIndex
 from kvcake.conductor.predictors import DecodeTBTModel, PrefillTimeModel, TransferTimeModel
 from kvcake.core.costmodel import CostModel
 
@@ -24,17 +25,8 @@ def make_index() -> PrefixIndex:
 
 
 def build_scheduler(cfg: SimConfig, *, colocated: bool) -> Conductor:
-    ccfg = ConductorConfig(
-        prefill_policy=cfg.prefill_policy,
-        admission_policy=cfg.admission_policy,
-        ttft_slo_s=cfg.ttft_slo_s,
-        tbt_slo_s=cfg.tbt_slo_s,
-        kvcache_balancing_threshold=cfg.kvcache_balancing_threshold,
-        uniform_decode_s=cfg.uniform_decode_s,
-        seed=cfg.seed,
-        colocated=colocated,
-    )
-    return Conductor(ccfg, noisy_predictors(cfg.cost_model(), cfg.predictor_noise, cfg.seed))
+    ccfg = replace(cfg.conductor, colocated=colocated)
+    return Conductor(ccfg, noisy_predictors(cfg.cost_model(), cfg.predictor_noise, ccfg.seed))
 
 
 def noisy_predictors(cm: CostModel, noise: float, seed: int = 0, n: int = 64) -> Predictors:

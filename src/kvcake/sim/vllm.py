@@ -225,4 +225,4 @@ class VLLMCluster(ClusterBase):
         n = len(self.inst)
         pl = sum(i.queued_seconds(now) for i in self.inst) / n
         dl = sum(i.step_time(now) for i in self.inst) / n
-        return pl / self.cfg.ttft_slo_s, dl / self.cfg.tbt_slo_s
+        return pl / self.cfg.conductor.ttft_slo_s, dl / self.cfg.conductor.tbt_slo_s

@@ -103,8 +103,8 @@ def cache_capacity(ctx: Context) -> ExpResult:
 
 def _gl_point(arg: tuple[str, str]) -> dict[str, float]:
     spec, policy = arg
-    cfg = SimConfig(prefill_nodes=10, decode_nodes=6, cache_tokens=3_000_000,
-                    prefill_policy=policy)  # fmt: skip
+    cfg = SimConfig(prefill_nodes=10, decode_nodes=6,
+                    cache_tokens=3_000_000).with_(prefill_policy=policy)  # fmt: skip
     r = run(spec, cfg)
     return {"hit_rate": r.hit_rate(), "prefill_s": r.summary()["total_prefill_compute_s"],
             "avg_ttft_s": r.mean("ttft")}  # fmt: skip

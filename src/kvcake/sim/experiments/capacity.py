@@ -42,7 +42,7 @@ TARGET = 0.9
 
 def _run(arg: tuple[str, str, str, float, tuple[int, int]]) -> dict[str, Any]:
     spec, system, policy, speed, split = arg
-    cfg = SimConfig(prefill_policy=policy, speedup=speed)
+    cfg = SimConfig(speedup=speed).with_(prefill_policy=policy)
     if system == "mooncake-best":  # the best split of the pd-ratio rule on this trace
         cfg = cfg.with_(prefill_nodes=split[0], decode_nodes=split[1])
     else:

@@ -37,8 +37,8 @@ def tbt_slos(spec: str) -> list[float]:
 
 def _run(arg: tuple[str, str, float]) -> dict[str, Any]:
     spec, policy, slo = arg
-    cfg = SimConfig(admission_policy=policy, speedup=SPEEDUP, tbt_slo_s=slo,
-                    ttft_slo_s=TTFT_SLO_S)  # fmt: skip
+    cfg = SimConfig(speedup=SPEEDUP).with_(admission_policy=policy, tbt_slo_s=slo,
+                                           ttft_slo_s=TTFT_SLO_S)  # fmt: skip
     r = run(spec, cfg)
     s: dict[str, Any] = r.summary(slo)
     s["load_t"], s["load_prefill"], s["load_decode"] = r.load.t, r.load.prefill, r.load.decode

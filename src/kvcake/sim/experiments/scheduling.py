@@ -43,7 +43,7 @@ def pd_rule(spec: str) -> tuple[float, float]:
 
 def _run(arg: tuple[str, SimConfig] | tuple[str, SimConfig, float]) -> dict[str, Any]:
     spec, cfg = arg[0], arg[1]
-    thr = arg[2] if len(arg) > 2 else cfg.tbt_slo_s
+    thr = arg[2] if len(arg) > 2 else cfg.conductor.tbt_slo_s
     r = run(spec, cfg)
     s = r.summary(thr)
     s["p99_ttft_s"] = float(np.nanpercentile(r.ttft[r.completed], 99)) if r.n else 0.0
@@ -52,7 +52,7 @@ def _run(arg: tuple[str, SimConfig] | tuple[str, SimConfig, float]) -> dict[str,
 
 def prefill_scheduling(ctx: Context) -> ExpResult:
     spec = ctx.main_trace
-    out = pmap(_run, [(spec, SimConfig(prefill_policy=p)) for p, _ in POLICIES], ctx.jobs)
+    out = pmap(_run, [(spec, SimConfig().with_(prefill_policy=p)) for p, _ in POLICIES], ctx.jobs)
     rows = [[lab, f"{o['avg_ttft_s']:.2f}", f"{PAPER_TTFT[p]:.2f}", f"{o['p90_ttft_s']:.2f}",
              f"{o['hit_rate']:.1%}", f"{o['avg_queue_s']:.2f}"]
             for (p, lab), o in zip(POLICIES, out, strict=True)]  # fmt: skip

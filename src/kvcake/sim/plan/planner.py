@@ -97,9 +97,9 @@ class Planner:
             tbt, rule = cfg.tbt_slo_s, rule.replace("TBT SLO =", "TBT SLO given; rule:")
         self.plan = Plan(cfg, name, trace_stats(records), len(records) / span, ttft, tbt, rule)
         pname, cal = resolve_hardware(cfg.hardware)
-        self.base = SimConfig(preset=pname, calibration=cal, ttft_slo_s=ttft, tbt_slo_s=tbt,
-                              link_gbps=cfg.network_gbps, index_lag_s=cfg.index_lag_s,
-                              predictor_noise=cfg.predictor_noise)  # fmt: skip
+        self.base = SimConfig(preset=pname, calibration=cal, link_gbps=cfg.network_gbps,
+                              index_lag_s=cfg.index_lag_s, predictor_noise=cfg.predictor_noise,
+                              conductor=cfg.conductor).with_(ttft_slo_s=ttft, tbt_slo_s=tbt)  # fmt: skip
         self.work = lower_bound(records, cfg.hardware, span)
         self.progress = progress
 

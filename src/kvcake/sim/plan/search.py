@@ -15,12 +15,13 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kvcake.conductor.config import ConductorConfig
 from kvcake.core.config import require
 from kvcake.core.costmodel import DEFAULT_PRESET, PRESETS, CostModel, load_calibration, preset
 from kvcake.core.errors import ConfigError
@@ -98,6 +99,9 @@ class PlanConfig:
     jobs: int = 0  # 0: all cores
     index_lag_s: float = 0.0  # realism knobs of the live-path model (docs/sim.md)
     predictor_noise: float = 0.0
+    # [conductor] of --config (threshold, seed, expected output, admission); the prefill
+    # policy is swept per variant and the SLOs come from the fields above or the rule
+    conductor: ConductorConfig = field(default_factory=ConductorConfig)
 
     def __post_init__(self) -> None:
         resolve_hardware(self.hardware)
@@ -179,12 +183,12 @@ def sim_config(base: SimConfig, pc: PlanConfig, variant: str, p: int, d: int, po
     if v.colocated:
         system = "vllm-prefix" if variant == "colocated-prefix" else "vllm-chunked"
         policy = "local-cache-aware" if variant == "colocated-prefix" else "least-load"
-        return replace(base, system=system, prefill_nodes=p, decode_nodes=0,
-                       prefill_policy=policy, **common)  # fmt: skip
-    return replace(base, system="mooncake", prefill_nodes=p, decode_nodes=d, fetch_source="pool",
-                   cache_tokens=local, pool_tokens_per_node=pool if v.pooled else 0,
-                   prefill_policy="global-cache-aware" if v.pooled else "local-cache-aware",
-                   **common)  # fmt: skip
+        return base.with_(system=system, prefill_nodes=p, decode_nodes=0,
+                          prefill_policy=policy, **common)  # fmt: skip
+    return base.with_(system="mooncake", prefill_nodes=p, decode_nodes=d, fetch_source="pool",
+                      cache_tokens=local, pool_tokens_per_node=pool if v.pooled else 0,
+                      prefill_policy="global-cache-aware" if v.pooled else "local-cache-aware",
+                      **common)  # fmt: skip
 
 
 _RECORDS: list[TraceRecord] = []  # the trace, set before the worker processes fork
@@ -195,7 +199,7 @@ def _evaluate(arg: tuple[str, SimConfig, float]) -> Point:
     r = simulate(_RECORDS, cfg)
     ok = r.completed
     with np.errstate(invalid="ignore"):
-        good = ok & (r.ttft <= cfg.ttft_slo_s) & (r.tbt <= cfg.tbt_slo_s)
+        good = ok & (r.ttft <= cfg.conductor.ttft_slo_s) & (r.tbt <= cfg.conductor.tbt_slo_s)
     share = float(good.mean()) if r.n else 0.0
 
     def pct(a: np.ndarray, q: float) -> float:
