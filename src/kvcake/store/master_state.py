@@ -95,6 +95,7 @@ class MasterState(TieringMixin, AdminMixin):
         self.offloading: dict[ObjectKey, int] = {}
         self.evicted_bytes = 0
         self.evicted_disk_objects = 0
+        self.evicted_disk_objects = 0
         self.offloads = 0
         self.promotions = 0
         self.tenants = TenantQuotas(parse_quotas(config.tenant_quotas), config.tenant_quota)

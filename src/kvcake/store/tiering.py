@@ -5,8 +5,9 @@ used end of the LRU-ordered object table (no copy or scan of the table), skips l
 PROCESSING, hard-pinned and in-copy objects (moving them to the MRU end) and soft-pinned ones
 until nothing else is left. For each victim: if a disk copy
 exists, its memory replicas are freed; else, if offloading is allowed and the owner node has a
-disk tier with room, the node is asked to copy it to disk (memory is freed when it reports done);
-else the object is dropped.
+disk tier, the node is asked to copy it to disk (memory is freed when it reports done) — a full
+disk tier first drops its own least recently used copies (``evicted_disk`` events); else the
+object is dropped.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class TieringMixin:
     evicted_objects: int
     offloading: dict[ObjectKey, int]  # key -> memory bytes an in-flight offload will free
     evicted_bytes: int
+    evicted_disk_objects: int  # disk copies dropped to make room on a full disk tier
     offloads: int
     promotions: int
     events: EventLog
@@ -160,8 +162,12 @@ class TieringMixin:
             return False
         owner = self.segments[src.segment].client
         disk = self._disk_of(owner)
-        off = disk.allocator.allocate(obj.size) if disk is not None else None
-        if disk is None or off is None:
+        if disk is None:
+            return False
+        off = disk.allocator.allocate(obj.size)
+        if off is None and self._evict_disk(disk, obj.size, obj.key):
+            off = disk.allocator.allocate(obj.size)
+        if off is None:
             return False
         obj.replicas.append(Replica(disk.name, off, obj.size, Tier.DISK, complete=False))
         obj.copying = True
@@ -169,6 +175,34 @@ class TieringMixin:
         self.tasks.setdefault(owner, []).append(NodeTask("offload", obj.key, obj.size, src.offset))
         self.offloads += 1
         return True
+
+    def _evict_disk(self, disk: Segment, need: int, keep: ObjectKey) -> int:
+        """Make room on a full disk tier: drop the disk copies of the least recently used
+        objects there (looking at no more than ``evict_batch`` of them, like a memory step).
+        An object with a readable memory copy keeps it; a disk-only one is dropped. Returns
+        the bytes freed; ``evicted_disk`` events name the keys."""
+        freed = 0
+        dropped: list[str] = []
+        head = list(itertools.islice(self.objects.values(), self.cfg.evict_batch))
+        for obj in head:
+            if freed >= need:
+                break
+            if obj.key == keep or obj.copying or obj.hard_pin or obj.status is not Status.COMPLETE:
+                continue
+            rep = next((r for r in obj.disk() if r.segment == disk.name and r.complete), None)
+            if rep is None or self.leased(obj):
+                continue
+            freed += rep.size
+            dropped.append(obj.key)
+            if any(r.complete for r in obj.memory()):
+                self._free(rep)
+                obj.replicas.remove(rep)
+                self._queue_task(disk.name, NodeTask("delete", obj.key, obj.size, 0))
+            else:
+                self._drop_object(obj, None)
+        self.evicted_disk_objects += len(dropped)
+        self.events.emit(StoreEventKind.EVICTED_DISK, dropped, Tier.DISK.value)
+        return freed
 
     def _start_promotion(self, obj: ObjectMeta) -> None:
         if obj.copying:

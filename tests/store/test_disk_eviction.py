@@ -1,0 +1,116 @@
+"""A full disk tier makes room by dropping its least recently used copies (``evicted_disk``).
+
+Fake clock, the master's state machine only: memory holds 4 objects, the disk tier 4. Offloads
+of newer objects must drop the oldest disk-only objects, publish ``evicted_disk`` for exactly
+those keys, ask the node to delete their files, and keep every allocator consistent; a
+subscriber's view built from the events matches the master's content.
+"""
+
+from __future__ import annotations
+
+from kvcake.core.api import PoolView, StoreEventKind
+from kvcake.core.ids import ClientId, SegmentName
+from kvcake.store.config import MasterConfig
+from kvcake.store.master_state import MasterState
+from kvcake.store.metadata import Tier
+
+NODE, W = ClientId("node-a"), ClientId("writer")
+OBJ = 4096
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make() -> tuple[MasterState, Clock]:
+    clock = Clock()
+    cfg = MasterConfig(lease_ttl_s=1, client_ttl_s=60, high_watermark=0.9, eviction_ratio=0.5)
+    st = MasterState(cfg, clock)
+    st.mount(NODE, "h", SegmentName("mem"), 4 * OBJ)
+    st.mount(NODE, "h", SegmentName("mem.ssd"), 4 * OBJ, Tier.DISK, "h:9")
+    return st, clock
+
+
+def put(st: MasterState, key: str) -> None:
+    st.put_start(W, "hw", key, OBJ)
+    st.put_end(W, key)
+
+
+def offload_round(st: MasterState, clock: Clock, deletes: set[str] | None = None) -> list[str]:
+    """Evict to the low watermark; the node completes every offload it was given (and notes
+    in ``deletes`` the files it was told to delete)."""
+    clock.t += 2  # leases from the puts have expired
+    while st.maybe_evict():
+        pass
+    done = []
+    for task in st.take_tasks(NODE):
+        if task.kind == "offload":
+            st.task_done(NODE, "offload", task.key, True)
+            done.append(task.key)
+        elif task.kind == "delete" and deletes is not None:
+            deletes.add(task.key)
+    return done
+
+
+def tiers(st: MasterState, key: str) -> list[str]:
+    return sorted(r.tier.value for r in st.objects[key].replicas if r.complete)  # type: ignore[index]
+
+
+def test_full_disk_drops_its_lru_copies_and_publishes_them() -> None:
+    st, clock = make()
+    view = PoolView()
+    view.load(st.kv_snapshot())
+    for i in range(4):
+        put(st, f"a{i}")
+    first = offload_round(st, clock)
+    assert first and all(tiers(st, k) == ["disk"] for k in first)
+    assert not any(e.kind is StoreEventKind.EVICTED_DISK for e in st.events.take(0.0, 10_000))
+    view.load(st.kv_snapshot())
+    # The disk tier has room for one more: the next offloads must drop the oldest copies.
+    for i in range(4):
+        put(st, f"b{i}")
+    put(st, "c0")
+    deletes: set[str] = set()
+    later = offload_round(st, clock, deletes)
+    assert len(later) >= 2, later
+    events = st.events.take(0.0, 10_000)
+    dropped = [k for e in events if e.kind is StoreEventKind.EVICTED_DISK for k in e.keys]
+    assert dropped and set(dropped) <= set(first)  # only the oldest, disk-only copies went
+    assert dropped == sorted(dropped)  # least recently used first
+    for key in dropped:
+        assert key not in st.objects  # disk-only: the object is gone
+    deletes |= {t.key for t in st.take_tasks(NODE) if t.kind == "delete"}
+    assert set(dropped) <= deletes  # the node is told to delete the files
+    assert st.evicted_disk_objects == len(dropped)
+    assert all(tiers(st, k) == ["disk"] for k in later)
+    for e in events:
+        assert view.apply(e) is not None
+    assert set(view.tiers) == set(st.kv_snapshot().keys)
+    st.check()
+
+
+def test_copy_in_memory_survives_a_disk_eviction() -> None:
+    st, clock = make()
+    for i in range(4):
+        put(st, f"a{i}")
+    first = offload_round(st, clock)
+    key = first[0]
+    st.get_replicas(W, key)
+    st.get_replicas(W, key)  # the second disk hit promotes it back to memory
+    promos = [t for t in st.take_tasks(NODE) if t.kind == "promote"]
+    assert [t.key for t in promos] == [key]
+    st.task_done(NODE, "promote", key, True)
+    assert tiers(st, key) == ["disk", "memory"]
+    st.objects.move_to_end(key, last=False)  # make it the least recently used object
+    clock.t += 2
+    offload = st.objects[first[1]]  # type: ignore[index]
+    freed = st._evict_disk(st.segments[SegmentName("mem.ssd")], OBJ, offload.key)
+    assert freed == OBJ
+    assert tiers(st, key) == ["memory"]  # its disk copy went, the object stays readable
+    (ev,) = [e for e in st.events.take(0.0, 10_000) if e.kind is StoreEventKind.EVICTED_DISK]
+    assert ev.keys == (key,) and ev.tier == "disk"
+    st.check()
