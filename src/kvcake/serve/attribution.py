@@ -125,19 +125,39 @@ def _block_tokens(i: int, bt: int, n: int) -> int:
     return max(0, min((i + 1) * bt, n) - i * bt)
 
 
+@dataclass(frozen=True)
+class Placement:
+    """What the proxy's index said when the request was placed."""
+
+    elsewhere: int = 0  # longest prefix (blocks) a holder other than the chosen instance had
+    present: tuple[bool, ...] = ()  # per block: some holder had it (prefix or not)
+
+
+def placement(index: Any, hashes: Sequence[BlockHash], me: Any, limit: int) -> Placement:
+    """Read ``index`` (a ``KVIndex``) for the first ``limit`` blocks of a request placed on
+    ``me``."""
+    if limit <= 0:
+        return Placement()
+    head = list(hashes[:limit])
+    matches = index.prefix_matches(head)
+    other = max((n for h, n in matches.items() if h != me), default=0)
+    return Placement(other, tuple(bool(index.holders(h)) for h in head))
+
+
 def attribute(
     prompt_tokens: int,
     block_tokens: int,
     hashes: Sequence[BlockHash],
     kv_sources: Mapping[str, int],
-    held_elsewhere: Sequence[bool],
+    placed: Placement,
     evicted: Callable[[BlockHash], bool],
 ) -> Attribution:
     """Combine the instance's report with the proxy's knowledge (see the module doc).
 
-    ``hashes`` are the prompt's full-block hashes; ``held_elsewhere[i]``: some holder other
-    than the chosen prefill instance had block ``i`` at placement; ``evicted(h)``: ``h`` was
-    evicted lately."""
+    ``hashes`` are the prompt's full-block hashes; ``evicted(h)``: ``h`` left some cache
+    lately. A computed block is ``routed_elsewhere`` if another holder had the prefix up to
+    it; a block some cache still held behind a broken prefix inherits the reason of the
+    block that broke it (reusing it was impossible)."""
     n, bt = prompt_tokens, block_tokens
     if not kv_sources:  # nothing reported: only the total is known
         return Attribution(n, computed_tokens=n, miss_reasons={UNKNOWN: n})
@@ -168,13 +188,18 @@ def attribute(
                 r = FETCH_FAILED_R
             reasons[r] += bt
         i += k
+    carry = ""
     for b in range(i, limit):
-        if held_elsewhere[b] if b < len(held_elsewhere) else False:
-            reasons[ROUTED_ELSEWHERE] += bt
+        if b < placed.elsewhere:
+            r = ROUTED_ELSEWHERE
         elif evicted(hashes[b]):
-            reasons[EVICTED] += bt
+            r = EVICTED
+        elif carry and b < len(placed.present) and placed.present[b]:
+            r = carry
         else:
-            reasons[NEVER_SEEN] += bt
+            r = NEVER_SEEN
+        carry = r
+        reasons[r] += bt
     reasons[LAST_BLOCK] += n - limit * bt
     computed = n - local * bt - sum(pool.values()) - sum(ssd.values())
     return Attribution(n, local * bt, pool, ssd, computed, {r: v for r, v in reasons.items() if v})

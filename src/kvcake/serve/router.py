@@ -96,7 +96,7 @@ class Outcome:
     max_tokens: int = 0
     block_hashes: tuple[Any, ...] = ()  # the prompt's full blocks
     tail_hash: Any = None  # chained hash of the partial last block (None if there is none)
-    held_elsewhere: tuple[bool, ...] = ()  # per block, at placement (attribution)
+    placed: attr.Placement = field(default_factory=attr.Placement)  # the index at placement
     kv: attr.Attribution | None = None  # where the prompt's KV came from
     model: str = ""
     endpoint: str = ""  # "chat" | "completions"
@@ -196,7 +196,8 @@ class Router:
             result = None
             for attempt in range(2):
                 life.acc = self._place(view)
-                out.held_elsewhere = self._held_elsewhere(hashes, life.acc, len(tokens))
+                limit = (len(tokens) - 1) // self.cluster.block_tokens
+                out.placed = attr.placement(self.cluster.kv_index, hashes, life.acc.prefill, limit)
                 life.attempt_id = rid if attempt == 0 else RequestId(f"{rid}.{attempt}")
                 try:
                     result = await self._prefill(life, tokens, hashes, sampling, out)
@@ -225,17 +226,11 @@ class Router:
         if tail:
             out.tail_hash = hash_block(hashes[-1] if hashes else ROOT_HASH, tokens[-tail:])
 
-    def _held_elsewhere(self, hashes: tuple[Any, ...], acc: Accept, n: int) -> tuple[bool, ...]:
-        """Per reusable block: did a holder other than the chosen prefill instance have it?"""
-        index, me = self.cluster.kv_index, acc.prefill
-        limit = min((n - 1) // self.cluster.block_tokens, len(hashes))
-        return tuple(bool(index.holders(h) - {me}) for h in hashes[:limit])
-
     def _attribute(self, out: Outcome, result: PrefillResult) -> attr.Attribution:
         n, bt = out.prompt_tokens, self.cluster.block_tokens
         if result.kv_sources:
             mem = getattr(self.cluster.kv_index, "evictions", None)  # attr.tracking_index
-            a = attr.attribute(n, bt, out.block_hashes, result.kv_sources, out.held_elsewhere,
+            a = attr.attribute(n, bt, out.block_hashes, result.kv_sources, out.placed,
                                (lambda h: h in mem) if mem is not None else (lambda h: False))  # fmt: skip
         else:
             a = attr.fallback(n, result.cached_tokens)

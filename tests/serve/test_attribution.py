@@ -1,0 +1,215 @@
+"""Per-request KV attribution on a live emulated cluster (2 prefill, 1 decode, a master and one
+small storage node): where each prompt token's KV came from and why the others were computed,
+in the response, in /metrics and in the request log. The tests run in file order on one
+cluster; the last one kills the storage node."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvcake.core.hashing import block_hashes, block_key
+from kvcake.serve.launcher import Cluster
+from tests.serve.helpers import make_cluster
+
+BT = 32
+P1 = list(range(1000, 1200))  # 200 tokens: 6 full blocks + 8
+P3 = list(range(5000, 5200))
+RESPONSES: list[dict[str, Any]] = []
+
+
+@pytest.fixture(scope="module")
+def cl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = make_cluster(
+        tmp_path_factory.mktemp("attr"),
+        cluster={"prefill": 2, "decode": 1, "store_servers": 1, "store_size": "1MB"},
+        # small caches (evictions come quickly); time_scale 8: a long prefill keeps an
+        # instance busy long enough to route the next request elsewhere
+        instance={"kv_blocks": 64, "time_scale": 8.0, "warmup_tokens": 0},
+        proxy={"metrics_names": "both"},
+    )
+    with c:
+        yield c
+    from kvcake.transfer import cleanup_stale
+
+    cleanup_stale()  # the SIGKILLed storage node could not remove its /dev/shm segment
+
+
+def post(c: Cluster, prompt: list[int], max_tokens: int = 2) -> dict[str, Any]:
+    r = httpx.post(c.url + "/v1/completions", timeout=120,
+                   json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})  # fmt: skip
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    doc["_prefill"] = r.headers["x-kvcake-prefill"]
+    RESPONSES.append(doc)
+    return doc
+
+
+def kv(doc: dict[str, Any]) -> dict[str, Any]:
+    ext = doc["usage"]["kvcake"]
+    assert doc["usage"]["prompt_tokens_details"]["cached_tokens"] == (
+        doc["usage"]["prompt_tokens"] - ext["computed_tokens"]
+    )
+    return ext
+
+
+def pool_keys(c: Cluster) -> set[str]:
+    http = c.child("master").info["http"]
+    return set(httpx.get(f"http://{http}/get_all_keys", timeout=10).json())
+
+
+def keys_of(c: Cluster, prompt: list[int]) -> set[str]:
+    kvc = c.conf.kv
+    return {str(block_key(kvc.model, kvc.dtype, BT, h)) for h in block_hashes(prompt, BT)}
+
+
+def wait_pooled(c: Cluster, prompt: list[int], timeout: float = 20.0) -> None:
+    want, end = keys_of(c, prompt), time.monotonic() + timeout
+    while not want <= pool_keys(c):
+        assert time.monotonic() < end, "the prompt's blocks never reached the pool"
+        time.sleep(0.1)
+    time.sleep(0.3)  # the proxy's pool index follows the master's events
+
+
+def busy(c: Cluster, instance: str) -> threading.Thread:
+    """Occupy ``instance`` with a long prefill (a fresh prompt goes to the earliest idle
+    instance, so ``instance`` must be the first idle one); returns once it is running."""
+    long_prompt = [(7000 + len(RESPONSES) * 131 + i) % 31000 for i in range(1800)]
+    t = threading.Thread(target=post, args=(c, long_prompt, 1))
+    t.start()
+    end = time.monotonic() + 30
+    while True:
+        rows = {r["id"]: r for r in httpx.get(c.url + "/v1/cluster").json()["instances"]}
+        if rows[instance]["queued"] >= 1:
+            return t
+        assert time.monotonic() < end and t.is_alive(), "the long prefill never started"
+        time.sleep(0.02)
+
+
+def test_first_request_is_computed_never_seen(cl: Cluster) -> None:
+    a = kv(post(cl, P1))
+    assert a["computed_tokens"] == 200 and a["local_tokens"] == 0
+    assert a["miss_reasons"] == {"never_seen": 192, "last_block": 8}
+
+
+def test_repeat_is_served_from_the_local_cache(cl: Cluster) -> None:
+    doc = post(cl, P1)
+    a = kv(doc)
+    assert doc["_prefill"] == RESPONSES[0]["_prefill"]
+    assert a["local_tokens"] == 192 and a["pool_dram_tokens"] == {}
+    assert a["miss_reasons"] == {"last_block": 8}
+
+
+def test_other_instance_reads_the_pool_and_names_the_node(cl: Cluster) -> None:
+    wait_pooled(cl, P1)
+    holder = RESPONSES[0]["_prefill"]
+    t = busy(cl, holder)
+    doc = post(cl, P1)
+    t.join()
+    assert doc["_prefill"] != holder  # routed around the busy holder
+    a = kv(doc)
+    assert a["pool_dram_tokens"] == {"store-0": 192}, a
+    assert a["local_tokens"] == 0 and a["miss_reasons"] == {"last_block": 8}
+
+
+def test_evicted_blocks_are_reported_as_evicted(cl: Cluster) -> None:
+    # P2 lives on one prefill instance, the decode instance and the pool; then 14 prompts of
+    # 10 blocks (more than any instance's 64 blocks and the ~80 the 1 MB pool keeps; a fresh
+    # prompt goes to the same idle instance) push it out of every cache
+    p2 = list(range(3000, 3200))
+    kv(post(cl, p2))
+    wait_pooled(cl, p2)
+    for k in range(14):
+        post(cl, [10000 + k * 400 + i for i in range(320)], 1)
+    end = time.monotonic() + 20
+    while keys_of(cl, p2) & pool_keys(cl):
+        assert time.monotonic() < end, "P2 was never evicted from the pool"
+        post(cl, [(16000 + len(RESPONSES) * 400 + i) % 31000 for i in range(320)], 1)
+    time.sleep(0.3)
+    a = kv(post(cl, p2))
+    assert a["miss_reasons"] == {"evicted": 192, "last_block": 8}, a
+
+
+def scrape(c: Cluster) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(c.url + "/metrics").text
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_metrics_agree_with_the_responses(cl: Cluster) -> None:
+    m = scrape(cl)
+    model = RESPONSES[0]["model"]
+
+    def val(name: str, **labels: str) -> float:
+        return m.get((name, tuple(sorted({"model_name": model, **labels}.items()))), 0.0)
+
+    tiers: dict[tuple[str, str], int] = {}
+    reasons: dict[str, int] = {}
+    for doc in RESPONSES:
+        a = kv(doc)
+        tiers[("local", "")] = tiers.get(("local", ""), 0) + a["local_tokens"]
+        tiers[("computed", "")] = tiers.get(("computed", ""), 0) + a["computed_tokens"]
+        for node, n in a["pool_dram_tokens"].items():
+            tiers[("pool_dram", node)] = tiers.get(("pool_dram", node), 0) + n
+        for r, n in a["miss_reasons"].items():
+            reasons[r] = reasons.get(r, 0) + n
+    for (tier, node), n in tiers.items():
+        assert val("kvcake:kv_tier_tokens_total", tier=tier, node=node) == n, (tier, node)
+    for r, n in reasons.items():
+        assert val("kvcake:kv_miss_tokens_total", reason=r) == n, r
+    total = sum(d["usage"]["prompt_tokens"] for d in RESPONSES)
+    assert val("kvcake:prompt_tokens_total") == total
+    # the same series under vLLM's names, told apart by component
+    vl = {"component": "kvcake-proxy", "engine": "kvcake-proxy"}
+    assert val("vllm:prompt_tokens_total", **vl) == total
+    assert val("vllm:request_prompt_tokens_count", **vl) == len(RESPONSES)
+    assert val("vllm:request_queue_time_seconds_count", **vl) == len(RESPONSES)
+    assert val("vllm:request_decode_time_seconds_count", **vl) == len(RESPONSES)
+    assert ("vllm:num_preemptions_total", tuple(sorted({"model_name": model, **vl}.items()))) in m
+    src = {s: val("kvcake:prompt_tokens_by_source_total", source=s)
+           for s in ("local_compute", "local_cache_hit", "external_kv_transfer")}  # fmt: skip
+    assert src["local_compute"] == tiers[("computed", "")]
+    assert src["external_kv_transfer"] == tiers[("pool_dram", "store-0")]
+    text = httpx.get(cl.url + "/metrics").text
+    assert "_created" not in text
+
+
+def log_lines(c: Cluster) -> list[dict[str, Any]]:
+    path = Path(c.run_dir) / "requests.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_request_log_has_one_line_per_request(cl: Cluster) -> None:
+    lines = log_lines(cl)
+    by_id = {ln["request_id"]: ln for ln in lines}
+    assert len(by_id) == len(RESPONSES)
+    first = lines[0]
+    assert first["kv"] == RESPONSES[0]["usage"]["kvcake"]
+    assert first["block_hashes"] == [f"{int(h):016x}" for h in block_hashes(P1, BT)]
+    assert first["outcome"] == "length" and first["prefill"] == RESPONSES[0]["_prefill"]
+    assert first["ttft_s"] > 0 and first["queue_s"] >= 0 and first["prefill_s"] > 0
+
+
+def test_failed_fetch_is_reported_as_fetch_failed(cl: Cluster) -> None:
+    first = post(cl, P3)
+    wait_pooled(cl, P3)
+    holder = first["_prefill"]
+    cl.child("store-0").proc.kill()  # type: ignore[union-attr]
+    t = busy(cl, holder)
+    doc = post(cl, P3)
+    t.join()
+    assert doc["_prefill"] != holder
+    a = kv(doc)
+    assert a["miss_reasons"] == {"fetch_failed": 192, "last_block": 8}, a
+    assert a["pool_dram_tokens"] == {}
