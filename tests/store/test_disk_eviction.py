@@ -114,3 +114,27 @@ def test_copy_in_memory_survives_a_disk_eviction() -> None:
     (ev,) = [e for e in st.events.take(0.0, 10_000) if e.kind is StoreEventKind.EVICTED_DISK]
     assert ev.keys == (key,) and ev.tier == "disk"
     st.check()
+
+
+def test_a_dropped_disk_copy_is_journaled_for_ha() -> None:
+    """An HA master logs the object's new replica set (a new leader must not list the copy)."""
+    from kvcake.store.ha.journal import JournaledState
+    from kvcake.store.ha.view import ObjRec
+
+    clock = Clock()
+    cfg = MasterConfig(lease_ttl_s=1, client_ttl_s=60, high_watermark=0.9, eviction_ratio=0.5)
+    st = JournaledState(cfg, clock)
+    st.mount(NODE, "h", SegmentName("mem"), 4 * OBJ)
+    st.mount(NODE, "h", SegmentName("mem.ssd"), 4 * OBJ, Tier.DISK, "h:9")
+    for i in range(4):
+        put(st, f"a{i}")
+    key = offload_round(st, clock)[0]
+    st.get_replicas(W, key)
+    st.get_replicas(W, key)
+    st.task_done(NODE, "promote", key, True)
+    st.objects.move_to_end(key, last=False)  # type: ignore[arg-type]
+    st.records()  # drain
+    clock.t += 2
+    st._evict_disk(st.segments[SegmentName("mem.ssd")], OBJ, "other")  # type: ignore[arg-type]
+    recs = [r for r in st.records() if isinstance(r, ObjRec) and r.key == key]
+    assert recs and [tier for _, _, tier in recs[0].replicas] == ["memory"]

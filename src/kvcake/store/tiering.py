@@ -195,14 +195,18 @@ class TieringMixin:
             freed += rep.size
             dropped.append(obj.key)
             if any(r.complete for r in obj.memory()):
-                self._free(rep)
-                obj.replicas.remove(rep)
-                self._queue_task(disk.name, NodeTask("delete", obj.key, obj.size, 0))
+                self._drop_disk_copy(obj, rep)
             else:
                 self._drop_object(obj, None)
         self.evicted_disk_objects += len(dropped)
         self.events.emit(StoreEventKind.EVICTED_DISK, dropped, Tier.DISK.value)
         return freed
+
+    def _drop_disk_copy(self, obj: ObjectMeta, rep: Replica) -> None:
+        """Forget one disk replica of an object that stays readable from memory."""
+        self._free(rep)
+        obj.replicas.remove(rep)
+        self._queue_task(rep.segment, NodeTask("delete", obj.key, obj.size, 0))
 
     def _start_promotion(self, obj: ObjectMeta) -> None:
         if obj.copying:
