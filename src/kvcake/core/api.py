@@ -36,8 +36,14 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # Salts the block-hash chain (core.hashing.salted_root): the proxy sets it from the
+    # request's tenant and/or ``cache_salt``; the prefill and decode instances name (and pool)
+    # the request's blocks with it, so different salts never share KV.
+    cache_salt: str = ""
 
     def __post_init__(self) -> None:
+        if len(self.cache_salt) > 512:
+            raise ValueError("cache_salt must be at most 512 characters")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         if self.temperature < 0:

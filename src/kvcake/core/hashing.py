@@ -6,6 +6,10 @@ store keys, the proxy, the conductor's index and the simulator all call :func:`b
 
 The hash is BLAKE2b-64 over little-endian bytes, so it is stable across processes, machines and
 runs (it never touches Python's randomised ``hash``).
+
+A **salt** (a tenant, or a request's ``cache_salt`` as vLLM accepts it) changes the chain's root
+(:func:`salted_root`), so equal prompts of different salts share no block hash and hence no
+store key, no conductor index entry and no pooled block, with the key format unchanged.
 """
 
 from __future__ import annotations
@@ -35,15 +39,30 @@ def hash_block(parent: BlockHash, tokens: Sequence[int] | np.ndarray) -> BlockHa
     return BlockHash(int.from_bytes(h.digest(), "little"))
 
 
+def salted_root(salt: str) -> BlockHash:
+    """Root of the hash chain for ``salt``: :data:`ROOT_HASH` for "" (no salt), else BLAKE2b-64
+    of the salt (the vLLM connector's tenant roots are these)."""
+    if not salt:
+        return ROOT_HASH
+    digest = hashlib.blake2b(b"kvcake-tenant\0" + salt.encode(), digest_size=8).digest()
+    return BlockHash(int.from_bytes(digest, "little"))
+
+
 def block_hashes(
     tokens: Sequence[int] | np.ndarray,
     block_tokens: int,
-    parent: BlockHash = ROOT_HASH,
+    parent: BlockHash | None = None,
+    salt: str = "",
 ) -> list[BlockHash]:
     """Chained hashes of every *full* block of ``tokens``; a trailing partial block is not named
-    (it cannot be shared until it is full)."""
+    (it cannot be shared until it is full). The chain starts at ``parent`` (a continuation) or
+    at the root of ``salt``."""
     if block_tokens <= 0:
         raise ValueError(f"block_tokens must be positive, got {block_tokens}")
+    if parent is None:
+        parent = salted_root(salt)
+    elif salt:
+        raise ValueError("give a parent hash or a salt, not both (the parent already has one)")
     arr = np.asarray(tokens)
     out: list[BlockHash] = []
     for start in range(0, arr.size - block_tokens + 1, block_tokens):

@@ -93,6 +93,10 @@ class ProxyConfig:
     # /metrics names: "kvcake" (kvcake:*), "vllm" (vLLM's vllm:* where vLLM has the metric,
     # with component="kvcake-proxy"), or "both".
     metrics_names: str = "kvcake"
+    # OpenAI-style API keys (serve/auth.py): "KEY" or "KEY=TENANT" entries and/or a file of
+    # them, one per line; none = the proxy is open. A key's tenant salts its requests' KV.
+    api_keys: tuple[str, ...] = ()
+    api_keys_file: Path | None = None
 
     def __post_init__(self) -> None:
         require(0 <= self.port <= 65535, f"proxy.port {self.port} out of range")
@@ -103,7 +107,9 @@ class ProxyConfig:
         require(self.max_prompt_tokens >= 1, "proxy.max_prompt_tokens must be >= 1")
         require(self.max_body_bytes >= 1024, "proxy.max_body_bytes must be >= 1024")
         require(self.request_log_max_bytes >= 4096, "proxy.request_log_max_bytes must be >= 4KiB")
-        require(0 <= self.request_log_backups <= 100, "proxy.request_log_backups must be in [0, 100]")
+        require(
+            0 <= self.request_log_backups <= 100, "proxy.request_log_backups must be in [0, 100]"
+        )
         require(self.metrics_names in ("kvcake", "vllm", "both"),
                 f"proxy.metrics_names must be kvcake, vllm or both, got {self.metrics_names!r}")  # fmt: skip
 

@@ -228,7 +228,7 @@ class DecodeLoop:
             self._end(r, FinishReason.ERROR, "out of KV memory (no prompt to recompute from)")
             return
         toks = r.tokens[: r.seq.num_computed]
-        hashes = block_hashes(toks, self.d.kv.block_tokens)
+        hashes = block_hashes(toks, self.d.kv.block_tokens, salt=r.sampling.cache_salt)
         self.d.kv.register(r.seq.block_table[: len(hashes)], hashes)
         self.d.kv.free(r.seq.block_table)
         r.seq.block_table = []
@@ -240,7 +240,8 @@ class DecodeLoop:
         d, n = self.d, r.seq.num_computed
         assert r.tokens is not None
         toks = r.tokens[:n]
-        table = d.kv.lookup_prefix(block_hashes(toks, d.kv.block_tokens), keep_tokens=n)
+        hashes = block_hashes(toks, d.kv.block_tokens, salt=r.sampling.cache_salt)
+        table = d.kv.lookup_prefix(hashes, keep_tokens=n)
         cached = len(table) * d.kv.block_tokens
         if not d.kv.grow(table, n + 1):
             d.kv.free(table)
@@ -286,7 +287,7 @@ class DecodeLoop:
         conversation starts with this whole exchange as its prefix."""
         assert r.tokens is not None
         kv, bt = self.d.kv, self.d.kv.block_tokens
-        hashes = block_hashes(r.tokens[: r.seq.num_computed], bt)
+        hashes = block_hashes(r.tokens[: r.seq.num_computed], bt, salt=r.sampling.cache_salt)
         table = r.seq.block_table[: len(hashes)]
         kv.register(table, hashes)
         first_new = (len(r.tokens) - r.generated) // bt  # the prompt's full blocks

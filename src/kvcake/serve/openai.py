@@ -42,7 +42,7 @@ _NOOP: dict[str, tuple[Any, ...]] = {
 _METADATA = {"user"}  # any string: an end-user id, recorded nowhere, changes nothing
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stream", "stream_options",
            "stop", "stop_token_ids", "ignore_eos", "n", "logprobs", "presence_penalty",
-           "frequency_penalty", "logit_bias", "user"}  # fmt: skip
+           "frequency_penalty", "logit_bias", "user", "cache_salt"}  # fmt: skip
 _CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
               "parallel_tool_calls", "response_format"}  # fmt: skip
 _COMPLETION_ONLY = {"prompt", "echo", "best_of", "suffix"}
@@ -66,6 +66,7 @@ class GenRequest:
     stream: bool
     include_usage: bool
     model: str  # the name the client used (or the default name)
+    cache_salt: str = ""  # vLLM's: requests of other salts never reuse this one's KV
 
     def sampling(self, prompt_len: int, context: int) -> SamplingParams:
         """The engine's parameters once the prompt length is known."""
@@ -232,5 +233,14 @@ def parse(body: Any, *, chat: bool, vocab_size: int, models: tuple[str, ...]) ->
         seed=_num(body, "seed", int, None), stop=_stop(body.get("stop")),
         stop_token_ids=tuple(stop_ids), ignore_eos=_bool(body, "ignore_eos"),
         stream=_bool(body, "stream"), include_usage=_bool(opts or {}, "include_usage"),
-        model=model or models[0],
+        model=model or models[0], cache_salt=_cache_salt(body.get("cache_salt")),
     )  # fmt: skip
+
+
+def _cache_salt(v: Any) -> str:
+    """vLLM's ``cache_salt``: a non-empty string (at most 256 characters here)."""
+    if v is None:
+        return ""
+    if not isinstance(v, str) or not v or len(v) > 256:
+        raise BadRequest("'cache_salt' must be a non-empty string of at most 256 characters")
+    return v

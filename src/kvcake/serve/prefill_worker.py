@@ -149,7 +149,9 @@ class PrefillWorker:
         if any(not 0 <= t < d.vocab_size for t in task.prompt_tokens):
             raise BadRequest(f"token ids must be in [0, {d.vocab_size})")
         salt = task.sampling.cache_salt  # the tenant's chain (core.hashing.salted_root)
-        if list(task.block_hashes) != block_hashes(task.prompt_tokens, d.kv.block_tokens, salt=salt):
+        if list(task.block_hashes) != block_hashes(
+            task.prompt_tokens, d.kv.block_tokens, salt=salt
+        ):
             raise BadRequest("block_hashes do not match the prompt (wrong kv_block_tokens?)")
 
     # --- on the prefill thread -------------------------------------------------------------

@@ -28,6 +28,7 @@ from kvcake.core.api import FinishReason, SamplingParams
 from kvcake.core.errors import KvcakeError
 from kvcake.core.ids import InstanceId
 from kvcake.serve import attribution, openai, pool_events, reqlog
+from kvcake.serve import auth as proxy_auth
 from kvcake.serve import openai_shapes as shapes
 from kvcake.serve.client import RemoteInstance
 from kvcake.serve.detok import Detokenizer
@@ -54,6 +55,7 @@ class ProxyState:
     max_body_bytes: int = 8 << 20
     master: str = ""  # store master RPC host:port; "" = no store events (pool_events)
     request_log: Any = None  # serve.reqlog.RequestLog: one JSON line per request (None = off)
+    api_keys: Any = None  # serve.auth.ApiKeys: /v1/ needs one of them (None = open)
     cluster: LiveCluster | None = None
     router: Router | None = None
     codec: TextCodec | None = None
@@ -126,6 +128,8 @@ def build_app(st: ProxyState) -> FastAPI:
             await asyncio.gather(*(i.close() for i in st.cluster.instances.values()))
 
     app = FastAPI(title="kvcake proxy", lifespan=lifespan)
+    if st.api_keys is not None:  # OpenAI-style keys on /v1/ (serve/auth.py)
+        app.add_middleware(proxy_auth.RequireApiKey, keys=st.api_keys)
 
     @app.get("/health")
     async def health() -> Response:
@@ -246,6 +250,10 @@ async def _parse_request(st: ProxyState, request: Request, chat: bool) -> Prepar
 
 
 async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
+    try:  # the tenant (API key / x-tenant-id) salts the request's block hashes
+        tenant = proxy_auth.tenant_for(st.api_keys, request.headers)
+    except proxy_auth.AuthFailure as exc:
+        return JSONResponse(exc.body(), status_code=exc.status)
     if not st.ready() or st.router is None or st.codec is None:
         return _err(503, "the cluster is not ready (no healthy instances)", "unavailable")
     prep = await _parse_request(st, request, chat)
@@ -255,7 +263,8 @@ async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
     rid = st.router.new_id()
     out = Outcome(str(rid), len(tokens))
     out.model, out.endpoint, out.stream = req.model, "chat" if req.chat else "completions", req.stream
-    gen = st.router.run(rid, tokens, prep.sampling, out)
+    sampling = proxy_auth.salted(prep.sampling, tenant, req.cache_salt)
+    gen = st.router.run(rid, tokens, sampling, out)
     try:
         first = await gen.__anext__()  # placement errors surface before any byte is sent
     except Rejected as exc:  # type says why (ttft_slo / tbt_slo / no_capacity)

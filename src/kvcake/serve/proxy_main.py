@@ -8,6 +8,7 @@ from typing import Any
 
 from kvcake.core.config import KVLayoutConfig
 from kvcake.core.errors import ConfigError
+from kvcake.serve.auth import ApiKeys
 from kvcake.serve.config import ProxyConfig
 from kvcake.serve.wire import InstanceInfo
 
@@ -76,6 +77,7 @@ def run_proxy(
         max_prompt_tokens=cfg.max_prompt_tokens,
         max_body_bytes=cfg.max_body_bytes,
         master=cfg.master,
+        api_keys=ApiKeys.load(cfg.api_keys, cfg.api_keys_file),
         metrics=ProxyMetrics(
             (cfg.served_model_name or (kv.model,))[0], cfg.metrics_names, cfg.max_prompt_tokens
         ),

@@ -7,20 +7,17 @@ same model with the same dtype and block size name equal prefixes equally, whate
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvcake.core.hashing import ROOT_HASH, block_hashes, block_key
+from kvcake.core.hashing import block_hashes, block_key, salted_root
 from kvcake.core.ids import BlockHash
 
 
 def tenant_root(tenant: str) -> BlockHash:
-    """Root of the hash chain: kvcake's ROOT_HASH, or one derived from the tenant name."""
-    if not tenant:
-        return ROOT_HASH
-    digest = hashlib.blake2b(b"kvcake-tenant\0" + tenant.encode(), digest_size=8).digest()
-    return BlockHash(int.from_bytes(digest, "little"))
+    """Root of the hash chain: kvcake's ROOT_HASH, or one derived from the tenant name (the
+    same as ``core.hashing.salted_root``, so the proxy's salted keys equal the connector's)."""
+    return salted_root(tenant)
 
 
 @dataclass(frozen=True)
