@@ -82,29 +82,10 @@ def start_ha_pool(cl: Cluster) -> tuple[str, str]:
     c, ha = cl.conf.cluster, cl.conf.ha
     endpoints = start_etcd(cl) if ha.etcd else ha.etcd_endpoints
     http_eps = ",".join(f"http://{e}" for e in endpoints.split(","))
-    masters = [
-        cl._spawn(
-            f"master-{i}",
-            [
-                "master",
-                "--host",
-                c.host,
-                "--port",
-                "0",
-                "--http-port",
-                "0",
-                "--directory-port",
-                "0",
-                "--etcd-endpoints",
-                http_eps,
-                "--cluster",
-                ha.cluster,
-                "--ha-lease-ttl-s",
-                str(ha.ha_lease_ttl_s),
-            ],
-        )  # fmt: skip
-        for i in range(ha.masters)
-    ]
+    flags = ["--host", c.host, "--port", "0", "--http-port", "0", "--directory-port", "0",
+             "--etcd-endpoints", http_eps, "--cluster", ha.cluster,
+             "--ha-lease-ttl-s", str(ha.ha_lease_ttl_s)]  # fmt: skip
+    masters = [cl._spawn(f"master-{i}", ["master", *flags]) for i in range(ha.masters)]
     for m in masters:
         cl._wait_line(m, r"master standby name=(?P<name>\S+)")
     leader = wait_leader(cl, masters)

@@ -29,6 +29,12 @@ def register(sub: Any) -> None:
     p.add_argument("--decode", type=int, help="override cluster.decode")
     p.add_argument("--port", type=int, help="override cluster.proxy_port")
     p.add_argument("--detach", action="store_true", help="run in the background")
+    p.add_argument("--netns", action="store_true", help="every process on its own emulated "
+                   "host: a network namespace, TCP between hosts (root; docs/deploy.md)")
+    p.add_argument("--netns-rate", default="", help="with --netns: egress cap of every host "
+                   "(tc rate, e.g. 1gbit)")
+    p.add_argument("--netns-delay-ms", type=float, default=0.0, help="with --netns: one-way "
+                   "delay added to master and instance RPC")  # fmt: skip
     p.set_defaults(func=_up)
 
     s = sub.add_parser("status", help="show the cluster started by `kvcake up`: processes, "
@@ -82,6 +88,10 @@ def _up(args: argparse.Namespace) -> int:
         "instance": {"backend": args.backend},
         "cluster": {"prefill": args.prefill, "decode": args.decode, "proxy_port": args.port},
     })  # fmt: skip
+    if args.netns:  # emulated hosts (network namespaces), in the foreground
+        from kvcake.serve.netns_cluster import up_netns
+
+        return up_netns(path, conf, args.netns_rate, args.netns_delay_ms)
     if _refuse_if_running(conf.cluster.run_dir):
         return 2
     if args.detach:

@@ -33,7 +33,7 @@ import httpx
 
 from kvcake.core.errors import KvcakeError
 from kvcake.serve.clusterfile import load_serve_file, toml_dump
-from kvcake.serve.config import InstanceConfig, ServeFile
+from kvcake.serve.config import ServeFile
 from kvcake.serve.netns import Network
 
 
@@ -83,7 +83,9 @@ class NetnsCluster:
         self.instances: dict[str, str] = {}
 
     def _serve_file(self) -> ServeFile:
-        ov: dict[str, dict[str, Any]] = {"instance": {"backend": "emulated"}}
+        ov: dict[str, dict[str, Any]] = {}
+        if self.opts.config is None:  # no file: an emulated cluster (no weights needed)
+            ov["instance"] = {"backend": "emulated"}
         for k, v in self.opts.overrides.items():
             ov.setdefault(k, {}).update(v)
         return load_serve_file(self.opts.config, ov)
@@ -134,25 +136,12 @@ class NetnsCluster:
         return p.info["addr"]
 
     def _start_stores(self) -> None:
-        stores = [
-            self.spawn(
-                f"store-{i}",
-                f"store-{i}",
-                [
-                    "store-server",
-                    "--master",
-                    self.master,
-                    "--hostname",
-                    self.net[f"store-{i}"].addr,
-                    "--segment-size",
-                    self.opts.store_size,
-                    "--name",
-                    f"store-{i}",
-                ],
-                None,
-            )  # fmt: skip
-            for i in range(self.opts.stores)
-        ]
+        stores = []
+        for i in range(self.opts.stores):
+            role = f"store-{i}"
+            argv = ["store-server", "--master", self.master, "--hostname", self.net[role].addr,
+                    "--segment-size", self.opts.store_size, "--name", role]  # fmt: skip
+            stores.append(self.spawn(role, role, argv, None))
         for s in stores:
             self.wait_line(s, r"store-server segment=(?P<segment>\S+)")
 
@@ -277,9 +266,42 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
+def run(opts: NetnsOptions, run_dir: Path) -> int:
+    """Start, print the hosts and the endpoint, run until SIGINT/SIGTERM, stop."""
+    from kvcake.serve.netns import unavailable
+
+    if why := unavailable():
+        print(f"kvcake: error: {why}", file=sys.stderr)
+        return 2
+    stop = {"now": False}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.update(now=True))
+    print(f"starting a cluster over network namespaces, logs in {run_dir}", flush=True)
+    with NetnsCluster(opts, run_dir) as c:
+        for h in c.net.hosts.values():
+            print(f"  {h.role:<11} {h.addr:<13} netns {h.ns}")
+        print(f"ready: OpenAI endpoint {c.url}/v1 on the client host, e.g.\n"
+              f"  ip netns exec {c.net['client'].ns} curl {c.url}/v1/models\n"
+              "(Ctrl-C stops everything and removes the namespaces)", flush=True)  # fmt: skip
+        while not stop["now"]:
+            time.sleep(0.3)
+        print("stopping...", flush=True)
+    return 0
+
+
+def up_netns(path: str, conf: ServeFile, rate: str, delay_ms: float) -> int:
+    """``kvcake up --netns``: the cluster file's counts, each process on its own host."""
+    c = conf.cluster
+    opts = NetnsOptions(prefill=c.prefill, decode=c.decode, stores=max(1, c.store_servers),
+                        store_size=str(c.store_size), rate=rate, delay_ms=delay_ms,
+                        config=path, startup_timeout_s=c.startup_timeout_s,
+                        overrides={"instance": {"backend": conf.instance.backend}})  # fmt: skip
+    return run(opts, Path(c.run_dir) / ("netns-" + time.strftime("%Y%m%d-%H%M%S")))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", help="cluster TOML ([kv], [instance], [proxy]); emulated backend")
+    p.add_argument("--config", help="cluster TOML ([kv], [instance], [proxy]); default emulated")
     p.add_argument("--prefill", type=int, default=1)
     p.add_argument("--decode", type=int, default=1)
     p.add_argument("--stores", type=int, default=2)
@@ -288,25 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay, master/instance RPC")
     p.add_argument("--run-dir", default="runs/netns")
     a = p.parse_args(argv)
-    from kvcake.serve.netns import unavailable
-
-    if why := unavailable():
-        p.error(why)
     opts = NetnsOptions(prefill=a.prefill, decode=a.decode, stores=a.stores, rate=a.rate,
                         store_size=a.store_size, delay_ms=a.delay_ms, config=a.config)  # fmt: skip
-    run_dir = Path(a.run_dir) / time.strftime("%Y%m%d-%H%M%S")
-    stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    with NetnsCluster(opts, run_dir) as c:
-        for h in c.net.hosts.values():
-            print(f"  {h.role:<11} {h.addr:<13} netns {h.ns}")
-        print(f"proxy on {c.url}/v1  (from the client host: ip netns exec "
-              f"{c.net['client'].ns} curl {c.url}/v1/models)\nlogs in {run_dir}; Ctrl-C stops",
-              flush=True)  # fmt: skip
-        with contextlib.suppress(KeyboardInterrupt):
-            while not stop["now"]:
-                time.sleep(0.5)
-    return 0
+    return run(opts, Path(a.run_dir) / time.strftime("%Y%m%d-%H%M%S"))
 
 
 if __name__ == "__main__":
