@@ -99,10 +99,11 @@ def test_connector_stats_reach_prometheus(cluster: Cluster) -> None:
     assert metric(cluster.a, "kvcake_connector_save_blocks_total") > 0
 
 
-def test_prefill_on_a_decode_on_b_through_kv_transfer_params(cluster: Cluster) -> None:
+def test_prefill_on_a_decode_on_b_through_the_pool(cluster: Cluster) -> None:
+    """The pool hand-off (``kvcake_transport: pool``; the direct path is tests/.../test_pd.py)."""
     p = tokens(9, 330)
     body = {"model": "smollm2", "prompt": p, "max_tokens": 1, "temperature": 0,
-            "kv_transfer_params": {"do_remote_decode": True}}  # fmt: skip
+            "kv_transfer_params": {"do_remote_decode": True, "kvcake_transport": "pool"}}  # fmt: skip
     r = httpx.post(cluster.a.url + "/v1/completions", json=body, timeout=180).json()
     params = r["kv_transfer_params"]
     assert params["do_remote_prefill"] is True and params["kvcake_blocks"] == 330 // BS

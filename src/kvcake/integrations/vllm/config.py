@@ -29,17 +29,21 @@ class ConnectorConfig:
     connect_retry_s: float = 10.0  # master unreachable at start-up: retry this often
     save: bool = True  # put computed prompt blocks into the pool
     max_pending_saves: int = 64  # save jobs queued for the background writer; beyond: dropped
+    pd_transport: str = "te"  # P/D hand-off: te (decode reads the prefill's blocks) | pool
+    pd_lease_s: float = 120.0  # prefill: longest a P/D request's blocks wait for the decode
 
     def __post_init__(self) -> None:
         require(bool(self.master), "kv_connector_extra_config.master is required (host:port)")
         require(":" in self.master, f"master must be host:port, got {self.master!r}")
         require(self.protocol in ("auto", "tcp", "shm"), "protocol must be auto, tcp or shm")
+        require(self.pd_transport in ("te", "pool"), "pd_transport must be te or pool")
         for name in (
             "lookup_timeout_s",
             "load_timeout_s",
             "producer_wait_s",
             "backoff_s",
             "connect_retry_s",
+            "pd_lease_s",
         ):
             require(getattr(self, name) > 0, f"{name} must be > 0")
         require(self.max_pending_saves >= 1, "max_pending_saves must be >= 1")

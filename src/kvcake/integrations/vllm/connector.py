@@ -24,6 +24,9 @@ from kvcake.core.errors import KvcakeError
 from kvcake.integrations.vllm.config import ConnectorConfig
 from kvcake.integrations.vllm.keys import BlockNamer
 from kvcake.integrations.vllm.paged import PagedKV
+from kvcake.integrations.vllm.pd import PdScheduler, PdStep
+from kvcake.integrations.vllm.pd_wire import TRANSPORT_KEY
+from kvcake.integrations.vllm.pd_worker import PdWorker
 from kvcake.integrations.vllm.plan import BlockRun, Planner
 from kvcake.integrations.vllm.pool import PoolHandle
 from kvcake.integrations.vllm.worker import Counters, Loader, Saver, log_for
@@ -44,6 +47,7 @@ class KvcakeMetadata(KVConnectorMetadata):
 
     loads: list[BlockRun] = field(default_factory=list)
     saves: list[BlockRun] = field(default_factory=list)
+    pd: PdStep = field(default_factory=PdStep)  # direct P/D: pulls to start, blocks to free
 
 
 def namer_for(vllm_config: VllmConfig, cfg: ConnectorConfig) -> BlockNamer:
@@ -52,6 +56,15 @@ def namer_for(vllm_config: VllmConfig, cfg: ConnectorConfig) -> BlockNamer:
     model = cfg.model_key or f"{os.path.basename(str(mc.model).rstrip('/'))}@vllm"
     dtype = str(mc.dtype).removeprefix("torch.") if cc.cache_dtype == "auto" else cc.cache_dtype
     return BlockNamer(model, dtype, cc.block_size, cfg.tenant)
+
+
+def tp_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except (ImportError, AssertionError, AttributeError):
+        return 0
 
 
 def producer_blocks(params: dict[str, Any] | None) -> int:
@@ -76,6 +89,7 @@ class KvcakeConnector(KVConnectorBase_V1):
         self.loads_enabled = ktc.kv_role != "kv_producer"
         self.saves_enabled = self.cfg.save and ktc.kv_role != "kv_consumer"
         self.num_blocks = kv_cache_config.num_blocks
+        self.engine_id = str(ktc.engine_id)
         if ktc.kv_load_failure_policy != "recompute" and role == KVConnectorRole.SCHEDULER:
             log.warning(
                 "kvcake: kv_load_failure_policy=%r: a failed pool load fails the request; set "
@@ -86,6 +100,10 @@ class KvcakeConnector(KVConnectorBase_V1):
             self.pool = PoolHandle(self.cfg, "vLLM scheduler", self.cfg.lookup_timeout_s, log)
             self.planner = Planner(self.namer, save=self.saves_enabled)
             self._awaiting: dict[str, float] = {}  # P/D consumers waiting for the producer
+            self.pd = PdScheduler(
+                self.engine_id, self.num_blocks, self.namer.block_tokens, self.cfg.pd_lease_s,
+                log, produce=self.cfg.pd_transport == "te" and ktc.kv_role != "kv_consumer",
+            )  # fmt: skip
         else:
             self.pool = PoolHandle(self.cfg, "vLLM worker", self.cfg.load_timeout_s, log)
             self.counters = Counters()
@@ -93,6 +111,10 @@ class KvcakeConnector(KVConnectorBase_V1):
             self.loader = Loader(self.pool, self.counters, self.cfg)
             self.paged: PagedKV | None = None
             self._load_errors: set[int] = set()
+            self.pdw = PdWorker(
+                self.pool, self.counters, self.cfg, self.engine_id, 0, log,
+                enabled=self.cfg.pd_transport == "te",
+            )  # fmt: skip
 
     # ---- scheduler side --------------------------------------------------------------------
 
@@ -110,12 +132,18 @@ class KvcakeConnector(KVConnectorBase_V1):
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         rid = request.request_id
+        direct = self.pd.match(request, num_computed_tokens)  # a decode fed by a te prefill
+        if direct is not None:
+            self.planner.finished(rid)
+            return direct
         if self.pool.client() is None:
             self.planner.finished(rid)
             return 0, False
         lookup = self._exists if self.loads_enabled else (lambda keys: [False] * len(keys))
         prompt = list(request.prompt_token_ids or [])
-        ext = self.planner.match(rid, prompt, num_computed_tokens, lookup)
+        # A prefill sending over the Transfer Engine does not also pool the request's blocks.
+        save = not self._sends_direct(request.kv_transfer_params)
+        ext = self.planner.match(rid, prompt, num_computed_tokens, lookup, save=save)
         want = producer_blocks(request.kv_transfer_params)
         if want:  # P/D: the producer named how many blocks it pools; wait (bounded) for them
             need = min(want, (len(prompt) - 1) // self.namer.block_tokens)
@@ -138,6 +166,8 @@ class KvcakeConnector(KVConnectorBase_V1):
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
+        if self.pd.allocated(request, blocks.get_block_ids()[0], num_external_tokens):
+            return
         if num_external_tokens > 0:
             ids = blocks.get_block_ids()[0]
             self.planner.allocated(request.request_id, ids, num_external_tokens)
@@ -155,16 +185,33 @@ class KvcakeConnector(KVConnectorBase_V1):
             resumed = req_id in cached.resumed_req_ids
             scheduled.append((req_id, list(new[0]) if new else None, resumed, done))
         plan = self.planner.step(scheduled)
-        return KvcakeMetadata(loads=plan.loads, saves=plan.saves)
+        return KvcakeMetadata(loads=plan.loads, saves=plan.saves, pd=self.pd.step())
+
+    def _sends_direct(self, params: dict[str, Any] | None) -> bool:
+        """A P/D prefill request answered over the Transfer Engine (the engine's
+        ``pd_transport``, or the request's ``kvcake_transport``, is "te")."""
+        if not params or not params.get("do_remote_decode"):
+            return False
+        return params.get(TRANSPORT_KEY, self.cfg.pd_transport) == "te"
 
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        from vllm.v1.request import RequestStatus
+
         self.planner.finished(request.request_id)
         self._awaiting.pop(request.request_id, None)
         params = request.kv_transfer_params or {}
+        if self._sends_direct(params):
+            if request.status not in (
+                RequestStatus.FINISHED_LENGTH_CAPPED,
+                RequestStatus.FINISHED_STOPPED,
+            ):
+                return False, None  # aborted: nobody will read its blocks
+            return self.pd.produced(request, block_ids)
+        hold = self.pd.finished(request)  # a decode whose read may still land: keep blocks
         if not params.get("do_remote_decode"):
-            return False, None
+            return hold, None
         # P/D handshake: the consumer continues with these params and waits until the pool
         # holds this many blocks (they were copied out and queued for saving during prefill,
         # so this request's blocks need not be held).
@@ -176,6 +223,8 @@ class KvcakeConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self.paged = PagedKV(kv_caches, self.num_blocks)
+        self.pdw.rank = tp_rank()
+        self.pdw.attach(self.paged)
         log.info(
             "kvcake: %d KV planes, %d blocks of %d B, keys %s/%s/%d/...",
             len(self.paged.planes),
@@ -191,6 +240,11 @@ class KvcakeConnector(KVConnectorBase_V1):
         assert isinstance(meta, KvcakeMetadata)
         if meta.loads and self.paged is not None:
             self._load_errors |= self.loader.load(self.paged, meta.loads)
+        if meta.pd.pulls or meta.pd.frees:
+            self.pdw.step(meta.pd)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return self.pdw.poll(finished_req_ids)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # start_load_kv has filled every layer (CPU: the forward cannot overlap it)
@@ -212,7 +266,7 @@ class KvcakeConnector(KVConnectorBase_V1):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
-        return errors
+        return errors | self.pdw.load_errors()
 
     def get_kv_connector_stats(self) -> Any:
         if self.role != KVConnectorRole.WORKER:
@@ -246,4 +300,7 @@ class KvcakeConnector(KVConnectorBase_V1):
         if self.role == KVConnectorRole.WORKER:
             self.saver.close()
             self.loader.close()
+            self.pdw.close()
+        else:
+            self.pd.close()
         self.pool.close()

@@ -62,11 +62,17 @@ class Planner:
         self._loads: dict[str, BlockRun] = {}
 
     def match(
-        self, req_id: str, prompt: Sequence[int], local_tokens: int, exists: Exists | None
+        self,
+        req_id: str,
+        prompt: Sequence[int],
+        local_tokens: int,
+        exists: Exists | None,
+        save: bool = True,
     ) -> int:
         """Tokens beyond ``local_tokens`` that can be loaded from the pool (block multiple).
 
-        ``exists`` is None when the pool is unavailable: nothing is loaded, nothing saved."""
+        ``exists`` is None when the pool is unavailable: nothing is loaded, nothing saved.
+        ``save=False``: this request's blocks are not saved (a P/D prefill sending directly)."""
         if exists is None:
             self._tracks.pop(req_id, None)
             return 0
@@ -78,7 +84,7 @@ class Planner:
                     break
                 pooled += 1
         local = local_tokens // self.block_tokens
-        self._tracks[req_id] = _Track(keys, pooled, local, saved=pooled)
+        self._tracks[req_id] = _Track(keys, pooled, local, saved=pooled if save else len(keys))
         limit = (len(prompt) - 1) // self.block_tokens  # leave >= 1 token to compute
         hit = min(pooled, limit)
         return max(0, hit - local) * self.block_tokens

@@ -74,6 +74,10 @@ class PoolHandle:
             return None
         return self._client
 
+    def connected(self) -> Any:
+        """The store client once connected, back-off or not (the P/D path's Transfer Engine)."""
+        return self._client
+
     def failed(self, what: str, exc: BaseException) -> None:
         """A call failed: log once per back-off window and treat the pool as absent meanwhile."""
         now = time.monotonic()

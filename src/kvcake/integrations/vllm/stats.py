@@ -25,6 +25,13 @@ _DOCS = {
     "save_existing_blocks": "blocks another engine had already saved",
     "save_error_blocks": "blocks whose save failed",
     "save_dropped_blocks": "blocks not saved: pool absent or save queue full",
+    "pd_pull_blocks": "P/D decode: KV blocks read from a prefill engine over the Transfer Engine",
+    "pd_pull_bytes": "P/D decode: bytes read from prefill engines",
+    "pd_pull_seconds": "P/D decode: seconds from a pull's submit to its end",
+    "pd_pull_error_blocks": "P/D decode: blocks whose read failed (recomputed by vLLM)",
+    "pd_pull_deadline_misses": "P/D decode: pulls abandoned at load_timeout_s",
+    "pd_released_requests": "P/D prefill: kept requests freed on the decode's release note",
+    "pd_lease_expired_requests": "P/D prefill: kept requests freed at pd_lease_s",
 }
 
 

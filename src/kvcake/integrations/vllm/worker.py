@@ -40,6 +40,13 @@ STAT_NAMES = (
     "save_existing_blocks",
     "save_error_blocks",
     "save_dropped_blocks",
+    "pd_pull_blocks",
+    "pd_pull_bytes",
+    "pd_pull_seconds",
+    "pd_pull_error_blocks",
+    "pd_pull_deadline_misses",
+    "pd_released_requests",
+    "pd_lease_expired_requests",
 )
 
 
