@@ -48,6 +48,14 @@ class AdmissionInput(NamedTuple):
     tbt_s: float  # predicted TBT on the chosen decode instance
     decode_fits: bool  # the chosen decode instance has KV room for the request
     decode_instances: int  # healthy decode instances
+    # Seconds the request already spent since it arrived (``now - request.arrival_s``: the
+    # live proxy reads and tokenizes the body first). TTFT counts from arrival, so admission
+    # judges ``waited_s + ttft_s``; the simulator places at arrival (0).
+    waited_s: float = 0.0
+
+    @property
+    def ttft_from_arrival(self) -> float:
+        return self.waited_s + self.ttft_s
 
 
 class AdmissionPolicy:
@@ -98,7 +106,7 @@ class PerStageAdmission(AdmissionPolicy):
     recheck_at_decode = True
 
     def admit(self, x: AdmissionInput) -> str | None:
-        if self.ttft_misses(x.ttft_s):
+        if self.ttft_misses(x.ttft_from_arrival):
             return TTFT_SLO
         return None if x.decode_fits else KV_FULL
 
@@ -107,7 +115,7 @@ class EarlyRejection(AdmissionPolicy):
     name = "early-rejection"
 
     def admit(self, x: AdmissionInput) -> str | None:
-        if self.ttft_misses(x.ttft_s):
+        if self.ttft_misses(x.ttft_from_arrival):
             return TTFT_SLO
         if not x.decode_fits:
             return KV_FULL
@@ -171,7 +179,7 @@ class PredictionAdmission(AdmissionPolicy):
         return len(self._slot)
 
     def admit(self, x: AdmissionInput) -> str | None:
-        if self.ttft_misses(x.ttft_s):
+        if self.ttft_misses(x.ttft_from_arrival):
             return TTFT_SLO
         if not x.decode_fits:
             return KV_FULL

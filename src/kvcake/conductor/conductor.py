@@ -86,11 +86,14 @@ class Conductor:
             if self.config.colocated and all(d.instance_id != pid for d in snapshot.decode):
                 raise SchedulingError(f"colocated: no decode state for instance {pid}")
             return Reject(adm.NO_DECODE, choice.ttft_s)
+        waited = max(0.0, snapshot.now_s - request.arrival_s)
         reason = self.admission.admit(
-            AdmissionInput(request, snapshot.now_s, choice.ttft_s, dec.tbt_s, dec.fits, dec.healthy)
+            AdmissionInput(
+                request, snapshot.now_s, choice.ttft_s, dec.tbt_s, dec.fits, dec.healthy, waited
+            )
         )
-        if reason is not None:
-            return Reject(reason, choice.ttft_s, dec.tbt_s)
+        if reason is not None:  # the TTFT it reports counts from arrival, as the SLO does
+            return Reject(reason, waited + choice.ttft_s, dec.tbt_s)
         local = int(view.local[choice.index])
         fetch: tuple[BlockSource, ...] = ()
         if choice.fetch:

@@ -15,6 +15,7 @@ predicts positive times over the sampled range.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -149,3 +150,97 @@ class OnlineFit:
                 full = _relative_lstsq(feats, t)
             dc, de = _choose(self._dseed, feats, t, full, self.few)
         return Fitted(pc, dc, len(pre), len(dec), pe, de)
+
+
+@dataclass(frozen=True)
+class WaitModel:
+    """Measured wait as a function of the predicted work ahead: ``w = a + b * q`` (seconds)."""
+
+    a: float = 0.0
+    b: float = 1.0
+    samples: int = 0
+    error_s: float = 0.0  # mean |predicted - measured| over the window, seconds
+
+    def predict(self, queued_s: float) -> float:
+        return max(0.0, self.a + self.b * queued_s)
+
+
+class WaitFit:
+    """The queue a request waits in, calibrated on what the waits really were.
+
+    A request's predicted queue ``q`` (the predicted service seconds of the prefills ahead of it
+    on its instance, at enqueue) is paired with the wait it measured (enqueue -> its turn). The
+    sum of predictions misses what contention does to a queue (shared CPU, decode-KV waits
+    inside the gate, event-loop delays), so the snapshot reports ``a + b*q`` fitted on a bounded
+    window: the identity before any sample; with few samples (or all at one queue length) the
+    median measured/predicted ratio; with enough, non-negative least squares of ``(a, b)`` —
+    each only if it lowers the window's mean absolute error. Errors are absolute (seconds): a
+    wait is often ~0, where relative errors mean nothing, and a TTFT SLO is in seconds."""
+
+    def __init__(self, window: int = 128) -> None:
+        self._s: deque[tuple[float, float]] = deque(maxlen=window)
+        self._mu = threading.Lock()
+        self._cache: WaitModel | None = None
+
+    def add(self, queued_s: float, waited_s: float) -> None:
+        if queued_s >= 0 and waited_s >= 0 and np.isfinite(queued_s + waited_s):
+            with self._mu:
+                self._s.append((queued_s, waited_s))
+                self._cache = None
+
+    def model(self) -> WaitModel:
+        with self._mu:
+            if self._cache is None:
+                self._cache = _fit_wait(list(self._s))
+            return self._cache
+
+
+def _fit_wait(s: list[tuple[float, float]]) -> WaitModel:
+    if not s:
+        return WaitModel()
+    q = np.array([x for x, _ in s])
+    w = np.array([y for _, y in s])
+
+    def err(a: float, b: float) -> float:
+        return float(np.mean(np.abs(np.maximum(0.0, a + b * q) - w)))
+
+    cands = [(0.0, 1.0)]
+    busy = q > 1e-6
+    if busy.any():
+        cands.append((0.0, float(np.median(w[busy] / q[busy]))))
+    if len(s) >= MIN_FULL_FIT and len(np.unique(np.round(q, 3))) >= 2:
+        coef, *_ = np.linalg.lstsq(np.c_[np.ones_like(q), q], w, rcond=None)
+        a, b = float(coef[0]), float(coef[1])
+        if a < 0:  # non-negative: refit the slope alone
+            a, b = 0.0, float(np.dot(q, w) / max(np.dot(q, q), 1e-12))
+        elif b < 0:  # the queue does not explain the waits: a constant
+            a, b = float(np.mean(w)), 0.0
+        cands.append((a, b))
+    a, b = min(cands, key=lambda c: err(*c))
+    return WaitModel(a, b, len(s), err(a, b))
+
+
+class RecentWait:
+    """An exponentially weighted mean of recent waits (e.g. for decode KV): follows a burst
+    within a few samples, and fades with a ``half_life_s`` once no new waits are measured (a
+    burst long over says nothing about the next request)."""
+
+    def __init__(self, alpha: float = 0.3, half_life_s: float = 5.0) -> None:
+        self.alpha, self.half_life_s = alpha, half_life_s
+        self._value, self._at = 0.0, 0.0
+        self.samples = 0
+
+    def value_at(self, now: float) -> float:
+        age = max(0.0, now - self._at)
+        return self._value * 0.5 ** (age / self.half_life_s)
+
+    @property
+    def value(self) -> float:
+        return self.value_at(time.monotonic())
+
+    def add(self, seconds: float, now: float | None = None) -> None:
+        if seconds >= 0 and np.isfinite(seconds):
+            t = time.monotonic() if now is None else now
+            cur = self.value_at(t)
+            self._value, self._at = cur + self.alpha * (seconds - cur), t
+            self.samples += 1

@@ -250,6 +250,7 @@ async def _parse_request(st: ProxyState, request: Request, chat: bool) -> Prepar
 
 
 async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
+    arrival = time.perf_counter()  # TTFT counts from here: body read and tokenizing included
     try:  # the tenant (API key / x-tenant-id) salts the request's block hashes
         tenant = proxy_auth.tenant_for(st.api_keys, request.headers)
     except proxy_auth.AuthFailure as exc:
@@ -261,7 +262,7 @@ async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
         return prep
     req, tokens = prep.req, prep.tokens
     rid = st.router.new_id()
-    out = Outcome(str(rid), len(tokens))
+    out = Outcome(str(rid), len(tokens), arrival=arrival)
     out.model, out.endpoint, out.stream = req.model, "chat" if req.chat else "completions", req.stream
     sampling = proxy_auth.salted(prep.sampling, tenant, req.cache_salt)
     gen = st.router.run(rid, tokens, sampling, out)

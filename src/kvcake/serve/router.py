@@ -176,6 +176,8 @@ class Router:
             return
         self._fitted_at = self.cluster.polls
         p = self.cluster.fitted_predictors(self.conductor.predictors)
+        for stage, coef, v in self.cluster.wait_gauges():  # queue / decode-KV wait fits
+            self.metrics.fitted.labels(stage, coef).set(v)
         if p is not None:
             self.conductor.set_predictors(p)
             self.metrics.set_fitted(p)
@@ -185,8 +187,9 @@ class Router:
     ) -> AsyncIterator[Event]:
         # Salted by the tenant / cache_salt: other tenants' equal prompts share no block.
         hashes = tuple(block_hashes(tokens, self.cluster.block_tokens, salt=sampling.cache_salt))
+        waited = max(0.0, time.perf_counter() - out.arrival)  # body read, tokenized (TTFT counts)
         view = RequestView(
-            rid, time.monotonic() - self.t0, len(tokens), hashes,
+            rid, time.monotonic() - self.t0 - waited, len(tokens), hashes,
             min(sampling.max_tokens, self.expected_output),
         )  # fmt: skip
         self.metrics.prompt_tokens.inc(len(tokens))
@@ -282,7 +285,7 @@ class Router:
         p = self.cluster.instances[acc.prefill]
         d = self.cluster.instances[acc.decode]
         out.prefill, out.decode = str(acc.prefill), str(acc.decode)
-        out.predicted_ttft_s = acc.expected_ttft_s
+        out.predicted_ttft_s = acc.expected_ttft_s + max(0.0, time.perf_counter() - out.arrival)
         pend = self.cluster.pending.setdefault(acc.decode, Pending())
         pend.requests += 1
         pend.tokens += len(tokens)
@@ -290,6 +293,8 @@ class Router:
         cached = sum(f.num_blocks for f in acc.fetch) + acc.local_prefix_blocks
         cached = min(cached * self.cluster.block_tokens, len(tokens))
         predicted = float(self.conductor.predictors.prefill.time(len(tokens), cached))
+        t_enq = time.monotonic()
+        ahead = ppend.queued_seconds(t_enq)  # predicted work ahead: the wait fit's input
         ppend.prefill_s += predicted
         ppend.prefill_requests += 1
         self.metrics.waiting.inc()
@@ -301,6 +306,7 @@ class Router:
             async with gate:
                 t_gate = time.monotonic()
                 out.gate_at = time.perf_counter()
+                self.cluster.record_wait(acc.prefill, ahead, t_gate - t_enq)
                 ppend.running_since, ppend.running_pred = t_gate, predicted
                 try:
                     reservation = None
@@ -308,6 +314,9 @@ class Router:
                         # The prompt plus a margin; the decode loop grows it with the answer.
                         margin = min(sampling.max_tokens, self.cluster.block_tokens)
                         reservation = await self._reserve(d, rid, len(tokens) + margin)
+                        t_res = time.monotonic()
+                        self.cluster.record_decode_wait(acc.decode, t_res - t_gate)
+                        t_gate = t_res  # the service fit: prefill, not the decode-KV wait
                     task = PrefillTask(rid, tuple(tokens), hashes, sampling, acc.fetch, reservation)
                     result = await p.submit_prefill(task)
                 finally:

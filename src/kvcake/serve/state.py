@@ -29,7 +29,7 @@ from kvcake.core.costmodel import DecodeCoefficients, PrefillCoefficients
 from kvcake.core.ids import InstanceId
 from kvcake.serve.client import RemoteInstance
 from kvcake.serve.events import POOL
-from kvcake.serve.online_fit import OnlineFit
+from kvcake.serve.online_fit import OnlineFit, RecentWait, WaitFit, WaitModel
 from kvcake.serve.wire import InstanceError
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,11 @@ class LiveCluster:
     # result: reservation, RPC, fetch, compute, KV wait), fitted online. This is what the
     # prefill queue is made of, so TTFT predictions use it rather than compute time alone.
     service_fit: dict[InstanceId, OnlineFit] = field(default_factory=dict)
+    # Per prefill instance: the measured queue wait against the predicted work ahead (the
+    # snapshot's queued_seconds is this fit, not the bare sum of predictions).
+    wait_fit: dict[InstanceId, WaitFit] = field(default_factory=dict)
+    # Per decode instance: recent waits for its KV reservation (inside the prefill gate).
+    decode_wait: dict[InstanceId, RecentWait] = field(default_factory=dict)
     polls: int = 0
 
     def alive(self, role: Role) -> list[RemoteInstance]:
@@ -135,6 +140,49 @@ class LiveCluster:
             self.service_fit[iid] = fit
         fit.add_prefill(prompt, cached, seconds)
 
+    def record_wait(self, iid: InstanceId, queued_s: float, waited_s: float) -> None:
+        """One request's predicted queue ahead (at enqueue) and the wait it measured."""
+        self.wait_fit.setdefault(iid, WaitFit()).add(queued_s, waited_s)
+
+    def record_decode_wait(self, iid: InstanceId, seconds: float) -> None:
+        """How long one KV reservation on decode instance ``iid`` waited for room."""
+        self.decode_wait.setdefault(iid, RecentWait()).add(seconds)
+
+    def wait_model(self, iid: InstanceId) -> WaitModel:
+        fit = self.wait_fit.get(iid)
+        return fit.model() if fit is not None else WaitModel()
+
+    def expected_queue_s(self, iid: InstanceId, now: float) -> float:
+        """Seconds a new request would wait before its prefill service starts on ``iid``:
+        the fitted wait for the work queued there (0 with nothing queued), plus the smallest
+        recent decode-KV wait over the healthy decode instances (a reservation waits inside
+        the prefill gate, so it delays this queue too; with one decode instance, exact)."""
+        pend = self.pending.get(iid)
+        q = self.wait_model(iid).predict(pend.queued_seconds(now)) if pend else 0.0
+        if pend is None or not pend.prefill_requests:
+            q = 0.0
+        waits = [self.decode_wait[d.instance_id].value for d in self.alive(Role.DECODE)
+                 if d.instance_id in self.decode_wait and d.instance_id != iid]  # fmt: skip
+        return q + (min(waits) if waits else 0.0)
+
+    def wait_gauges(self) -> list[tuple[str, str, float]]:
+        """``(stage, coefficient, value)`` for /metrics: the queue-wait fit (mean over the
+        prefill instances: ``a`` s, ``b`` x, its mean absolute error ``error_s``, samples) and
+        the recent decode-KV wait (mean over decode instances, s)."""
+        out: list[tuple[str, str, float]] = []
+        models = [self.wait_model(i.instance_id) for i in self.alive(Role.PREFILL)]
+        models = [m for m in models if m.samples]
+        if models:
+            n = len(models)
+            out += [("queue_wait", "a", sum(m.a for m in models) / n),
+                    ("queue_wait", "b", sum(m.b for m in models) / n),
+                    ("queue_wait", "error_s", sum(m.error_s for m in models) / n),
+                    ("queue_wait", "samples", float(sum(m.samples for m in models)))]  # fmt: skip
+        if self.decode_wait:
+            vals = [w.value for w in self.decode_wait.values()]
+            out.append(("decode_wait", "recent_s", sum(vals) / len(vals)))
+        return out
+
     def _prefill_fit(self, inst: RemoteInstance) -> dict[str, Any]:
         fit = self.service_fit.get(inst.instance_id)
         if fit is not None:
@@ -167,8 +215,9 @@ class LiveCluster:
         prefill = tuple(
             PrefillState(
                 instance_id=i.instance_id,
-                # The queue is the proxy's (router gates): current, where reports lag a poll.
-                queued_seconds=self.pending.get(i.instance_id, Pending()).queued_seconds(now),
+                # The queue is the proxy's (router gates): current, where reports lag a poll;
+                # calibrated on the waits it really caused.
+                queued_seconds=self.expected_queue_s(i.instance_id, now),
                 queued_requests=self.pending.get(i.instance_id, Pending()).prefill_requests,
                 healthy=i.alive and i.load_report().healthy,
             )
