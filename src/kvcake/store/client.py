@@ -237,6 +237,36 @@ class Client(ReadPath):
                 failed[key] = exc
         return failed
 
+    # --- replicas -----------------------------------------------------------------------------
+
+    def copy_replica(self, key: str, targets: Sequence[str]) -> None:
+        """Copy ``key`` onto each memory segment of ``targets`` (store/replica_ops.py): the new
+        replicas are readable once this returns; on any failure none of them is."""
+        value = memoryview(self.get(key))
+        reply = self.conn.call(P.ReplicaCopyStart(self.id, key, list(targets)))
+        if reply.code:
+            raise error_for(reply.code, f"{key!r}: {reply.message}")
+        failed: dict[str, Exception] = {}
+        try:
+            failed = self._write_all([(key, value, rep) for rep in reply.results[0].replicas])
+        finally:
+            end = self.conn.call(P.ReplicaCopyEnd(self.id, key, not failed))
+        if failed:
+            raise TransferFailed(f"{key!r}: copy failed: {failed[key]}")
+        if end.code:
+            raise error_for(end.code, f"{key!r}: {end.message}")
+
+    def drop_replica(self, key: str, segment: str) -> None:
+        """Forget the replica of ``key`` on ``segment`` (another readable one must remain)."""
+        reply = self.conn.call(P.ReplicaDrop(self.id, key, segment))
+        if reply.code:
+            raise error_for(reply.code, f"{key!r}: {reply.message}")
+
+    def move_replica(self, key: str, source: str, target: str) -> None:
+        """Copy ``key``'s replica to ``target``, then drop the one on ``source``."""
+        self.copy_replica(key, [target])
+        self.drop_replica(key, source)
+
     # --- removal ------------------------------------------------------------------------------
 
     def remove(self, key: str, force: bool = False) -> None:

@@ -84,6 +84,9 @@ class MasterHandlers:
             P.TakeTasks: self.take_tasks,
             P.TaskDone: self.task_done,
             P.KvSnapshot: self.kv_snapshot,
+            P.ReplicaCopyStart: self.copy_start,
+            P.ReplicaCopyEnd: self.copy_end,
+            P.ReplicaDrop: self.drop_replica,
         }
 
     def dispatch(self, msg: msgspec.Struct) -> P.Reply:
@@ -196,6 +199,18 @@ class MasterHandlers:
 
     def task_done(self, m: P.TaskDone) -> P.Reply:
         self.state.task_done(ClientId(m.client), m.kind, m.key, m.ok)
+        return P.Reply()
+
+    def copy_start(self, m: P.ReplicaCopyStart) -> P.Reply:
+        reps = self.state.copy_start(ClientId(m.client), m.key, list(m.targets))
+        return P.Reply(results=[P.KeyResult(0, reps[0].size if reps else 0, reps)])
+
+    def copy_end(self, m: P.ReplicaCopyEnd) -> P.Reply:
+        self.state.copy_end(ClientId(m.client), m.key, m.ok)
+        return P.Reply()
+
+    def drop_replica(self, m: P.ReplicaDrop) -> P.Reply:
+        self.state.drop_replica(ClientId(m.client), m.key, m.segment)
         return P.Reply()
 
 
@@ -370,6 +385,7 @@ class Master:
                         break
                     time.sleep(EVICT_YIELD_S)  # let waiting RPC threads take the lock
                 self.state.sweep_processing()
+                self.state.sweep_copies(lambda c: c in self.state.clients)
                 now = time.monotonic()
                 if now >= next_expiry:
                     next_expiry = now + min(0.1, self.cfg.client_ttl_s / 4)

@@ -39,6 +39,7 @@ from kvcake.store.events import EventLog
 from kvcake.store.metadata import ClientInfo, NodeTask, ObjectMeta, Replica, Segment, Status, Tier
 from kvcake.store.patterns import match_regex, matcher
 from kvcake.store.protocol import PutOptions, ReplicaDesc, ReqId
+from kvcake.store.replica_ops import ReplicaOpsMixin
 from kvcake.store.strategy import make as make_strategy
 from kvcake.store.tenants import TenantQuotas, check_tenant, parse_quotas
 from kvcake.store.tiering import TieringMixin
@@ -63,7 +64,7 @@ def check_key(key: str) -> ObjectKey:
     return ObjectKey(key)
 
 
-class MasterState(TieringMixin, AdminMixin):
+class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
     def __init__(
         self,
         config: MasterConfig,
@@ -95,7 +96,7 @@ class MasterState(TieringMixin, AdminMixin):
         self.offloading: dict[ObjectKey, int] = {}
         self.evicted_bytes = 0
         self.evicted_disk_objects = 0
-        self.evicted_disk_objects = 0
+        self.copies: dict[ObjectKey, tuple[ClientId, float]] = {}  # replica_ops
         self.offloads = 0
         self.promotions = 0
         self.tenants = TenantQuotas(parse_quotas(config.tenant_quotas), config.tenant_quota)

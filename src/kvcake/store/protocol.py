@@ -140,6 +140,29 @@ class TaskDone(msgspec.Struct, tag=True):
     rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
 
 
+class ReplicaCopyStart(msgspec.Struct, tag=True):
+    """New replicas of a readable object on ``targets`` (store/replica_ops.py)."""
+
+    client: str
+    key: str
+    targets: list[str]
+    rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
+
+
+class ReplicaCopyEnd(msgspec.Struct, tag=True):
+    client: str
+    key: str
+    ok: bool
+    rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
+
+
+class ReplicaDrop(msgspec.Struct, tag=True):
+    client: str
+    key: str
+    segment: str
+    rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
+
+
 # Requests that change the master's state: each carries a ``rid`` and is applied at most once.
 MUTATING: frozenset[str] = frozenset(
     (
@@ -152,6 +175,9 @@ MUTATING: frozenset[str] = frozenset(
         "RemoveAll",
         "TakeTasks",
         "TaskDone",
+        "ReplicaCopyStart",
+        "ReplicaCopyEnd",
+        "ReplicaDrop",
     )
 )
 
@@ -169,6 +195,9 @@ Request = (
     | TakeTasks
     | TaskDone
     | KvSnapshot
+    | ReplicaCopyStart
+    | ReplicaCopyEnd
+    | ReplicaDrop
 )
 
 # --- replies ---------------------------------------------------------------------------------

@@ -28,7 +28,18 @@ log = logging.getLogger(__name__)
 # Requests whose effects must be durable before their reply (reads, heartbeats and task polls
 # change nothing the log records).
 MUTATING: frozenset[type] = frozenset(
-    (P.Mount, P.Unmount, P.PutStart, P.PutEnd, P.PutRevoke, P.Remove, P.RemoveAll, P.TaskDone)
+    (
+        P.Mount,
+        P.Unmount,
+        P.PutStart,
+        P.PutEnd,
+        P.PutRevoke,
+        P.Remove,
+        P.RemoveAll,
+        P.TaskDone,
+        P.ReplicaCopyEnd,
+        P.ReplicaDrop,
+    )
 )
 
 

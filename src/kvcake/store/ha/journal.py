@@ -132,6 +132,14 @@ class JournaledState(MasterState):
         self._mark("o", obj.key)
         super()._drop_disk_copy(obj, *args, **kw)
 
+    def _finish_copy(self, obj: ObjectMeta, *args: Any, **kw: Any) -> None:
+        self._mark("o", obj.key)
+        super()._finish_copy(obj, *args, **kw)
+
+    def _drop_replica(self, obj: ObjectMeta, *args: Any, **kw: Any) -> None:
+        self._mark("o", obj.key)
+        super()._drop_replica(obj, *args, **kw)
+
     def task_done(self, client: ClientId, kind: str, key: str, *args: Any, **kw: Any) -> None:
         with self.lock:
             super().task_done(client, kind, key, *args, **kw)
