@@ -7,6 +7,11 @@ Accepted lines (JSONL, one request each; errors name the line and field):
   ``completion_tokens``, ``usage.completion_tokens``, ``max_tokens`` or a ``response`` text.
 * Token ids (what kvcake's proxy sees after its chat template): ``{"timestamp": T,
   "prompt_token_ids": [...], "output_tokens": N}``.
+* kvcake's own request log (``serve.reqlog``, ``proxy.request_log``): ``{"timestamp": T,
+  "prompt_tokens": N, "output_tokens": M, "block_tokens": B, "block_hashes": ["<16 hex>",
+  ...], "tail_hash": "<16 hex>" | null, ...}`` — no text needed: the chained block hashes
+  already name equal prefixes, so trace block *j* gets the id of the hash that ends it (the
+  trace's block size must be a multiple of ``B``).
 
 ``T`` is seconds or milliseconds since any origin (values above 1e11 are read as ms, i.e. a
 Unix time in ms; smaller values as seconds — pass ``time_unit`` to force one) or an ISO-8601
@@ -40,6 +45,11 @@ class LoggedRequest:
     token_ids: tuple[int, ...] | None = None
     output_tokens: int | None = None
     response: str | None = None
+    # kvcake request logs: the prompt's length, block size and chained block hashes
+    prompt_len: int = 0
+    block_tokens: int = 0
+    block_hashes: tuple[str, ...] = ()
+    tail_hash: str | None = None
 
 
 def is_mooncake_trace(path: str | Path) -> bool:
@@ -104,6 +114,8 @@ def parse_request(text: str, line: int = 1, time_unit: str = "auto") -> LoggedRe
     if out is None and resp is None:
         raise TraceError("no output length: give output_tokens, completion_tokens, "
                          "usage.completion_tokens, max_tokens or response", line=line)  # fmt: skip
+    if "block_hashes" in obj:
+        return _hashed(obj, ts, out, line)
     if "prompt_token_ids" in obj:
         ids = obj["prompt_token_ids"]
         if (
@@ -129,6 +141,29 @@ def parse_request(text: str, line: int = 1, time_unit: str = "auto") -> LoggedRe
     raise TraceError("no prompt: give messages, prompt or prompt_token_ids", line=line)
 
 
+def _is_hex16(v: Any) -> bool:
+    return isinstance(v, str) and len(v) == 16 and all(c in "0123456789abcdef" for c in v)
+
+
+def _hashed(obj: dict[str, Any], ts: float, out: int | None, line: int) -> LoggedRequest:
+    """A line of kvcake's own request log (see the module doc)."""
+    n, bt, hs = obj.get("prompt_tokens"), obj.get("block_tokens"), obj["block_hashes"]
+    tail = obj.get("tail_hash")
+    for key, v in (("prompt_tokens", n), ("block_tokens", bt)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise TraceError(f"must be a positive integer, got {v!r}", line=line, field=key)
+    assert isinstance(n, int) and isinstance(bt, int)
+    if not isinstance(hs, list) or not all(map(_is_hex16, hs)) or len(hs) != n // bt:
+        raise TraceError(f"must be the {n // bt} full-block hashes (16 hex digits each) of a "
+                         f"{n}-token prompt in blocks of {bt}", line=line,
+                         field="block_hashes")  # fmt: skip
+    if (tail is None) != (n % bt == 0) or (tail is not None and not _is_hex16(tail)):
+        raise TraceError("must be the partial last block's hash (16 hex digits), or null when "
+                         "the prompt ends on a block boundary", line=line, field="tail_hash")  # fmt: skip
+    return LoggedRequest(ts, output_tokens=out if out is not None else 0, prompt_len=n,
+                         block_tokens=bt, block_hashes=tuple(hs), tail_hash=tail)  # fmt: skip
+
+
 def read_request_log(path: str | Path, time_unit: str = "auto") -> list[LoggedRequest]:
     if time_unit not in ("auto", "s", "ms"):
         raise TraceError(f"time unit must be auto, s or ms, got {time_unit!r}")
@@ -147,6 +182,21 @@ class BlockNamer:
             raise ValueError("block_tokens must be >= 1")
         self.block_tokens = block_tokens
         self._ids: dict[tuple[int, tuple[int, ...]], int] = {}
+
+    def hashed_ids(self, r: LoggedRequest) -> tuple[int, ...]:
+        """Trace ids of a hashed (kvcake request log) record: trace block *j* is named by the
+        chained hash that ends it, so equal ids mean equal prefixes, as for token blocks."""
+        bt, n, big = r.block_tokens, r.prompt_len, self.block_tokens
+        if big % bt:
+            raise TraceError(f"the trace's {big}-token blocks are not a multiple of the log's "
+                             f"{bt}-token blocks: pick a block size that is")  # fmt: skip
+        out: list[int] = []
+        for end in range(big, n + big, big):
+            end = min(end, n)
+            h = r.block_hashes[end // bt - 1] if end % bt == 0 else r.tail_hash
+            key = (-2, (int(str(h), 16),))
+            out.append(self._ids.setdefault(key, len(self._ids)))
+        return tuple(out)
 
     def hash_ids(self, tokens: Sequence[int]) -> tuple[int, ...]:
         out: list[int] = []
@@ -170,6 +220,11 @@ def to_trace(
     t0 = min(r.timestamp_s for r in requests)
     out = []
     for r in sorted(requests, key=lambda r: r.timestamp_s):
+        if r.block_hashes or r.prompt_len:
+            ms = round((r.timestamp_s - t0) * 1000.0, 3)
+            n_out = r.output_tokens or 0
+            out.append(TraceRecord(ms, r.prompt_len, n_out, namer.hashed_ids(r)))
+            continue
         if r.token_ids is not None:
             toks: Sequence[int] = r.token_ids
         elif r.messages:
