@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-vllm lint format test test-fast demo bench clean
+.PHONY: install install-vllm lint format test test-fast demo bench clean etcd chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,17 @@ etcd:
 	    { apt-get update -qq && apt-get install -y -q --no-install-recommends etcd-server >/dev/null; }; \
 	  else echo "etcd not installed (apt-get install etcd-server): HA tests will skip"; fi; }
 
+# Chromium for the dashboard's browser test (tests/serve/test_dashboard_browser.py): Debian's
+# chromium, installed once as root (CI). The test is a required part of `make test`: without
+# chromium it fails and says to run `make chromium`.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core >/dev/null 2>&1 || \
+	    { apt-get update -qq && apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core >/dev/null; }; \
+	  else echo "chromium not installed: run 'sudo apt-get install chromium' (the dashboard test needs it)"; fi; }
+
 # vLLM (CPU build) for the connector's integration tests (docs/integrations/vllm.md). Its
 # torchvision/torchaudio/torchcodec break `import transformers` next to our torch and are not
 # needed for text models, so they are removed again.
@@ -52,7 +63,7 @@ format: install
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
-test: install install-vllm lint
+test: install install-vllm chromium lint
 	$(BIN)/pytest -q
 
 test-fast: install

@@ -2,7 +2,8 @@
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE when ``stream``),
 ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` (503 until a prefill and a decode
-instance answer), ``GET /metrics``, ``GET /v1/cluster`` (the live view, for ``kvcake status``).
+instance answer), ``GET /metrics``, ``GET /v1/cluster`` (the live view, for ``kvcake status``),
+``/dashboard`` (the web dashboard and its JSON/SSE endpoints, :mod:`kvcake.serve.dashboard`).
 Errors are JSON ``{"error": {"message", "type", "code"}}``: 400 bad request, 404 unknown model,
 413 body too large, 429 SLO rejection, 503 not ready. Body decoding, validation and tokenization
 run on a small thread pool, so a huge prompt never stalls other requests or ``/health``.
@@ -31,6 +32,7 @@ from kvcake.serve import attribution, openai, pool_events, reqlog
 from kvcake.serve import auth as proxy_auth
 from kvcake.serve import openai_shapes as shapes
 from kvcake.serve.client import RemoteInstance
+from kvcake.serve.dashboard import Dashboard
 from kvcake.serve.detok import Detokenizer
 from kvcake.serve.httpbody import BodyTooLarge, decode_json, read_limited
 from kvcake.serve.metrics import ProxyMetrics
@@ -56,6 +58,7 @@ class ProxyState:
     master: str = ""  # store master RPC host:port; "" = no store events (pool_events)
     request_log: Any = None  # serve.reqlog.RequestLog: one JSON line per request (None = off)
     api_keys: Any = None  # serve.auth.ApiKeys: /v1/ needs one of them (None = open)
+    run_state: str = ""  # the `kvcake up` run's cluster.json (dashboard: restarts, master HTTP)
     cluster: LiveCluster | None = None
     router: Router | None = None
     codec: TextCodec | None = None
@@ -117,12 +120,16 @@ def _err(status: int, message: str, kind: str) -> JSONResponse:
 
 
 def build_app(st: ProxyState) -> FastAPI:
+    dash = Dashboard(st, st.run_state)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(_connect_all(st))
+        sampler = asyncio.create_task(dash.run(st.stop))
         yield
         st.stop.set()
         task.cancel()
+        await sampler
         st.prep_pool.shutdown(wait=False, cancel_futures=True)
         if st.cluster:
             await asyncio.gather(*(i.close() for i in st.cluster.instances.values()))
@@ -130,6 +137,7 @@ def build_app(st: ProxyState) -> FastAPI:
     app = FastAPI(title="kvcake proxy", lifespan=lifespan)
     if st.api_keys is not None:  # OpenAI-style keys on /v1/ (serve/auth.py)
         app.add_middleware(proxy_auth.RequireApiKey, keys=st.api_keys)
+    app.include_router(dash.router())  # /dashboard (serve/dashboard)
 
     @app.get("/health")
     async def health() -> Response:

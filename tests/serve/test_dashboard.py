@@ -1,0 +1,192 @@
+"""``/dashboard`` on the proxy: the snapshot agrees with ``/v1/cluster`` and ``/metrics``, the
+SSE stream is bounded and frees its slot when the client leaves, malformed parameters get a
+clear 400, the static files are served from the package (and shipped in it), offline."""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import re
+import time
+import tomllib
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kvcake.serve.dashboard.history import History, Sample, tier_tokens
+from kvcake.serve.dashboard.routes import MAX_STREAMS
+from kvcake.serve.launcher import Cluster
+from kvcake.serve.top_view import parse_metrics, total
+
+ROOT = Path(__file__).resolve().parents[2]
+STATIC = ROOT / "src" / "kvcake" / "serve" / "dashboard" / "static"
+PROMPT = "the dashboard shows where each request's KV came from " * 6
+
+
+def _idle(url: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = httpx.get(url + "/v1/cluster").json()["instances"]
+        if all(r["running"] == 0 and r["queued"] == 0 for r in rows):
+            return
+        time.sleep(0.1)
+    raise AssertionError("the cluster did not go idle")
+
+
+def test_snapshot_agrees_with_cluster_view_and_metrics(emulated_cluster: Cluster) -> None:
+    url = emulated_cluster.url
+    last = {}
+    for i in range(3):
+        body = {"prompt": PROMPT + str(i), "max_tokens": 3, "temperature": 0}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        last = r.json()["usage"]
+    _idle(url)
+    time.sleep(0.3)  # one more load-report poll
+    snap = httpx.get(url + "/dashboard/api/snapshot", params={"recent": 3}).json()
+    view = httpx.get(url + "/v1/cluster").json()
+    m = parse_metrics(httpx.get(url + "/metrics").text)
+    assert snap["version"] == 1 and snap["ready"] is True
+    rows = {r["id"]: r for r in snap["instances"]}
+    assert set(rows) == {r["id"] for r in view["instances"]}
+    for v in view["instances"]:
+        s = rows[v["id"]]
+        assert (s["role"], s["alive"], s["kv_used"], s["kv_total"]) == (
+            v["role"], v["alive"], v["kv_used"], v["kv_total"])  # fmt: skip
+        assert s["indexed_blocks"] == v["cached_blocks"]
+    req = snap["requests"]
+    assert req["finished"] == total(m, "kvcake:request_success_total") >= 3
+    assert req["prompt_tokens"] == total(m, "kvcake:prompt_tokens_total")
+    hits, q = (
+        total(m, "kvcake:prefix_cache_hits_total"),
+        total(m, "kvcake:prefix_cache_queries_total"),
+    )
+    assert req["hit_rate"] == pytest.approx(hits / q)
+    newest = snap["recent"][0]
+    assert len(snap["recent"]) == 3
+    assert newest["prompt_tokens"] == last["prompt_tokens"]
+    assert newest["cached_tokens"] == last["prompt_tokens_details"]["cached_tokens"]
+    assert sum(v for k, v in newest["kv"].items() if not k.startswith("miss:")) == (
+        newest["prompt_tokens"])  # every prompt token has exactly one source  # fmt: skip
+    assert newest["ttft_s"] > 0 and newest["output_tokens"] == 3
+
+
+def test_malformed_query_parameters_get_a_clear_400(emulated_cluster: Cluster) -> None:
+    url = emulated_cluster.url
+    bad = [
+        ("snapshot", {"recent": "abc"}, "recent"), ("snapshot", {"recent": "0"}, "recent"),
+        ("snapshot", {"recent": "100000"}, "recent"), ("snapshot", {"hot": "-1"}, "hot"),
+        ("snapshot", {"recent": "1.5"}, "recent"), ("stream", {"interval": "nan"}, "interval"),
+        ("stream", {"interval": "inf"}, "interval"), ("stream", {"interval": "0"}, "interval"),
+        ("stream", {"interval": ""}, "interval"), ("stream", {"max_events": "many"}, "max_events"),
+        ("stream", {"max_events": "0"}, "max_events"),
+    ]  # fmt: skip
+    for ep, params, name in bad:
+        r = httpx.get(f"{url}/dashboard/api/{ep}", params=params, timeout=10)
+        assert r.status_code == 400, (ep, params, r.text)
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["message"].startswith(name), err
+    assert httpx.get(url + "/dashboard/api/snapshot").status_code == 200  # still serving
+
+
+def _events(text: str) -> list[tuple[str, str]]:
+    out = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        out.append((fields.get("event", ""), fields.get("data", "")))
+    return out
+
+
+def test_stream_is_bounded_and_ends(emulated_cluster: Cluster) -> None:
+    params = {"interval": "0.1", "max_events": "3", "recent": "2"}
+    with httpx.stream("GET", emulated_cluster.url + "/dashboard/api/stream", params=params,
+                      timeout=30) as r:  # fmt: skip
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        text = r.read().decode()
+    evs = _events(text)
+    assert [e for e, _ in evs] == ["snapshot"] * 3 + ["end"]
+    assert all('"instances"' in d for _, d in evs[:3])
+
+
+def test_streams_are_capped_and_a_gone_client_frees_its_slot(emulated_cluster: Cluster) -> None:
+    url = emulated_cluster.url + "/dashboard/api/stream"
+    params = {"interval": "0.2", "max_events": "3600"}
+    readers = []  # kept: a dropped line iterator closes its connection
+    with contextlib.ExitStack() as stack:
+        for _ in range(MAX_STREAMS):
+            c = stack.enter_context(httpx.Client(timeout=30))
+            s = stack.enter_context(c.stream("GET", url, params=params))
+            assert s.status_code == 200
+            readers.append(s.iter_lines())
+            next(readers[-1])  # the stream started: it holds a slot
+        with httpx.stream("GET", url, params=params, timeout=10) as r:
+            assert r.status_code == 429, "a stream over the cap was accepted"
+            assert json.loads(r.read())["error"]["type"] == "too_many_streams"
+    deadline = time.monotonic() + 10  # each server loop notices within one interval
+    while time.monotonic() < deadline:
+        with httpx.stream("GET", url, params={"interval": "0.1", "max_events": "1"},
+                          timeout=10) as r:  # fmt: skip
+            if r.status_code == 200:
+                r.read()
+                return
+        time.sleep(0.2)
+    raise AssertionError("the slots of the closed streams were never freed")
+
+
+def test_page_and_static_files_are_served_offline(emulated_cluster: Cluster) -> None:
+    url = emulated_cluster.url
+    page = httpx.get(url + "/dashboard")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    for src in re.findall(r'(?:src|href)="([^"]+)"', page.text):
+        assert src.startswith("/dashboard/static/"), src  # nothing from another host
+        assert httpx.get(url + src).status_code == 200, src
+    for name in ("nope.js", "..%2Fsnapshot.py", "index.html%00"):
+        assert httpx.get(f"{url}/dashboard/static/{name}").status_code == 404, name
+    for f in STATIC.iterdir():
+        text = f.read_text()
+        links = re.findall(r"https?://[^\s\"'`)]+", text)
+        assert links in ([], ["http://www.w3.org/2000/svg"]), (f.name, links)  # an XML name
+
+
+def test_static_files_are_package_data() -> None:
+    """A non-editable install ships the page: every static file matches a package-data glob."""
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    globs = conf["tool"]["setuptools"]["package-data"]["kvcake"]
+    for f in STATIC.iterdir():
+        rel = f.relative_to(ROOT / "src" / "kvcake").as_posix()
+        assert any(fnmatch.fnmatch(rel, g) for g in globs), f"{rel} not in package-data {globs}"
+
+
+def test_history_rates_per_tier_and_a_restart_is_dropped() -> None:
+    h = History(capacity=4)
+
+    def s(at: float, q: float, hits: float, local: float, fin: float) -> Sample:
+        return Sample(at, q, {"all": hits, "local": local}, fin, 0.0)
+
+    for smp in (s(0, 0, 0, 0, 0), s(1, 100, 40, 10, 2), s(2, 100, 40, 10, 2), s(3, 10, 5, 0, 1)):
+        h.add(smp)
+    pts = h.points()
+    assert [p["hit_rate"] for p in pts] == [
+        {"all": 0.4, "local": 0.1},
+        {"all": None, "local": None},
+    ]
+    assert pts[0]["finished_per_s"] == 2.0
+    h.add(s(4, 30, 15, 0, 2))  # capacity 4: the oldest sample is forgotten
+    assert len(h.samples) == 4 and h.points()[-1]["hit_rate"]["all"] == 0.5
+    with pytest.raises(ValueError):
+        History(capacity=1)
+
+
+def test_tiers_come_from_the_source_label() -> None:
+    series = {
+        ("kvcake:prefix_cache_hits_total", ()): 30.0,
+        ("kvcake:prompt_tokens_by_source_total", (("source", "local_cache_hit"),)): 20.0,
+        ("kvcake:prompt_tokens_by_source_total", (("source", "external_kv_transfer"),)): 10.0,
+    }
+    assert tier_tokens(series) == {
+        "all": 30.0,
+        "local_cache_hit": 20.0,
+        "external_kv_transfer": 10.0,
+    }
