@@ -73,3 +73,22 @@ def test_bad_requests_are_400(proxy: str) -> None:
     assert r.status_code == 400
     r = httpx.post(proxy + "/v1/chat/completions", json={"messages": "hi"})
     assert r.status_code == 400
+
+
+def test_pd_kv_transfer_params_pass_through_the_proxy(cluster: Cluster, proxy: str) -> None:
+    """The two-step P/D flow by a client through the proxy: the prefill's te params come back
+    unchanged and the decode, wherever it is placed, answers as one engine does."""
+    prompt = list(range(1000, 1300))
+    body = {"model": "smollm2", "prompt": prompt, "max_tokens": 1, "temperature": 0,
+            "kv_transfer_params": {"do_remote_decode": True}}  # fmt: skip
+    r = httpx.post(proxy + "/v1/completions", json=body, timeout=180)
+    r.raise_for_status()
+    params = r.json()["kv_transfer_params"]
+    assert params["kvcake_transport"] == "te" and params["remote_block_ids"]
+    body = {"model": "smollm2", "prompt": prompt, "max_tokens": 8, "temperature": 0,
+            "return_token_ids": True, "kv_transfer_params": params}  # fmt: skip
+    r = httpx.post(proxy + "/v1/completions", json=body, timeout=180)
+    r.raise_for_status()
+    oracle = dict(body, kv_transfer_params=None)
+    want = httpx.post(cluster.a.url + "/v1/completions", json=oracle, timeout=180).json()
+    assert r.json()["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
