@@ -577,10 +577,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "of 32 SmolLM2 tokens in fp32)",
     )
     p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument(
+        "--auth",
+        action="store_true",
+        help="a random shared secret for the target and this initiator (issue 15 §3): every "
+        "TCP connection then passes the HMAC challenge; compare with a run without it",
+    )
     peer.add_mooncake_flag(p, "TE")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
+    if args.auth:  # inherited by the target process; this process's engines read it too
+        import secrets
+
+        os.environ["KVCAKE_AUTH_SECRET"] = secrets.token_hex(32)
+        print("auth: shared secret on (HMAC challenge per connection)", flush=True)
     # SIGTERM -> SystemExit, so the child processes are stopped by the finally blocks.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.time()

@@ -72,6 +72,19 @@ def test_same_secret_reads_and_writes(secured: tuple) -> None:  # type: ignore[t
     assert target.server.auth_refused == 0
 
 
+def test_handshake_is_per_connection_not_per_frame(secured: tuple) -> None:  # type: ignore[type-arg]
+    svc, target, _mem = secured
+    with TransferEngine(svc.address, protocol="tcp", config=CFG, auth=GOOD) as e:
+        passed = target.server.auth_passed
+        src = pattern(64 << 10, seed=5)
+        e.register_memory("src2", src)
+        for i in range(200):
+            e.write("tgt/seg", (i * 4096) % (1 << 20), b"w" * 4096)
+            e.transfer([TransferRequest(Op.WRITE, "src2", 0, "tgt/seg", 0, 64 << 10)])
+        created = e.pool.stats()["created"]
+        assert 1 <= target.server.auth_passed - passed == created <= CFG.streams + 1
+
+
 @pytest.mark.parametrize("who", ["none", "wrong"])
 def test_without_the_secret_nothing_is_written_or_read(secured: tuple, who: str) -> None:  # type: ignore[type-arg]
     _svc, target, mem = secured

@@ -46,6 +46,7 @@ class ThreadedServer(ABC):
         self._name = name
         self.auth = auth
         self.auth_refused = 0
+        self.auth_passed = 0  # handshakes: one per connection, never per frame
         self._lock = threading.Lock()
         self._listeners: dict[str, socket.socket] = {}
         self._conns: dict[socket.socket, str] = {}
@@ -113,6 +114,7 @@ class ThreadedServer(ABC):
                     self.auth_refused += 1
                     log.info("%s: connection on %s refused: %s", self._name, addr, exc)
                     return
+                self.auth_passed += 1
             self.handle(conn, addr)
         except Exception as exc:  # one bad peer must never take the server down
             if not self._stopped.is_set():
