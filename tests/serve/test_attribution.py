@@ -192,6 +192,24 @@ def test_metrics_agree_with_the_responses(cl: Cluster) -> None:
     assert "_created" not in text
 
 
+def test_master_exports_mooncake_metric_names(cl: Cluster) -> None:
+    http = cl.child("master").info["http"]
+    text = httpx.get(f"http://{http}/metrics", timeout=10).text
+    m = {(s.name, tuple(sorted(s.labels.items()))): s.value
+         for fam in text_string_to_metric_families(text) for s in fam.samples}  # fmt: skip
+    assert m[("master_total_capacity_bytes", ())] == 1_000_000  # the one 1 MB storage node
+    assert m[("segment_total_capacity_bytes", (("segment", "store-0"),))] == 1_000_000
+    used = m[("segment_allocated_bytes", (("segment", "store-0"),))]
+    assert m[("master_allocated_bytes", ())] == used > 0
+    assert m[("master_key_count", ())] >= len(pool_keys(cl)) > 0
+    assert m[("master_evicted_key_count", ())] > 0  # the eviction test above
+    assert m[("master_evicted_size_bytes", ())] > 0
+    assert ("master_put_start_failures_total", ()) in m
+    assert m[("master_active_clients", ())] >= 3  # two prefill + one decode instance
+    for url in [f"http://{http}", *cl.instance_urls.values()]:
+        assert "_created" not in httpx.get(url + "/metrics", timeout=10).text, url
+
+
 def log_lines(c: Cluster) -> list[dict[str, Any]]:
     path = Path(c.run_dir) / "requests.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]

@@ -6,14 +6,13 @@ Request-level series carry vLLM's ``model_name`` label (the proxy's first served
 vLLM also has under its ``vllm:`` name, the rest under ``kvcake:``) or ``"both"``. The
 ``vllm:`` series carry ``component="kvcake-proxy"`` and ``engine="kvcake-proxy"``, so a
 query can tell them from (and never sums them silently with) real vLLM engines' series.
-No ``_created`` series are exported (``disable_created_metrics``)."""
+No ``_created`` series are exported (``kvcake/__init__.py`` disables them)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -21,8 +20,6 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from kvcake.conductor.predictors import Predictors
     from kvcake.serve.attribution import Attribution
-
-prometheus_client.disable_created_metrics()
 
 NAME_MODES = ("kvcake", "vllm", "both")
 COMPONENT = "kvcake-proxy"

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kvcake.store.httpserve import HttpThread
 from kvcake.store.metadata_http import metadata_router
+from kvcake.store.mooncake_metrics import MooncakeMasterCollector
 
 if TYPE_CHECKING:
     from kvcake.store.master_server import Master
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 
 def build_app(master: Master) -> FastAPI:
     state = master.state
+    mooncake = CollectorRegistry(auto_describe=False)  # Mooncake's master metric names too
+    mooncake.register(MooncakeMasterCollector(state))
     app = FastAPI(title="kvcake master", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/health")
@@ -31,7 +34,8 @@ def build_app(master: Master) -> FastAPI:
 
     @app.get("/metrics")
     def metrics() -> Response:
-        return Response(generate_latest(master.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        text = generate_latest(master.metrics.registry) + generate_latest(mooncake)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/get_all_keys")
     def get_all_keys() -> Any:

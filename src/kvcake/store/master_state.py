@@ -99,6 +99,7 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
         self.copies: dict[ObjectKey, tuple[ClientId, float]] = {}  # replica_ops
         self.offloads = 0
         self.promotions = 0
+        self.put_start_alloc_failures = 0  # put_starts refused: no space even after evicting
         self.tenants = TenantQuotas(parse_quotas(config.tenant_quotas), config.tenant_quota)
 
     def check(self) -> None:
@@ -418,6 +419,7 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
             self._reclaim_discarded(force=False)
             reps = self._try_place(size, opts, host)
         if not reps:
+            self.put_start_alloc_failures += 1
             raise NoSpace(f"no segment has {size} free bytes (and nothing can be evicted)")
         return reps
 
