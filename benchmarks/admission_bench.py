@@ -9,7 +9,9 @@ LLaMA3-70B on 8xA800 cost model, real KV bytes; 1 prefill + 1 decode + one store
 * **B**: admission on (``--policy``, default the cluster default ``early-rejection``), with the
   conductor predicting from the instances' online-fitted cost model.
 
-Requests are sent in a fixed order, ``--gap-ms`` apart (all in flight together). Figures:
+Requests are sent in a fixed order, ``--gap-ms`` apart (all in flight together), after one warm
+request and a warm-up burst of ``--warmup`` concurrent requests with other prompts (awaited), from
+which the online fits learn this cluster's service and queue under concurrency. Figures:
 ``false_reject`` = share of the requests that met the SLOs in A that B rejected (goal <= 10%),
 ``accepted_miss`` = share of B's accepted requests that missed (goal <= 5%), and the median
 |predicted - measured| / measured TTFT of B's accepted requests, from the proxy's own
@@ -87,6 +89,13 @@ def run(args: argparse.Namespace, tmp: Path, admission: str, tag: str) -> dict[s
         async def go() -> list[dict[str, Any]]:
             async with httpx.AsyncClient(base_url=c.url, timeout=600) as http:
                 await one(http, [299] * 64, 4, 0.0)  # one warm request (connections, fit)
+                # A short warm-up burst (issue 10 §5: fits "seeded from a short warm-up"): the
+                # online fits see this cluster's service and queue under concurrency before
+                # the measured burst. Other prompts (seed + 1000): no prefix reuse.
+                warm = mix(args.warmup, args.seed + 1000, args.min_prompt, args.max_prompt // 2)
+                await asyncio.gather(
+                    *(one(http, p, 8, i * args.gap_ms / 1000) for i, (p, _) in enumerate(warm))
+                )
                 return await asyncio.gather(
                     *(one(http, p, m, i * args.gap_ms / 1000) for i, (p, m) in enumerate(reqs))
                 )
@@ -132,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tbt-slo", type=float, default=0.2, help="TBT SLO, s")
     ap.add_argument("--time-scale", type=float, default=1.0, help="emulated backend time x")
     ap.add_argument("--gap-ms", type=float, default=20.0, help="spacing of the sends")
+    ap.add_argument("--warmup", type=int, default=8,
+                    help="requests of the warm-up burst before the measured one (0: none)")  # fmt: skip
     ap.add_argument("--policy", default="early-rejection", help="admission policy of run B")
     ap.add_argument("--repeats", type=int, default=2, help="A B pairs (fresh clusters)")
     ap.add_argument("--out", type=Path, help="write every run's results (JSON) here")

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import tempfile
 import threading
 import time
@@ -27,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from kvcake.serve import memtrace
 from kvcake.serve.config import default_cluster_file
 from kvcake.serve.launcher import Cluster, load_serve_file
 
@@ -120,6 +122,28 @@ class Traffic:
         return f"{kind}:{http.post('/v1/completions', json=body).status_code}"
 
 
+def snap(c: Cluster, where: str | None) -> None:
+    """Ask the instances and the proxy for a heap snapshot (memtrace: SIGUSR2)."""
+    if not where:
+        return
+    for ch in c.children:
+        if ch.proc and ch.proc.poll() is None and not ch.name.startswith(("store", "master")):
+            os.kill(ch.proc.pid, signal.SIGUSR2)
+    time.sleep(5.0)  # snapshots of a traced heap take a few seconds to write
+
+
+def heap_growth(where: Path) -> None:
+    """Per process: the allocation sites that grew most between its first and last snapshot."""
+    by: dict[str, list[Path]] = {}
+    for p in sorted(where.glob("*.snap"), key=lambda p: int(p.stem.rsplit("-", 1)[1])):
+        by.setdefault(p.stem.rsplit("-", 2)[0], []).append(p)
+    for name, snaps in sorted(by.items()):
+        if len(snaps) >= 2:
+            print(f"heap growth of {name} ({snaps[0].name} -> {snaps[-1].name}):")
+            for line in memtrace.diff(snaps[0], snaps[-1]):
+                print("  " + line)
+
+
 def compare(start: dict[str, Any], end: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for name, s in start["procs"].items():
@@ -151,7 +175,12 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="write the samples and the comparison as JSON")
+    ap.add_argument("--tracemalloc", metavar="DIR",
+                    help="trace the heap of the instances and the proxy: snapshots at start and "
+                    "end in DIR, and the allocation sites that grew most are printed")  # fmt: skip
     args = ap.parse_args()
+    if args.tracemalloc:
+        os.environ[memtrace.ENV] = str(Path(args.tracemalloc).resolve())
     with tempfile.TemporaryDirectory() as d:
         ov: dict[str, dict[str, Any]] = {"cluster": {"proxy_port": 0, "run_dir": d},
                                          "conductor": {"admission_policy": "none"}}  # fmt: skip
@@ -162,6 +191,7 @@ def main() -> int:
             traffic.start()
             time.sleep(args.warmup_s)
             start = sample(c)
+            snap(c, args.tracemalloc)
             t0 = time.monotonic()
             while time.monotonic() - t0 < args.minutes * 60:
                 time.sleep(min(30.0, args.minutes * 60))
@@ -172,8 +202,11 @@ def main() -> int:
             traffic.join()
             time.sleep(args.settle_s)
             end = sample(c)
+            snap(c, args.tracemalloc)
             dead = c.dead_children()
     rows = compare(start, end)
+    if args.tracemalloc:
+        heap_growth(Path(args.tracemalloc))
     for r in rows:
         print(json.dumps(r))
     summary = {"minutes": args.minutes, "requests": dict(traffic.counts), "dead": dead,

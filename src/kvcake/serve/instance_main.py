@@ -98,17 +98,29 @@ def build_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig, iid: Ins
         model_name=kv.model, dtype=kv.dtype,
     )  # fmt: skip
     inst.te = te  # type: ignore[attr-defined]
+    watch = None
+    if pool is not None:  # log storage nodes that leave the pool, by name
+        from kvcake.serve.store_watch import StoreWatch
+
+        watch = StoreWatch(cfg.master, str(iid)).start()
+    inst.store_watch = watch  # type: ignore[attr-defined]
     return inst
 
 
 def run_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig) -> int:
     import uvicorn
 
+    from kvcake.core import auth as _auth
     from kvcake.serve.instance_app import build_app
 
+    secret = _auth.resolve(None)  # the instance API (/rpc/*) needs it off loopback
+    _auth.check_bind(cfg.host, secret, f"the {role.value} instance")
     sock = bind(cfg.host, cfg.port, f"{role.value} instance (instance.port)")
     port = sock.getsockname()[1]
     iid = InstanceId(cfg.id or f"{role.value}-{port}")
+    from kvcake.serve.memtrace import install_from_env
+
+    install_from_env(str(iid))  # KVCAKE_TRACEMALLOC=DIR: heap snapshots on SIGUSR2 (soak.py)
     try:
         inst = build_instance(role, cfg, kv, iid)
     except BaseException:
@@ -125,14 +137,22 @@ def run_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig) -> int:
         yield
         await inst.drain()
         inst.close()
+        watch = getattr(inst, "store_watch", None)
+        if watch is not None:
+            watch.close()
         te = getattr(inst, "te", None)
         if te is not None:
             te.close()
         inst.backend.close()
 
     app.router.lifespan_context = lifespan
+    served: Any = app
+    if secret is not None:  # every call but /health signed with the shared secret
+        from kvcake.store.httpserve import RequireAuth
+
+        served = RequireAuth(app, secret)
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=30, lifespan="on")
+        uvicorn.Config(served, log_level="warning", timeout_graceful_shutdown=30, lifespan="on")
     )
     server.run(sockets=[sock])
     return 0

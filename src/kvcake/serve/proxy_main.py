@@ -67,6 +67,9 @@ def run_proxy(
     if not urls:
         raise ConfigError("proxy: give at least one instance (--prefill URL / --decode URL)")
     sock = bind(cfg.host, cfg.port, "proxy (proxy.port / --port)")
+    from kvcake.serve.memtrace import install_from_env
+
+    install_from_env("proxy")  # KVCAKE_TRACEMALLOC=DIR: heap snapshots on SIGUSR2 (soak.py)
     st = ProxyState(
         urls=list(dict.fromkeys(urls)),
         models=cfg.served_model_name or (kv.model,),
