@@ -3,11 +3,14 @@ proxy's index knew (the live cluster tests are in test_attribution.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kvcake.conductor.index import PrefixIndex
 from kvcake.core.ids import BlockHash, InstanceId
 from kvcake.serve import attribution as A
+from kvcake.store.protocol import ReplicaDesc
 
 BT = 32
 H = [BlockHash(1000 + i) for i in range(8)]
@@ -74,3 +77,72 @@ def test_eviction_memory_is_bounded_and_the_index_feeds_it() -> None:
     assert H[1] in mem2 and H[0] not in mem2
     p = A.placement(index, H[:3], InstanceId("p1"), 3)
     assert p.elsewhere == 1 and p.present == (True, False, True)
+
+
+class FakeClient:
+    """batch_get_into as the store client answers it: sizes or errors, and the replicas."""
+
+    def __init__(self, answers: dict[str, Any], delay_s: float = 0.0, fail: bool = False):
+        self.answers, self.delay_s, self.fail, self.calls = answers, delay_s, fail, 0
+
+    def batch_get_into(self, keys: list[str], views: list[Any], sources: list[Any]) -> list[Any]:
+        import time
+
+        from kvcake.store.errors import ObjectNotFound
+
+        self.calls += 1
+        time.sleep(self.delay_s)
+        if self.fail:
+            raise ConnectionError("pool unreachable")
+        out = []
+        for k, v in zip(keys, views, strict=True):
+            a = self.answers.get(k)
+            if a is None:
+                out.append(ObjectNotFound(k))
+                sources.append(None)
+            elif isinstance(a, Exception):
+                out.append(a)
+                sources.append(None)
+            else:
+                out.append(v.nbytes)
+                sources.append(ReplicaDesc(a[0], "h", 0, v.nbytes, a[1]))
+        return out
+
+
+def link(answers: dict[int, Any], **kw: Any) -> tuple[Any, list[memoryview]]:
+    from kvcake.serve.kvlink import PoolLink
+
+    pl = PoolLink(None, "m", "float32", BT, kw.pop("deadline", 0.0))
+    pl.client = FakeClient({pl.key(H[i]): a for i, a in answers.items()}, **kw)
+    return pl, [memoryview(bytearray(16)) for _ in H]
+
+
+def test_pool_reads_report_their_replica_and_misses() -> None:
+    from kvcake.store.errors import LeaseExpired, TransferFailed
+
+    pl, views = link({0: ("store-0", "memory"), 1: ("store-1", "disk"), 2: ("store-0", "memory")})
+    assert pl.read_prefix(H[:5], views[:5]) == (
+        {"memory:store-0": 2, "disk:store-1": 1}, {A.FETCH_NOT_FOUND: 2}
+    )  # fmt: skip
+    pl, views = link({0: ("s", "memory"), 1: TransferFailed("node down")})
+    assert pl.read_prefix(H[:4], views[:4]) == ({"memory:s": 1}, {A.FETCH_FAILED: 3})
+    pl, views = link({0: LeaseExpired("late")})
+    assert pl.read_prefix(H[:2], views[:2]) == ({}, {A.FETCH_TOO_SLOW: 2})
+    pl, views = link({0: ("s", "memory")}, fail=True)
+    assert pl.read_prefix(H[:3], views[:3]) == ({}, {A.FETCH_FAILED: 3})
+    assert pl.get_into(H[:1], views[:1]) == 0
+
+
+def test_fetch_deadline_stops_a_slow_read() -> None:
+    from kvcake.serve.kvlink import PoolLink
+
+    many = [BlockHash(5000 + i) for i in range(20)]
+    pl = PoolLink(None, "m", "float32", BT, 0.01)
+    pl.client = FakeClient({pl.key(h): ("s", "memory") for h in many}, delay_s=0.05)
+    views = [memoryview(bytearray(8)) for _ in many]
+    read, missed = pl.read_prefix(many, views)
+    assert read == {"memory:s": PoolLink.FETCH_CHUNK}  # the chunk in flight finishes
+    assert missed == {A.FETCH_TOO_SLOW: 20 - PoolLink.FETCH_CHUNK}
+    pl.fetch_deadline_s = 0.0  # no deadline: one read of everything
+    pl.client.calls = 0
+    assert pl.read_prefix(many, views) == ({"memory:s": 20}, {}) and pl.client.calls == 1

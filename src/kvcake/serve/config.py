@@ -46,6 +46,9 @@ class InstanceConfig:
     preset: str = "llama3-70b/8xA800"  # emulated backend's cost model when no calibration
     max_context: int = 0  # longest prompt + output; 0 = the backend's (8,192 for SmolLM2)
     use_store: bool = True  # put new blocks into / fetch prefixes from the pool
+    # A pool prefix read still going after this many seconds stops; the rest is computed and
+    # reported as miss reason `too_slow` (0 = no deadline).
+    fetch_deadline_s: float = 0.0
     # Before serving, time a few prefills (up to this many tokens) and decode steps so the
     # online-fitted cost model starts from this machine's speed (0 = start from the seed).
     warmup_tokens: int = 1024
@@ -61,6 +64,7 @@ class InstanceConfig:
         require(self.kv_scale > 0, "instance.kv_scale must be > 0")
         require(self.max_context >= 0, "instance.max_context must be >= 0")
         require(self.warmup_tokens >= 0, "instance.warmup_tokens must be >= 0")
+        require(self.fetch_deadline_s >= 0, "instance.fetch_deadline_s must be >= 0")
         for key in ("directory", "master"):
             v = getattr(self, key)
             require(not v or ":" in v, f"instance.{key} must be 'host:port', got {v!r}")
@@ -93,6 +97,14 @@ class ProxyConfig:
     # /metrics names: "kvcake" (kvcake:*), "vllm" (vLLM's vllm:* where vLLM has the metric,
     # with component="kvcake-proxy"), or "both".
     metrics_names: str = "kvcake"
+    # JSON-lines request log (serve.reqlog; `kvcake logs` reads it; "" = off), rotated to
+    # .1 .. .N when it passes request_log_max_bytes.
+    request_log: str = ""
+    request_log_max_bytes: int = size_field("64MiB")
+    request_log_backups: int = 3
+    # /metrics names: "kvcake" (kvcake:*), "vllm" (vLLM's vllm:* where vLLM has the metric,
+    # with component="kvcake-proxy"), or "both".
+    metrics_names: str = "kvcake"
     # OpenAI-style API keys (serve/auth.py): "KEY" or "KEY=TENANT" entries and/or a file of
     # them, one per line; none = the proxy is open. A key's tenant salts its requests' KV.
     api_keys: tuple[str, ...] = ()
@@ -106,6 +118,10 @@ class ProxyConfig:
         require(self.link_bandwidth > 0, "proxy.link_bandwidth must be > 0")
         require(self.max_prompt_tokens >= 1, "proxy.max_prompt_tokens must be >= 1")
         require(self.max_body_bytes >= 1024, "proxy.max_body_bytes must be >= 1024")
+        require(self.request_log_max_bytes >= 4096, "proxy.request_log_max_bytes must be >= 4KiB")
+        require(0 <= self.request_log_backups <= 100, "proxy.request_log_backups must be in [0, 100]")
+        require(self.metrics_names in ("kvcake", "vllm", "both"),
+                f"proxy.metrics_names must be kvcake, vllm or both, got {self.metrics_names!r}")  # fmt: skip
         require(self.request_log_max_bytes >= 4096, "proxy.request_log_max_bytes must be >= 4KiB")
         require(
             0 <= self.request_log_backups <= 100, "proxy.request_log_backups must be in [0, 100]"

@@ -86,7 +86,7 @@ def build_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig, iid: Ins
 
         client = connect_store(cfg, te)
         if client is not None:
-            pool = PoolLink(client, kv.model, kv.dtype, kv.kv_block_tokens)
+            pool = PoolLink(client, kv.model, kv.dtype, kv.kv_block_tokens, cfg.fetch_deadline_s)
     vocab = int(getattr(backend, "vocab_size", 0) or getattr(backend.cfg, "vocab_size", 32000))
     eos = backend.eos_token_id
     inst = Instance(

@@ -207,9 +207,16 @@ class KVSender:
 class PoolLink:
     """The store (the global KV pool): whole blocks under ``core.hashing.block_key`` names."""
 
-    def __init__(self, client: Any, model: str, dtype: str, block_tokens: int):
+    FETCH_CHUNK = 8  # blocks per read when a fetch deadline is set (checked between reads)
+
+    def __init__(
+        self, client: Any, model: str, dtype: str, block_tokens: int, fetch_deadline_s: float = 0.0
+    ):
         self.client = client  # kvcake.store.Client
         self.model, self.dtype, self.block_tokens = model, dtype, block_tokens
+        # A prefix read still going after this long stops (the rest is computed, reported as
+        # ``too_slow``): a slow pool must not cost more than computing. 0 = no deadline.
+        self.fetch_deadline_s = fetch_deadline_s
 
     def key(self, h: BlockHash) -> str:
         return str(block_key(self.model, self.dtype, self.block_tokens, h))
@@ -227,19 +234,36 @@ class PoolLink:
         read: dict[str, int] = {}
         if not hashes:
             return read, {}
+        step = self.FETCH_CHUNK if self.fetch_deadline_s > 0 else len(hashes)
+        t0 = time.monotonic()
+        for start in range(0, len(hashes), step):
+            if start and time.monotonic() - t0 > self.fetch_deadline_s:
+                return read, {attribution.FETCH_TOO_SLOW: len(hashes) - start}
+            missed = self._read_chunk(hashes[start : start + step], views[start : start + step],
+                                      read)  # fmt: skip
+            if missed:  # the chunk's unread blocks and every later one
+                kind, n = missed
+                return read, {kind: n + max(0, len(hashes) - start - step)}
+        return read, {}
+
+    def _read_chunk(
+        self, hashes: Sequence[BlockHash], views: Sequence[memoryview], read: dict[str, int]
+    ) -> tuple[str, int] | None:
+        """Read one chunk, counting blocks per source into ``read``; on a miss: (its kind,
+        blocks of the chunk not read)."""
         reps: list[Any] = []
         try:
             got = self.client.batch_get_into([self.key(h) for h in hashes], list(views), reps)
         except Exception as exc:  # the pool is unreachable: compute instead
             log.warning("pool read failed: %r", exc)
-            return read, {attribution.FETCH_FAILED: len(hashes)}
+            return attribution.FETCH_FAILED, len(hashes)
         for i, (g, v) in enumerate(zip(got, views, strict=True)):
             if not isinstance(g, int) or g != v.nbytes:  # compute from here
-                return read, {_miss_kind(g): len(hashes) - i}
+                return _miss_kind(g), len(hashes) - i
             rep = reps[i] if i < len(reps) else None
             src = attribution.pool_source(rep.tier, rep.segment) if rep else "memory:?"
             read[src] = read.get(src, 0) + 1
-        return read, {}
+        return None
 
     def put(self, hashes: Sequence[BlockHash], views: Sequence[memoryview]) -> list[BlockHash]:
         """Write blocks not yet in the pool. Returns the hashes the pool now holds."""
