@@ -97,14 +97,6 @@ class ProxyConfig:
     # /metrics names: "kvcake" (kvcake:*), "vllm" (vLLM's vllm:* where vLLM has the metric,
     # with component="kvcake-proxy"), or "both".
     metrics_names: str = "kvcake"
-    # JSON-lines request log (serve.reqlog; `kvcake logs` reads it; "" = off), rotated to
-    # .1 .. .N when it passes request_log_max_bytes.
-    request_log: str = ""
-    request_log_max_bytes: int = size_field("64MiB")
-    request_log_backups: int = 3
-    # /metrics names: "kvcake" (kvcake:*), "vllm" (vLLM's vllm:* where vLLM has the metric,
-    # with component="kvcake-proxy"), or "both".
-    metrics_names: str = "kvcake"
     # OpenAI-style API keys (serve/auth.py): "KEY" or "KEY=TENANT" entries and/or a file of
     # them, one per line; none = the proxy is open. A key's tenant salts its requests' KV.
     api_keys: tuple[str, ...] = ()
@@ -118,10 +110,6 @@ class ProxyConfig:
         require(self.link_bandwidth > 0, "proxy.link_bandwidth must be > 0")
         require(self.max_prompt_tokens >= 1, "proxy.max_prompt_tokens must be >= 1")
         require(self.max_body_bytes >= 1024, "proxy.max_body_bytes must be >= 1024")
-        require(self.request_log_max_bytes >= 4096, "proxy.request_log_max_bytes must be >= 4KiB")
-        require(0 <= self.request_log_backups <= 100, "proxy.request_log_backups must be in [0, 100]")
-        require(self.metrics_names in ("kvcake", "vllm", "both"),
-                f"proxy.metrics_names must be kvcake, vllm or both, got {self.metrics_names!r}")  # fmt: skip
         require(self.request_log_max_bytes >= 4096, "proxy.request_log_max_bytes must be >= 4KiB")
         require(
             0 <= self.request_log_backups <= 100, "proxy.request_log_backups must be in [0, 100]"

@@ -75,28 +75,6 @@ class AdminMixin:
                 "segment_total_capacity_bytes": {s.name: s.allocator.capacity for s in mem},
             }
 
-    def mooncake_gauges(self) -> dict[str, Any]:
-        """The pool figures Mooncake's master exports (``master_metric_manager.cpp`` names):
-        memory and file (disk tier) bytes, per-segment memory bytes, keys, clients, evictions,
-        put-start allocation failures."""
-        with self.lock:
-            mem = [s for s in self.segments.values() if s.tier.value == "memory"]
-            disk = [s for s in self.segments.values() if s.tier.value != "memory"]
-            st: Any = self
-            return {
-                "master_key_count": len(self.objects),
-                "master_allocated_bytes": sum(s.allocator.allocated for s in mem),
-                "master_total_capacity_bytes": sum(s.allocator.capacity for s in mem),
-                "master_allocated_file_size_bytes": sum(s.allocator.allocated for s in disk),
-                "master_total_file_capacity_bytes": sum(s.allocator.capacity for s in disk),
-                "master_active_clients": len(getattr(st, "clients", {})),
-                "master_evicted_key_count": getattr(st, "evicted_objects", 0),
-                "master_evicted_size_bytes": getattr(st, "evicted_bytes", 0),
-                "master_put_start_failures": getattr(st, "put_start_alloc_failures", 0),
-                "segment_allocated_bytes": {s.name: s.allocator.allocated for s in mem},
-                "segment_total_capacity_bytes": {s.name: s.allocator.capacity for s in mem},
-            }
-
     def segment_stats(self) -> list[dict[str, Any]]:
         with self.lock:
             return [
