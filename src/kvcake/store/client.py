@@ -78,6 +78,9 @@ class Client(ReadPath):
             self.conn.call(P.Heartbeat(self.id, self.host))
             if self.cfg.segment_size:
                 name = segment_name or f"seg-{self.id.replace('/', '-')}"
+                # "{port}": the port this client's Transfer Engine listens on (Mooncake names a
+                # client's segment "host:port" after its engine's port).
+                name = name.replace("{port}", self.engine.addresses[0].rsplit(":", 1)[1])
                 self.segments[name] = self.engine.allocate_segment(name, self.cfg.segment_size)
                 self._mount(name)
         except BaseException:

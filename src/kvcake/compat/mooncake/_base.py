@@ -12,6 +12,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from kvcake.compat.mooncake._tasks import TaskTable
 from kvcake.compat.mooncake._types import ReplicateConfig, SoftPinAction
 from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.store import errors as E
@@ -102,6 +103,7 @@ class StoreBase:
         self._hostname = ""
         self._local_buffer = 0
         self._registered: dict[int, int] = {}
+        self._tasks: TaskTable | None = None  # copy / move tasks (_tasks.py), made on first use
 
     @property
     def _c(self) -> Client:

@@ -1,15 +1,17 @@
 """Replica descriptors, ``batch_replica_clear`` and the copy / move task calls.
 
-kvcake's master places replicas at put time and has no replica-copy / replica-move task queue,
-so ``create_copy_task`` / ``create_move_task`` validate their input exactly as the wheel does
-(-704 for a missing key, -600 for an unknown segment) and then answer -1 (not supported);
-``query_task`` therefore never finds a task (-1400, the wheel's TASK_NOT_FOUND)."""
+``create_copy_task`` / ``create_move_task`` validate their input exactly as the wheel does (-704
+for a missing key, -600 for an unknown segment), then run the task in the background over
+kvcake's two-phase replica copy (``_tasks``); ``query_task`` reports it (-1400 for an unknown
+id, the wheel's TASK_NOT_FOUND)."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 from kvcake.compat.mooncake._base import TASK_NOT_FOUND, StoreBase, check_key, returns
+from kvcake.compat.mooncake._tasks import TaskTable
 from kvcake.compat.mooncake._types import (
     Descriptor,
     DiskDescriptor,
@@ -17,6 +19,7 @@ from kvcake.compat.mooncake._types import (
     QueryTaskResponse,
     ReplicaDescriptor,
     ReplicaStatus,
+    TaskType,
 )
 from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.store import errors as E
@@ -105,25 +108,51 @@ class ReplicaMethods(StoreBase):
                 self._c.engine.segment_info(s)
             except KvcakeError:
                 return E.INVALID_PARAMS
-        return E.INTERNAL_ERROR  # valid, but kvcake has no replica task queue
+        return 0
+
+    def _segment(self, name: str) -> str:
+        """Mooncake names a client's segment by its hostname: that is our own segment."""
+        own = list(self._c.segments)
+        return own[0] if name == self._hostname and own else name
+
+    def _task_table(self) -> TaskTable:
+        if self._tasks is None:
+            digest = hashlib.blake2b(self._hostname.encode(), digest_size=16).digest()
+            self._tasks = TaskTable(
+                (int.from_bytes(digest[:8]) >> 1, int.from_bytes(digest[8:]) >> 1)
+            )
+        return self._tasks
+
+    def _start_task(
+        self, key: str, segments: list[str], kind: TaskType, run: Callable[[], None]
+    ) -> tuple[tuple[int, int], int]:
+        if self._client is None:
+            return NO_TASK, E.INTERNAL_ERROR
+        try:
+            code = self._task_precheck(key, segments)
+        except StoreError as exc:
+            return NO_TASK, exc.code
+        if code:
+            return NO_TASK, code
+        tid = self._task_table().submit(kind, run)
+        return (NO_TASK, E.INTERNAL_ERROR) if tid is None else (tid, 0)
 
     def create_copy_task(self, key: str, targets: list[str]) -> tuple[tuple[int, int], int]:
-        if self._client is None:
-            return NO_TASK, E.INTERNAL_ERROR
-        try:
-            return NO_TASK, self._task_precheck(key, list(targets))
-        except StoreError as exc:
-            return NO_TASK, exc.code
+        targets = list(targets)
+
+        def run() -> None:
+            self._c.copy_replica(key, [self._segment(t) for t in targets])
+
+        return self._start_task(key, targets, TaskType.REPLICA_COPY, run)
 
     def create_move_task(self, key: str, source: str, target: str) -> tuple[tuple[int, int], int]:
-        if self._client is None:
-            return NO_TASK, E.INTERNAL_ERROR
-        try:
-            return NO_TASK, self._task_precheck(key, [source, target])
-        except StoreError as exc:
-            return NO_TASK, exc.code
+        def run() -> None:
+            self._c.move_replica(key, self._segment(source), self._segment(target))
+
+        return self._start_task(key, [source, target], TaskType.REPLICA_MOVE, run)
 
     def query_task(self, task_id: tuple[int, int]) -> tuple[QueryTaskResponse | None, int]:
         if not isinstance(task_id, tuple) or len(task_id) != 2:
             raise TypeError("task_id must be a (int, int) tuple")
-        return None, TASK_NOT_FOUND
+        rec = self._tasks.query(task_id) if self._tasks is not None else None
+        return (rec, 0) if rec is not None else (None, TASK_NOT_FOUND)

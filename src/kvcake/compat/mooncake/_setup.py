@@ -130,9 +130,10 @@ class SetupMethods(StoreBase):
                     protocol=proto,
                     segment_size=global_segment_size,
                 )
-                # "host:port" given: the segment is named so (Mooncake names a client's segment
-                # by its hostname; preferred_segments and replica calls use that name).
-                self._client = Client(cfg, segment_name=local_hostname if _port else "")
+                # Mooncake names a client's segment by its hostname, "host:port" (the engine's
+                # port unless one is given); preferred_segments and replica calls use that name.
+                name = local_hostname if _port else f"{host or '127.0.0.1'}:{{port}}"
+                self._client = Client(cfg, segment_name=name)
         except StoreError as exc:
             log.error("setup failed: %s", exc)
             return E.INTERNAL_ERROR if exc.code == E.RPC_FAIL else exc.code
@@ -182,6 +183,9 @@ class SetupMethods(StoreBase):
         return E.INVALID_PARAMS if self._client is not None else E.INTERNAL_ERROR
 
     def close(self) -> int:
+        if self._tasks is not None:  # running copy/move tasks finish first (they use the client)
+            self._tasks.close()
+            self._tasks = None
         if self._server is not None:
             self._server.stop()
             self._server = None
