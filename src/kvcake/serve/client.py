@@ -37,6 +37,14 @@ T = TypeVar("T")
 _TRANSPORT_ERRORS = (httpx.TransportError, httpx.RemoteProtocolError)
 
 
+def _signer() -> Any:
+    """The shared secret's HMAC header on every instance call (none without a secret)."""
+    from kvcake.core.auth import resolve
+    from kvcake.store.httpserve import client_auth
+
+    return client_auth(resolve(None))
+
+
 def _raise_for(resp_status: int, body: bytes, url: str, iid: str | None = None) -> None:
     try:
         err: dict[str, Any] = decode(body, dict)["error"]
@@ -60,12 +68,12 @@ class RemoteInstance(InstanceAPI):
         self.state: InstanceState | None = None
         self.alive = True
         self._http = httpx.AsyncClient(
-            base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0)
+            base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0), auth=_signer()
         )
 
     @classmethod
     async def connect(cls, url: str, timeout_s: float = 600.0) -> RemoteInstance:
-        async with httpx.AsyncClient(timeout=5.0) as http:
+        async with httpx.AsyncClient(timeout=5.0, auth=_signer()) as http:
             try:
                 r = await http.get(url.rstrip("/") + "/rpc/info")
             except _TRANSPORT_ERRORS as exc:

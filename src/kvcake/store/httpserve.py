@@ -97,3 +97,18 @@ class HttpThread:
         if self.thread.is_alive():
             self.thread.join(timeout=5)
         self.sock.close()
+
+
+def client_auth(auth: _auth.Authenticator | None) -> Any:
+    """An ``httpx.Auth`` that signs each request with the HMAC header (the secret itself never
+    goes over the wire), or None without a secret."""
+    if auth is None:
+        return None
+    import httpx
+
+    class _Sign(httpx.Auth):
+        def auth_flow(self, request: httpx.Request) -> Any:
+            request.headers.update(auth.http_headers(request.method, request.url.path))
+            yield request
+
+    return _Sign()
