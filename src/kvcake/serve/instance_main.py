@@ -86,7 +86,7 @@ def build_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig, iid: Ins
 
         client = connect_store(cfg, te)
         if client is not None:
-            pool = PoolLink(client, kv.model, kv.dtype, kv.kv_block_tokens)
+            pool = PoolLink(client, kv.model, kv.dtype, kv.kv_block_tokens, cfg.fetch_deadline_s)
     vocab = int(getattr(backend, "vocab_size", 0) or getattr(backend.cfg, "vocab_size", 32000))
     eos = backend.eos_token_id
     inst = Instance(
@@ -98,6 +98,12 @@ def build_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig, iid: Ins
         model_name=kv.model, dtype=kv.dtype,
     )  # fmt: skip
     inst.te = te  # type: ignore[attr-defined]
+    watch = None
+    if pool is not None:  # log storage nodes that leave the pool, by name
+        from kvcake.serve.store_watch import StoreWatch
+
+        watch = StoreWatch(cfg.master, str(iid)).start()
+    inst.store_watch = watch  # type: ignore[attr-defined]
     return inst
 
 
@@ -112,6 +118,9 @@ def run_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig) -> int:
     sock = bind(cfg.host, cfg.port, f"{role.value} instance (instance.port)")
     port = sock.getsockname()[1]
     iid = InstanceId(cfg.id or f"{role.value}-{port}")
+    from kvcake.serve.memtrace import install_from_env
+
+    install_from_env(str(iid))  # KVCAKE_TRACEMALLOC=DIR: heap snapshots on SIGUSR2 (soak.py)
     try:
         inst = build_instance(role, cfg, kv, iid)
     except BaseException:
@@ -128,6 +137,9 @@ def run_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig) -> int:
         yield
         await inst.drain()
         inst.close()
+        watch = getattr(inst, "store_watch", None)
+        if watch is not None:
+            watch.close()
         te = getattr(inst, "te", None)
         if te is not None:
             te.close()
