@@ -77,6 +77,12 @@ def test_copy_and_move_tasks_run_and_are_reported(procs: Factory) -> None:
         assert a.create_move_task("obj", "", c.get_hostname())[1] == -600
         assert b.query_task(tid) == (None, -1400)  # another client's task
         assert a.query_task((1, 2)) == (None, -1400)
+
+        # batch_replica_clear on one segment drops that replica only; the last one, the key.
+        assert a.batch_replica_clear(["obj"], c.get_hostname()) == ["obj"]
+        assert segments_of(a, "obj") == before and a.get("obj") == value
+        assert a.batch_replica_clear(["obj", "missing"], a.get_hostname()) == ["obj"]
+        assert a.is_exist("obj") == 0
     finally:
         for s in stores:
             assert s.close() == 0

@@ -74,10 +74,10 @@ class ReplicaMethods(StoreBase):
     @returns([])
     def batch_replica_clear(self, keys: list[str], segment_name: str = "") -> list[str]:
         """Drop the replicas of each key whose read lease has expired; returns the keys
-        cleared (missing and leased keys are not). kvcake cannot drop one replica of several,
-        so with ``segment_name`` a key is cleared only when all its replicas are on that segment
-        (the client's own hostname names its own segments); reading the replica list takes a
-        lease in kvcake, so for those keys the lease check is the list lookup's, not a later one."""
+        cleared (missing and leased keys are not). With ``segment_name`` (the client's own
+        hostname names its own segments) only the replicas on that segment go: a key with
+        replicas elsewhere keeps those, one with none left is removed. Reading the replica
+        list takes a lease in kvcake, so for those keys the lease check is the list lookup's."""
         if not keys:
             return []
         c = self._c
@@ -86,14 +86,24 @@ class ReplicaMethods(StoreBase):
             return [k for k, r in zip(keys, results, strict=True) if r is None]
         reply = c.conn.call(P.GetReplicas(c.id, list(keys)))
         own = set(c.segments) if segment_name == self._hostname else set()
-        chosen = [
-            k
-            for k, res in zip(keys, reply.results, strict=True)
-            if res.code == 0
-            and all(r.segment == segment_name or r.segment in own for r in res.replicas)
-        ]
-        results = c.batch_remove(chosen, force=True) if chosen else []
-        return [k for k, r in zip(chosen, results, strict=True) if r is None]
+        on = {segment_name} | own
+        whole, partly = [], []
+        for k, res in zip(keys, reply.results, strict=True):
+            here = [r.segment for r in res.replicas if r.segment in on] if res.code == 0 else []
+            if here and len(here) == len(res.replicas):
+                whole.append(k)
+            elif here:
+                partly.append((k, here))
+        results = c.batch_remove(whole, force=True) if whole else []
+        cleared = {k for k, r in zip(whole, results, strict=True) if r is None}
+        for key, segs in partly:
+            try:
+                for seg in segs:
+                    c.drop_replica(key, seg)
+            except StoreError:
+                continue
+            cleared.add(key)
+        return [k for k in keys if k in cleared]
 
     def _task_precheck(self, key: str, segments: list[str]) -> int:
         check_key(key)
