@@ -240,6 +240,9 @@ def test_kvcake_logs_and_plan_read_the_live_log(
     ]
     assert main(["logs", "--file", path, "--reason", "evicted", "--json"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 1
+    state = str(Path(cl.conf.cluster.run_dir) / "latest.json")  # what `kvcake logs` reads
+    assert main(["logs", "--state", state, "--limit", "0", "--json"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(RESPONSES)
     trace = load_any(path, tokenizer="bytes")
     assert len(trace) == len(RESPONSES)
     p1 = [t for t in trace if t.input_length == 200][:3]  # P1 three times: one prefix
