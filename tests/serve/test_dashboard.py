@@ -73,6 +73,34 @@ def test_snapshot_agrees_with_cluster_view_and_metrics(emulated_cluster: Cluster
     assert newest["ttft_s"] > 0 and newest["output_tokens"] == 3
 
 
+def test_pool_processes_and_hot_blocks_come_from_the_run_and_the_master(
+    emulated_cluster: Cluster,
+) -> None:
+    url = emulated_cluster.url
+    body = {"prompt": PROMPT + "pool", "max_tokens": 2, "temperature": 0}
+    assert httpx.post(url + "/v1/completions", json=body, timeout=60).status_code == 200
+    _idle(url)
+    state = json.loads((Path(emulated_cluster.run_dir) / "cluster.json").read_text())
+    master = "http://" + state["processes"]["master"]["addresses"]["http"]
+    snap = httpx.get(url + "/dashboard/api/snapshot", params={"hot": 5}).json()
+    assert snap["errors"] == [], snap["errors"]
+    segs = httpx.get(master + "/get_all_segments").json()
+    assert {(s["name"], s["tier"], s["capacity"]) for s in snap["pool"]["segments"]} == {
+        (s["name"], s["tier"], s["capacity"]) for s in segs}  # fmt: skip
+    assert all(i["restarts"] == 0 for i in snap["instances"])  # from the supervisor's record
+    assert {p["name"] for p in snap["processes"]} >= {"master", "store-0", "proxy"}
+    hot = httpx.get(master + "/hot_keys", params={"limit": 5}).json()
+    assert 1 <= len(snap["hot_blocks"]) <= 5
+    assert [b["key"] for b in snap["hot_blocks"]] == [h["key"] for h in hot]
+    for b in snap["hot_blocks"]:
+        assert b["replicas"] and all(r["segment"] for r in b["replicas"])
+        assert len(b["block"]) == 16
+    assert any(b["holders"] for b in snap["hot_blocks"])  # the prefill instance's own cache
+    for bad in ("0", "x", "1001", "-3"):
+        r = httpx.get(master + "/hot_keys", params={"limit": bad})
+        assert r.status_code == 400 and "limit" in r.json()["error"], bad
+
+
 def test_malformed_query_parameters_get_a_clear_400(emulated_cluster: Cluster) -> None:
     url = emulated_cluster.url
     bad = [
@@ -179,14 +207,16 @@ def test_history_rates_per_tier_and_a_restart_is_dropped() -> None:
         History(capacity=1)
 
 
-def test_tiers_come_from_the_source_label() -> None:
+def test_tiers_come_from_the_attribution_counters() -> None:
+    t = "kvcake:kv_tier_tokens_total"
     series = {
         ("kvcake:prefix_cache_hits_total", ()): 30.0,
-        ("kvcake:prompt_tokens_by_source_total", (("source", "local_cache_hit"),)): 20.0,
-        ("kvcake:prompt_tokens_by_source_total", (("source", "external_kv_transfer"),)): 10.0,
+        ("kvcake:prefix_cache_queries_total", ()): 100.0,
+        (t, (("node", ""), ("tier", "local"))): 20.0,
+        (t, (("node", "s0"), ("tier", "pool_dram"))): 6.0,
+        (t, (("node", "s1"), ("tier", "pool_dram"))): 4.0,
+        (t, (("node", ""), ("tier", "computed"))): 70.0,
     }
-    assert tier_tokens(series) == {
-        "all": 30.0,
-        "local_cache_hit": 20.0,
-        "external_kv_transfer": 10.0,
-    }
+    assert tier_tokens(series) == (100.0, {"all": 30.0, "local": 20.0, "pool_dram": 10.0})
+    series = {k: v for k, v in series.items() if k[0] != t}
+    assert tier_tokens(series) == (100.0, {"all": 30.0})  # no attribution: hits / queries

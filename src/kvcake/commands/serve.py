@@ -109,4 +109,11 @@ def _proxy(args: argparse.Namespace) -> int:
                              "kvcache_balancing_threshold", "seed"])  # fmt: skip
     cfg = load_proxy_config(args.config, ov, cond)
     kv = load_config(KVLayoutConfig, toml_path=args.config, section="kv")
-    return run_proxy(cfg, kv, args.backend, colocated=args.colocated)
+    # `kvcake up` writes the proxy's config next to its run record (cluster.json): the
+    # dashboard reads restarts and the master's address from there.
+    from pathlib import Path
+
+    from kvcake.serve.launcher import STATE_FILE
+
+    run_state = str(Path(args.config).with_name(STATE_FILE)) if args.config else ""
+    return run_proxy(cfg, kv, args.backend, colocated=args.colocated, run_state=run_state)

@@ -54,7 +54,10 @@ def run_proxy(
     backend: str,
     model_path: str = "smollm2",
     colocated: bool = False,
+    run_state: str = "",
 ) -> int:
+    """``run_state``: the cluster.json of the `kvcake up` run (the dashboard's restarts and
+    master address); "" when the proxy was started by hand."""
     import uvicorn
 
     from kvcake.serve.instance_main import bind
@@ -80,6 +83,7 @@ def run_proxy(
         max_prompt_tokens=cfg.max_prompt_tokens,
         max_body_bytes=cfg.max_body_bytes,
         master=cfg.master,
+        run_state=run_state,
         api_keys=ApiKeys.load(cfg.api_keys, cfg.api_keys_file),
         metrics=ProxyMetrics(
             (cfg.served_model_name or (kv.model,))[0], cfg.metrics_names, cfg.max_prompt_tokens

@@ -1,6 +1,7 @@
 """The master's HTTP endpoints (FastAPI on uvicorn, in a thread of the master process), named as
 Mooncake's: ``/metrics`` (Prometheus), ``/health``, ``/get_all_keys``, ``/query_key?key=``,
-``/get_all_segments``, and Mooncake's HTTP metadata protocol ``/metadata?key=``
+``/get_all_segments``, ``/hot_keys?limit=`` (kvcake's: the most recently used objects and
+their replicas, for the dashboard), and Mooncake's HTTP metadata protocol ``/metadata?key=``
 (:mod:`kvcake.store.metadata_http`). Everything reads the state through ``MasterState``
 methods. More routers (e.g. the Mooncake compat layer's, issue 14) can be added with
 ``Master.extra_routers.append(router)`` before ``start``.
@@ -53,6 +54,13 @@ def build_app(master: Master) -> FastAPI:
         if found is None:
             return JSONResponse({"error": f"key {key!r} not found"}, status_code=404)
         return found
+
+    @app.get("/hot_keys")
+    def hot_keys(limit: str = "20") -> Any:
+        if not limit.isdigit() or not 1 <= int(limit) <= 1000:
+            return JSONResponse({"error": f"limit must be an integer in [1, 1000], got {limit!r}"},
+                                status_code=400)  # fmt: skip
+        return state.hottest(int(limit))
 
     app.include_router(metadata_router(master.metadata_kv))
     # Extension point: routers registered by other layers (compat's Mooncake admin API, ...).

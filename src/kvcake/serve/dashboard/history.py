@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from kvcake.serve.top_view import Series, total
 
 HITS, QUERIES = "kvcake:prefix_cache_hits_total", "kvcake:prefix_cache_queries_total"
-BY_SOURCE = "kvcake:prompt_tokens_by_source_total"  # vLLM's name, label `source`
+BY_TIER = "kvcake:kv_tier_tokens_total"  # the proxy's attribution, labels `tier`, `node`
 
 
 def series_of(registry: CollectorRegistry) -> Series:
@@ -32,33 +32,38 @@ def series_of(registry: CollectorRegistry) -> Series:
     return out
 
 
-def tier_tokens(series: Series) -> dict[str, float]:
-    """Prompt tokens per KV source, cumulative: ``all`` is every reused token; each source the
-    proxy attributes (the ``source`` label of ``prompt_tokens_by_source``, or a ``tier``
-    label on the hit counter) gets its own line."""
-    tiers: dict[str, float] = {"all": total(series, HITS)}
+def tier_tokens(series: Series) -> tuple[float, dict[str, float]]:
+    """(prompt tokens attributed, reused tokens per tier), cumulative. With the proxy's
+    per-tier attribution (``kv_tier_tokens``: local / pool_dram / ssd / computed) each reuse
+    tier gets a line and ``all`` is their sum; without it, ``all`` = prefix-cache hits over
+    queries."""
+    tiers: dict[str, float] = {}
     for (name, labels), v in series.items():
-        d = dict(labels)
-        key = d.get("source") if name == BY_SOURCE else d.get("tier") if name == HITS else None
-        if key:
-            tiers[key] = tiers.get(key, 0.0) + v
-    return tiers
+        if name == BY_TIER:
+            tier = dict(labels).get("tier", "")
+            tiers[tier] = tiers.get(tier, 0.0) + v
+    if not tiers:
+        return total(series, QUERIES), {"all": total(series, HITS)}
+    denom = sum(tiers.values())
+    tiers.pop("computed", None)
+    return denom, {"all": sum(tiers.values()), **tiers}
 
 
 @dataclass(frozen=True)
 class Sample:
     at: float  # wall-clock seconds
-    queries: float
+    queries: float  # prompt tokens the tier figures are a share of
     tiers: dict[str, float]
     finished: float
     rejected: float
 
 
 def sample(series: Series, at: float) -> Sample:
+    denom, tiers = tier_tokens(series)
     return Sample(
         at=at,
-        queries=total(series, QUERIES),
-        tiers=tier_tokens(series),
+        queries=denom,
+        tiers=tiers,
         finished=total(series, "kvcake:request_success_total"),
         rejected=total(series, "kvcake:request_rejections_total"),
     )

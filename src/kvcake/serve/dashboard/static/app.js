@@ -7,6 +7,7 @@ const opts = new URLSearchParams(location.search);
 const LIVE = opts.get("stream") !== "0";
 const INTERVAL = opts.get("interval") || "1";
 const RECENT = opts.get("recent") || "50";
+const MAX_EVENTS = opts.get("max_events");  // given: follow one bounded stream, then stop
 const SVG = "http://www.w3.org/2000/svg";
 const COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1"];
 
@@ -103,7 +104,8 @@ function renderHitRate(snap) {
       const v = p.hit_rate[tier];
       if (v == null) continue;
       last = v;
-      xy.push(`${(400 * (p.at - t0) / span).toFixed(1)},${(150 - 140 * v).toFixed(1)}`);
+      const y = 150 - 140 * Math.max(0, Math.min(1, v));  // counters move apart within a sample
+      xy.push(`${(400 * (p.at - t0) / span).toFixed(1)},${y.toFixed(1)}`);
     }
     const pl = document.createElementNS(SVG, "polyline");
     pl.setAttribute("points", xy.length === 1 ? `0,${xy[0].split(",")[1]} 400,${xy[0].split(",")[1]}` : xy.join(" "));
@@ -202,9 +204,14 @@ function offline(msg) {
 }
 
 function follow() {
-  const es = new EventSource(`/dashboard/api/stream?interval=${INTERVAL}&recent=${RECENT}`);
+  const bound = MAX_EVENTS ? `&max_events=${MAX_EVENTS}` : "";
+  const es = new EventSource(`/dashboard/api/stream?interval=${INTERVAL}&recent=${RECENT}${bound}`);
   es.addEventListener("snapshot", (ev) => render(JSON.parse(ev.data)));
-  es.addEventListener("end", () => { es.close(); setTimeout(follow, 100); });  // bounded: reopen
+  es.addEventListener("end", () => {  // the server bounds every stream: open the next one
+    es.close();
+    document.body.dataset.streamEnded = "1";
+    if (!MAX_EVENTS) setTimeout(follow, 100);
+  });
   es.onerror = () => offline("reconnecting…");
 }
 
