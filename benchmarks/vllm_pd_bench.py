@@ -15,7 +15,9 @@ prompts of ``--tokens`` tokens, interleaved, and measures client-side latencies 
   server thread (registered tensors are vLLM's own memory; the server's wake-ups and copies
   are the whole cost);
 * ``d_te`` / ``d_pool`` / ``d_cold`` — the decode's TTFT with the te params (a pull), with the
-  pool params (a pool load) and with none (recompute).
+  pool params (a pool load) and with none (recompute); ``d_pull_s_mean`` is the te read
+  itself (the connector's ``pd_pull_seconds``; the first pull from an engine also looks its
+  30 segments up in the directory).
 
 The TE server itself runs in every connector worker (it is the pool client's), so "TE on vs
 off" is ``p_serving`` vs ``p_plain``; ``p_te`` vs ``p_pool`` is the hand-off's own cost.
@@ -69,6 +71,12 @@ def ask(engine: VllmEngine, prompt: list[int], params: dict[str, Any] | None = N
     r = httpx.post(engine.url + "/v1/completions", json=body, timeout=600)
     r.raise_for_status()
     return time.perf_counter() - t0, dict(r.json().get("kv_transfer_params") or {})
+
+
+def metrics(engine: VllmEngine, name: str) -> float:
+    text = httpx.get(engine.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))  # fmt: skip
 
 
 class Reader:
@@ -170,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"repeat": r, **{k: round(v, 4) for k, v in res.items()}}),
                   flush=True)  # fmt: skip
         summary = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+        pulls = metrics(d, "kvcake_connector_pd_pull_seconds_total")
+        summary["d_pull_s_mean"] = pulls / args.repeats  # the te read itself, one per repeat
         summary["ratio_p_serving_over_plain"] = summary["p_serving"] / summary["p_plain"]
         summary["ratio_p_te_over_pool"] = summary["p_te"] / summary["p_pool"]
         summary["ratio_d_te_over_cold"] = summary["d_te"] / summary["d_cold"]

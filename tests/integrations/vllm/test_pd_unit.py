@@ -197,3 +197,16 @@ def test_worker_pulls_every_layer_straight_into_its_blocks(directory: str) -> No
         a2.close()
         b.close()
     inbox.close()
+
+
+def test_pd_config_keys() -> None:
+    from kvcake.core.errors import ConfigError
+
+    cfg = ConnectorConfig.from_extra({"master": "127.0.0.1:1"})
+    assert (cfg.pd_transport, cfg.pd_lease_s) == ("te", 120.0)
+    assert ConnectorConfig.from_extra({"master": "h:1", "pd_transport": "pool"}).pd_transport == (
+        "pool"
+    )
+    for bad in ({"pd_transport": "rdma"}, {"pd_lease_s": 0}, {"pd_lease_s": "soon"}):
+        with pytest.raises(ConfigError):
+            ConnectorConfig.from_extra({"master": "127.0.0.1:1", **bad})

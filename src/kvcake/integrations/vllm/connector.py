@@ -190,8 +190,8 @@ class KvcakeConnector(KVConnectorBase_V1):
     def _sends_direct(self, params: dict[str, Any] | None) -> bool:
         """A P/D prefill request answered over the Transfer Engine (the engine's
         ``pd_transport``, or the request's ``kvcake_transport``, is "te")."""
-        if not params or not params.get("do_remote_decode"):
-            return False
+        if not params or not params.get("do_remote_decode") or self.pd.inbox is None:
+            return False  # (no inbox: a kv_consumer or pd_transport=pool engine: the pool)
         return params.get(TRANSPORT_KEY, self.cfg.pd_transport) == "te"
 
     def request_finished(

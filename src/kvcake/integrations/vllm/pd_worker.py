@@ -121,7 +121,10 @@ class PdWorker:
         te = self._engine()
         try:
             if te is None:
-                raise KvcakeError("no Transfer Engine in this worker (pool client not connected)")
+                raise KvcakeError(
+                    "no Transfer Engine in this worker (pd_transport=pool, or the pool "
+                    "client is not connected yet)"
+                )
             self._check_source(te, job)
             pull.batch = te.submit(self._requests(job))
         except KvcakeError as exc:
