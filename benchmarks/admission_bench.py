@@ -106,8 +106,12 @@ def run(args: argparse.Namespace, tmp: Path, admission: str, tag: str) -> dict[s
     for r in res:
         r["met"] = (r["status"] == 200 and r["ttft"] is not None and r["ttft"] <= args.ttft_slo
                     and (r["tbt"] or 0.0) <= args.tbt_slo)  # fmt: skip
+    margin = re.search(r"^kvcake:admission_ttft_margin (\S+)", metrics, re.M)
+    pat = r'^kvcake:cost_model_coefficient\{stage="(\w+)",coef="(\w+)"\} (\S+)'
+    fits = {f"{st}.{co}": float(v) for st, co, v in re.findall(pat, metrics, re.M)}
     return {"admission": admission, "results": res,
-            "ttft_error_median": float(m.group(1)) if m else None}  # fmt: skip
+            "ttft_error_median": float(m.group(1)) if m else None,
+            "ttft_margin": float(margin.group(1)) if margin else None, "fitted": fits}  # fmt: skip
 
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -128,6 +132,7 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "met_with_admission": sum(1 for r in rb if r["met"]),
         "ttft_error_median": b["ttft_error_median"],
         "oracle_ttft_error_median": a["ttft_error_median"],
+        "ttft_margin": b.get("ttft_margin"), "fitted": b.get("fitted"),
     }  # fmt: skip
 
 

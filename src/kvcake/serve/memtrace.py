@@ -35,7 +35,9 @@ def install_from_env(name: str) -> bool:
         snap = tracemalloc.take_snapshot().filter_traces(
             (tracemalloc.Filter(False, tracemalloc.__file__),)
         )
-        snap.dump(str(path))
+        tmp = path.with_suffix(".part")
+        snap.dump(str(tmp))
+        tmp.replace(path)  # readers never see half a snapshot
         log.warning("tracemalloc snapshot written to %s", path)
 
     signal.signal(signal.SIGUSR2, dump)

@@ -76,7 +76,7 @@ class StoreWatch:
 
         from kvcake.store.events import BATCH_DECODER
 
-        ctx = zmq.Context.instance()
+        ctx: Any = zmq.Context.instance()
         warned = False
         while not self._stop.is_set():
             try:
