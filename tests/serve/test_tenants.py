@@ -21,20 +21,26 @@ from kvcake.store.client import Client
 from tests.serve.helpers import make_cluster
 
 KEY_A, KEY_B, KEY_OPEN = "sk-teamA-0123456789", "sk-teamB-0123456789", "sk-open-0123456789"
+KEY_Q = "sk-teamQ-0123456789"  # a tenant whose store quota holds no block
 PROMPT = [(7 * i + 3) % 900 + 20 for i in range(200)]  # 6 full blocks of 32 (192 tokens)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
-    keys.write_text(f"# tenants\n{KEY_A}=teamA\n{KEY_B} = teamB\n")
+    keys.write_text(f"# tenants\n{KEY_A}=teamA\n{KEY_B} = teamB\n{KEY_Q}=teamQ\n")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KVCAKE_MASTER_TENANT_QUOTAS", "teamQ=1KiB")  # less than one KV block
     c = make_cluster(
         tmp_path_factory.mktemp("tenants"),
         cluster={"prefill": 1, "decode": 1, "store_servers": 1, "store_size": "64MB"},
         proxy={"api_keys": [KEY_OPEN], "api_keys_file": str(keys)},
     )
-    with c:
-        yield c
+    try:
+        with c:
+            yield c
+    finally:
+        mp.undo()
 
 
 def complete(c: Cluster, key: str | None, prompt: object = PROMPT, **kw: object) -> httpx.Response:
@@ -105,6 +111,29 @@ def test_pool_holds_each_tenants_blocks_under_its_own_keys(cluster: Cluster) -> 
                 break
             time.sleep(0.2)
         assert found == {"teamA": 6, "teamB": 6, "": 0}, found
+
+
+def test_store_quota_applies_to_the_serving_path(cluster: Cluster) -> None:
+    """teamQ's quota is smaller than one block: its pooled puts (prefill's new blocks, decode's
+    prompt + answer) are refused, its requests are still served, other tenants' blocks stay."""
+    prompt = [(17 * i + 2) % 900 + 20 for i in range(200)]
+    assert cached(complete(cluster, KEY_Q, prompt)) == 0
+    assert cached(complete(cluster, KEY_Q, prompt)) == 192  # its own instance-local cache
+    # The prefill instance's one pool-writer thread puts in order: once teamA's blocks are
+    # in, teamQ's (queued before) were tried.
+    assert cached(complete(cluster, KEY_A, prompt)) == 0
+    kv = cluster.conf.kv
+    keys = {
+        t: [block_key(kv.model, kv.dtype, kv.kv_block_tokens, h)
+            for h in block_hashes(prompt, kv.kv_block_tokens, salt=t)]
+        for t in ("teamA", "teamQ")
+    }  # fmt: skip
+    with Client(master=cluster.master_rpc) as store:
+        deadline = time.monotonic() + 20
+        while sum(store.batch_is_exist(keys["teamA"])) < 6 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sum(store.batch_is_exist(keys["teamA"])) == 6
+        assert sum(store.batch_is_exist(keys["teamQ"])) == 0
 
 
 def test_malformed_tenant_ids_and_salts(cluster: Cluster) -> None:

@@ -40,6 +40,8 @@ class SamplingParams:
     # request's tenant and/or ``cache_salt``; the prefill and decode instances name (and pool)
     # the request's blocks with it, so different salts never share KV.
     cache_salt: str = ""
+    # The tenant charged for the request's pooled blocks (the store master's tenant quotas).
+    tenant: str = ""
 
     def __post_init__(self) -> None:
         if len(self.cache_salt) > 512:

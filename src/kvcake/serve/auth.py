@@ -135,8 +135,10 @@ def salt_of(tenant: str, cache_salt: str) -> str:
 
 
 def salted(sampling: SamplingParams, tenant: str, cache_salt: str) -> SamplingParams:
+    """The request's parameters with its chain's salt and the tenant charged for its pooled
+    blocks (the store's tenant quotas)."""
     salt = salt_of(tenant, cache_salt)
-    return dataclasses.replace(sampling, cache_salt=salt) if salt else sampling
+    return dataclasses.replace(sampling, cache_salt=salt, tenant=tenant) if salt else sampling
 
 
 class RequireApiKey:

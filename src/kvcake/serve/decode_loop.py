@@ -293,7 +293,9 @@ class DecodeLoop:
         first_new = (len(r.tokens) - r.generated) // bt  # the prompt's full blocks
         if self.d.writer is not None and first_new < len(hashes):
             # Never stall the batch on the pool: skipped when the put queue is full.
-            self.d.writer.put(hashes[first_new:], table[first_new:], block=False)
+            self.d.writer.put(
+                hashes[first_new:], table[first_new:], block=False, tenant=r.sampling.tenant
+            )
 
     @staticmethod
     def _emit(r: _Running, chunk: TokenChunk) -> None:

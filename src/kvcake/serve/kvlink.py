@@ -265,13 +265,18 @@ class PoolLink:
             read[src] = read.get(src, 0) + 1
         return None
 
-    def put(self, hashes: Sequence[BlockHash], views: Sequence[memoryview]) -> list[BlockHash]:
-        """Write blocks not yet in the pool. Returns the hashes the pool now holds."""
+    def put(
+        self, hashes: Sequence[BlockHash], views: Sequence[memoryview], tenant: str = ""
+    ) -> list[BlockHash]:
+        """Write blocks not yet in the pool (charged to ``tenant``'s quota, if any). Returns
+        the hashes the pool now holds."""
         keys = [self.key(h) for h in hashes]
         try:
             exist = self.client.batch_is_exist(keys)
             todo = [i for i, e in enumerate(exist) if not e]
-            res = self.client.batch_put([keys[i] for i in todo], [views[i] for i in todo])
+            res = self.client.batch_put(
+                [keys[i] for i in todo], [views[i] for i in todo], tenant=tenant or None
+            )
         except Exception as exc:
             log.warning("pool put failed: %r", exc)
             return []

@@ -267,7 +267,8 @@ class PrefillWorker:
         hashes = list(task.block_hashes)
         d.kv.register(table[: len(hashes)], hashes)
         if d.writer is not None and first_new < len(hashes):
-            d.writer.put(hashes[first_new:], table[first_new : len(hashes)], block=True)
+            d.writer.put(hashes[first_new:], table[first_new : len(hashes)], block=True,
+                         tenant=task.sampling.tenant)  # fmt: skip
         if task.decode is None:
             d.kv.keep(task.request_id, table)  # colocated: the decode loop takes these blocks
         else:

@@ -53,9 +53,10 @@ class PoolWriter:
 
     def put(
         self, hashes: list[BlockHash], blocks: list[int], block: bool = True,
-        timeout_s: float = 30.0,
+        timeout_s: float = 30.0, tenant: str = "",
     ) -> bool:  # fmt: skip
-        """Queue a put of ``blocks`` (named ``hashes``); False if it was skipped."""
+        """Queue a put of ``blocks`` (named ``hashes``, charged to ``tenant``); False if it
+        was skipped."""
         n = min(len(blocks), self.max_pinned)
         hashes, blocks = hashes[:n], blocks[:n]
         if not n:
@@ -71,15 +72,17 @@ class PoolWriter:
             self.pinned += n
         self.kv.acquire(blocks)
         try:
-            self._exec.submit(self._put, hashes, blocks)
+            self._exec.submit(self._put, hashes, blocks, tenant)
         except RuntimeError:  # shut down meanwhile
             self._done(blocks)
             return False
         return True
 
-    def _put(self, hashes: list[BlockHash], blocks: list[int]) -> None:
+    def _put(self, hashes: list[BlockHash], blocks: list[int], tenant: str = "") -> None:
         try:
-            stored = self.pool.put(hashes, [self.view(b) for b in blocks])
+            views = [self.view(b) for b in blocks]
+            by = {"tenant": tenant} if tenant else {}  # (a test's pool takes no tenant)
+            stored = self.pool.put(hashes, views, **by)
             self.kv.pool_event(KVEventKind.STORED, stored)
         except Exception:
             log.exception("putting %d blocks into the pool failed", len(blocks))

@@ -137,15 +137,26 @@ class Client(ReadPath):
         self.put(key, view if size is None else view[:size])
 
     def batch_put(
-        self, keys: Sequence[str], values: Sequence[Any], options: P.PutOptions | None = None
+        self,
+        keys: Sequence[str],
+        values: Sequence[Any],
+        options: P.PutOptions | None = None,
+        tenant: str | None = None,
     ) -> list[Result]:
-        return self._put_many(keys, values, options, upsert=False)
+        """``tenant``: charged for these puts instead of ``config.tenant`` (a serving
+        instance puts blocks of many tenants' requests)."""
+        return self._put_many(keys, values, options, upsert=False, tenant=tenant)
 
     def batch_upsert(self, keys: Sequence[str], values: Sequence[Any]) -> list[Result]:
         return self._put_many(keys, values, None, upsert=True)
 
     def _put_many(
-        self, keys: Sequence[str], values: Sequence[Any], options: P.PutOptions | None, upsert: bool
+        self,
+        keys: Sequence[str],
+        values: Sequence[Any],
+        options: P.PutOptions | None,
+        upsert: bool,
+        tenant: str | None = None,
     ) -> list[Result]:
         if len(keys) != len(values):
             raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
@@ -159,7 +170,7 @@ class Client(ReadPath):
             [v.nbytes for v in views],
             options or P.PutOptions(),
             upsert,
-            tenant=self.cfg.tenant,
+            tenant=self.cfg.tenant if tenant is None else tenant,
         )
         try:
             reply = self.conn.call(start)
