@@ -110,3 +110,28 @@ def test_quota_over_rpc_is_typed_and_spares_other_tenants(live: Master) -> None:
             assert bytes(big.get(k)) == bytes([i]) * 32 * KB
         assert live.state.tenants.stats()["small"] == {"used": 56 * KB, "quota": 64 * KB}
         live.state.check()
+
+
+def test_tenant_charges_survive_replay() -> None:
+    """The operation log records an object's tenant; a new leader (or a --state-dir restart)
+    charges it again, so a quota holds across failovers."""
+    from kvcake.store.ha.journal import JournaledState
+    from kvcake.store.ha.replay import build_state
+    from kvcake.store.ha.view import ObjRec, View
+
+    cfg = MasterConfig(http_port=-1, tenant_quotas=("a=10KiB",))
+    js = JournaledState(cfg)
+    js.mount(ClientId("node"), "h", SegmentName("seg"), 64 * KB)
+    for i in range(4):
+        put(js, f"a/{i}", 2 * KB, "a")
+    view = View()
+    for rec in js.records():
+        view.apply(rec)
+    assert {r.tenant for r in view.objects.values()} == {"a"}
+    old = ObjRec("old", 100, False, [("seg", 60 * KB, "memory")])  # a record without a tenant
+    assert old.tenant == ""
+    state = build_state(cfg, view)
+    state.check()
+    assert state.tenants.used == {"a": 8 * KB}
+    with pytest.raises(QuotaExceeded):
+        state.put_start(W, "h", "a/9", 4 * KB, PutOptions(), tenant="a")

@@ -67,7 +67,7 @@ class JournaledState(MasterState):
         if obj is None or obj.status is not Status.COMPLETE:
             return ObjGone(key)
         reps = [(r.segment, r.offset, r.tier.value) for r in obj.replicas if r.complete]
-        return ObjRec(key, obj.size, obj.hard_pin, reps) if reps else ObjGone(key)
+        return ObjRec(key, obj.size, obj.hard_pin, reps, obj.tenant) if reps else ObjGone(key)
 
     def flush(self, log: OpLog) -> int:
         """Log what changed; return the ticket covering everything this thread touched."""

@@ -99,6 +99,8 @@ def build_state(
         key = ObjectKey(obj.key)
         meta = ObjectMeta(key, obj.size, Status.COMPLETE, ClientId(""), now, reps)
         meta.hard_pin = obj.hard_pin
+        meta.tenant = obj.tenant  # its quota charge survives the failover
+        state.tenants.charge(obj.tenant, obj.size)
         state.objects[key] = meta
     state.check()
     return state
