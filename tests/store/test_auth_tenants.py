@@ -110,6 +110,12 @@ def test_quota_over_rpc_is_typed_and_spares_other_tenants(live: Master) -> None:
             assert bytes(big.get(k)) == bytes([i]) * 32 * KB
         assert live.state.tenants.stats()["small"] == {"used": 56 * KB, "quota": 64 * KB}
         live.state.check()
+    from prometheus_client import generate_latest
+
+    text = generate_latest(live.metrics.registry).decode()
+    assert f'kvcake_store_tenant_used_bytes{{tenant="small"}} {56.0 * KB}' in text
+    assert f'kvcake_store_tenant_quota_bytes{{tenant="small"}} {64.0 * KB}' in text
+    assert "kvcake_store_quota_refusals 2.0" in text
 
 
 def test_tenant_charges_survive_replay() -> None:

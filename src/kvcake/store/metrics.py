@@ -37,6 +37,17 @@ class _PoolCollector(Collector):
                 frag.add_metric(lbl, seg.allocator.fragmentation())
             n_obj = len(self.state.objects)
             n_cli = len(self.state.clients)
+            tenant_used = GaugeMetricFamily(
+                "kvcake_store_tenant_used_bytes", "bytes charged per tenant", labels=["tenant"]
+            )
+            tenant_quota = GaugeMetricFamily(
+                "kvcake_store_tenant_quota_bytes", "byte quota per tenant (0 = none)",
+                labels=["tenant"],
+            )  # fmt: skip
+            for tenant, st in self.state.tenants.stats().items():
+                tenant_used.add_metric([tenant], st["used"])
+                tenant_quota.add_metric([tenant], st["quota"])
+            refused_q = self.state.tenants.refused
             ev_o, ev_b = self.state.evicted_objects, self.state.evicted_bytes
             off, pro = self.state.offloads, self.state.promotions
             dd, ev = self.state.dedup, self.state.events
@@ -52,7 +63,7 @@ class _PoolCollector(Collector):
                 ("kvcake_store_events_seq", "last KV event sequence number", ev.seq),
                 ("kvcake_store_events_dropped", "KV events dropped (queue full)", ev.dropped),
             ]
-        yield from (cap, used, frag)
+        yield from (cap, used, frag, tenant_used, tenant_quota)
         for name, doc, value in (
             ("kvcake_store_objects", "objects in the pool", n_obj),
             ("kvcake_store_clients", "live clients", n_cli),
@@ -60,6 +71,7 @@ class _PoolCollector(Collector):
             ("kvcake_store_evicted_bytes", "bytes evicted from memory (total)", ev_b),
             ("kvcake_store_offloads", "offloads to disk started (total)", off),
             ("kvcake_store_promotions", "promotions to memory started (total)", pro),
+            ("kvcake_store_quota_refusals", "puts refused by tenant quotas (total)", refused_q),
             *extra,
         ):
             g = GaugeMetricFamily(name, doc)
