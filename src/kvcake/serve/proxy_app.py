@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -200,7 +200,10 @@ def _cluster_view(st: ProxyState) -> dict[str, Any]:
              "kv_used": rep.kv_blocks_used, "kv_total": rep.kv_blocks_total,
              "cached_blocks": st.cluster.kv_index.blocks_of(i.instance_id)}
         )  # fmt: skip
-    return {"ready": st.ready(), "indexed_blocks": len(st.cluster.kv_index), "instances": rows}
+    cfg = getattr(getattr(st.router, "conductor", None), "config", None)
+    conf = asdict(cfg) if is_dataclass(cfg) and not isinstance(cfg, type) else {}  # [conductor]
+    return {"ready": st.ready(), "indexed_blocks": len(st.cluster.kv_index), "instances": rows,
+            "conductor": conf}  # fmt: skip
 
 
 @dataclass(frozen=True)
