@@ -69,6 +69,7 @@ def test_missing_or_wrong_key_gets_openais_401(cluster: Cluster) -> None:
     ok = httpx.get(cluster.url + "/v1/models", headers={"Authorization": f"Bearer {KEY_OPEN}"})
     assert ok.status_code == 200
     assert httpx.get(cluster.url + "/health").status_code == 200  # probes stay open
+    assert httpx.get(cluster.url + "/v1/cluster").status_code == 200  # kvcake status / top
 
 
 def test_openai_sdk_sees_authentication_errors(cluster: Cluster) -> None:

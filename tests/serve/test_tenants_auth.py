@@ -66,3 +66,14 @@ def test_store_client_without_the_secret_is_refused(cluster: Cluster) -> None:
         Client(master=cluster.master_rpc, auth=auth.DISABLED)
     with Client(master=cluster.master_rpc) as c:  # the environment's secret
         assert not c.is_exist("nothing/here")
+
+
+def test_admin_http_needs_and_gets_the_secret(cluster: Cluster) -> None:
+    """The master's admin HTTP refuses unsigned calls; `kvcake top` signs its own."""
+    from kvcake.serve.top_view import fetch
+
+    master_http = cluster.child("master").info["http"]
+    assert httpx.get(f"http://{master_http}/get_all_keys").status_code == 401
+    assert httpx.get(f"http://{master_http}/health").status_code == 200
+    snap = fetch(cluster.url, master_http)
+    assert not snap.errors, snap.errors

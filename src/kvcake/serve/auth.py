@@ -29,6 +29,7 @@ from kvcake.core.errors import ConfigError, KvcakeError
 TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # as store.tenants
 KEY_RE = re.compile(r"^[\x21-\x7e]{8,256}$")  # printable, no spaces
 TENANT_HEADER = "x-tenant-id"
+OPEN = frozenset({"/v1/cluster"})  # the admin view: kvcake status / top, liveness probes
 
 
 class AuthFailure(KvcakeError):
@@ -143,14 +144,16 @@ def salted(sampling: SamplingParams, tenant: str, cache_salt: str) -> SamplingPa
 
 class RequireApiKey:
     """ASGI middleware: ``/v1/`` requests need a configured key (401 with OpenAI's body);
-    ``/health``, ``/metrics`` and the dashboard stay as they are."""
+    ``/health``, ``/metrics``, the dashboard and ``/v1/cluster`` (what ``kvcake status`` /
+    ``top`` and liveness probes read) stay open."""
 
     def __init__(self, app: Any, keys: ApiKeys):
         self.app = app
         self.keys = keys
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        path = scope["path"] if scope["type"] == "http" else ""
+        if not path.startswith("/v1/") or path in OPEN:
             return await self.app(scope, receive, send)
         auth = next((v for k, v in scope["headers"] if k.lower() == b"authorization"), b"")
         try:

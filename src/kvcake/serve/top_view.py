@@ -48,7 +48,10 @@ def fetch(proxy_url: str, master_http: str = "", timeout_s: float = 2.0) -> Snap
     cluster: dict[str, Any] = {}
     proxy: Series = {}
     master: Series = {}
-    with httpx.Client(timeout=timeout_s) as http:
+    from kvcake.core.auth import resolve
+    from kvcake.store.httpserve import client_auth
+
+    with httpx.Client(timeout=timeout_s, auth=client_auth(resolve(None))) as http:
         try:
             cluster = http.get(proxy_url + "/v1/cluster").json()
             proxy = parse_metrics(http.get(proxy_url + "/metrics").text)

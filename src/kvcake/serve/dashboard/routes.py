@@ -87,7 +87,13 @@ class Dashboard:
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(1.5))
+            from kvcake.core.auth import resolve
+            from kvcake.store.httpserve import client_auth
+
+            # The master's admin HTTP wants the shared secret when one is set.
+            self._http = httpx.AsyncClient(
+                timeout=httpx.Timeout(1.5), auth=client_auth(resolve(None))
+            )
         return self._http
 
     def take_sample(self) -> None:
