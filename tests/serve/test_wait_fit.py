@@ -86,3 +86,13 @@ def test_snapshot_queue_uses_the_fit_only_when_work_is_queued() -> None:
 
 def test_wait_model_defaults() -> None:
     assert WaitModel().predict(1.25) == 1.25 and WaitModel(a=-5.0, b=0.0).predict(1.0) == 0.0
+
+
+def test_the_margin_learns_only_from_calibrated_predictions() -> None:
+    c, p = _cluster(), InstanceId("prefill-0")
+    assert c.queue_calibrated(p)  # no queue: nothing to calibrate
+    c.pending[p] = Pending(prefill_s=2.0, prefill_requests=3)
+    assert not c.queue_calibrated(p)  # a queue, and no measured waits yet
+    for q in (1.0, 2.0, 3.0, 4.0):
+        c.record_wait(p, q, q)
+    assert c.queue_calibrated(p)

@@ -91,6 +91,9 @@ class Outcome:
     error: str | None = None
     prefill_timings: dict[str, float] = field(default_factory=dict)
     predicted_ttft_s: float | None = None
+    # the prediction's queue part was calibrated (queue empty, or its WaitFit had samples): only
+    # such requests teach admission's TTFT margin
+    calibrated: bool = True
     wall: float = field(default_factory=time.time)  # arrival, Unix time (request logs)
     gate_at: float = 0.0  # perf_counter when its prefill instance took it (queue time)
     max_tokens: int = 0
@@ -286,6 +289,7 @@ class Router:
         d = self.cluster.instances[acc.decode]
         out.prefill, out.decode = str(acc.prefill), str(acc.decode)
         out.predicted_ttft_s = acc.expected_ttft_s + max(0.0, time.perf_counter() - out.arrival)
+        out.calibrated = self.cluster.queue_calibrated(acc.prefill)
         pend = self.cluster.pending.setdefault(acc.decode, Pending())
         pend.requests += 1
         pend.tokens += len(tokens)
@@ -379,7 +383,7 @@ class Router:
             self.metrics.ttft_prediction_error.observe(err)
             s = sorted(self.ttft_errors)
             self.metrics.ttft_prediction_error_median.set(s[len(s) // 2])
-            if pred > 0:
+            if pred > 0 and out.calibrated:
                 self.ttft_ratios.append(ttft / pred)
                 self._update_margin()
 

@@ -29,7 +29,7 @@ from kvcake.core.costmodel import DecodeCoefficients, PrefillCoefficients
 from kvcake.core.ids import InstanceId
 from kvcake.serve.client import RemoteInstance
 from kvcake.serve.events import POOL
-from kvcake.serve.online_fit import OnlineFit, RecentWait, WaitFit, WaitModel
+from kvcake.serve.online_fit import MIN_FULL_FIT, OnlineFit, RecentWait, WaitFit, WaitModel
 from kvcake.serve.wire import InstanceError
 
 log = logging.getLogger(__name__)
@@ -151,6 +151,17 @@ class LiveCluster:
     def wait_model(self, iid: InstanceId) -> WaitModel:
         fit = self.wait_fit.get(iid)
         return fit.model() if fit is not None else WaitModel()
+
+    def queue_calibrated(self, iid: InstanceId) -> bool:
+        """A new request's predicted queue on ``iid`` comes from a fitted WaitFit (or there is
+        no queue): its measured/predicted TTFT then says how far the calibrated prediction is
+        off (admission's margin), not how far the uncalibrated start was."""
+        pend = self.pending.get(iid)
+        return (
+            pend is None
+            or not pend.prefill_requests
+            or (self.wait_model(iid).samples >= MIN_FULL_FIT)
+        )
 
     def expected_queue_s(self, iid: InstanceId, now: float) -> float:
         """Seconds a new request would wait before its prefill service starts on ``iid``:
