@@ -4,6 +4,7 @@ schemas ship inside ``kubernetes-validate``), wired to each other, and the commi
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,15 @@ def by(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 DISAGG = '[cluster]\nprefill = 2\ndecode = 3\nstore_servers = 2\nstore_size = "1GB"\n' \
          '[instance]\nbackend = "emulated"\nthreads = 2\n'  # fmt: skip
 COLOC = "[cluster]\nprefill = 2\ncolocated = true\nstore_servers = 0\n"
+HA = DISAGG + '[ha]\netcd = true\nmasters = 3\ncluster = "pool-a"\nha_lease_ttl_s = 4\n'
+HA_EXT = DISAGG + '[ha]\netcd_endpoints = "etcd-a:2379,etcd-b:2379"\nmasters = 2\n'
+VLLM = (ROOT / "configs" / "vllm.toml").read_text()
 
 
-@pytest.mark.parametrize("toml", [None, DISAGG, COLOC], ids=["default", "disagg", "colocated"])
+@pytest.mark.parametrize(
+    "toml", [None, DISAGG, COLOC, HA, HA_EXT, VLLM],
+    ids=["default", "disagg", "colocated", "ha-etcd", "ha-external-etcd", "vllm"],
+)  # fmt: skip
 def test_every_object_passes_the_kubernetes_schema(tmp_path: Path, toml: str | None) -> None:
     objs = objects(render(tmp_path, toml))
     assert len(objs) >= 5
@@ -133,9 +140,10 @@ def test_every_container_command_parses_with_kvcake_s_own_cli(tmp_path: Path) ->
     from kvcake.cli import build_parser
 
     parser = build_parser()
-    for toml in (DISAGG, COLOC):
+    for toml in (DISAGG, COLOC, HA):
         for o in objects(render(tmp_path, toml)):
-            if o["kind"] not in ("StatefulSet", "Deployment"):
+            if o["kind"] not in ("StatefulSet", "Deployment") or o["metadata"]["name"] == (
+                "kvcake-etcd"):  # fmt: skip
                 continue
             (c,) = o["spec"]["template"]["spec"]["containers"]
             assert c["command"] == ["kvcake"]
@@ -145,3 +153,105 @@ def test_every_container_command_parses_with_kvcake_s_own_cli(tmp_path: Path) ->
             assert callable(ns.func), args
             env = {e["name"] for e in c["env"]}
             assert {"POD_IP", "POD_NAME"} <= env
+
+
+def containers(objs: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    o = next(o for o in objs if o["kind"] in ("StatefulSet", "Deployment")
+             and o["metadata"]["name"] == name)  # fmt: skip
+    (c,) = o["spec"]["template"]["spec"]["containers"]
+    return {"replicas": o["spec"]["replicas"], **c, "_spec": o["spec"]}
+
+
+def arg(c: dict[str, Any], flag: str) -> str:
+    return str(c["args"][c["args"].index(flag) + 1])
+
+
+def test_ha_renders_etcd_and_a_master_statefulset_on_it(tmp_path: Path) -> None:
+    objs = objects(render(tmp_path, HA))
+    etcd = containers(objs, "kvcake-etcd")
+    assert etcd["replicas"] == 3 and etcd["command"] == ["etcd"]
+    assert etcd["readinessProbe"]["httpGet"] == {"path": "/health", "port": 2379}
+    init = next(a for a in etcd["args"] if a.startswith("--initial-cluster="))
+    assert init.count("=http://kvcake-etcd-") == 3
+    assert etcd["_spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    eps = ",".join(f"kvcake-etcd-{i}.kvcake-etcd:2379" for i in range(3))
+    m = containers(objs, "kvcake-master")
+    assert m["replicas"] == 3
+    assert arg(m, "--etcd-endpoints") == ",".join(f"http://{e}" for e in eps.split(","))
+    assert (arg(m, "--cluster"), arg(m, "--ha-lease-ttl-s")) == ("pool-a", "4")
+    # A standby serves no HTTP: ready only while leading, no HTTP liveness/startup probe.
+    assert m["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert "livenessProbe" not in m and "startupProbe" not in m
+    pool = f"etcd://{eps}/pool-a"
+    assert arg(containers(objs, "kvcake-store"), "--master") == pool
+    d = containers(objs, "kvcake-directory")
+    assert d["args"][:2] == ["transfer-server", "--metadata"] and "tcpSocket" in d["livenessProbe"]
+    for role in ("prefill", "decode"):
+        c = containers(objs, f"kvcake-{role}")
+        assert arg(c, "--master") == pool
+        assert arg(c, "--directory") == "kvcake-directory-0.kvcake-directory:50052"
+    data = by(objs, "ConfigMap", "kvcake-config")["data"]
+    assert tomllib.loads(data["proxy.toml"])["proxy"]["master"] == pool
+    assert tomllib.loads(data["cluster.toml"])["ha"]["masters"] == 3  # the same TOML
+
+
+def test_ha_with_an_external_etcd_renders_no_etcd(tmp_path: Path) -> None:
+    out = render(tmp_path, HA_EXT)
+    objs = objects(out)
+    assert not [o for o in objs if o["metadata"]["name"] == "kvcake-etcd"]
+    m = containers(objs, "kvcake-master")
+    assert m["replicas"] == 2
+    assert arg(m, "--etcd-endpoints") == "http://etcd-a:2379,http://etcd-b:2379"
+    assert (
+        arg(containers(objs, "kvcake-store"), "--master") == "etcd://etcd-a:2379,etcd-b:2379/kvcake"
+    )
+    prom = yaml.safe_load((out / "prometheus" / "prometheus.yml").read_text())
+    job = next(j for j in prom["scrape_configs"] if j["job_name"] == "kvcake-master")
+    assert len(job["static_configs"][0]["targets"]) == 2  # every master; the leader answers
+
+
+def test_vllm_config_renders_engines_with_the_connector(tmp_path: Path) -> None:
+    from kvcake.serve.vllm_cluster import load
+    from kvcake.serve.vllm_procs import CONNECTOR, CONNECTOR_MODULE
+    from kvcake.serve.vllm_proxy import parse_engine
+
+    cfg = load(ROOT / "configs" / "vllm.toml")
+    out = render(tmp_path, VLLM, "--image", "reg.example/kvcake-vllm:1")
+    objs = objects(out)
+    for i in range(cfg.engines):  # one single-pod StatefulSet per engine
+        e = containers(objs, f"kvcake-vllm-{i}")
+        assert e["replicas"] == 1 and e["image"] == "reg.example/kvcake-vllm:1"
+        ev = json.loads(arg(e, "--kv-events-config"))["endpoint"]
+        assert ev == f"tcp://kvcake-proxy:{5557 + i}"  # vLLM connects, the proxy binds
+    eng = containers(objs, "kvcake-vllm-0")
+    assert eng["command"] == ["python"] and eng["args"][:2] == [
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+    ]
+    ktc = json.loads(arg(eng, "--kv-transfer-config"))
+    assert (ktc["kv_connector"], ktc["kv_connector_module_path"]) == (CONNECTOR, CONNECTOR_MODULE)
+    assert ktc["kv_connector_extra_config"] == {"master": "kvcake-master-0.kvcake-master:50051",
+                                                **cfg.connector}  # fmt: skip
+    assert arg(eng, "--block-size") == str(cfg.block_size) and arg(eng, "--host") == "$(POD_IP)"
+    env = {e["name"]: e.get("value") for e in eng["env"]}
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == str(cfg.kv_cache_gib)
+    assert eng["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
+    assert {"cpu", "memory"} <= set(eng["resources"]["requests"])
+    vols = eng["_spec"]["template"]["spec"]["volumes"]
+    assert {"name": "models", "persistentVolumeClaim": {"claimName": "kvcake-models",
+                                                         "readOnly": True}} in vols  # fmt: skip
+    proxy = containers(objs, "kvcake-proxy")
+    assert proxy["args"][:2] == ["-m", "kvcake.serve.vllm_proxy"]
+    engines = [parse_engine(a) for a in proxy["args"][1:] if a.startswith("vllm-")]
+    assert [str(e.id) for e in engines] == [f"vllm-{i}" for i in range(cfg.engines)]
+    assert [e.events for e in engines] == [
+        f"tcp://$(POD_IP):{5557 + i}" for i in range(cfg.engines)
+    ]
+    assert [e.url for e in engines] == [
+        f"http://kvcake-vllm-{i}-0.kvcake-vllm-{i}:8000" for i in range(cfg.engines)]  # fmt: skip
+    svc = by(objs, "Service", "kvcake-proxy")
+    assert {p["port"] for p in svc["spec"]["ports"]} >= {5557 + i for i in range(cfg.engines)}
+    assert (
+        arg(containers(objs, "kvcake-store"), "--master") == "kvcake-master-0.kvcake-master:50051"
+    )
+    assert by(objs, "ConfigMap", "kvcake-config")["data"]["vllm.toml"] == VLLM

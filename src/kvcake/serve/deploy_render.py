@@ -19,6 +19,19 @@ from typing import Any
 
 from kvcake.serve.clusterfile import toml_dump
 from kvcake.serve.config import ServeFile
+from kvcake.serve.deploy_k8s import (
+    APP,
+    CONF_DIR,
+    claim,
+    container,
+    dns,
+    labels,
+    mem,
+    pod_spec,
+    service,
+    tcp_probe,
+    workload,
+)
 
 # Fixed in-pod ports (kvcake up picks free ones; a pod owns its network namespace).
 INSTANCE_PORT = 8100
@@ -27,13 +40,9 @@ MASTER_DIR_PORT = 50052
 MASTER_HTTP_PORT = 9003
 STORE_HTTP_PORT = 9100
 STORE_DISK_PORT = 9101
-CONF_DIR = "/etc/kvcake"
-APP = "kvcake"
-
-_POD_ENV = [
-    {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-]
+ETCD_CLIENT_PORT, ETCD_PEER_PORT = 2379, 2380
+ETCD_MEMBERS = 3  # `[ha] etcd = true`: a 3-member etcd (one member would be the single point)
+ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17"
 
 
 def proxy_port(conf: ServeFile) -> int:
@@ -46,16 +55,35 @@ def roles(conf: ServeFile) -> dict[str, int]:
     return {"colocated": c.prefill} if c.colocated else {"prefill": c.prefill, "decode": c.decode}
 
 
-def _dns(name: str, i: int) -> str:
-    return f"{APP}-{name}-{i}.{APP}-{name}"
-
-
 def master_host() -> str:
-    return _dns("master", 0)
+    return dns("master", 0)
+
+
+def etcd_endpoints(conf: ServeFile) -> str:
+    """``host:port[,...]`` of the etcd the HA masters elect through (rendered or given)."""
+    if conf.ha.etcd:
+        return ",".join(f"{dns('etcd', i)}:{ETCD_CLIENT_PORT}" for i in range(ETCD_MEMBERS))
+    return conf.ha.etcd_endpoints
+
+
+def pool_address(conf: ServeFile) -> str:
+    """What store-servers, instances and the proxy give as ``--master``: the master's RPC, or
+    with ``[ha]`` the ``etcd://`` address through which they follow the elected leader."""
+    if conf.ha.enabled:
+        return f"etcd://{etcd_endpoints(conf)}/{conf.ha.cluster}"
+    return f"{master_host()}:{MASTER_RPC_PORT}"
+
+
+def directory_address(conf: ServeFile) -> str:
+    """The Transfer Engine directory of the instances: the master's, or with ``[ha]`` a
+    standalone one (every master hosts its own, which would move with the leader)."""
+    if conf.ha.enabled:
+        return f"{dns('directory', 0)}:{MASTER_DIR_PORT}"
+    return f"{master_host()}:{MASTER_DIR_PORT}"
 
 
 def instance_urls(conf: ServeFile, role: str) -> tuple[str, ...]:
-    return tuple(f"http://{_dns(role, i)}:{INSTANCE_PORT}" for i in range(roles(conf).get(role, 0)))
+    return tuple(f"http://{dns(role, i)}:{INSTANCE_PORT}" for i in range(roles(conf).get(role, 0)))
 
 
 def proxy_toml(conf: ServeFile) -> str:
@@ -64,114 +92,84 @@ def proxy_toml(conf: ServeFile) -> str:
     pool = conf.cluster.store_servers > 0
     p = replace(
         conf.proxy, host="0.0.0.0", port=proxy_port(conf), prefill=instance_urls(conf, pre),
-        decode=instance_urls(conf, "decode"),
-        master=f"{master_host()}:{MASTER_RPC_PORT}" if pool else "",
+        decode=instance_urls(conf, "decode"), master=pool_address(conf) if pool else "",
     )  # fmt: skip
     return toml_dump({"kv": conf.kv, "proxy": p})
 
 
-def _labels(component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/component": component}
+def _master_objects(conf: ServeFile, image: str, ns: str) -> list[dict[str, Any]]:
+    """One master, or with ``[ha]`` ``ha.masters`` of them electing a leader through etcd.
+    A standby serves no HTTP until it leads, so HA masters are *ready* only while leading
+    (the ``kvcake-master`` Service then reaches the leader's /metrics) and have no HTTP
+    liveness probe (it would restart every standby); a master that loses etcd exits."""
+    ha = conf.ha
+    mports = {"rpc": MASTER_RPC_PORT, "directory": MASTER_DIR_PORT, "http": MASTER_HTTP_PORT}
+    margs = ["master", "--host", "$(POD_IP)", "--port", str(MASTER_RPC_PORT),
+             "--directory-port", str(MASTER_DIR_PORT), "--http-port", str(MASTER_HTTP_PORT)]  # fmt: skip
+    if ha.enabled:
+        eps = ",".join(f"http://{e}" for e in etcd_endpoints(conf).split(","))
+        margs += ["--etcd-endpoints", eps, "--cluster", ha.cluster,
+                  "--ha-lease-ttl-s", str(ha.ha_lease_ttl_s)]  # fmt: skip
+    ctr = container("master", margs, mports, MASTER_HTTP_PORT,
+                    {"cpu": "250m", "memory": "256Mi"}, image)  # fmt: skip
+    if ha.enabled:
+        del ctr["startupProbe"], ctr["livenessProbe"]
+    n = ha.masters if ha.enabled else 1
+    out = [service("master", mports, ns, headless=True),
+           workload("StatefulSet", "master", n, pod_spec(ctr), ns)]  # fmt: skip
+    if ha.enabled:  # the instances' Transfer Engine directory must outlive a failover
+        dports = {"directory": MASTER_DIR_PORT}
+        dargs = ["transfer-server", "--metadata", "--metadata-host", "$(POD_IP)",
+                 "--metadata-port", str(MASTER_DIR_PORT), "--hostname", "$(POD_IP)"]  # fmt: skip
+        d = container("directory", dargs, dports, MASTER_DIR_PORT,
+                      {"cpu": "100m", "memory": "128Mi"}, image)  # fmt: skip
+        d["readinessProbe"], d["livenessProbe"] = tcp_probe(MASTER_DIR_PORT), tcp_probe(
+            MASTER_DIR_PORT, fails=6)  # fmt: skip
+        d["startupProbe"] = tcp_probe(MASTER_DIR_PORT, period=5, fails=24)
+        out += [service("directory", dports, ns, headless=True),
+                workload("StatefulSet", "directory", 1, pod_spec(d), ns)]  # fmt: skip
+    return out
 
 
-def _probe(port: int, path: str = "/health", period: int = 10, fails: int = 3) -> dict[str, Any]:
-    return {
-        "httpGet": {"path": path, "port": port},
-        "periodSeconds": period,
-        "timeoutSeconds": 3,
-        "failureThreshold": fails,
-    }
-
-
-def _container(
-    component: str, args: list[str], ports: dict[str, int], health_port: int,
-    resources: dict[str, str], image: str, live_path: str = "/health",
-) -> dict[str, Any]:  # fmt: skip
-    return {
-        "name": component,
-        "image": image,
-        "command": ["kvcake"],
-        "args": args,
-        "env": _POD_ENV,
-        "ports": [{"name": n, "containerPort": p} for n, p in ports.items()],
-        "resources": {"requests": resources, "limits": {"memory": resources["memory"]}},
-        # A model load can take minutes: the startup probe holds off the other two until then.
-        "startupProbe": _probe(health_port, period=5, fails=120),
-        "readinessProbe": _probe(health_port, period=5),
-        "livenessProbe": _probe(health_port, live_path, fails=6),
-        "volumeMounts": [{"name": "config", "mountPath": CONF_DIR, "readOnly": True}],
-    }
-
-
-def _pod_spec(container: dict[str, Any], grace_s: int = 30) -> dict[str, Any]:
-    return {
-        "terminationGracePeriodSeconds": grace_s,
-        "containers": [container],
-        "volumes": [{"name": "config", "configMap": {"name": f"{APP}-config"}}],
-    }
-
-
-def _workload(
-    kind: str, component: str, replicas: int, pod: dict[str, Any], ns: str
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "replicas": replicas,
-        "selector": {"matchLabels": _labels(component)},
-        "template": {"metadata": {"labels": _labels(component)}, "spec": pod},
-    }
-    if kind == "StatefulSet":
-        spec["serviceName"] = f"{APP}-{component}"
-        spec["podManagementPolicy"] = "Parallel"
-    return {
-        "apiVersion": "apps/v1",
-        "kind": kind,
-        "metadata": {"name": f"{APP}-{component}", "namespace": ns, "labels": _labels(component)},
-        "spec": spec,
-    }
-
-
-def _service(component: str, ports: dict[str, int], ns: str, headless: bool) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "selector": _labels(component),
-        "ports": [{"name": n, "port": p, "targetPort": p} for n, p in ports.items()],
-    }
-    if headless:
-        spec["clusterIP"] = "None"
-        spec["publishNotReadyAddresses"] = True  # peers resolve each other while starting
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": f"{APP}-{component}", "namespace": ns, "labels": _labels(component)},
-        "spec": spec,
-    }
-
-
-def _mem(nbytes: int) -> str:
-    return f"{max(1, -(-nbytes // (1 << 20)))}Mi"
+def _etcd_objects(ns: str) -> list[dict[str, Any]]:
+    """``[ha] etcd = true``: a 3-member etcd StatefulSet (stable member names, data on a
+    volume claim), probes on etcd's own ``/health``."""
+    peers = ",".join(
+        f"{APP}-etcd-{i}=http://{dns('etcd', i)}:{ETCD_PEER_PORT}" for i in range(ETCD_MEMBERS)
+    )
+    args = ["--name=$(POD_NAME)", "--data-dir=/var/lib/etcd",
+            f"--listen-client-urls=http://0.0.0.0:{ETCD_CLIENT_PORT}",
+            f"--advertise-client-urls=http://$(POD_NAME).{APP}-etcd:{ETCD_CLIENT_PORT}",
+            f"--listen-peer-urls=http://0.0.0.0:{ETCD_PEER_PORT}",
+            f"--initial-advertise-peer-urls=http://$(POD_NAME).{APP}-etcd:{ETCD_PEER_PORT}",
+            f"--initial-cluster={peers}", "--initial-cluster-state=new",
+            f"--initial-cluster-token={APP}-etcd"]  # fmt: skip
+    ports = {"client": ETCD_CLIENT_PORT, "peer": ETCD_PEER_PORT}
+    ctr = container("etcd", args, ports, ETCD_CLIENT_PORT,
+                    {"cpu": "250m", "memory": "512Mi"}, ETCD_IMAGE)  # fmt: skip
+    ctr["command"] = ["etcd"]
+    ctr["volumeMounts"] = [{"name": "data", "mountPath": "/var/lib/etcd"}]
+    pod = pod_spec(ctr, config=False)
+    return [service("etcd", ports, ns, headless=True),
+            workload("StatefulSet", "etcd", ETCD_MEMBERS, pod, ns, [claim("data", "1Gi")])]  # fmt: skip
 
 
 def _pool_objects(conf: ServeFile, image: str, ns: str) -> list[dict[str, Any]]:
     c = conf.cluster
-    mports = {"rpc": MASTER_RPC_PORT, "directory": MASTER_DIR_PORT, "http": MASTER_HTTP_PORT}
-    margs = ["master", "--host", "$(POD_IP)", "--port", str(MASTER_RPC_PORT),
-             "--directory-port", str(MASTER_DIR_PORT), "--http-port", str(MASTER_HTTP_PORT)]  # fmt: skip
-    master = _container("master", margs, mports, MASTER_HTTP_PORT,
-                        {"cpu": "250m", "memory": "256Mi"}, image)  # fmt: skip
-    sargs = ["store-server", "--master", f"{master_host()}:{MASTER_RPC_PORT}",
+    sargs = ["store-server", "--master", pool_address(conf),
              "--hostname", "$(POD_IP)", "--segment-size", str(c.store_size), "--name",
              "$(POD_NAME)", "--http-port", str(STORE_HTTP_PORT),
              "--disk-port", str(STORE_DISK_PORT)]  # fmt: skip
     sports = {"http": STORE_HTTP_PORT, "disk": STORE_DISK_PORT}
-    store_mem = {"cpu": "250m", "memory": _mem(c.store_size + (256 << 20))}
-    store = _container("store", sargs, sports, STORE_HTTP_PORT, store_mem, image)
+    store_mem = {"cpu": "250m", "memory": mem(c.store_size + (256 << 20))}
+    store = container("store", sargs, sports, STORE_HTTP_PORT, store_mem, image)
     store["volumeMounts"].append({"name": "shm", "mountPath": "/dev/shm"})
-    spod = _pod_spec(store)
+    spod = pod_spec(store)
     spod["volumes"].append({"name": "shm", "emptyDir": {"medium": "Memory"}})
     return [
-        _service("master", mports, ns, headless=True),
-        _workload("StatefulSet", "master", 1, _pod_spec(master), ns),
-        _service("store", sports, ns, headless=True),
-        _workload("StatefulSet", "store", c.store_servers, spod, ns),
+        *_master_objects(conf, image, ns),
+        service("store", sports, ns, headless=True),
+        workload("StatefulSet", "store", c.store_servers, spod, ns),
     ]
 
 
@@ -184,12 +182,11 @@ def _instance_objects(conf: ServeFile, image: str, ns: str) -> list[dict[str, An
         args = [role, "--config", f"{CONF_DIR}/cluster.toml", "--id", "$(POD_NAME)",
                 "--host", "$(POD_IP)", "--port", str(INSTANCE_PORT)]  # fmt: skip
         if conf.cluster.store_servers:
-            args += ["--master", f"{master_host()}:{MASTER_RPC_PORT}",
-                     "--directory", f"{master_host()}:{MASTER_DIR_PORT}"]  # fmt: skip
+            args += ["--master", pool_address(conf), "--directory", directory_address(conf)]
         ports = {"http": INSTANCE_PORT}
-        ctr = _container(role, args, ports, INSTANCE_PORT, res, image)
-        out.append(_service(role, ports, ns, headless=True))
-        out.append(_workload("StatefulSet", role, n, _pod_spec(ctr, grace_s=60), ns))
+        ctr = container(role, args, ports, INSTANCE_PORT, res, image)
+        out.append(service(role, ports, ns, headless=True))
+        out.append(workload("StatefulSet", role, n, pod_spec(ctr, grace_s=60), ns))
     return out
 
 
@@ -201,10 +198,10 @@ def _proxy_objects(conf: ServeFile, image: str, ns: str) -> list[dict[str, Any]]
     # /health is 503 while no prefill+decode pair answers: right for readiness, wrong for
     # liveness (restarting the proxy would not bring instances back), so liveness asks
     # /v1/models, which answers whenever the process serves.
-    ctr = _container("proxy", args, {"http": port}, port, {"cpu": "500m", "memory": "512Mi"},
+    ctr = container("proxy", args, {"http": port}, port, {"cpu": "500m", "memory": "512Mi"},
                      image, live_path="/v1/models")  # fmt: skip
-    svc = _service("proxy", {"http": port}, ns, headless=False)
-    return [svc, _workload("Deployment", "proxy", 1, _pod_spec(ctr), ns)]
+    svc = service("proxy", {"http": port}, ns, headless=False)
+    return [svc, workload("Deployment", "proxy", 1, pod_spec(ctr), ns)]
 
 
 def k8s_manifests(
@@ -214,10 +211,12 @@ def k8s_manifests(
     cm = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": f"{APP}-config", "namespace": namespace, "labels": _labels("config")},
+        "metadata": {"name": f"{APP}-config", "namespace": namespace, "labels": labels("config")},
         "data": {"cluster.toml": cluster_toml, "proxy.toml": proxy_toml(conf)},
     }
     files = {"00-config.yaml": [cm]}
+    if conf.ha.etcd:
+        files["05-etcd.yaml"] = _etcd_objects(namespace)
     if conf.cluster.store_servers:
         files["10-pool.yaml"] = _pool_objects(conf, image, namespace)
     files["20-instances.yaml"] = _instance_objects(conf, image, namespace)
@@ -230,11 +229,12 @@ def k8s_targets(conf: ServeFile) -> dict[str, list[str]]:
     """Scrape targets (job -> host:port) of the rendered Kubernetes cluster."""
     out: dict[str, list[str]] = {"proxy": [f"{APP}-proxy:{proxy_port(conf)}"]}
     for role, n in roles(conf).items():
-        out[role] = [f"{_dns(role, i)}:{INSTANCE_PORT}" for i in range(n)]
-    if conf.cluster.store_servers:
-        out["master"] = [f"{master_host()}:{MASTER_HTTP_PORT}"]
+        out[role] = [f"{dns(role, i)}:{INSTANCE_PORT}" for i in range(n)]
+    if conf.cluster.store_servers:  # HA: every master; only the leader answers
+        n = conf.ha.masters if conf.ha.enabled else 1
+        out["master"] = [f"{dns('master', i)}:{MASTER_HTTP_PORT}" for i in range(n)]
         out["store"] = [
-            f"{_dns('store', i)}:{STORE_HTTP_PORT}" for i in range(conf.cluster.store_servers)
+            f"{dns('store', i)}:{STORE_HTTP_PORT}" for i in range(conf.cluster.store_servers)
         ]
     return out
 
