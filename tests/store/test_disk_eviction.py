@@ -13,17 +13,10 @@ from kvcake.core.ids import ClientId, SegmentName
 from kvcake.store.config import MasterConfig
 from kvcake.store.master_state import MasterState
 from kvcake.store.metadata import Tier
+from tests.store.test_master_state import Clock
 
 NODE, W = ClientId("node-a"), ClientId("writer")
 OBJ = 4096
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def make() -> tuple[MasterState, Clock]:

@@ -13,16 +13,9 @@ from kvcake.store.config import MasterConfig
 from kvcake.store.errors import InvalidParams, ObjectNotFound, ReplicaNotReady
 from kvcake.store.master_state import MasterState
 from tests.store.conftest import Factory
+from tests.store.test_master_state import Clock
 
 A, B, W = ClientId("node-a"), ClientId("node-b"), ClientId("writer")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def make() -> tuple[MasterState, Clock]:
