@@ -67,9 +67,12 @@ class PooledCluster(MooncakeCluster):
         transmit side (a request is the prefill instance's until its KV has left: the live
         proxy counts it in flight until then), and failed nodes are unhealthy."""
         bw, nics, dp, dd = self.bw, self.nics, self.dead_p, self.dead_d
+        # PrefillNode.queued_seconds / queued_requests inlined (built for every arrival)
         pre = tuple([
-            PrefillState(n.iid, max(n.queued_seconds(now), nics[n.idx].tx_free - now),
-                         n.queued_requests, bw, n.idx not in dp)
+            PrefillState(n.iid, max(max(n.busy_until - now, 0.0) + n.queued_pred,
+                                    nics[n.idx].tx_free - now),
+                         len(n.queue) + (n.current is not None) + len(n.batch), bw,
+                         n.idx not in dp)
             for n in self.prefill
         ])  # fmt: skip
         dec = tuple([
@@ -116,14 +119,17 @@ class PooledCluster(MooncakeCluster):
 
     def _computed(self, now: float, p: PrefillNode, req: SimRequest) -> None:
         p.cache.insert(req.blocks)
-        if not self.pool.enabled:
+        pool = self.pool
+        if not pool.enabled:
             return
-        new = self.pool.missing(req.blocks)
+        # the blocks the pool lacks, counted per store node (``node_of`` inlined: hot path)
+        dram, ssd, nodes, me = pool.dram, pool.ssd, pool.nodes, p.idx
         per: dict[int, int] = {}
-        for b in new:
-            s = self.pool.node_of(b)
-            if s != p.idx:
-                per[s] = per.get(s, 0) + 1
+        for b in req.blocks:
+            if b not in dram and b not in ssd:
+                s = b % nodes
+                if s != me:
+                    per[s] = per.get(s, 0) + 1
         tx = self.nics[p.idx]
         begin = max(now, tx.tx_free)
         done = begin + sum(per.values()) * self.block_bytes / tx.bw
