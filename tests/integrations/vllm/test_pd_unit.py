@@ -189,9 +189,9 @@ def test_worker_pulls_every_layer_straight_into_its_blocks(directory: str) -> No
         assert recv == {"rc"} and errors == {3}
         # a prefill with another layout (its planes are not this size): refused
         a.close()
-        a2 = PdWorker(FakePool(ta), Counters(), cfg, "eng-a", 0, LOG)  # type: ignore[arg-type]
+        a2 = PdWorker(FakePool(ta), Counters(), cfg, "eng-o", 0, LOG)  # type: ignore[arg-type]
         a2.attach(paged(3, blocks=4)[0])
-        odd = parse_remote(producer_params("eng-a", "ro", [1], 8, inbox.address))
+        odd = parse_remote(producer_params("eng-o", "ro", [1], 8, inbox.address))
         recv, errors = run_pull(b, PullJob("rd", odd, [1], [4]))
         assert errors == {4}
         a2.close()

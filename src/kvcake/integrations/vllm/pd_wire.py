@@ -167,6 +167,7 @@ class Notifier:
         self._peers: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self.max_peers = max_peers
         self.hwm = hwm
+        self.linger_ms = 1000  # a closed peer's queued notes get this long to go out
 
     def send(self, address: str, request_ids: list[str]) -> bool:
         zmq = self._zmq
@@ -174,12 +175,11 @@ class Notifier:
         if sock is None:
             sock = self._ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.SNDHWM, self.hwm)
-            sock.setsockopt(zmq.LINGER, 0)
             sock.connect(address)
         self._peers[address] = sock
         while len(self._peers) > self.max_peers:
             _, old = self._peers.popitem(last=False)
-            old.close(0)
+            old.close(self.linger_ms)  # zmq delivers what is queued in the background
         try:
             sock.send(_ENC.encode(Release(request_ids)), zmq.NOBLOCK)
             return True
@@ -189,5 +189,5 @@ class Notifier:
     def close(self) -> None:
         for sock in self._peers.values():
             with contextlib.suppress(Exception):
-                sock.close(0)
+                sock.close(self.linger_ms)
         self._peers.clear()

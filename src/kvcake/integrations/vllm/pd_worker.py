@@ -139,9 +139,11 @@ class PdWorker:
         self._inflight[job.req_id] = pull
 
     def _check_source(self, te: Any, job: PullJob) -> None:
-        """The prefill's planes exist and have this worker's geometry (same model/layout)."""
+        """The prefill's planes exist and have this worker's geometry (same model/layout).
+        Cached lookups (the batch's own): an engine id names one engine run, so its planes
+        never change size; a gone peer fails the batch and is forgotten."""
         for p in (0, len(self.plane_bytes) - 1):
-            info = te.segment_info(segment_name(job.remote.engine_id, self.rank, p))
+            info = te.registry.target(segment_name(job.remote.engine_id, self.rank, p))
             want = job.remote.num_blocks * self.plane_bytes[p]
             if info.size != want:
                 raise KvcakeError(f"plane {p} is {info.size} B, expected {want} B (layout?)")
