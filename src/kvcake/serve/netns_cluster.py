@@ -50,6 +50,9 @@ class NetnsOptions:
     rate: str = ""  # tc rate of every host's egress ("" = unlimited)
     delay_ms: float = 0.0  # one-way delay on master RPC and instance RPC (0 = no relay)
     client_ttl_s: float = 10.0  # the master expires silent clients / storage nodes after this
+    # > 0: that many HA masters (hosts master-<i>) on an etcd (host "etcd", which also runs the
+    # instances' Transfer Engine directory); everybody addresses the pool as etcd://
+    ha_masters: int = 0
     config: str | None = None  # cluster file for [kv], [instance], [proxy] (emulated default)
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     startup_timeout_s: float = 180.0
@@ -71,7 +74,9 @@ class NetnsCluster:
         self.opts = opts
         self.run_dir = run_dir
         self.conf: ServeFile = self._serve_file()
-        roles = ["master", *(f"store-{i}" for i in range(opts.stores)),
+        masters = [f"master-{i}" for i in range(opts.ha_masters)]
+        roles = [*(["etcd", *masters] if masters else ["master"]),
+                 *(f"store-{i}" for i in range(opts.stores)),
                  *(f"prefill-{i}" for i in range(opts.prefill)),
                  *(f"decode-{i}" for i in range(opts.decode)), "proxy", "client"]  # fmt: skip
         self.net = Network(roles)
@@ -105,7 +110,10 @@ class NetnsCluster:
             if self.opts.rate:
                 for role in self.net.hosts:
                     self.net.limit(role, self.opts.rate)
-            self._start_master()
+            if self.opts.ha_masters:
+                self._start_ha_masters()
+            else:
+                self._start_master()
             self._start_stores()
             self._start_instances()
             self._start_proxy()
@@ -122,6 +130,53 @@ class NetnsCluster:
                        r"master rpc=(?P<rpc>\S+) directory=(?P<directory>\S+) http=(?P<http>\S+)")  # fmt: skip
         self.directory = m.info["directory"]
         self.master = self.relayed("master", m.info["rpc"])
+
+    def _start_ha_masters(self) -> None:
+        """etcd and the directory on host ``etcd``, one HA master per ``master-<i>`` host."""
+        from kvcake.serve.ha_pool import etcd_alive
+
+        e = self.net["etcd"].addr
+        url, peer = f"http://{e}:2379", f"http://{e}:2380"
+        argv = ["etcd", "--name", "kvc", "--data-dir", str(self.run_dir / "etcd"),
+                "--listen-client-urls", url, "--advertise-client-urls", url,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"kvc={peer}", "--log-level", "warn"]  # fmt: skip
+        etcd = self.spawn("etcd", "etcd", argv, None, raw=True)
+        deadline = time.monotonic() + self.opts.startup_timeout_s
+        while True:
+            with self.net.inside("etcd"):
+                if etcd_alive(url):
+                    break
+            self._check_alive(etcd)
+            if time.monotonic() > deadline:
+                raise NetnsClusterError(self._failure(etcd, "did not start"))
+            time.sleep(0.1)
+        argv = ["transfer-server", "--metadata", "--metadata-host", e]
+        d = self.spawn("directory", "etcd", argv, r'"directory": "(?P<directory>[^"]+)"')
+        self.directory = d.info["directory"]
+        for i in range(self.opts.ha_masters):
+            role = f"master-{i}"
+            argv = ["master", "--host", self.net[role].addr, "--port", "0", "--http-port", "0",
+                    "--directory-port", "0", "--etcd-endpoints", url,
+                    "--client-ttl-s", str(self.opts.client_ttl_s)]  # fmt: skip
+            self.spawn(role, role, argv, r"master standby")
+        while not self.leader():
+            if time.monotonic() > deadline:
+                raise NetnsClusterError(self._failure(self.proc("master-0"), "no leader"))
+            time.sleep(0.1)
+        self.master = f"etcd://{e}:2379/kvcake"
+
+    def leader(self) -> str:
+        """The HA master whose log shows the highest leader term ("" before any)."""
+        from kvcake.serve.ha_pool import LEADER
+
+        best, name = -1, ""
+        for p in self.procs:
+            if p.name.startswith("master-"):
+                for m in LEADER.finditer(p.log.read_text(errors="replace")):
+                    if int(m["term"]) > best:
+                        best, name = int(m["term"]), p.name
+        return name
 
     def relayed(self, role: str, target: str) -> str:
         """``target`` (on host ``role``) as peers should address it: through a delaying relay

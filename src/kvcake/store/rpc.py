@@ -23,6 +23,21 @@ from kvcake.transfer.stream import Poller
 
 # Replies can be large (a KvSnapshot of a big pool); requests are capped by the master.
 REPLY_LIMITS = framing.FrameLimits(max_meta=1 << 30, max_data=0)
+DEAD_PEER_S = 3  # a master host that stopped acknowledging at the TCP level is given up after this
+
+
+def detect_dead_peer(sock: socket.socket, seconds: int = DEAD_PEER_S) -> None:
+    """Notice a silently vanished peer (partition, host down: no reset ever arrives) in about
+    ``seconds`` instead of a whole call timeout: unacknowledged data (TCP_USER_TIMEOUT) and a
+    wait for a reply (keepalive probes every second) both fail then, so an ``etcd://`` client
+    moves to the new leader. A live but slow master's kernel still acknowledges: long calls
+    are unaffected."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: keep the call timeout only
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, seconds)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, seconds * 1000)
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -108,7 +123,7 @@ class MasterConnection:
     def _connect(self) -> socket.socket:
         host, port = split_address(self.address)
         try:
-            sock = socket.create_connection((host, port), timeout=self.timeout_s)
+            sock = socket.create_connection((host, port), timeout=min(self.timeout_s, 5.0))
         except OSError as exc:
             raise RpcFailed(f"cannot reach master at {self.address}: {exc}") from exc
         if self.auth is not None:  # once per connection
@@ -120,6 +135,7 @@ class MasterConnection:
                     raise Unauthorized(f"master {self.address}: {exc}") from exc
                 raise RpcFailed(f"cannot reach master at {self.address}: {exc}") from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        detect_dead_peer(sock)
         # Blocking socket with a kernel receive timeout: no poll() before every recv.
         sock.settimeout(None)
         secs = int(self.timeout_s)

@@ -69,8 +69,9 @@ class FailoverConnection(MasterConnection):
         super().__init__("", timeout_s, busy_poll_us, retries, auth)
 
     def _connect(self) -> socket.socket:
-        if not self.address:
-            self.address = leader_rpc(self.etcd, self.cluster)
+        # Every (re)connect asks etcd: a connection is only re-made after one failed, and the
+        # old address may be a leader cut off by a partition, where a connect just hangs.
+        self.address = leader_rpc(self.etcd, self.cluster)
         try:
             return super()._connect()
         except RpcFailed:
