@@ -152,3 +152,27 @@ def test_cli_flag_and_refusal(tmp_path: Path) -> None:
             assert not c.is_exist("nothing")
     finally:
         p.stop()
+
+
+def test_disk_service_needs_the_secret(tmp_path: Path) -> None:
+    """A storage node's SSD tier is read over its disk service: authenticated like the rest."""
+    from kvcake.store.disk import REQ, DiskRead, DiskService, DiskTier, read_remote
+
+    tier = DiskTier(tmp_path)
+    secret_bytes = b"S" * 3000 + b"ecret payload"
+    tier.write("k", memoryview(secret_bytes))
+    svc = DiskService(tier, "127.0.0.1", auth=GOOD)
+    svc.start()
+    try:
+        out = bytearray(len(secret_bytes))
+        read_remote(svc.addresses[0], "k", memoryview(out), GOOD)
+        assert bytes(out) == secret_bytes
+        for key in (None, WRONG):
+            with pytest.raises(Unauthorized):
+                read_remote(svc.addresses[0], "k", memoryview(bytearray(len(out))), key)
+        with raw(svc.addresses[0]) as s:
+            s.sendall(framing.pack_frame(REQ, 1, DiskRead("k", len(out))))
+            got = read_all(s)
+        assert got.startswith(auth.CHALLENGE) and b"ecret payload" not in got
+    finally:
+        svc.stop()
