@@ -107,8 +107,11 @@ def run(args: argparse.Namespace, tmp: Path, admission: str, tag: str) -> dict[s
         r["met"] = (r["status"] == 200 and r["ttft"] is not None and r["ttft"] <= args.ttft_slo
                     and (r["tbt"] or 0.0) <= args.tbt_slo)  # fmt: skip
     margin = re.search(r"^kvcake:admission_ttft_margin (\S+)", metrics, re.M)
-    pat = r'^kvcake:cost_model_coefficient\{stage="(\w+)",coef="(\w+)"\} (\S+)'
-    fits = {f"{st}.{co}": float(v) for st, co, v in re.findall(pat, metrics, re.M)}
+    pat = r"^kvcake:cost_model_coefficient\{([^}]*)\} (\S+)"
+    fits = {}
+    for labels, v in re.findall(pat, metrics, re.M):
+        lab = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        fits[f"{lab.get('stage')}.{lab.get('coef')}"] = float(v)
     return {"admission": admission, "results": res,
             "ttft_error_median": float(m.group(1)) if m else None,
             "ttft_margin": float(margin.group(1)) if margin else None, "fitted": fits}  # fmt: skip
