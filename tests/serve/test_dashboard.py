@@ -220,3 +220,24 @@ def test_tiers_come_from_the_attribution_counters() -> None:
     assert tier_tokens(series) == (100.0, {"all": 30.0, "local": 20.0, "pool_dram": 10.0})
     series = {k: v for k, v in series.items() if k[0] != t}
     assert tier_tokens(series) == (100.0, {"all": 30.0})  # no attribution: hits / queries
+
+
+def test_run_record_finds_the_ha_leader_and_tolerates_bad_files(tmp_path: Path) -> None:
+    from kvcake.serve.dashboard.sources import read_run_record
+
+    doc = {
+        "processes": {
+            "master-0": {"alive": True, "restarts": 1, "addresses": {"name": "m0"}},
+            "master-1": {"alive": True, "restarts": 0, "addresses": {"http": "127.0.0.1:9"}},
+            "prefill-0": {"alive": True, "restarts": 2, "addresses": {}},
+        },
+        "instances": {"prefill-0": "http://127.0.0.1:7/"},
+    }
+    f = tmp_path / "cluster.json"
+    f.write_text(json.dumps(doc))
+    rec = read_run_record(str(f))
+    assert rec.master_http == "127.0.0.1:9"  # the standby has no HTTP; the leader has
+    assert rec.restarts_of_url("http://127.0.0.1:7") == 2 and rec.restarts_of_url("x") is None
+    f.write_text("{not json")
+    assert "cannot read" in read_run_record(str(f)).error
+    assert read_run_record(str(tmp_path / "none.json")).error == ""  # not under kvcake up

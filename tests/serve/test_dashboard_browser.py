@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -23,6 +24,7 @@ import pytest
 
 from kvcake.serve.launcher import Cluster
 from kvcake.serve.top_view import parse_metrics, total
+from tests.serve.helpers import make_cluster
 
 PREFIX = "a shared system prompt that every request of the dashboard test starts with " * 4
 VOID = {"meta", "link", "br", "img", "input", "hr", "source", "wbr", "col"}
@@ -97,7 +99,7 @@ def browse(
     argv = ["nice", "-n", "10", chromium(), "--headless", "--no-sandbox", "--disable-gpu",
             "--no-first-run", "--disable-extensions", "--disable-dev-shm-usage",
             f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}",
-            "--window-size=1400,1700", *args, url]  # fmt: skip
+            "--window-size=1400,1500", *args, url]  # fmt: skip
     return subprocess.run(argv, capture_output=True, text=True, timeout=180)
 
 
@@ -192,10 +194,23 @@ def check_page(dom: Node, snap: dict[str, Any], metrics: dict[Any, float]) -> No
     assert len(bars) == 3 * len(snap["recent"])
 
 
-def test_chromium_renders_the_snapshot(emulated_cluster: Cluster, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def round_robin_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """2 prefill instances taking turns (round-robin: the prefix another instance holds is
+    recomputed, a miss reason the page shows), 1 decode, a storage node."""
+    c = make_cluster(
+        tmp_path_factory.mktemp("dash"),
+        cluster={"prefill": 2, "decode": 1, "store_servers": 1, "store_size": "64MB"},
+        conductor={"prefill_policy": "round-robin", "admission_policy": "none"},
+    )
+    with c:
+        yield c
+
+
+def test_chromium_renders_the_snapshot(round_robin_cluster: Cluster, tmp_path: Path) -> None:
     exe = chromium()
     assert subprocess.run([exe, "--version"], capture_output=True, timeout=60).returncode == 0
-    url = emulated_cluster.url
+    url = round_robin_cluster.url
     drive_traffic(url)
     wait_idle(url)
     # One snapshot of the JSON and of /metrics; nothing talks to the proxy until the page does.

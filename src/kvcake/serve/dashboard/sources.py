@@ -44,7 +44,10 @@ def read_run_record(path: str) -> RunRecord:
     except (OSError, ValueError) as exc:
         return RunRecord(error=f"cannot read {path}: {exc}")
     procs = {str(k): dict(v) for k, v in doc.get("processes", {}).items()}
-    master = procs.get("master", {}).get("addresses", {}).get("http", "")
+    # "master", or with [ha] "master-<i>": the one whose leader line gave an HTTP address
+    masters = [p for n, p in sorted(procs.items()) if n == "master" or n.startswith("master-")]
+    live = [m for m in masters if m.get("alive", True)]
+    master = next((m["addresses"]["http"] for m in live if m.get("addresses", {}).get("http")), "")
     inst = {str(k): str(v) for k, v in doc.get("instances", {}).items()}
     return RunRecord(procs, inst, str(master or ""))
 
