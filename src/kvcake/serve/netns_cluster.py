@@ -296,19 +296,22 @@ class NetnsCluster:
                               timeout=timeout, env=self.child_env())  # fmt: skip
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM in reverse start order (proxy first, master last), SIGKILL after the grace,
-        then delete the namespaces (which kills whatever is left in them)."""
-        for p in reversed(self.procs):
-            if p.popen.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    p.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for p in reversed(self.procs):
-            try:
-                p.popen.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.popen.kill()
-                p.popen.wait(5)
+        """SIGTERM everything but etcd and the directory, then those (masters resign while
+        etcd still answers); SIGKILL after the grace; then delete the namespaces (which kills
+        whatever is left in them)."""
+        last = [p for p in self.procs if p.name in ("etcd", "directory")]
+        for group in ([p for p in reversed(self.procs) if p not in last], last):
+            for p in group:
+                if p.popen.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        p.popen.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            for p in group:
+                try:
+                    p.popen.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.popen.kill()
+                    p.popen.wait(5)
         self.procs.clear()
         self.net.close()
 
@@ -350,6 +353,7 @@ def up_netns(path: str, conf: ServeFile, rate: str, delay_ms: float) -> int:
     opts = NetnsOptions(prefill=c.prefill, decode=c.decode, stores=max(1, c.store_servers),
                         store_size=str(c.store_size), rate=rate, delay_ms=delay_ms,
                         config=path, startup_timeout_s=c.startup_timeout_s,
+                        ha_masters=conf.ha.masters if conf.ha.enabled else 0,
                         overrides={"instance": {"backend": conf.instance.backend}})  # fmt: skip
     return run(opts, Path(c.run_dir) / ("netns-" + time.strftime("%Y%m%d-%H%M%S")))
 
@@ -363,10 +367,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store-size", default="256MB")
     p.add_argument("--rate", default="", help="egress cap of every host (tc rate: 1gbit)")
     p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay, master/instance RPC")
+    p.add_argument("--ha-masters", type=int, default=0, help="N HA masters on etcd (0: one plain)")
     p.add_argument("--run-dir", default="runs/netns")
     a = p.parse_args(argv)
     opts = NetnsOptions(prefill=a.prefill, decode=a.decode, stores=a.stores, rate=a.rate,
-                        store_size=a.store_size, delay_ms=a.delay_ms, config=a.config)  # fmt: skip
+                        store_size=a.store_size, delay_ms=a.delay_ms, config=a.config,
+                        ha_masters=a.ha_masters)  # fmt: skip
     return run(opts, Path(a.run_dir) / time.strftime("%Y%m%d-%H%M%S"))
 
 
