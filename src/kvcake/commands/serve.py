@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kvcake.core import auth
+
 _INSTANCE_FLAGS = (
     ("--id", str, "instance id (default: <role>-<port>)"),
     ("--host", str, "address to bind (default 127.0.0.1)"),
@@ -37,6 +39,7 @@ def register(sub: Any) -> None:
         for flag, tp, hlp in _INSTANCE_FLAGS:
             p.add_argument(flag, type=tp, help=hlp)
         p.add_argument("--block-tokens", type=int, help="kv_block_tokens (must match the cluster)")
+        auth.add_cli_args(p)
         p.set_defaults(func=_instance, role=role)
 
     p = sub.add_parser(
@@ -66,6 +69,7 @@ def register(sub: Any) -> None:
     p.add_argument("--kvcache-balancing-threshold", type=float,
                    help="conductor.kvcache_balancing_threshold")  # fmt: skip
     p.add_argument("--seed", type=int, help="conductor.seed")
+    auth.add_cli_args(p)  # the proxy signs its calls to the instances with it
     p.set_defaults(func=_proxy)
 
     from kvcake.serve import launcher_cli, replay_cli

@@ -35,6 +35,9 @@ def register(sub: Any) -> None:
                    "(tc rate, e.g. 1gbit)")
     p.add_argument("--netns-delay-ms", type=float, default=0.0, help="with --netns: one-way "
                    "delay added to master and instance RPC")  # fmt: skip
+    from kvcake.core import auth
+
+    auth.add_cli_args(p)  # exported to every child (KVCAKE_AUTH_SECRET_FILE)
     p.set_defaults(func=_up)
 
     s = sub.add_parser("status", help="show the cluster started by `kvcake up`: processes, "
