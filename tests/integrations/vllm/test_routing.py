@@ -92,3 +92,32 @@ def test_pd_kv_transfer_params_pass_through_the_proxy(cluster: Cluster, proxy: s
     oracle = dict(body, kv_transfer_params=None)
     want = httpx.post(cluster.a.url + "/v1/completions", json=oracle, timeout=180).json()
     assert r.json()["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
+
+
+def test_zz_pd_prefill_killed_decode_recomputes(cluster: Cluster) -> None:
+    """Runs last in the session (it kills engine A's engine core and worker; the fixture's
+    teardown reaps the rest): a prefill engine that died after answering. B's read finds
+    nobody at A's address (or A's segments gone), B recomputes and answers as A did."""
+    import signal
+
+    import psutil
+
+    from tests.integrations.vllm.conftest import complete, wait_log
+
+    prompt = list(range(2000, 2330))
+    oracle = complete(cluster.a, prompt)
+    body = {"model": "smollm2", "prompt": prompt, "max_tokens": 1, "temperature": 0,
+            "kv_transfer_params": {"do_remote_decode": True}}  # fmt: skip
+    params = httpx.post(cluster.a.url + "/v1/completions", json=body, timeout=180).json()[
+        "kv_transfer_params"
+    ]
+    for proc in psutil.Process(cluster.a.proc.pid).children(recursive=True):
+        proc.send_signal(signal.SIGKILL)
+    failures = cluster.b.log_text().count("vLLM recomputes")
+    t0 = time.monotonic()
+    body = {"model": "smollm2", "prompt": prompt, "max_tokens": 12, "temperature": 0,
+            "return_token_ids": True, "kv_transfer_params": params}  # fmt: skip
+    r = httpx.post(cluster.b.url + "/v1/completions", json=body, timeout=180)
+    assert r.json()["choices"][0]["token_ids"] == oracle
+    assert time.monotonic() - t0 < 60
+    assert wait_log(cluster.b, "vLLM recomputes", failures + 1, 10)

@@ -242,6 +242,9 @@ class KvcakeConnector(KVConnectorBase_V1):
             self._load_errors |= self.loader.load(self.paged, meta.loads)
         if meta.pd.pulls or meta.pd.frees:
             self.pdw.step(meta.pd)
+        # A step without a forward (vLLM keeps stepping while a pull runs): let the pull's
+        # Transfer Engine threads have the core instead of spinning.
+        self.pdw.idle = getattr(forward_context, "attn_metadata", True) is None
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self.pdw.poll(finished_req_ids)

@@ -28,6 +28,7 @@ from kvcake.integrations.vllm.pool import PoolHandle
 from kvcake.integrations.vllm.worker import Counters
 from kvcake.transfer import Op, TransferRequest
 
+IDLE_WAIT_S = 0.002  # a step with no forward and a pull running yields this long
 ZOMBIE_MAX_S = 300.0  # a read past its deadline is given up (and its blocks freed) after this
 
 
@@ -66,6 +67,7 @@ class PdWorker:
         self._recv_done: set[str] = set()
         self._frees: set[str] = set()
         self._errors: set[int] = set()
+        self.idle = False  # this step ran no forward (set by the connector)
 
     # ---- registration ----------------------------------------------------------------------
 
@@ -190,6 +192,8 @@ class PdWorker:
     def poll(self, finished_req_ids: Iterable[str]) -> tuple[set[str], set[str]]:
         """(finished sending, finished receiving) for ``get_finished``."""
         self._engine()  # a master that came up late: register now, so decodes can read us
+        if self._inflight and self.idle:
+            time.sleep(IDLE_WAIT_S)
         for rid in finished_req_ids:
             if rid in self._inflight or rid in self._zombies or rid in self._ended:
                 self._held.add(rid)
