@@ -189,3 +189,22 @@ def test_http_credentials() -> None:
     assert not GOOD.http_ok({"authorization": "Bearer nope"}, "GET", "/")
     assert not GOOD.http_ok({auth.HTTP_HEADER: "t=abc,mac=zz"}, "GET", "/")
     assert not GOOD.http_ok({}, "GET", "/")
+
+
+def test_silent_peers_cannot_pile_up(secured: tuple, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[type-arg]
+    """Connections that never answer the challenge are bounded (MAX_HANDSHAKES); once they
+    time out, authenticated peers are served again."""
+    from kvcake.transfer import netserver
+
+    _svc, target, _mem = secured
+    monkeypatch.setattr(netserver, "MAX_HANDSHAKES", 4)
+    quick = auth.Authenticator(SECRET, handshake_timeout_s=0.5)
+    monkeypatch.setattr(target.server, "auth", quick)
+    silent = [connect(target) for _ in range(4)]
+    time.sleep(0.1)
+    with connect(target) as extra:  # the fifth: dropped at once, not challenged
+        assert read_all(extra) == b""
+    for s in silent:
+        s.close()
+    time.sleep(0.6)
+    assert probe(target.addresses[0], 2.0, quick)

@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from kvcake.core import auth as _auth
 
 log = logging.getLogger(__name__)
+MAX_HANDSHAKES = 128  # unauthenticated connections at once, per server
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -47,6 +48,7 @@ class ThreadedServer(ABC):
         self.auth = auth
         self.auth_refused = 0
         self.auth_passed = 0  # handshakes: one per connection, never per frame
+        self._handshaking = 0  # connections not yet authenticated (bounded: MAX_HANDSHAKES)
         self._lock = threading.Lock()
         self._listeners: dict[str, socket.socket] = {}
         self._conns: dict[socket.socket, str] = {}
@@ -107,14 +109,8 @@ class ThreadedServer(ABC):
 
     def _serve(self, conn: socket.socket, addr: str) -> None:
         try:
-            if self.auth is not None:
-                try:
-                    self.auth.server_handshake(conn, self._name)
-                except (_auth.AuthError, OSError) as exc:
-                    self.auth_refused += 1
-                    log.info("%s: connection on %s refused: %s", self._name, addr, exc)
-                    return
-                self.auth_passed += 1
+            if self.auth is not None and not self._authenticate(conn, addr):
+                return
             self.handle(conn, addr)
         except Exception as exc:  # one bad peer must never take the server down
             if not self._stopped.is_set():
@@ -124,6 +120,31 @@ class ThreadedServer(ABC):
                 self._conns.pop(conn, None)
             with contextlib.suppress(OSError):
                 conn.close()
+
+    def _authenticate(self, conn: socket.socket, addr: str) -> bool:
+        """The HMAC challenge; at most MAX_HANDSHAKES at once, so peers that connect and never
+        answer (each holding a thread for up to the handshake timeout) cannot pile up."""
+        assert self.auth is not None
+        with self._lock:
+            busy = self._handshaking >= MAX_HANDSHAKES
+            if not busy:
+                self._handshaking += 1
+        if busy:
+            self.auth_refused += 1
+            log.warning("%s: %d handshakes in progress, connection on %s dropped",
+                        self._name, MAX_HANDSHAKES, addr)  # fmt: skip
+            return False
+        try:
+            self.auth.server_handshake(conn, self._name)
+        except (_auth.AuthError, OSError) as exc:
+            self.auth_refused += 1
+            log.info("%s: connection on %s refused: %s", self._name, addr, exc)
+            return False
+        finally:
+            with self._lock:
+                self._handshaking -= 1
+        self.auth_passed += 1
+        return True
 
     @abstractmethod
     def handle(self, conn: socket.socket, listen_address: str) -> None:
