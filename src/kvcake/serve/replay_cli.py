@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,16 @@ def register(sub: Any) -> None:
         help="also simulate the cluster of --cluster-config; print side by side",
     )
     p.add_argument("--cluster-config", help="the cluster TOML the endpoint was started from")  # fmt: skip
+    p.add_argument("--no-probe", action="store_true",
+                   help="--compare-sim: skip the overhead probe before the replay (the "
+                   "simulator then models neither the proxy's gate nor the serving path)")  # fmt: skip
+    p.add_argument(
+        "--orders",
+        type=int,
+        default=8,
+        help="--compare-sim: burst orders simulated and pooled (default: %(default)s)",
+    )
+    p.add_argument("--json", help="--compare-sim: write measured, simulated, overheads here")
     p.set_defaults(func=_replay)
 
 
@@ -72,6 +83,9 @@ def _replay(args: argparse.Namespace) -> int:
         tbt_slo_s=slo.tbt_slo_s if args.tbt_slo_s is None else args.tbt_slo_s,
     )  # fmt: skip
     console = Console()
+    over, load0 = None, os.getloadavg()
+    if args.compare_sim and not args.no_probe:
+        over = _probe(console, opts, args.cluster_config)
     counts = {"ok": 0, "rejected": 0, "error": 0, "dropped": 0}
     with Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
@@ -86,7 +100,7 @@ def _replay(args: argparse.Namespace) -> int:
         summary = asyncio.run(run_replay(recs, opts, done))
     print_summary(console, summary.as_dict(), f"replay of {len(recs)} requests")
     if args.compare_sim:
-        _compare(console, recs, summary, opts, args.cluster_config)
+        _compare(console, recs, summary, opts, args, over, (load0, os.getloadavg()))
     if args.out:
         with Path(args.out).open("w") as fh:
             for r in summary.per_request:
@@ -113,16 +127,41 @@ def print_summary(console: Any, d: dict[str, Any], title: str) -> None:
     console.print(t)
 
 
-def _compare(console: Any, recs: Any, summary: Any, opts: Any, path: str) -> None:
+def _probe(console: Any, opts: Any, path: str) -> Any:
+    from kvcake.serve.compare_sim import probe_sim
+    from kvcake.serve.launcher import load_serve_file
+    from kvcake.serve.live_probe import run_probe
+
+    console.print("probing the serving path's overheads (warm-up + a burst of 4)...")
+    over = run_probe(opts, probe_sim(load_serve_file(path)))
+    console.print(f"overheads: gate held {over.dispatch_s * 1000:.1f} ms past the KV, first "
+                  f"token +{over.first_token_s * 1000:.1f} ms, TBT +{over.tbt_extra_s * 1000:.1f}"
+                  f" ms ({over.burst} x {over.prompt_tokens}-token probes)")  # fmt: skip
+    return over
+
+
+def _compare(
+    console: Any, recs: Any, summary: Any, opts: Any, args: Any, over: Any,
+    loads: tuple[tuple[float, ...], tuple[float, ...]],
+) -> None:  # fmt: skip
     from rich.table import Table
 
     from kvcake.serve.compare_sim import side_by_side, simulate_like
     from kvcake.serve.launcher import load_serve_file
 
-    predicted = simulate_like(recs, summary, load_serve_file(path), opts)
+    cores = os.cpu_count() or 1
+    predicted = simulate_like(recs, summary, load_serve_file(args.cluster_config), opts, over,
+                              cores, args.orders)  # fmt: skip
     t = Table(title="measured vs simulated (same cluster config and cost model)")
     for col in ("metric", "measured", "simulated", "error"):
         t.add_column(col, justify="right")
     for row in side_by_side(summary.as_dict(), predicted):
         t.add_row(*row)
     console.print(t)
+    console.print(f"{cores} cores; load average {loads[0][0]:.2f} before, {loads[1][0]:.2f} after"
+                  f"; {args.orders if over else 1} burst orders simulated")  # fmt: skip
+    if args.json:
+        doc = {"measured": summary.as_dict(), "simulated": predicted, "cores": cores,
+               "load_before": loads[0], "load_after": loads[1],
+               "overheads": over.as_dict() if over else None}  # fmt: skip
+        Path(args.json).write_text(json.dumps(doc, indent=2))
