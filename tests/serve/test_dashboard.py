@@ -241,3 +241,21 @@ def test_run_record_finds_the_ha_leader_and_tolerates_bad_files(tmp_path: Path) 
     f.write_text("{not json")
     assert "cannot read" in read_run_record(str(f)).error
     assert read_run_record(str(tmp_path / "none.json")).error == ""  # not under kvcake up
+
+
+def test_an_unreachable_master_is_reported_not_raised() -> None:
+    import asyncio
+    import socket
+
+    from kvcake.serve.dashboard.sources import read_pool
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def go() -> str:
+        async with httpx.AsyncClient(timeout=1.0) as http:
+            return (await read_pool(http, f"127.0.0.1:{port}", 5)).error
+
+    err = asyncio.run(go())
+    assert err.startswith(f"master 127.0.0.1:{port}:"), err

@@ -252,6 +252,8 @@ def test_non_editable_install_runs_up_and_demo(tmp_path: Path) -> None:
         body = {"messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 4}
         r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
+        for page in ("/dashboard", "/dashboard/static/app.js"):  # package data, installed
+            assert httpx.get(url + page, timeout=30).status_code == 200, page
     finally:
         down = subprocess.run([*kv, "down"], cwd=work, capture_output=True, text=True, timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
