@@ -123,6 +123,51 @@ def test_other_instance_reads_the_pool_and_names_the_node(cl: Cluster) -> None:
     wait_alive(cl, holder, True)
 
 
+def test_blocks_read_from_the_ssd_tier_are_ssd_tokens(
+    cl: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A second storage node with a disk tier (and 64 KB of DRAM): under pool pressure the
+    master offloads the oldest memory copies to its disk; a prefix read then comes from SSD.
+    Runs while the pool is still fresh (the housekeeper offloads; a pool under allocation
+    pressure drops memory copies instead)."""
+    from tests.store.procs import spawn
+
+    ssd = spawn(
+        "store-server", "--master", cl.child("master").info["rpc"], "--segment-size", "65536",
+        "--ssd-dir", str(tmp_path_factory.mktemp("ssd")), "--ssd-quota", "64MB",
+        "--name", "ssd-0", ready="store-server",
+    )  # fmt: skip
+    try:
+        p4 = list(range(8000, 8200))
+        kv(post(cl, p4))
+        wait_pooled(cl, p4)
+        http = cl.child("master").info["http"]
+        kvc = cl.conf.kv
+        keys = [str(block_key(kvc.model, kvc.dtype, BT, h)) for h in block_hashes(p4, BT)]
+
+        def tiers(key: str) -> set[str]:
+            r = httpx.get(f"http://{http}/query_key", params={"key": key}, timeout=10)
+            return {rep["tier"] for rep in r.json().get("replicas", [])} if r.is_success else set()
+
+        # prompts sharing P4's first block follow it to its instance and push the rest of P4
+        # out of that instance's cache; in the pool, block 0 must stay (any tier) and block 1
+        # must be on disk only
+        k, end = 0, time.monotonic() + 90
+        while not (tiers(keys[0]) and tiers(keys[1]) == {"disk"}):
+            assert time.monotonic() < end, "P4's second block never ended up on disk only"
+            post(cl, p4[:BT] + [(20000 + k * 400 + i) % 31000 for i in range(288)], 1)
+            time.sleep(0.3)  # let the housekeeper offload
+            k += 1
+        time.sleep(0.3)
+        a = kv(post(cl, p4))
+        assert a["ssd_tokens"] >= 32 and a["ssd_tokens_by_node"] == {"ssd-0": a["ssd_tokens"]}, (
+            json.dumps(a)
+        )
+    finally:
+        ssd.stop()
+    time.sleep(0.5)  # the node unmounted: the pool is back to store-0's 1 MB
+
+
 def test_evicted_blocks_are_reported_as_evicted(cl: Cluster) -> None:
     # P2 lives on one prefill instance, the decode instance and the pool. 14 prompts that
     # share P2's first block (so they follow it to the same instance) but not the rest: 126
@@ -169,6 +214,8 @@ def test_metrics_agree_with_the_responses(cl: Cluster) -> None:
         tiers[("computed", "")] = tiers.get(("computed", ""), 0) + a["computed_tokens"]
         for node, n in a["pool_dram_tokens"].items():
             tiers[("pool_dram", node)] = tiers.get(("pool_dram", node), 0) + n
+        for node, n in a["ssd_tokens_by_node"].items():
+            tiers[("ssd", node)] = tiers.get(("ssd", node), 0) + n
         for r, n in a["miss_reasons"].items():
             reasons[r] = reasons.get(r, 0) + n
     for (tier, node), n in tiers.items():
@@ -187,7 +234,7 @@ def test_metrics_agree_with_the_responses(cl: Cluster) -> None:
     src = {s: val("kvcake:prompt_tokens_by_source_total", source=s)
            for s in ("local_compute", "local_cache_hit", "external_kv_transfer")}  # fmt: skip
     assert src["local_compute"] == tiers[("computed", "")]
-    assert src["external_kv_transfer"] == tiers[("pool_dram", "store-0")]
+    assert src["external_kv_transfer"] == tiers[("pool_dram", "store-0")] + tiers[("ssd", "ssd-0")]
     text = httpx.get(cl.url + "/metrics").text
     assert "_created" not in text
 
@@ -239,7 +286,8 @@ def test_kvcake_logs_and_plan_read_the_live_log(
         d["usage"]["kvcake"] for d in RESPONSES if d["usage"]["kvcake"]["pool_dram_tokens"]
     ]
     assert main(["logs", "--file", path, "--reason", "evicted", "--json"]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 1
+    evicted = [d for d in RESPONSES if "evicted" in d["usage"]["kvcake"]["miss_reasons"]]
+    assert len(capsys.readouterr().out.splitlines()) == len(evicted) >= 1
     state = str(Path(cl.conf.cluster.run_dir) / "latest.json")  # what `kvcake logs` reads
     assert main(["logs", "--state", state, "--limit", "0", "--json"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == len(RESPONSES)

@@ -50,8 +50,11 @@ TIERS = ("local", "pool_dram", "ssd", "computed")
 
 
 def pool_source(tier: str, segment: str) -> str:
-    """The ``kv_sources`` key of blocks read from ``segment`` in ``tier`` (memory / disk)."""
-    return f"{'disk' if tier == 'disk' else 'memory'}:{segment}"
+    """The ``kv_sources`` key of blocks read from ``segment`` in ``tier`` (memory / disk). A
+    storage node's disk segment is ``<node>.ssd`` (store.server): it is named by its node."""
+    if tier == "disk":
+        return f"disk:{segment.removesuffix('.ssd')}"
+    return f"memory:{segment}"
 
 
 class EvictionMemory:
