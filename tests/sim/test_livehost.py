@@ -117,3 +117,26 @@ def test_probe_records_share_nothing() -> None:
     ids = [h for r in a + b for h in r.hash_ids]
     assert len(ids) == len(set(ids)) == 64
     assert all(r.timestamp_ms == 0 and r.input_length == 8 * 512 for r in a)
+
+
+def test_calibrated_cpu_preset_is_the_measured_fit() -> None:
+    cm = preset("smollm2-135m/cpu-calibrated")
+    assert cm.source == "fitted" and cm.model.name == "smollm2-135m"
+    # measured points of the calibration run (benchmarks/calibrate_cpu.py): within the fit error
+    assert cm.prefill_time(512, 0) == pytest.approx(1.806, rel=0.1)
+    assert cm.decode_step_time(8, 8 * 257) == pytest.approx(0.2009, rel=0.1)
+
+
+def test_compare_sim_models_torch_clusters_with_the_calibrated_preset() -> None:
+    from kvcake.serve.compare_sim import sim_setup
+    from kvcake.serve.config import default_cluster_file
+    from kvcake.serve.launcher import load_serve_file
+
+    torch = sim_setup(load_serve_file(default_cluster_file()))
+    assert torch.cfg.preset == "smollm2-135m/cpu-calibrated" and torch.scale == 1.0
+    assert torch.threads == (1.0, 1.0)  # one torch thread per instance burns CPU while busy
+    emu = sim_setup(load_serve_file(default_cluster_file().with_name("emulated.toml")))
+    assert emu.cfg.preset == "llama3-70b/8xA800" and emu.scale == 0.25
+    assert emu.threads == (0.0, 0.0)  # the emulated backend sleeps
+    # the pool holds what the live store holds: 256 MB of kv_scale x 70B's KV per token
+    assert emu.cfg.pool_tokens_per_node == int(256e6 / (327680 * 0.001) / 2)

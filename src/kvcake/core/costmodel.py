@@ -226,8 +226,20 @@ PRESETS: dict[str, tuple[ModelSpec, HardwareSpec]] = {
     "llama3-70b/8xA800": (LLAMA3_70B, A800X8),
     "llama3-70b/8xH800": (LLAMA3_70B, H800X8),
     "smollm2-135m/cpu": (SMOLLM2_135M, CPU2),
+    "smollm2-135m/cpu-calibrated": (SMOLLM2_135M, CPU2),
 }
 DEFAULT_PRESET = "llama3-70b/8xA800"
+# Presets whose times were measured, not derived: fitted coefficients replace the analytic ones.
+# smollm2-135m/cpu-calibrated: kvcake's torch backend, SmolLM2-135M-Instruct fp32, one torch
+# thread, on the 2-vCPU project VM, 2026-12-01 12:27 UTC (`python benchmarks/calibrate_cpu.py`:
+# the `kvcake calibrate --backend torch` grid timed by the computing thread's CPU clock, because
+# the machine was shared, load average 10-15; fit error prefill 5.0%, decode 5.9%).
+CALIBRATED: dict[str, tuple[PrefillCoefficients, DecodeCoefficients]] = {
+    "smollm2-135m/cpu-calibrated": (
+        PrefillCoefficients(0.1236, 0.002803, 9.249e-07),
+        DecodeCoefficients(0.07986, 0.008707, 2.673e-05),
+    ),
+}
 
 
 def preset(name: str = DEFAULT_PRESET) -> CostModel:
@@ -237,7 +249,11 @@ def preset(name: str = DEFAULT_PRESET) -> CostModel:
         raise ConfigError(
             f"unknown cost-model preset {name!r}; choose from {sorted(PRESETS)}"
         ) from None
-    return CostModel.analytic(model, hw)
+    cm = CostModel.analytic(model, hw)
+    if name in CALIBRATED:
+        pre, dec = CALIBRATED[name]
+        return cm.with_coefficients(pre, dec)
+    return cm
 
 
 def save_calibration(cm: CostModel, path: str | Path) -> None:
