@@ -107,6 +107,18 @@ def test_repeat_is_served_from_the_local_cache(cl: Cluster) -> None:
     assert a["miss_reasons"] == {"last_block": 8}
 
 
+def test_streaming_usage_chunk_carries_the_attribution(cl: Cluster) -> None:
+    body = {"prompt": P1, "max_tokens": 2, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    with httpx.stream("POST", cl.url + "/v1/completions", json=body, timeout=60) as r:
+        chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+        prefill = r.headers["x-kvcake-prefill"]
+    usage = chunks[-1]["usage"]
+    RESPONSES.append({"usage": usage, "_prefill": prefill, "model": chunks[-1]["model"]})
+    a = kv(RESPONSES[-1])
+    assert a["local_tokens"] == 192 and a["miss_reasons"] == {"last_block": 8}
+
+
 def test_other_instance_reads_the_pool_and_names_the_node(cl: Cluster) -> None:
     from kvcake.transfer import cleanup_stale
 
