@@ -59,8 +59,11 @@ def _run_dir(args: argparse.Namespace) -> str:
     if args.run_dir:
         return str(args.run_dir)
     if args.config:
+        from kvcake.serve import vllm_cluster
         from kvcake.serve.launcher import load_serve_file
 
+        if vllm_cluster.is_vllm_config(args.config):
+            return vllm_cluster.load(args.config).run_dir
         return load_serve_file(args.config).cluster.run_dir
     return "runs"
 

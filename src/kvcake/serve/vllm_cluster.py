@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -20,6 +21,16 @@ import httpx
 from kvcake.core.config import parse_size, require
 from kvcake.core.errors import ConfigError
 from kvcake.serve.runstate import proc_start_ticks
+from kvcake.serve.supervisor import Supervisor
+from kvcake.serve.vllm_children import (
+    VllmChild,
+    engine_child,
+    master_child,
+    proxy_argv,
+    proxy_child,
+    start_proxy,
+    store_child,
+)
 from kvcake.serve.vllm_procs import (
     VllmEngine,
     VllmEngineSpec,
@@ -81,25 +92,40 @@ def _free_port() -> int:
 
 
 class VllmCluster:
+    """The running cluster; also what :class:`Supervisor` needs (``children``, ``lock``,
+    ``stopping``, ``respawn``, ``write_state``, ``say``): a child that dies is started again on
+    its ports. Invariant: ``children`` holds every process started, in start order."""
+
     def __init__(self, cfg: VllmClusterConfig):
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir) / (time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
-        self.procs: dict[str, Any] = {}  # name -> KvcakeProc | VllmEngine | Popen
+        self.children: list[VllmChild] = []
         self.addresses: dict[str, dict[str, str]] = {}
+        self.lock = threading.RLock()
+        self.stopping = False
         self.url = ""
+
+    def say(self, msg: str) -> None:
+        print(msg, flush=True)
+
+    def respawn(self, ch: VllmChild) -> None:
+        ch.respawn()
 
     def start(self) -> str:
         c = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         m = spawn_kvcake("master", "--port", str(c.master_port), "--http-port", "0")
-        self.procs["master"], self.addresses["master"] = m, m.info
-        s = spawn_kvcake("store-server", "--master", m.info["rpc"], "--segment-size", c.store_size)
-        self.procs["store-0"], self.addresses["store-0"] = s, s.info
+        self.children.append(master_child(m, "kvcake up output"))
+        self.addresses["master"] = m.info
+        rpc = m.info["rpc"]
+        s = spawn_kvcake("store-server", "--master", rpc, "--segment-size", c.store_size)
+        self.children.append(store_child(s, rpc, c.store_size, "kvcake up output"))
+        self.addresses["store-0"] = s.info
         model = c.model or default_model_dir()
         engines: list[VllmEngine] = []
         for i in range(c.engines):
             spec = VllmEngineSpec(
-                f"vllm-{i}", _free_port(), model, c.served_model_name, m.info["rpc"],
+                f"vllm-{i}", _free_port(), model, c.served_model_name, rpc,
                 connector_extra=dict(c.connector), block_size=c.block_size,
                 max_model_len=c.max_model_len, kv_cache_gib=c.kv_cache_gib,
                 cpu=c.cpus[i % len(c.cpus)], kv_events_port=_free_port(),
@@ -107,21 +133,13 @@ class VllmCluster:
             engines.append(start_engine(spec, self.run_dir))
         for e in engines:
             e.wait_ready(c.startup_timeout_s)
-            self.procs[e.spec.name] = e
+            self.children.append(engine_child(e, self.run_dir, c.startup_timeout_s))
             self.addresses[e.spec.name] = {"url": e.url, "events": str(e.spec.kv_events_port)}
-        argv = [sys.executable, "-m", "kvcake.serve.vllm_proxy", "--master", m.info["rpc"],
-                "--port", str(c.proxy_port), "--block-tokens", str(c.block_size)]  # fmt: skip
-        for e in engines:
-            argv += ["--engine", f"{e.spec.name}={e.url}@tcp://127.0.0.1:{e.spec.kv_events_port}"]
-        log = (self.run_dir / "proxy.log").open("w")
-        proxy = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True,
-                                 start_new_session=True)  # fmt: skip
-        assert proxy.stdout is not None
-        line = proxy.stdout.readline()
-        if not line.startswith("vllm-proxy url="):
-            raise VllmStartError(f"the proxy did not start: {line}")
-        self.url = line.split("=", 1)[1].strip()
-        self.procs["proxy"], self.addresses["proxy"] = proxy, {"url": self.url}
+        argv = proxy_argv(rpc, c.proxy_port, c.block_size, engines)
+        log = self.run_dir / "proxy.log"
+        proxy, self.url = start_proxy(argv, log)
+        self.children.append(proxy_child(proxy, self.url, argv, log))
+        self.addresses["proxy"] = {"url": self.url}
         deadline = time.monotonic() + 60
         while httpx.get(self.url + "/health", timeout=5).status_code != 200:
             if time.monotonic() > deadline:
@@ -130,17 +148,14 @@ class VllmCluster:
         self.write_state()
         return self.url
 
-    def _pid(self, p: Any) -> int:
-        return int(p.proc.pid if hasattr(p, "proc") else p.pid)
-
     def write_state(self) -> None:
         procs = {}
-        for name, p in self.procs.items():
-            pid = self._pid(p)
-            popen = p.proc if hasattr(p, "proc") else p
-            procs[name] = {"pid": pid, "start_ticks": proc_start_ticks(pid), "restarts": 0,
-                           "last_exit": "", "alive": popen.poll() is None,
-                           "addresses": self.addresses.get(name, {})}  # fmt: skip
+        for ch in self.children:
+            pid = int(ch.proc.pid)
+            procs[ch.name] = {"pid": pid, "start_ticks": proc_start_ticks(pid),
+                              "restarts": ch.restarts, "last_exit": ch.last_exit,
+                              "alive": ch.proc.poll() is None, "log": ch.log,
+                              "addresses": self.addresses.get(ch.name, {})}  # fmt: skip
         doc = {"supervisor_pid": os.getpid(), "supervisor_start_ticks": proc_start_ticks(os.getpid()),
                "url": self.url, "run_dir": str(self.run_dir), "processes": procs,
                "instances": {n: a["url"] for n, a in self.addresses.items() if n.startswith("vllm-")}}  # fmt: skip
@@ -151,17 +166,19 @@ class VllmCluster:
             tmp.replace(path)
 
     def stop(self) -> None:
-        for name in reversed(list(self.procs)):
-            p = self.procs[name]
-            if isinstance(p, subprocess.Popen):
-                p.terminate()
+        with self.lock:
+            self.stopping = True
+        for ch in reversed(self.children):
+            h = ch.holder
+            if isinstance(h, subprocess.Popen):
+                h.terminate()
                 try:
-                    p.wait(10)
+                    h.wait(10)
                 except subprocess.TimeoutExpired:
-                    p.kill()
+                    h.kill()
             else:
-                p.stop()
-        self.procs.clear()
+                h.stop()
+        self.children.clear()
         (Path(self.cfg.run_dir) / "latest.json").unlink(missing_ok=True)
 
 
@@ -191,6 +208,9 @@ def up(path: str, detach: bool = False) -> int:
         ):
             time.sleep(0.5)
         if not (run / "latest.json").exists():
+            if proc.poll() is None:  # still starting past the deadline: stop it and its children
+                proc.terminate()
+                proc.wait(60)
             print((run / "supervisor.log").read_text()[-3000:], file=sys.stderr)
             return 2
         print(
@@ -202,16 +222,21 @@ def up(path: str, detach: bool = False) -> int:
 
     def on_signal(*_: object) -> None:
         stop["now"] = True
+        if not cluster.url:  # still starting (an engine start takes a minute): stop now
+            raise SystemExit(143)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     print(f"starting vLLM cluster ({cfg.engines} engines), logs in {cluster.run_dir}", flush=True)
+    supervisor = Supervisor(cluster)
     try:
         url = cluster.start()
+        supervisor.start()  # a crashed engine, store, master or proxy is started again
         print(f"ready: OpenAI endpoint {url}/v1  (Ctrl-C stops the cluster)", flush=True)
         while not stop["now"]:
             time.sleep(0.2)
     finally:
         print("stopping cluster...", flush=True)
+        supervisor.stop()
         cluster.stop()
     return 0

@@ -1,0 +1,86 @@
+"""`kvcake up --config <vllm toml>` supervises its vLLM engine: SIGKILL the engine's whole process
+group, the supervisor starts it again on its port, `kvcake status` counts the restart, the
+proxy answers again; `kvcake down` leaves no process behind. One engine (real vLLM, ~1 min per
+start)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+PROMPT = {"model": "smollm2", "messages": [{"role": "user", "content": "Say hi."}],
+          "max_tokens": 4, "temperature": 0}  # fmt: skip
+
+
+def kvcake(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvcake", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def state(run_dir: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads((run_dir / "latest.json").read_text())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(1800)  # two engine starts; each took 1-5 min on a loaded 2-core machine
+def test_up_restarts_a_killed_vllm_engine(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs"
+    cfg = tmp_path / "vllm.toml"
+    cfg.write_text(
+        '[vllm]\nengines = 1\ncpus = ["0"]\nproxy_port = 0\nkv_cache_gib = 1\n'
+        f'run_dir = "{run_dir}"\nstartup_timeout_s = 600.0\n'
+        "[vllm.connector]\nload_timeout_s = 5.0\n"
+    )
+    pids: list[int] = []
+    try:
+        up = kvcake("up", "--config", str(cfg), "--detach")
+        assert up.returncode == 0, up.stdout + up.stderr
+        st = state(run_dir)
+        pids = [p["pid"] for p in st["processes"].values()] + [st["supervisor_pid"]]
+        url = st["url"]
+        assert httpx.post(url + "/v1/chat/completions", json=PROMPT, timeout=120).status_code == 200
+        engine = st["processes"]["vllm-0"]
+        os.killpg(engine["pid"], signal.SIGKILL)  # API server, engine core and worker at once
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            e = state(run_dir)["processes"]["vllm-0"]
+            if e["restarts"] == 1 and e["alive"] and e["pid"] != engine["pid"]:
+                break
+            time.sleep(2)
+        else:
+            raise AssertionError(f"vllm-0 was not restarted: {state(run_dir)['processes']}")
+        assert "killed by SIGKILL" in e["last_exit"]
+        pids.append(e["pid"])
+        assert e["addresses"]["url"] == engine["addresses"]["url"]  # the same port again
+        deadline = time.monotonic() + 120
+        while True:  # the proxy notices the engine is healthy again
+            r = httpx.post(url + "/v1/chat/completions", json=PROMPT, timeout=120)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert r.status_code == 200, r.text
+        status = kvcake("status", "--config", str(cfg), timeout=60)
+        assert status.returncode == 0 and "vllm-0" in status.stdout, status.stdout
+    finally:
+        down = kvcake("down", "--config", str(cfg), timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    deadline = time.monotonic() + 30
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [p for p in pids if alive(p)]
