@@ -41,7 +41,8 @@ def log(tmp_path: Path) -> Path:
     pool = {"local_tokens": 32, "pool_dram_tokens": {"store-0": 64}, "ssd_tokens": 0,
             "computed_tokens": 4, "miss_reasons": {"last_block": 4}}  # fmt: skip
     w.write(rec(6, prefill="prefill-1", kv=pool))
-    w.write(rec(7, outcome="rejected", prefill=None, decode=None, ttft_s=None, kv=None))
+    w.write(rec(7, outcome="rejected", prefill=None, decode=None, ttft_s=None, kv=None,
+                tenant="acme"))  # fmt: skip
     w.close()
     return path
 
@@ -76,6 +77,7 @@ def test_filters(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert ids(capsys, *f, "--outcome", "rejected") == ["req-7"]
     assert ids(capsys, *f, "--outcome", "rejected,length", "--limit", "2") == ["req-6", "req-7"]
     assert ids(capsys, *f, "--instance", "prefill-1") == ["req-6"]
+    assert ids(capsys, *f, "--tenant", "acme") == ["req-7"]
     assert ids(capsys, *f, "--min-ttft", "0.45") == ["req-5", "req-6"]
     assert ids(capsys, *f, "--tier", "pool_dram") == ["req-6"]
     assert ids(capsys, *f, "--tier", "local") == ["req-6"]

@@ -37,6 +37,7 @@ def register(sub: Any) -> None:
     p.add_argument("--id", dest="request_id", help="request id (exact, or a prefix)")
     p.add_argument("--outcome", help=f"comma-separated outcomes: {', '.join(OUTCOMES)}")
     p.add_argument("--instance", help="prefill or decode instance id, e.g. prefill-0")
+    p.add_argument("--tenant", help="the tenant (API key's or x-tenant-id)")
     p.add_argument("--min-ttft", metavar="S", help="only requests with TTFT >= S seconds")
     p.add_argument("--tier", help=f"only requests with tokens from this tier: {', '.join(TIERS)}")
     p.add_argument("--reason", help="only requests with computed tokens for this miss reason "
@@ -57,6 +58,7 @@ class Filter:
     tier: str | None = None
     reason: str | None = None
     since: float | None = None  # Unix time
+    tenant: str | None = None
 
     def match(self, r: dict[str, Any]) -> bool:
         if self.request_id and not str(r.get("request_id", "")).startswith(self.request_id):
@@ -64,6 +66,8 @@ class Filter:
         if self.outcomes and r.get("outcome") not in self.outcomes:
             return False
         if self.instance and self.instance not in (r.get("prefill"), r.get("decode")):
+            return False
+        if self.tenant and r.get("tenant") != self.tenant:
             return False
         if self.min_ttft is not None and not (r.get("ttft_s") or 0) >= self.min_ttft:
             return False
@@ -130,7 +134,7 @@ def make_filter(args: argparse.Namespace) -> Filter:
         raise ConfigError(f"--limit {args.limit}: must be >= 0")
     since = parse_since(args.since) if args.since else None
     return Filter(args.request_id, outcomes, args.instance, min_ttft, args.tier, args.reason,
-                  since)  # fmt: skip
+                  since, args.tenant)  # fmt: skip
 
 
 def log_files(path: Path) -> list[Path]:

@@ -275,6 +275,7 @@ async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
     rid = st.router.new_id()
     out = Outcome(str(rid), len(tokens), arrival=arrival)
     out.model, out.endpoint, out.stream = req.model, "chat" if req.chat else "completions", req.stream
+    out.tenant = tenant or None  # the request log's tenant field
     sampling = proxy_auth.salted(prep.sampling, tenant, req.cache_salt)
     gen = st.router.run(rid, tokens, sampling, out)
     try:
