@@ -238,9 +238,14 @@ def test_ssd_offload_on_eviction_and_read_back(master_proc: Proc, tmp_path: Path
         time.sleep(0.2)
         on_disk = [f.name for f in tmp_path.rglob("*.obj")]
     assert on_disk, "nothing was offloaded to the SSD tier"
-    disk_keys = [k for k in values if any(r.is_local_disk_replica() for r in s.get_replica_desc(k))]
+    assert s.get_offload_rpc_read_count() == 0
+    descs = {k: s.get_replica_desc(k) for k in values}
+    disk_keys = [k for k, d in descs.items() if any(r.is_local_disk_replica() for r in d)]
     assert disk_keys
+    disk_only = [k for k, d in descs.items() if d and all(r.is_local_disk_replica() for r in d)]
     assert all(s.get(k) == values[k] for k in values)  # memory or disk, every value reads back
+    # Each disk-only value was read over the node's disk service (an "offload RPC read").
+    assert s.get_offload_rpc_read_count() >= len(disk_only) >= 1
     assert s.close() == 0
 
 

@@ -61,6 +61,7 @@ class ReadPath:
     segments: dict[str, memoryview]
     engine: Any
     staging: Staging
+    disk_reads = 0  # values read from a node's disk tier over its disk service (a stat)
 
     # --- reads ---------------------------------------------------------------------------------
 
@@ -87,6 +88,7 @@ class ReadPath:
                     out[: res.size] = own[rep.offset : rep.offset + res.size]
                 elif rep.tier == "disk":
                     read_remote(rep.endpoint, key, out[: res.size], self.engine.auth)
+                    self.disk_reads += 1
                 else:
                     self._read_remote_memory(rep, out[: res.size])
             except KvcakeError as exc:

@@ -210,7 +210,8 @@ class SetupMethods(StoreBase):
         return self._hostname
 
     def get_offload_rpc_read_count(self) -> int:
-        return 0
+        """Reads of offloaded (SSD-tier) values served over the owning node's disk service."""
+        return self._client.disk_reads if self._client is not None else 0
 
     # --- segments -----------------------------------------------------------------------------
 
