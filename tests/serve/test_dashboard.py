@@ -8,6 +8,7 @@ import contextlib
 import fnmatch
 import json
 import re
+import shutil
 import time
 import tomllib
 from pathlib import Path
@@ -259,3 +260,23 @@ def test_an_unreachable_master_is_reported_not_raised() -> None:
 
     err = asyncio.run(go())
     assert err.startswith(f"master 127.0.0.1:{port}:"), err
+
+
+@pytest.mark.slow  # its own cluster: etcd, 2 masters, an election (~30 s idle, ~2 min loaded)
+@pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd not installed (make etcd)")
+def test_ha_cluster_the_pool_comes_from_the_elected_master(tmp_path: Path) -> None:
+    """`[ha]`: two masters on etcd; the dashboard finds the leader's admin HTTP in the run
+    record (the standby has none) and shows the pool and its hottest blocks."""
+    from tests.serve.helpers import make_cluster
+
+    c = make_cluster(tmp_path, cluster={"prefill": 1, "decode": 1, "store_servers": 1,
+                                        "store_size": "32MB"}, ha={"etcd": True, "masters": 2})  # fmt: skip
+    with c:
+        body = {"prompt": PROMPT, "max_tokens": 2, "temperature": 0}
+        assert httpx.post(c.url + "/v1/completions", json=body, timeout=60).status_code == 200
+        _idle(c.url)
+        snap = httpx.get(c.url + "/dashboard/api/snapshot").json()
+    assert snap["errors"] == [], snap["errors"]
+    assert {"master-0", "master-1", "etcd"} <= {p["name"] for p in snap["processes"]}
+    assert [s["name"] for s in snap["pool"]["segments"]] == ["store-0"]
+    assert snap["hot_blocks"] and all(b["replicas"] for b in snap["hot_blocks"])
