@@ -7,6 +7,7 @@ down and its clients move")."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import pytest
@@ -48,6 +49,7 @@ def _puts(c: NetnsCluster, tag: str) -> dict[str, object]:
     return dict(json.loads(r.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd is not installed (make etcd)")
 @pytest.mark.timeout(300)
 def test_partitioned_leader_steps_down_and_everybody_follows(cluster_factory) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     c = cluster_factory(prefill=1, decode=1, stores=2, ha_masters=2, client_ttl_s=5.0)
