@@ -105,6 +105,16 @@ def service(component: str, ports: dict[str, int], ns: str, headless: bool) -> d
     }
 
 
+def config_map(ns: str, data: dict[str, str]) -> dict[str, Any]:
+    """The one ConfigMap every pod mounts at ``CONF_DIR`` (the cluster's TOML files)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{APP}-config", "namespace": ns, "labels": labels("config")},
+        "data": data,
+    }
+
+
 def claim(name: str, size: str) -> dict[str, Any]:
     """A volumeClaimTemplate (the cluster's default StorageClass)."""
     return {

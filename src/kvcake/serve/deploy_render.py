@@ -23,9 +23,9 @@ from kvcake.serve.deploy_k8s import (
     APP,
     CONF_DIR,
     claim,
+    config_map,
     container,
     dns,
-    labels,
     mem,
     pod_spec,
     service,
@@ -208,12 +208,7 @@ def k8s_manifests(
     conf: ServeFile, cluster_toml: str, image: str, namespace: str = "default"
 ) -> dict[str, list[dict[str, Any]]]:
     """File name -> the objects it holds, for the cluster ``conf`` (read from ``cluster_toml``)."""
-    cm = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": f"{APP}-config", "namespace": namespace, "labels": labels("config")},
-        "data": {"cluster.toml": cluster_toml, "proxy.toml": proxy_toml(conf)},
-    }
+    cm = config_map(namespace, {"cluster.toml": cluster_toml, "proxy.toml": proxy_toml(conf)})
     files = {"00-config.yaml": [cm]}
     if conf.ha.etcd:
         files["05-etcd.yaml"] = _etcd_objects(namespace)

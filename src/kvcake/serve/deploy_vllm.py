@@ -20,9 +20,9 @@ from kvcake.core.config import parse_size
 from kvcake.serve.deploy_k8s import (
     APP,
     POD_ENV,
+    config_map,
     container,
     dns,
-    labels,
     mem,
     pod_spec,
     service,
@@ -155,12 +155,7 @@ def _proxy_objects(cfg: VllmClusterConfig, image: str, ns: str) -> list[dict[str
 def vllm_manifests(
     cfg: VllmClusterConfig, cluster_toml: str, image: str, namespace: str = "default"
 ) -> dict[str, list[dict[str, Any]]]:
-    cm = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": f"{APP}-config", "namespace": namespace, "labels": labels("config")},
-        "data": {"vllm.toml": cluster_toml},
-    }
+    cm = config_map(namespace, {"vllm.toml": cluster_toml})
     return {
         "00-config.yaml": [cm],
         "10-pool.yaml": _pool_objects(cfg, image, namespace),
