@@ -274,7 +274,8 @@ async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
     req, tokens = prep.req, prep.tokens
     rid = st.router.new_id()
     out = Outcome(str(rid), len(tokens), arrival=arrival)
-    out.model, out.endpoint, out.stream = req.model, "chat" if req.chat else "completions", req.stream
+    out.model, out.stream = req.model, req.stream
+    out.endpoint = "chat" if req.chat else "completions"
     out.tenant = tenant or None  # the request log's tenant field
     sampling = proxy_auth.salted(prep.sampling, tenant, req.cache_salt)
     gen = st.router.run(rid, tokens, sampling, out)
@@ -286,9 +287,12 @@ async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
         rej.headers["Retry-After"] = str(exc.retry_after_s)
         return rej
     except NotReady as exc:
+        reqlog.on_end(st, out, outcome="error", error=str(exc))
         return _err(503, str(exc), "unavailable")
     except InstanceError as exc:
-        if exc.kind == "kv_full":
+        kv_full = exc.kind == "kv_full"
+        reqlog.on_end(st, out, outcome="rejected" if kv_full else "error", error=str(exc))
+        if kv_full:
             st.metrics.rejections.labels("kv_full").inc()
             rej = _err(429, str(exc), "no_capacity")
             rej.headers["Retry-After"] = "1"

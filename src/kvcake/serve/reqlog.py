@@ -137,10 +137,11 @@ def record_of(out: Any, *, model: str, endpoint: str, stream: bool, block_tokens
 
 
 def on_end(st: Any, out: Any, outcome: str | None = None, error: str | None = None) -> None:
-    """A request ended (``proxy_app._record``, or a 429): vLLM's per-request histograms and
-    the request-log line."""
+    """A request ended: normally (``proxy_app._record``: vLLM's per-request histograms and the
+    request-log line) or before its first token (``outcome`` "rejected" / "error": the line
+    only)."""
     m = st.metrics
-    if outcome != "rejected":
+    if outcome is None:
         ttft, times = out.ttft, out.token_times
         queue = queue_time(out)
         prefill = ttft - queue if ttft is not None and queue is not None else None
