@@ -19,7 +19,7 @@ from kvcake.serve.router import Outcome
 
 
 def families(m: ProxyMetrics) -> dict[str, list[object]]:
-    text = generate_latest(m.registry).decode()
+    text = generate_latest(m.exposition).decode()
     assert "_created" not in text
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
@@ -47,6 +47,7 @@ def test_vllm_names_replace_the_ones_vllm_has() -> None:
     for kv_name, vllm_name in VLLM_NAMES.items():
         assert kv_name not in f and vllm_name in f, vllm_name
     assert "kvcake:kv_tier_tokens" in f  # no vLLM twin: kept under kvcake's name
+    assert m.registry.get_sample_value("kvcake:prompt_tokens_total", {"model_name": "smol"}) == 10
     (s,) = f["vllm:prompt_tokens"]
     assert s.labels == {"model_name": "smol", "component": "kvcake-proxy",  # type: ignore[attr-defined]
                         "engine": "kvcake-proxy"}  # fmt: skip

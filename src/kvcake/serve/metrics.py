@@ -76,7 +76,9 @@ class ProxyMetrics:
         if names not in NAME_MODES:
             raise ValueError(f"metrics names must be one of {NAME_MODES}, got {names!r}")
         self.model_name, self.names = model_name, names
-        r = self.own = CollectorRegistry()  # every metric, kvcake names
+        # ``registry``: every metric under kvcake's names (what in-process readers such as the
+        # dashboard use); ``exposition``: what /metrics shows (per ``names``).
+        r = self.registry = CollectorRegistry()
         M = ["model_name"]
 
         def bound(metric: Any) -> Any:
@@ -169,7 +171,7 @@ class ProxyMetrics:
         )
         self.preemptions = _Preemptions(model_name)
         r.register(self.preemptions)
-        self.registry = self._exported()
+        self.exposition = self._exported()
 
     def _request_phases(self, r: CollectorRegistry, bound: Any, M: list[str], n: int) -> None:
         """vLLM's per-request phase and size histograms (the proxy's view of them)."""
@@ -242,9 +244,9 @@ class ProxyMetrics:
 
     def _exported(self) -> CollectorRegistry:
         if self.names == "kvcake":
-            return self.own
+            return self.registry
         out = CollectorRegistry(auto_describe=False)
-        out.register(_Renamed(self.own, keep_kvcake=self.names == "both"))
+        out.register(_Renamed(self.registry, keep_kvcake=self.names == "both"))
         return out
 
     def set_fitted(self, p: Predictors) -> None:

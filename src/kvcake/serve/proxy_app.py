@@ -148,7 +148,7 @@ def build_app(st: ProxyState) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         _refresh_gauges(st)
-        return Response(generate_latest(st.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(st.metrics.exposition), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> Response:
