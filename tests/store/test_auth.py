@@ -5,7 +5,7 @@ secret is never interpreted."""
 
 from __future__ import annotations
 
-import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from kvcake.store.master_server import Master
 from kvcake.store.server import StoreServer
 from kvcake.transfer.protocol import CODEC as TE_CODEC
 from kvcake.transfer.protocol import WriteReq
+from tests.rawsock import raw, read_all
 from tests.store.procs import spawn
 
 SECRET = b"store-auth-test-secret-0123456789"
@@ -41,23 +42,6 @@ def cluster() -> Iterator[tuple[Master, StoreServer]]:
     m.stop()
 
 
-def raw(address: str) -> socket.socket:
-    host, port = address.rsplit(":", 1)
-    s = socket.create_connection((host, int(port)), 5)
-    s.settimeout(5)
-    return s
-
-
-def read_all(s: socket.socket) -> bytes:
-    out = bytearray()
-    try:
-        while chunk := s.recv(65536):
-            out += chunk
-    except ConnectionResetError:
-        pass
-    return bytes(out)
-
-
 def test_with_the_secret_everything_works(cluster: tuple[Master, StoreServer]) -> None:
     m, _node = cluster
     with Client(master=m.rpc_address, protocol="tcp", auth=GOOD) as c:
@@ -75,6 +59,9 @@ def test_master_refuses_clients_without_the_secret(
     refused = m.rpc.auth_refused
     with pytest.raises(Unauthorized, match="secret|authentication"):
         Client(master=m.rpc_address, auth=key)
+    deadline = time.monotonic() + 5  # the server thread counts after the client saw the refusal
+    while m.rpc.auth_refused <= refused and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert m.rpc.auth_refused > refused
 
 

@@ -20,6 +20,7 @@ from kvcake.transfer.errors import AuthFailed
 from kvcake.transfer.protocol import CODEC, Probe, ReadReq, WriteReq, WriteV
 from kvcake.transfer.tcp_transport import probe
 from kvcake.transfer.types import Op
+from tests.rawsock import raw, read_all
 
 from .conftest import pattern
 
@@ -42,20 +43,7 @@ def secured() -> Iterator[tuple[DirectoryService, TransferEngine, bytearray]]:
 
 
 def connect(e: TransferEngine) -> socket.socket:
-    host, port = e.addresses[0].rsplit(":", 1)
-    s = socket.create_connection((host, int(port)), 5)
-    s.settimeout(5)
-    return s
-
-
-def read_all(s: socket.socket) -> bytes:
-    out = bytearray()
-    try:
-        while chunk := s.recv(65536):
-            out += chunk
-    except ConnectionResetError:
-        pass
-    return bytes(out)
+    return raw(e.addresses[0])
 
 
 def test_same_secret_reads_and_writes(secured: tuple) -> None:  # type: ignore[type-arg]
