@@ -58,8 +58,9 @@ def overheads(
     """Overheads from a measured burst and the simulated ``(ttft, tbt)`` of the same records."""
     ok = [r for r in measured.per_request if r.status == "ok" and r.ttft_s is not None]
     if len(ok) < 2:
+        why = next((r.error for r in measured.per_request if r.error), "no tokens streamed")
         raise RuntimeError(f"the probe burst did not complete ({len(ok)} of "
-                           f"{len(measured.per_request)} requests ok)")  # fmt: skip
+                           f"{len(measured.per_request)} requests ok: {why})")  # fmt: skip
     ft = sorted((r.sent_s or 0.0) + (r.ttft_s or 0.0) for r in ok)
     sim_ttft, sim_tbt = (np.sort(a[~np.isnan(a)]) for a in simulated)
     gap_m = statistics.median(np.diff(ft))
