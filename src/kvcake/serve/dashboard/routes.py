@@ -28,9 +28,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvcake.serve.dashboard import snapshot
 from kvcake.serve.dashboard.history import History, sample, series_of
-from kvcake.serve.dashboard.sources import read_pool, read_run_record
+from kvcake.serve.dashboard.sources import PoolReport, RunRecord, read_pool, read_run_record
 
 MAX_STREAMS = 8
+POOL_TTL_S = 0.5
 _STATIC = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
@@ -84,6 +85,7 @@ class Dashboard:
         self.history = History()
         self.streams = 0
         self._http: httpx.AsyncClient | None = None
+        self._pool_cache: tuple[tuple[str, int], float, PoolReport] | None = None
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
@@ -112,8 +114,18 @@ class Dashboard:
 
     async def snapshot(self, n_recent: int, n_hot: int) -> dict[str, Any]:
         run = read_run_record(self.run_state)
+        return snapshot.build(self.side, self.history, run, await self._pool(run, n_hot), n_recent)
+
+    async def _pool(self, run: RunRecord, n_hot: int) -> PoolReport:
+        """The master's answers, shared for ``POOL_TTL_S`` by every stream and page (8 open
+        streams must not mean 24 admin requests a second)."""
+        key, now = (run.master_http, n_hot), time.monotonic()
+        c = self._pool_cache
+        if c is not None and c[0] == key and now - c[1] < POOL_TTL_S:
+            return c[2]
         pool = await read_pool(self._client(), run.master_http, n_hot)
-        return snapshot.build(self.side, self.history, run, pool, n_recent)
+        self._pool_cache = (key, now, pool)
+        return pool
 
     async def _events(
         self, interval: float, n: int, n_recent: int, n_hot: int
