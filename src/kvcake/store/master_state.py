@@ -423,8 +423,13 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
             raise NoSpace(f"no segment has {size} free bytes (and nothing can be evicted)")
         return reps
 
+    def placeable_segments(self) -> list[Segment]:
+        """Memory segments a new replica may go to (the HA journal leaves out replayed nodes
+        that have not re-registered yet)."""
+        return self.memory_segments()
+
     def _try_place(self, size: int, opts: PutOptions, host: str) -> list[Replica]:
-        segs = self.memory_segments()
+        segs = self.placeable_segments()
         order = self.strategy.order(segs, host, self.rng)
         if opts.preferred_segments:
             by_name: dict[str, Segment] = {s.name: s for s in segs}

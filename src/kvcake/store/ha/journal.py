@@ -82,6 +82,15 @@ class JournaledState(MasterState):
 
     # --- mutation points (each calls the real one, then marks) --------------------------------
 
+    def placeable_segments(self) -> list[Segment]:
+        """Right after a take-over the replayed storage nodes are not yet in this leader's
+        Transfer Engine directory (they re-publish on their next heartbeat): a writer given
+        one of their ranges could not reach it. Place on re-registered nodes while any is."""
+        segs = super().placeable_segments()
+        if not self.rejoin:
+            return segs
+        return [s for s in segs if s.client not in self.rejoin] or segs
+
     def touch(self, client: ClientId, host: str) -> bool:
         known = super().touch(client, host)
         return known and client not in self.rejoin
