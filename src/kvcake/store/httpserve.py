@@ -106,9 +106,11 @@ def client_auth(auth: _auth.Authenticator | None) -> Any:
         return None
     import httpx
 
+    signer: _auth.Authenticator = auth
+
     class _Sign(httpx.Auth):
         def auth_flow(self, request: httpx.Request) -> Any:
-            request.headers.update(auth.http_headers(request.method, request.url.path))
+            request.headers.update(signer.http_headers(request.method, request.url.path))
             yield request
 
     return _Sign()
