@@ -58,3 +58,15 @@ def test_compare_sim_runs_on_a_live_cluster(tmp_path: Path) -> None:
         assert math.isfinite(s[k]) and s[k] > 0 and m[k] > 0
     assert s["cpu_slowdown"] == 1.0  # the emulated backend sleeps: no compute CPU to share
     assert doc["cores"] >= 1 and len(doc["load_before"]) == 3
+
+
+def test_compare_sim_refuses_a_vllm_cluster_file() -> None:
+    from kvcake.serve.config import default_cluster_file
+
+    vllm = default_cluster_file().with_name("vllm.toml")
+    p = subprocess.run(
+        [sys.executable, "-m", "kvcake", "replay", "--url", "http://127.0.0.1:1", "--compare-sim",
+         "--cluster-config", str(vllm)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 2 and "vLLM-backed cluster" in p.stderr, p.stderr

@@ -69,6 +69,8 @@ def _replay(args: argparse.Namespace) -> int:
         from kvcake.core.errors import ConfigError
 
         raise ConfigError("--compare-sim needs --cluster-config (the file given to `kvcake up`)")
+    if args.compare_sim:
+        _check_modelled(args.cluster_config)
     recs = time_window(read_trace(args.trace or sample_trace_path()), args.start_s * 1000,
                        args.end_s * 1000)  # fmt: skip
     if args.limit:
@@ -107,6 +109,22 @@ def _replay(args: argparse.Namespace) -> int:
                 fh.write(json.dumps(asdict(r)) + "\n")
         Path(args.out + ".summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
     return 0
+
+
+def _check_modelled(path: str) -> None:
+    """compare-sim models kvcake's own instances; a vLLM-backed cluster file would silently be
+    read as a default kvcake cluster."""
+    import tomllib
+
+    from kvcake.core.errors import ConfigError
+
+    try:
+        doc = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"--cluster-config {path}: {exc}") from None
+    if "vllm" in doc:
+        raise ConfigError(f"--cluster-config {path}: a vLLM-backed cluster ([vllm] section); "
+                          "--compare-sim models kvcake's own instances only")  # fmt: skip
 
 
 def _conductor(cluster_config: str | None) -> Any:
