@@ -82,12 +82,20 @@ def start_ha_pool(cl: Cluster) -> tuple[str, str]:
     c, ha = cl.conf.cluster, cl.conf.ha
     endpoints = start_etcd(cl) if ha.etcd else ha.etcd_endpoints
     http_eps = ",".join(f"http://{e}" for e in endpoints.split(","))
-    flags = ["--host", c.host, "--port", "0", "--http-port", "0", "--directory-port", "0",
+    flags = ["--host", c.host, "--port", "0", "--directory-port", "0",
              "--etcd-endpoints", http_eps, "--cluster", ha.cluster,
              "--ha-lease-ttl-s", str(ha.ha_lease_ttl_s)]  # fmt: skip
-    masters = [cl._spawn(f"master-{i}", ["master", *flags]) for i in range(ha.masters)]
-    for m in masters:
+    # Each master gets its HTTP port up front (a standby binds it once elected, a restarted
+    # one again): the run record names every master's admin address, so the dashboard and
+    # scrapers find whichever one leads now.
+    ports = [_free_port(c.host) for _ in range(ha.masters)]
+    masters = [
+        cl._spawn(f"master-{i}", ["master", *flags, "--http-port", str(port)])
+        for i, port in enumerate(ports)
+    ]
+    for m, port in zip(masters, ports, strict=True):
         cl._wait_line(m, r"master standby name=(?P<name>\S+)")
+        m.info["http"] = f"{c.host}:{port}"
     leader = wait_leader(cl, masters)
     cl.say(f"  {leader.name:<12} leader rpc {leader.info['rpc']} (of {ha.masters} masters)")
     d = cl._spawn("directory", ["transfer-server", "--metadata", "--metadata-host", c.host,

@@ -44,12 +44,13 @@ def read_run_record(path: str) -> RunRecord:
     except (OSError, ValueError) as exc:
         return RunRecord(error=f"cannot read {path}: {exc}")
     procs = {str(k): dict(v) for k, v in doc.get("processes", {}).items()}
-    # "master", or with [ha] "master-<i>": the one whose leader line gave an HTTP address
+    # "master", or with [ha] "master-<i>": every live one with an admin address (only the
+    # leader answers; read_pool asks them in turn), comma-separated
     masters = [p for n, p in sorted(procs.items()) if n == "master" or n.startswith("master-")]
     live = [m for m in masters if m.get("alive", True)]
-    master = next((m["addresses"]["http"] for m in live if m.get("addresses", {}).get("http")), "")
+    https = [str(m["addresses"]["http"]) for m in live if m.get("addresses", {}).get("http")]
     inst = {str(k): str(v) for k, v in doc.get("instances", {}).items()}
-    return RunRecord(procs, inst, str(master or ""))
+    return RunRecord(procs, inst, ",".join(https))
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,20 @@ class PoolReport:
     error: str = ""
 
 
-async def read_pool(http: httpx.AsyncClient, master_http: str, hot: int) -> PoolReport:
-    if not master_http:
+async def read_pool(http: httpx.AsyncClient, masters: str, hot: int) -> PoolReport:
+    """The pool as the first of ``masters`` (comma-separated admin addresses) that answers
+    sees it: with HA only the leader serves HTTP."""
+    if not masters:
         return PoolReport(error="no store master known (no pool, or not started by `kvcake up`)")
+    report = PoolReport()
+    for address in masters.split(","):
+        report = await _read_pool_from(http, address, hot)
+        if not report.error:
+            return report
+    return report
+
+
+async def _read_pool_from(http: httpx.AsyncClient, master_http: str, hot: int) -> PoolReport:
     base = f"http://{master_http}"
     try:
         segs = (await http.get(base + "/get_all_segments")).json()
