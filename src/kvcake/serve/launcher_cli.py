@@ -29,10 +29,17 @@ def register(sub: Any) -> None:
     p.add_argument("--decode", type=int, help="override cluster.decode")
     p.add_argument("--port", type=int, help="override cluster.proxy_port")
     p.add_argument("--detach", action="store_true", help="run in the background")
-    p.add_argument("--netns", action="store_true", help="every process on its own emulated "
-                   "host: a network namespace, TCP between hosts (root; docs/deploy.md)")
-    p.add_argument("--netns-rate", default="", help="with --netns: egress cap of every host "
-                   "(tc rate, e.g. 1gbit)")
+    p.add_argument(
+        "--netns",
+        action="store_true",
+        help="every process on its own emulated "
+        "host: a network namespace, TCP between hosts (root; docs/deploy.md)",
+    )
+    p.add_argument(
+        "--netns-rate",
+        default="",
+        help="with --netns: egress cap of every host (tc rate, e.g. 1gbit)",
+    )
     p.add_argument("--netns-delay-ms", type=float, default=0.0, help="with --netns: one-way "
                    "delay added to master and instance RPC")  # fmt: skip
     from kvcake.core import auth
