@@ -14,8 +14,8 @@ Not thread-safe: :class:`~kvcake.store.master_state.MasterState` calls it under 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 R = TypeVar("R")
 
@@ -24,10 +24,13 @@ class StaleRequest(Exception):
     """A request whose reply the client already acknowledged (a delayed duplicate)."""
 
 
-@dataclass
 class _Session(Generic[R]):
-    acked: int = 0
-    replies: OrderedDict[int, R] = field(default_factory=OrderedDict)
+    __slots__ = ("acked", "replies")
+
+    def __init__(self) -> None:
+        self.acked = 0
+        # seq -> outcome; a plain dict keeps insertion (= seq) order, oldest first
+        self.replies: dict[int, R] = {}
 
 
 class DedupTable(Generic[R]):
@@ -61,8 +64,11 @@ class DedupTable(Generic[R]):
         if ack > s.acked:
             s.acked = ack
             replies = s.replies
-            while replies and next(iter(replies)) <= ack:  # seqs are recorded in order
-                replies.popitem(last=False)
+            while replies:  # seqs are recorded in order: drop the acknowledged head
+                first = next(iter(replies))
+                if first > ack:
+                    break
+                del replies[first]
         if seq <= s.acked:
             self.stale += 1
             raise StaleRequest(f"request {seq} of session {session} was already acknowledged")
@@ -71,10 +77,43 @@ class DedupTable(Generic[R]):
             self.replays += 1
         return s, got
 
+    def run(
+        self, client: str, session: str, seq: int, ack: int, apply: Callable[..., R], *args: Any
+    ) -> R:
+        """``apply(*args)`` once per ``seq``: :meth:`begin`, then the stored or the new outcome
+        (the caller holds the lock that makes this atomic). The common case inline: a known
+        session whose ``ack`` acknowledges its one pending reply (every mutating RPC)."""
+        key = (client, session)
+        s = self._sessions.get(key)
+        if s is None or ack < s.acked or seq <= ack:
+            s, got = self.begin(client, session, seq, ack)  # new session, stale, pruning
+        else:
+            self._sessions.move_to_end(key)
+            replies = s.replies
+            if ack > s.acked:
+                s.acked = ack
+                while replies:  # seqs are recorded in order: drop the acknowledged head
+                    first = next(iter(replies))
+                    if first > ack:
+                        break
+                    del replies[first]
+            got = replies.get(seq)
+            if got is not None:
+                self.replays += 1
+        if got is not None:
+            return got
+        out = apply(*args)
+        replies = s.replies
+        replies[seq] = out
+        if len(replies) > self.max_pending:
+            del replies[next(iter(replies))]
+        return out
+
     def finish(self, s: _Session[R], seq: int, outcome: R) -> None:
-        s.replies[seq] = outcome
-        if len(s.replies) > self.max_pending:
-            s.replies.popitem(last=False)
+        replies = s.replies
+        replies[seq] = outcome
+        if len(replies) > self.max_pending:
+            del replies[next(iter(replies))]
 
     def record(self, client: str, session: str, seq: int, outcome: R) -> None:
         s = self._sessions.get((client, session))

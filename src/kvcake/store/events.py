@@ -32,6 +32,7 @@ MAX_BATCH = 1024  # events per zmq message
 TICK_TOPIC = STORE_EVENTS_TOPIC + b".tick"  # idle: msgpack [publisher, last seq] once a second
 TICK_S = 1.0
 BATCH_WAIT_S = 0.01
+_SEGMENT_LOST = StoreEventKind.SEGMENT_LOST  # enum attribute lookups are slow on hot paths
 
 
 class EventLog:
@@ -45,7 +46,10 @@ class EventLog:
         # the publisher thread, off the RPC path.
         self._queue: deque[tuple[int, StoreEventKind, tuple[str, ...], str, str, float]] = deque()
         self._maxlen = maxlen
-        self._cv = threading.Condition()
+        # emit() takes the plain lock (a C call) rather than the Condition's Python-level
+        # __enter__/__exit__: it runs on every mutating RPC, the publisher waits rarely.
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
         self._waiting = False  # the publisher sleeps on _cv: only then is it worth a wake-up
         self.enabled = True
 
@@ -53,15 +57,16 @@ class EventLog:
         self, kind: StoreEventKind, keys: Iterable[str], tier: str = "", segment: str = ""
     ) -> None:
         ks = keys if type(keys) is tuple else tuple(keys)
-        if not ks and kind is not StoreEventKind.SEGMENT_LOST:
+        if not ks and kind is not _SEGMENT_LOST:
             return
-        with self._cv:
-            self.seq += 1
+        with self._lock:
+            self.seq = seq = self.seq + 1
             if not self.enabled:
                 return
-            self._queue.append((self.seq, kind, ks, tier, segment, _now()))
-            if len(self._queue) > self._maxlen:
-                self._queue.popleft()
+            queue = self._queue
+            queue.append((seq, kind, ks, tier, segment, _now()))
+            if len(queue) > self._maxlen:
+                queue.popleft()
                 self.dropped += 1
             if self._waiting:
                 self._cv.notify()

@@ -9,7 +9,6 @@ server keeps serving everyone else. Per-key failures travel as codes inside a no
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import socket
 import threading
@@ -40,12 +39,19 @@ EVICT_STEPS_PER_TICK = 1000
 EVICT_YIELD_S = 0.0001
 
 
-def _ok(fn: Callable[[str], None]) -> Callable[[str], P.KeyResult]:
-    def call(key: str) -> P.KeyResult:
-        fn(key)
-        return P.KeyResult(0)
+_OK = P.KeyResult(0)  # frozen: one shared instance for every successful key
 
-    return call
+
+def _ok_per_key(keys: list[str], fn: Callable[[str], object]) -> P.Reply:
+    """``_per_key`` for calls whose per-key result is just success (no wrapper per call)."""
+    results = []
+    for key in keys:
+        try:
+            fn(key)
+            results.append(_OK)
+        except StoreError as exc:
+            results.append(P.KeyResult(exc.code, message=str(exc)))
+    return P.Reply(results=results)
 
 
 def _per_key(keys: list[str], fn: Callable[[str], P.KeyResult]) -> P.Reply:
@@ -101,14 +107,21 @@ class MasterHandlers:
             run: Callable[[], P.Reply] = lambda: P.Reply(  # noqa: E731
                 count=self.state.remove_keys(keys, msg.force)
             )
-        elif rid is None:
-            return self._run(msg)
-        else:
-            run = functools.partial(self._run, msg)
+            if rid is None:
+                return run()
+            return self._once(ClientId(msg.client), rid, run)
         if rid is None:
-            return run()
+            return self._run(msg)
+        try:  # the hot path, inline: no closure per request, ``once`` passes ``msg`` on
+            return self.state.once(msg.client, rid, self._run, msg)  # type: ignore[attr-defined]
+        except StaleRequest as exc:
+            return P.Reply(code=INVALID_PARAMS, message=f"stale duplicate: {exc}")
+
+    def _once(
+        self, client: ClientId, rid: P.ReqId, apply: Callable[..., P.Reply], *args: Any
+    ) -> P.Reply:
         try:
-            return self.state.once(msg.client, rid, run)  # type: ignore[attr-defined]
+            return self.state.once(client, rid, apply, *args)
         except StaleRequest as exc:
             return P.Reply(code=INVALID_PARAMS, message=f"stale duplicate: {exc}")
 
@@ -149,42 +162,47 @@ class MasterHandlers:
     def put_start(self, m: P.PutStart) -> P.Reply:
         if len(m.keys) != len(m.sizes):
             return P.Reply(code=INVALID_PARAMS, message="keys and sizes differ in length")
-        sizes = dict(zip(m.keys, m.sizes, strict=True))
         cid = ClientId(m.client)
-        return _per_key(
-            m.keys,
-            lambda k: P.KeyResult(
-                0,
-                sizes[k],
-                self.state.put_start(cid, m.host, k, sizes[k], m.options, m.upsert, m.tenant),
-            ),
-        )
+        start = self.state.put_start
+        host, opts, upsert, tenant = m.host, m.options, m.upsert, m.tenant
+        results = []
+        for key, size in zip(m.keys, m.sizes, strict=True):
+            try:
+                reps = start(cid, host, key, size, opts, upsert, tenant)
+                results.append(P.KeyResult(0, size, reps))
+            except StoreError as exc:
+                results.append(P.KeyResult(exc.code, message=str(exc)))
+        return P.Reply(results=results)
 
     def put_end(self, m: P.PutEnd) -> P.Reply:
         cid = ClientId(m.client)
-        return _per_key(m.keys, _ok(lambda k: self.state.put_end(cid, k)))
+        end = self.state.put_end
+        return _ok_per_key(m.keys, lambda k: end(cid, k))
 
     def put_revoke(self, m: P.PutRevoke) -> P.Reply:
         cid = ClientId(m.client)
-        return _per_key(m.keys, _ok(lambda k: self.state.put_revoke(cid, k)))
+        revoke = self.state.put_revoke
+        return _ok_per_key(m.keys, lambda k: revoke(cid, k))
 
     def get_replicas(self, m: P.GetReplicas) -> P.Reply:
         cid = ClientId(m.client)
-
-        def one(k: str) -> P.KeyResult:
-            size, reps = self.state.get_replicas(cid, k)
-            return P.KeyResult(0, size, reps)
-
-        reply = _per_key(m.keys, one)
-        reply.lease_ms = int(self.state.cfg.lease_ttl_s * 1000)
-        return reply
+        get = self.state.get_replicas
+        results = []
+        for key in m.keys:
+            try:
+                size, reps = get(cid, key)
+                results.append(P.KeyResult(0, size, reps))
+            except StoreError as exc:
+                results.append(P.KeyResult(exc.code, message=str(exc)))
+        return P.Reply(results=results, lease_ms=int(self.state.cfg.lease_ttl_s * 1000))
 
     def exist(self, m: P.Exist) -> P.Reply:
         cid = ClientId(m.client)
         return _per_key(m.keys, lambda k: P.KeyResult(int(self.state.exist(cid, k))))
 
     def remove(self, m: P.Remove) -> P.Reply:
-        return _per_key(m.keys, _ok(lambda k: self.state.remove(k, m.force)))
+        remove, force = self.state.remove, m.force
+        return _ok_per_key(m.keys, lambda k: remove(k, force))
 
     def remove_all(self, m: P.RemoveAll) -> P.Reply:
         return P.Reply(count=self.state.remove_all(m.force, m.pattern, m.regex))

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from kvcake.core.api import StoreEventKind, StoreSnapshot
 from kvcake.core.ids import ClientId, ObjectKey, SegmentName
@@ -47,6 +47,9 @@ from kvcake.store.tiering import TieringMixin
 MAX_KEY_LEN = 4096
 SYNC_EVICT_STEPS = 4  # eviction batches a put_start may run when allocation fails
 MEMORY = Tier.MEMORY  # module constant: enum attribute lookups are slow on hot paths
+MEMORY_V = MEMORY.value
+_COMPLETE, _PROCESSING = Status.COMPLETE, Status.PROCESSING
+_STORED, _REMOVED = StoreEventKind.STORED, StoreEventKind.REMOVED
 R = TypeVar("R")
 
 
@@ -110,22 +113,18 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
 
     # --- the mutation entry point ------------------------------------------------------------
 
-    def once(self, client: ClientId, rid: ReqId | None, apply: Callable[[], R]) -> R:
+    def once(self, client: ClientId, rid: ReqId | None, apply: Callable[..., R], *args: Any) -> R:
         """Run one mutating request at most once: a duplicate of ``rid`` (a retry after a lost
         reply) gets the first outcome back without running ``apply`` again; a duplicate the
         client already acknowledged raises :class:`~kvcake.store.dedup.StaleRequest`.
         ``apply`` runs under the lock and must return its outcome (errors included) rather
         than raise, so that the outcome can be replayed. This is the one place every state
-        change passes through (the HA operation log hooks in here)."""
+        change passes through (the HA operation log hooks in here). ``args`` are passed to
+        ``apply`` (saves the RPC path a closure per request)."""
         with self.lock:
             if rid is None:
-                return apply()
-            session, got = self.dedup.begin(client, rid.session, rid.seq, rid.ack)
-            if got is not None:
-                return got  # type: ignore[return-value]
-            out = apply()
-            self.dedup.finish(session, rid.seq, out)
-            return out
+                return apply(*args)
+            return self.dedup.run(client, rid.session, rid.seq, rid.ack, apply, *args)  # type: ignore[return-value]
 
     # --- clients and segments ---------------------------------------------------------------
 
@@ -282,10 +281,8 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
     ) -> None:
         """Forget ``obj`` and free its replicas; ``event`` is published if it was readable
         (``None``: the caller publishes)."""
-        if event is not None and obj.status is Status.COMPLETE and obj.readable():
-            self.events.emit(
-                event, (obj.key,), Tier.MEMORY.value if event is not StoreEventKind.REMOVED else ""
-            )
+        if event is not None and obj.status is _COMPLETE and obj.readable():
+            self.events.emit(event, (obj.key,), MEMORY_V if event is not _REMOVED else "")
         self.offloading.pop(obj.key, None)
         for rep in obj.replicas:
             self._free(rep)
@@ -305,7 +302,7 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
     def describe(self, rep: Replica) -> ReplicaDesc:
         seg = self.segments[rep.segment]
         return ReplicaDesc(
-            rep.segment, seg.host, rep.offset, rep.size, rep.tier.value, seg.endpoint
+            rep.segment, seg.host, rep.offset, rep.size, rep.tier._value_, seg.endpoint
         )
 
     def leased(self, obj: ObjectMeta) -> bool:
@@ -447,9 +444,9 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
     def put_end(self, client: ClientId, key: str) -> None:
         with self.lock:
             obj = self._writing(client, key)
-            obj.status = Status.COMPLETE
+            obj.status = _COMPLETE
             self.processing.pop(obj.key, None)
-            self.events.emit(StoreEventKind.STORED, (obj.key,), Tier.MEMORY.value)
+            self.events.emit(_STORED, (obj.key,), MEMORY_V)
             obj.soft_pin_until = self.clock() + obj.soft_pin_ttl_s if obj.soft_pin_ttl_s else 0.0
             self.objects.move_to_end(obj.key)
 
@@ -459,7 +456,7 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
 
     def _writing(self, client: ClientId, key: str) -> ObjectMeta:
         obj = self.objects.get(check_key(key))
-        if obj is None or obj.status is not Status.PROCESSING or obj.writer != client:
+        if obj is None or obj.status is not _PROCESSING or obj.writer != client:
             raise ObjectNotFound(f"no put of {key!r} by this client in progress (pre-empted?)")
         return obj
 
@@ -475,7 +472,10 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
                 raise ObjectNotFound(f"{key!r} not found")
             obj.lease_until = max(obj.lease_until, self.clock() + self.cfg.lease_ttl_s)
             self.objects.move_to_end(okey)
-            if not any(r.tier is Tier.MEMORY for r in reps):
+            for r in reps:
+                if r.tier is MEMORY:
+                    break
+            else:
                 obj.disk_hits += 1
                 if obj.disk_hits >= self.cfg.promote_after_hits:
                     self._start_promotion(obj)
