@@ -42,12 +42,13 @@ EVICT_YIELD_S = 0.0001
 _OK = P.KeyResult(0)  # frozen: one shared instance for every successful key
 
 
-def _ok_per_key(keys: list[str], fn: Callable[[str], object]) -> P.Reply:
-    """``_per_key`` for calls whose per-key result is just success (no wrapper per call)."""
+def _ok_per_key(keys: list[str], fn: Callable[..., object], *args: Any) -> P.Reply:
+    """``_per_key`` for calls whose per-key result is just success: ``fn(*args, key)``, no
+    wrapper per call."""
     results = []
     for key in keys:
         try:
-            fn(key)
+            fn(*args, key)
             results.append(_OK)
         except StoreError as exc:
             results.append(P.KeyResult(exc.code, message=str(exc)))
@@ -176,13 +177,11 @@ class MasterHandlers:
 
     def put_end(self, m: P.PutEnd) -> P.Reply:
         cid = ClientId(m.client)
-        end = self.state.put_end
-        return _ok_per_key(m.keys, lambda k: end(cid, k))
+        return _ok_per_key(m.keys, self.state.put_end, cid)
 
     def put_revoke(self, m: P.PutRevoke) -> P.Reply:
         cid = ClientId(m.client)
-        revoke = self.state.put_revoke
-        return _ok_per_key(m.keys, lambda k: revoke(cid, k))
+        return _ok_per_key(m.keys, self.state.put_revoke, cid)
 
     def get_replicas(self, m: P.GetReplicas) -> P.Reply:
         cid = ClientId(m.client)
