@@ -37,7 +37,7 @@ from kvcake.serve.clusterfile import (  # noqa: F401  (re-exported: callers impo
 )
 from kvcake.serve.config import InstanceConfig, ServeFile, load_proxy_config
 from kvcake.serve.runstate import proc_start_ticks
-from kvcake.serve.supervisor import Supervisor
+from kvcake.serve.supervisor import Supervisor, die_with_parent
 
 STATE_FILE = "cluster.json"
 
@@ -239,7 +239,7 @@ class Cluster:
                 fh.flush()
             env = dict(os.environ, PYTHONUNBUFFERED="1")
             ch.proc = subprocess.Popen(ch.argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
+                                       start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
         ch.started = time.monotonic()
         ch.start_ticks = proc_start_ticks(ch.proc.pid)
 
@@ -333,17 +333,6 @@ class Cluster:
 
     def dead_children(self) -> list[str]:
         return [c.name for c in self.children if c.proc is not None and c.proc.poll() is not None]
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the launcher's spawning thread dies, so a
-    SIGKILLed ``kvcake up`` leaves no cluster behind that nobody supervises (Linux only)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _set_flags(argv: list[str], values: dict[str, str]) -> list[str]:

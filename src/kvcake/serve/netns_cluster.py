@@ -35,6 +35,7 @@ from kvcake.core.errors import KvcakeError
 from kvcake.serve.clusterfile import load_serve_file, toml_dump
 from kvcake.serve.config import ServeFile
 from kvcake.serve.netns import Network
+from kvcake.serve.supervisor import die_with_parent
 
 
 class NetnsClusterError(KvcakeError):
@@ -251,7 +252,7 @@ class NetnsCluster:
         with log.open("wb") as fh:
             popen = subprocess.Popen(self.net.command(role, argv), stdout=fh,
                                      stderr=subprocess.STDOUT, env=self.child_env(),
-                                     start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
+                                     start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
         p = Proc(name, role, popen, log)
         self.procs.append(p)
         if ready:
@@ -314,14 +315,6 @@ class NetnsCluster:
                     p.popen.wait(5)
         self.procs.clear()
         self.net.close()
-
-
-def _die_with_parent() -> None:
-    """Children die with the harness (PR_SET_PDEATHSIG survives the exec chain)."""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def run(opts: NetnsOptions, run_dir: Path) -> int:

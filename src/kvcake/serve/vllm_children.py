@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvcake.serve.supervisor import die_with_parent
 from kvcake.serve.vllm_procs import (
     KvcakeProc,
     VllmEngine,
@@ -84,7 +85,12 @@ def start_proxy(argv: list[str], log_path: Path) -> tuple[subprocess.Popen[str],
     """Start the fleet proxy; returns it and its URL (its first stdout line says it)."""
     with log_path.open("a") as log:
         proxy = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
     assert proxy.stdout is not None
     line = proxy.stdout.readline()

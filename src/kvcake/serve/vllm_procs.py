@@ -24,6 +24,7 @@ from typing import IO, Any
 import httpx
 
 from kvcake.core.errors import KvcakeError
+from kvcake.serve.supervisor import die_with_parent
 
 CONNECTOR = "KvcakeConnector"
 CONNECTOR_MODULE = "kvcake.integrations.vllm"
@@ -161,7 +162,12 @@ def start_engine(spec: VllmEngineSpec, log_dir: Path) -> VllmEngine:
     log_path = log_dir / f"{spec.name}.log"
     log = log_path.open("wb")
     proc = subprocess.Popen(
-        spec.argv(), env=spec.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        spec.argv(),
+        env=spec.env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
     )
     return VllmEngine(spec, log_path, proc, log)
 
@@ -195,6 +201,7 @@ def spawn_kvcake(command: str, *flags: str, timeout_s: float = 60.0) -> KvcakePr
         text=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
         start_new_session=True,
+        preexec_fn=die_with_parent,
     )
     lines: list[str] = []
     info: dict[str, str] = {}
