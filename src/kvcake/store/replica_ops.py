@@ -124,7 +124,9 @@ class ReplicaOpsMixin:
                 raise InvalidParams(f"{key!r} has no other replica: remove the key instead")
             self._drop_replica(obj, rep)
 
-    def _drop_replica(self, obj: ObjectMeta, rep: Replica) -> None:
+    def _drop_replica(self, obj: ObjectMeta, rep: Replica, publish: bool = True) -> None:
+        """Forget one replica of ``obj`` (another readable one remains); ``publish``: emit the
+        tier's eviction event if it was the tier's last copy (disk-tier eviction batches them)."""
         # A reader holding a lease may still be copying from it: its space is reused only
         # once the lease has run out (as for pre-empted puts).
         if obj.lease_until > self.clock():
@@ -134,9 +136,10 @@ class ReplicaOpsMixin:
         obj.replicas.remove(rep)
         if rep.tier is Tier.DISK:
             self._queue_task(rep.segment, NodeTask("delete", obj.key, obj.size, 0))
-        if not any(r.tier is rep.tier and r.complete for r in obj.replicas):
-            kind = StoreEventKind.EVICTED_DISK if rep.tier is Tier.DISK else None
-            self.events.emit(kind or StoreEventKind.EVICTED_MEMORY, (obj.key,), rep.tier.value)
+        if publish and not any(r.tier is rep.tier and r.complete for r in obj.replicas):
+            disk = rep.tier is Tier.DISK
+            kind = StoreEventKind.EVICTED_DISK if disk else StoreEventKind.EVICTED_MEMORY
+            self.events.emit(kind, (obj.key,), rep.tier.value)
 
     def sweep_copies(self, live: Callable[[ClientId], bool]) -> int:
         """Abort copies older than ``put_start_discard_s`` or whose client is gone."""

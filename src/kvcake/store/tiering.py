@@ -41,6 +41,8 @@ class TieringMixin:
     events: EventLog
     _barren: int  # objects looked at by eviction since the last one it could evict
     _evicting: bool  # a watermark eviction run is in progress
+    # store/replica_ops.py (a later base of MasterState: a stub method here would shadow it)
+    _drop_replica: Callable[..., None]
 
     def _free(self, rep: Replica) -> None:
         raise NotImplementedError
@@ -52,6 +54,7 @@ class TieringMixin:
 
     def _queue_task(self, segment: SegmentName, task: NodeTask) -> None:
         raise NotImplementedError
+
 
     def leased(self, obj: ObjectMeta) -> bool:
         raise NotImplementedError
@@ -195,18 +198,12 @@ class TieringMixin:
             freed += rep.size
             dropped.append(obj.key)
             if any(r.complete for r in obj.memory()):
-                self._drop_disk_copy(obj, rep)
+                self._drop_replica(obj, rep, publish=False)  # published with the batch below
             else:
                 self._drop_object(obj, None)
         self.evicted_disk_objects += len(dropped)
         self.events.emit(StoreEventKind.EVICTED_DISK, dropped, Tier.DISK.value)
         return freed
-
-    def _drop_disk_copy(self, obj: ObjectMeta, rep: Replica) -> None:
-        """Forget one disk replica of an object that stays readable from memory."""
-        self._free(rep)
-        obj.replicas.remove(rep)
-        self._queue_task(rep.segment, NodeTask("delete", obj.key, obj.size, 0))
 
     def _start_promotion(self, obj: ObjectMeta) -> None:
         if obj.copying:

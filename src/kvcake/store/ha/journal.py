@@ -137,10 +137,6 @@ class JournaledState(MasterState):
         self._mark("o", obj.key)
         return super()._evict_one(obj, *args, **kw)
 
-    def _drop_disk_copy(self, obj: ObjectMeta, *args: Any, **kw: Any) -> None:
-        self._mark("o", obj.key)
-        super()._drop_disk_copy(obj, *args, **kw)
-
     def _finish_copy(self, obj: ObjectMeta, *args: Any, **kw: Any) -> None:
         self._mark("o", obj.key)
         super()._finish_copy(obj, *args, **kw)
