@@ -6,7 +6,7 @@ those files are not at hand."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from pathlib import Path
 
 from kvcake.core.costmodel import CostModel
@@ -46,6 +46,16 @@ def load_workload(spec: str) -> tuple[str, list[TraceRecord]]:
     return p.stem.removesuffix("_trace"), recs
 
 
+def leading_run(hash_ids: Sequence[int], held: Container[int]) -> int:
+    """How many of the leading blocks ``held`` has (a prefix stops at the first miss)."""
+    n = 0
+    for h in hash_ids:
+        if h not in held:
+            break
+        n += 1
+    return n
+
+
 def ideal_prefill_s(records: Sequence[TraceRecord], cm: CostModel) -> float:
     """Prefill seconds of the whole trace if every block seen before were reused for free: the
     lower bound that sizes replay speeds and clusters (a request's leading seen blocks are its
@@ -53,11 +63,7 @@ def ideal_prefill_s(records: Sequence[TraceRecord], cm: CostModel) -> float:
     seen: set[int] = set()
     work = 0.0
     for r in records:
-        n = 0
-        for h in r.hash_ids:
-            if h not in seen:
-                break
-            n += 1
+        n = leading_run(r.hash_ids, seen)
         seen.update(r.hash_ids)
         work += cm.prefill_time(r.input_length, min(n * TRACE_BLOCK_TOKENS, r.input_length - 1))
     return work

@@ -14,6 +14,7 @@ from kvcake.core.trace import TraceRecord
 from kvcake.sim.cache import LRUBlockCache
 from kvcake.sim.config import SimConfig
 from kvcake.sim.experiments.common import Context, ExpResult, new_figure, pmap, run, workload
+from kvcake.sim.traces import leading_run
 
 CAPACITIES = [int(v) for v in (1e4, 3e4, 1e5, 3e5, 1e6, 3e6, 1e7, 3e7, 1e8, 3e8, 1e9)]
 SYNTH = ["toolagent-synth", "synthetic-synth"]
@@ -47,11 +48,7 @@ def lru_hit_rate(records: Sequence[TraceRecord], capacity_tokens: int, block: in
     lru: OrderedDict[int, None] = OrderedDict()
     hits = blocks = 0
     for r in records:
-        n = 0
-        for h in r.hash_ids:
-            if h not in lru:
-                break
-            n += 1
+        n = leading_run(r.hash_ids, lru)
         hits += n
         blocks += len(r.hash_ids)
         for h in r.hash_ids:
