@@ -55,7 +55,6 @@ class TieringMixin:
     def _queue_task(self, segment: SegmentName, task: NodeTask) -> None:
         raise NotImplementedError
 
-
     def leased(self, obj: ObjectMeta) -> bool:
         raise NotImplementedError
 
