@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from kvcake.serve import memtrace
+from kvcake.core import memtrace
 from kvcake.serve.config import default_cluster_file
 from kvcake.serve.launcher import Cluster, load_serve_file
 
@@ -128,13 +128,13 @@ class Traffic:
 
 
 def snap(c: Cluster, where: str | None) -> None:
-    """Ask the instances and the proxy for a heap snapshot (memtrace: SIGUSR2)."""
+    """Ask the master, the instances and the proxy for a heap snapshot (memtrace: SIGUSR2)."""
     if not where:
         return
     before = len(list(Path(where).glob("*.snap")))
     n = 0
     for ch in c.children:
-        if ch.proc and ch.proc.poll() is None and not ch.name.startswith(("store", "master")):
+        if ch.proc and ch.proc.poll() is None and not ch.name.startswith("store"):
             os.kill(ch.proc.pid, signal.SIGUSR2)
             n += 1
     deadline = time.monotonic() + 120  # a traced heap takes seconds to write (renamed when done)
@@ -193,7 +193,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="write the samples and the comparison as JSON")
     ap.add_argument("--tracemalloc", metavar="DIR",
-                    help="trace the heap of the instances and the proxy: snapshots at start and "
+                    help="trace the heap of the master, the instances and the proxy: snapshots at start and "
                     "end in DIR, and the allocation sites that grew most are printed (RSS is then "
                     "not judged: taking a snapshot itself keeps ~16 MiB per process)")  # fmt: skip
     args = ap.parse_args()

@@ -83,6 +83,9 @@ def _master(args: argparse.Namespace) -> int:
 
         return run_master(cfg, ha)
     master = Master(cfg)
+    from kvcake.core.memtrace import install_from_env
+
+    install_from_env("master")  # KVCAKE_TRACEMALLOC=DIR: heap snapshots on SIGUSR2 (soak.py)
     # One parseable line so launchers (tests, the cluster launcher) learn the bound ports.
     return serve_until_signal(
         master,

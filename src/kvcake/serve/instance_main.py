@@ -118,7 +118,7 @@ def run_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig) -> int:
     sock = bind(cfg.host, cfg.port, f"{role.value} instance (instance.port)")
     port = sock.getsockname()[1]
     iid = InstanceId(cfg.id or f"{role.value}-{port}")
-    from kvcake.serve.memtrace import install_from_env
+    from kvcake.core.memtrace import install_from_env
 
     install_from_env(str(iid))  # KVCAKE_TRACEMALLOC=DIR: heap snapshots on SIGUSR2 (soak.py)
     try:

@@ -70,7 +70,7 @@ def run_proxy(
     if not urls:
         raise ConfigError("proxy: give at least one instance (--prefill URL / --decode URL)")
     sock = bind(cfg.host, cfg.port, "proxy (proxy.port / --port)")
-    from kvcake.serve.memtrace import install_from_env
+    from kvcake.core.memtrace import install_from_env
 
     install_from_env("proxy")  # KVCAKE_TRACEMALLOC=DIR: heap snapshots on SIGUSR2 (soak.py)
     st = ProxyState(
