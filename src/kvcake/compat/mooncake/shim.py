@@ -34,6 +34,11 @@ FILES = {
         "import sys\n\nfrom kvcake.compat.mooncake import engine as _impl\n\n"
         "sys.modules[__name__] = _impl\n"
     ),
+    "mooncake_config.py": (
+        '"""mooncake.mooncake_config -> kvcake.compat.mooncake.mooncake_config."""\n\n'
+        "import sys\n\nfrom kvcake.compat.mooncake import mooncake_config as _impl\n\n"
+        "sys.modules[__name__] = _impl\n"
+    ),
     MARKER: "This mooncake package is kvcake's shim (kvcake mooncake-shim status).\n",
 }
 
