@@ -7,11 +7,14 @@ A vLLM engine is not a kvcake instance, so this adapter gives the conductor what
   master's events (:mod:`kvcake.serve.pool_events`, holder ``pool``);
 * **load** — each engine's ``/metrics`` (``vllm:num_requests_running``, ``…waiting``,
   ``…kv_cache_usage_perc``) plus the prefills this proxy dispatched and has not seen finish;
-* **placement** — the same ``Conductor.schedule`` as the simulator, colocated (an engine
-  prefills and decodes its requests), on a :class:`~kvcake.core.api.ClusterSnapshot`.
+* **placement** — the same ``Conductor.schedule`` as the simulator, on a
+  :class:`~kvcake.core.api.ClusterSnapshot`: colocated when every engine is ``both`` (kv_both:
+  an engine prefills and decodes its requests), disaggregated when the fleet has ``prefill``
+  and ``decode`` engines (the prefill candidates are the prefill and both engines, the decode
+  candidates the decode and both engines; :mod:`kvcake.serve.vllm_pd` runs the two steps).
 
-Requests are forwarded unchanged over vLLM's OpenAI HTTP API (streamed through when asked);
-the answer carries ``x-kvcake-engine``. Text and chat prompts are tokenized by an engine's
+Colocated requests are forwarded unchanged over vLLM's OpenAI HTTP API (streamed through when
+asked); the answer carries ``x-kvcake-engine``. Text and chat prompts are tokenized by an engine's
 ``/tokenize`` (the engine's own chat template, so the proxy's block names match the engine's).
 """
 
@@ -21,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -36,18 +39,39 @@ from kvcake.serve.vllm_index import EngineEvents
 
 log = logging.getLogger(__name__)
 
+ROLES = ("both", "prefill", "decode")  # an engine's part in the fleet (its connector kv_role)
+PREFILLS, DECODES = ("both", "prefill"), ("both", "decode")
+
 
 @dataclass
 class EngineRef:
     id: InstanceId
     url: str
     events: str = ""  # tcp://127.0.0.1:PORT the proxy binds for its KV events ("" = none)
+    role: str = "both"  # ROLES: both = prefills and decodes; prefill / decode = P/D only
     running: float = 0.0
     waiting: float = 0.0
     kv_usage: float = 0.0
     healthy: bool = False
     pending_s: float = 0.0  # predicted prefill seconds dispatched here, not yet answered
     pending: int = 0
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"engine {self.id}: role must be one of {ROLES}, got {self.role!r}")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one request runs: ``prefill is decode`` = colocated (one engine does both)."""
+
+    prefill: EngineRef
+    decode: EngineRef
+    predicted_s: float  # the prefill's predicted seconds (booked on the prefill engine)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill.id != self.decode.id
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -70,6 +94,7 @@ class FleetConfig:
     link_bandwidth: float = 2e9  # pool -> engine, bytes/s (same host)
     poll_interval_s: float = 0.5
     model: str = "smollm2"
+    prefill_timeout_s: float = 300.0  # P/D: the prefill step (max_tokens=1) answers in this
     conductor: ConductorConfig = field(default_factory=lambda: ConductorConfig(colocated=True))
 
 
@@ -79,6 +104,15 @@ class VllmFleet:
     def __init__(self, engines: list[EngineRef], cfg: FleetConfig, master: str = ""):
         if not engines:
             raise ValueError("a fleet needs at least one engine")
+        if len({e.id for e in engines}) != len(engines):
+            raise ValueError("engine ids must be unique")
+        self.pd = any(e.role != "both" for e in engines)
+        if self.pd:
+            if not any(e.role in PREFILLS for e in engines):
+                raise ValueError("a P/D fleet needs a prefill (or both) engine")
+            if not any(e.role in DECODES for e in engines):
+                raise ValueError("a P/D fleet needs a decode (or both) engine")
+            cfg = replace(cfg, conductor=replace(cfg.conductor, colocated=False))
         self.engines = {e.id: e for e in engines}
         self.cfg = cfg
         self.master = master
@@ -157,10 +191,12 @@ class VllmFleet:
             prefill=tuple(
                 PrefillState(e.id, e.pending_s, e.pending + int(e.waiting), healthy=e.healthy)
                 for e in es
+                if e.role in PREFILLS
             ),
             decode=tuple(
                 DecodeState(e.id, int(e.running), int(e.kv_usage * cap), cap, healthy=e.healthy)
                 for e in es
+                if e.role in DECODES
             ),
             kv_index=self.index,
             block_tokens=self.cfg.block_tokens,
@@ -176,27 +212,61 @@ class VllmFleet:
         return decision if isinstance(decision, Accept) else None
 
     def done(self, request_id: str, engine: InstanceId, predicted_s: float) -> None:
+        """Colocated: the request's engine answered (its prefill is over)."""
+        self.prefill_done(request_id, engine, predicted_s)
+        self.conductor.on_decode_done(RequestId(request_id), time.monotonic() - self.t0)
+
+    def prefill_done(self, request_id: str, engine: InstanceId, predicted_s: float) -> None:
         e = self.engines[engine]
         e.pending_s = max(0.0, e.pending_s - predicted_s)
         e.pending = max(0, e.pending - 1)
-        self.conductor.on_decode_done(RequestId(request_id), time.monotonic() - self.t0)
+        self.conductor.on_prefill_done(RequestId(request_id), time.monotonic() - self.t0)
+
+    def finished(self, request_id: str, ok: bool = True) -> None:
+        """P/D: the decode step ended (``ok``) or the request was given up."""
+        if ok:
+            self.conductor.on_decode_done(RequestId(request_id), time.monotonic() - self.t0)
+        else:
+            self.conductor.on_abort(RequestId(request_id))
 
     def dispatch(
         self, request_id: str, tokens: list[int], max_tokens: int
     ) -> tuple[EngineRef, float]:
-        """Choose an engine (the conductor; any healthy engine if it rejects) and book the
-        prefill it will run. Raises LookupError when no engine is healthy."""
+        """Colocated placement (the engine that prefills): see :meth:`plan`."""
+        p = self.plan(request_id, tokens, max_tokens)
+        return p.prefill, p.predicted_s
+
+    def plan(self, request_id: str, tokens: list[int], max_tokens: int) -> Placement:
+        """Choose the prefill and decode engines (the conductor; the least loaded healthy
+        ones if it rejects) and book the prefill. Raises LookupError when no engine can."""
         acc = self.place(request_id, tokens, max_tokens)
         if acc is not None:
-            e = self.engines[acc.prefill]
+            p, d = self.engines[acc.prefill], self.engines[acc.decode]
             cached = acc.local_prefix_blocks * self.cfg.block_tokens
         else:
-            healthy = [e for e in self.engines.values() if e.healthy]
-            if not healthy:
-                raise LookupError("no healthy vLLM engine")
-            e, cached = min(healthy, key=lambda x: x.pending_s), 0
+            p = self._least_loaded_prefill()
+            nd = p if not self.pd else self.next_decode(set(), prefer_not=p.id)
+            if nd is None:
+                raise LookupError("no healthy vLLM decode engine")
+            d, cached = nd, 0
         predicted = self.predictors.prefill.time(len(tokens), min(cached, len(tokens)))
-        e.pending_s += predicted
-        e.pending += 1
-        self.placed[e.id] += 1
-        return e, predicted
+        p.pending_s += predicted
+        p.pending += 1
+        self.placed[p.id] += 1
+        return Placement(p, d, predicted)
+
+    def _least_loaded_prefill(self) -> EngineRef:
+        healthy = [e for e in self.engines.values() if e.healthy and e.role in PREFILLS]
+        if not healthy:
+            raise LookupError("no healthy vLLM engine" + (" to prefill on" if self.pd else ""))
+        return min(healthy, key=lambda x: x.pending_s)
+
+    def next_decode(self, tried: set[InstanceId], prefer_not: InstanceId | None = None
+                    ) -> EngineRef | None:  # fmt: skip
+        """The least busy healthy decode-capable engine not in ``tried`` (a P/D decode rather
+        than ``prefer_not``, the prefill's engine), or None."""
+        ok = [e for e in self.engines.values()
+              if e.healthy and e.role in DECODES and e.id not in tried]  # fmt: skip
+        if not ok:
+            return None
+        return min(ok, key=lambda x: (x.id == prefer_not, x.running + x.waiting))

@@ -111,9 +111,22 @@ def proxy_child(proxy: subprocess.Popen[str], url: str, argv: list[str], log: Pa
     return VllmChild("proxy", proxy, start, str(log))
 
 
-def proxy_argv(master: str, port: int, block_size: int, engines: list[VllmEngine]) -> list[str]:
+PROXY_FLAGS = {"kv_both": "--engine", "kv_producer": "--prefill", "kv_consumer": "--decode"}
+
+
+def proxy_argv(
+    master: str, port: int, block_size: int, engines: list[VllmEngine],
+    roles: dict[str, str] | None = None,
+) -> list[str]:  # fmt: skip
+    """The fleet proxy's command line. An engine's part follows its connector ``kv_role``
+    (kv_both ``--engine``, kv_producer ``--prefill``, kv_consumer ``--decode``) unless
+    ``roles`` maps its name to ``both`` / ``prefill`` / ``decode`` (a kv_both engine can
+    take either P/D part)."""
     argv = [sys.executable, "-m", "kvcake.serve.vllm_proxy", "--master", master,
             "--port", str(port), "--block-tokens", str(block_size)]  # fmt: skip
+    by_role = {"both": "--engine", "prefill": "--prefill", "decode": "--decode"}
     for e in engines:
-        argv += ["--engine", f"{e.spec.name}={e.url}@tcp://127.0.0.1:{e.spec.kv_events_port}"]
+        name = e.spec.name
+        flag = by_role[roles[name]] if roles and name in roles else PROXY_FLAGS[e.spec.kv_role]
+        argv += [flag, f"{name}={e.url}@tcp://127.0.0.1:{e.spec.kv_events_port}"]
     return argv

@@ -40,10 +40,19 @@ from kvcake.serve.vllm_procs import (
     start_engine,
 )
 
+KV_ROLES = {"both": "kv_both", "prefill": "kv_producer", "decode": "kv_consumer"}
+
 
 @dataclass(frozen=True)
 class VllmClusterConfig:
+    """``[vllm]``. ``engines`` kv_both engines (each prefills and decodes its requests) plus
+    ``prefill`` kv_producer and ``decode`` kv_consumer engines (P/D: the proxy prefills on one,
+    decodes on another). A file that names ``prefill`` or ``decode`` and not ``engines`` has no
+    kv_both engine."""
+
     engines: int = 2
+    prefill: int = 0
+    decode: int = 0
     model: str = ""
     served_model_name: str = "smollm2"
     block_size: int = 32
@@ -58,11 +67,24 @@ class VllmClusterConfig:
     connector: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        require(self.engines >= 1, "vllm.engines must be >= 1")
+        require(min(self.engines, self.prefill, self.decode) >= 0,
+                "vllm.engines, vllm.prefill and vllm.decode must be >= 0")  # fmt: skip
+        require(self.engines + self.prefill + self.decode >= 1, "the fleet needs an engine")
+        require(self.prefill == 0 or self.decode + self.engines >= 1,
+                "vllm.prefill engines need a decode (or kv_both) engine: set vllm.decode")  # fmt: skip
+        require(self.decode == 0 or self.prefill + self.engines >= 1,
+                "vllm.decode engines need a prefill (or kv_both) engine: set vllm.prefill")  # fmt: skip
         require(self.block_size >= 1, "vllm.block_size must be >= 1")
         require(self.kv_cache_gib >= 1, "vllm.kv_cache_gib must be an integer >= 1")
         require(bool(self.cpus), "vllm.cpus must name at least one core")
         parse_size(self.store_size)
+
+    def roles(self) -> list[tuple[str, str]]:
+        """(engine name, role) of every engine, in start order: ``vllm-<i>`` kv_both,
+        ``vllm-prefill-<i>``, ``vllm-decode-<i>``."""
+        out = [(f"vllm-{i}", "both") for i in range(self.engines)]
+        out += [(f"vllm-prefill-{i}", "prefill") for i in range(self.prefill)]
+        return out + [(f"vllm-decode-{i}", "decode") for i in range(self.decode)]
 
 
 def is_vllm_config(path: str | Path) -> bool:
@@ -80,7 +102,12 @@ def load(path: str | Path) -> VllmClusterConfig:
         raise ConfigError(f"{path}: unknown [vllm] key(s) {unknown}; known: {sorted(known)}")
     if "cpus" in raw:
         raw["cpus"] = tuple(str(c) for c in raw["cpus"])
-    return VllmClusterConfig(**raw)
+    if ("prefill" in raw or "decode" in raw) and "engines" not in raw:
+        raw["engines"] = 0  # a P/D file: no kv_both engines unless it asks
+    try:
+        return VllmClusterConfig(**raw)
+    except TypeError as exc:  # e.g. a string where a number belongs
+        raise ConfigError(f"{path}: [vllm]: {exc}") from None
 
 
 def _free_port() -> int:
@@ -123,9 +150,9 @@ class VllmCluster:
         self.addresses["store-0"] = s.info
         model = c.model or default_model_dir()
         engines: list[VllmEngine] = []
-        for i in range(c.engines):
+        for i, (name, role) in enumerate(c.roles()):
             spec = VllmEngineSpec(
-                f"vllm-{i}", _free_port(), model, c.served_model_name, rpc,
+                name, _free_port(), model, c.served_model_name, rpc, kv_role=KV_ROLES[role],
                 connector_extra=dict(c.connector), block_size=c.block_size,
                 max_model_len=c.max_model_len, kv_cache_gib=c.kv_cache_gib,
                 cpu=c.cpus[i % len(c.cpus)], kv_events_port=_free_port(),
@@ -227,7 +254,8 @@ def up(path: str, detach: bool = False) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    print(f"starting vLLM cluster ({cfg.engines} engines), logs in {cluster.run_dir}", flush=True)
+    kinds = f"{cfg.engines} kv_both, {cfg.prefill} prefill, {cfg.decode} decode"
+    print(f"starting vLLM cluster ({kinds} engines), logs in {cluster.run_dir}", flush=True)
     supervisor = Supervisor(cluster)
     try:
         url = cluster.start()

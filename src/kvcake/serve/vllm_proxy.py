@@ -1,5 +1,6 @@
 """The OpenAI HTTP front of a vLLM fleet: places each request with :class:`VllmFleet` and
-forwards it unchanged (``python -m kvcake.serve.vllm_proxy --help``)."""
+forwards it unchanged to a kv_both engine, or runs prefill and decode on two engines of a P/D
+fleet (:mod:`kvcake.serve.vllm_pd`) (``python -m kvcake.serve.vllm_proxy --help``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import contextlib
 import itertools
 import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -17,13 +18,25 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvcake.core.ids import InstanceId
-from kvcake.serve.vllm_adapter import EngineRef, FleetConfig, VllmFleet
+from kvcake.serve.vllm_adapter import EngineRef, FleetConfig, Placement, VllmFleet
+from kvcake.serve.vllm_pd import ENGINE_HEADER, PdRelay, check_pd_body, forward_pd
+from kvcake.serve.vllm_pd import error as _error
 
-ENGINE_HEADER = "x-kvcake-engine"
+ROLE_NAMES = {"both": "vllm", "prefill": "vllm-prefill", "decode": "vllm-decode"}
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+def parse_body(raw: bytes, pd: bool) -> tuple[dict[str, Any], int]:
+    """The request as a dict and its max_tokens; ValueError / TypeError: a 400."""
+    body = json.loads(raw)
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object")
+    max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+    params = body.get("kv_transfer_params")
+    if params is not None and not isinstance(params, dict):
+        raise ValueError("kv_transfer_params must be an object")
+    if pd and params is None:
+        check_pd_body(body)
+    return body, max_tokens
 
 
 async def tokens_of(fleet: VllmFleet, path: str, body: dict[str, Any]) -> list[int]:
@@ -53,12 +66,14 @@ async def tokens_of(fleet: VllmFleet, path: str, body: dict[str, Any]) -> list[i
 def build_app(fleet: VllmFleet) -> FastAPI:
     stop = asyncio.Event()
     ids = itertools.count(1)
+    relay = PdRelay(fleet)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(fleet.run(stop))
         yield
         stop.set()
+        relay.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 5)
 
@@ -79,12 +94,15 @@ def build_app(fleet: VllmFleet) -> FastAPI:
                     "running": e.running,
                     "waiting": e.waiting,
                     "kv_usage": e.kv_usage,
+                    "role": e.role,
                     "placed": fleet.placed[e.id],
                     "blocks": fleet.index.blocks_of(e.id),
                 }
                 for e in fleet.engines.values()
             },
             "pool_blocks": fleet.index.blocks_of(InstanceId("pool")),
+            "pd": fleet.pd,
+            "pd_released_by_proxy": relay.released_by_proxy,
         }
 
     @app.get("/v1/cluster")
@@ -94,7 +112,7 @@ def build_app(fleet: VllmFleet) -> FastAPI:
             "ready": any(e.healthy for e in fleet.engines.values()),
             "indexed_blocks": len(fleet.index),
             "instances": [
-                {"id": e.id, "role": "vllm", "alive": e.healthy, "queued": int(e.waiting),
+                {"id": e.id, "role": ROLE_NAMES[e.role], "alive": e.healthy, "queued": int(e.waiting),
                  "running": int(e.running), "kv_used": int(e.kv_usage * cap), "kv_total": cap,
                  "cached_blocks": fleet.index.blocks_of(e.id)}
                 for e in fleet.engines.values()
@@ -103,26 +121,25 @@ def build_app(fleet: VllmFleet) -> FastAPI:
 
     async def forward(request: Request, path: str) -> Response:
         try:
-            body = json.loads(await request.body())
-            if not isinstance(body, dict):
-                raise ValueError("the body must be a JSON object")
+            body, max_tokens = parse_body(await request.body(), fleet.pd)
             tokens = await tokens_of(fleet, path, body)
         except (ValueError, TypeError) as exc:
             return _error(400, str(exc))
         except LookupError as exc:
             return _error(503, str(exc), "unavailable")
         rid = f"vllm-proxy-{next(ids)}"
-        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         for _attempt in range(2):  # a dead engine: mark it and place once more
             try:
-                engine, predicted = fleet.dispatch(rid, tokens, max_tokens)
+                p = fleet.plan(rid, tokens, max_tokens)
             except LookupError as exc:
                 return _error(503, str(exc), "unavailable")
+            client_params = body.get("kv_transfer_params")
             try:
-                return await _send(fleet, engine, path, body, rid, predicted)
+                if p.disaggregated and client_params is None:
+                    return await forward_pd(relay, p, path, body, rid)
+                return await _send_one(fleet, p, path, body, rid)
             except httpx.TransportError:
-                engine.healthy = False
-                fleet.done(rid, engine.id, predicted)
+                fleet.finished(rid, ok=False)
         return _error(502, "the chosen vLLM engines did not answer", "upstream_error")
 
     @app.post("/v1/completions")
@@ -136,67 +153,105 @@ def build_app(fleet: VllmFleet) -> FastAPI:
     return app
 
 
+async def _send_one(
+    fleet: VllmFleet, p: Placement, path: str, body: dict[str, Any], rid: str
+) -> Response:
+    """One engine runs the request: colocated, or a P/D fleet's request that carries its own
+    ``kv_transfer_params`` (the client drives the hand-off): a ``do_remote_prefill`` request
+    goes to the decode engine, any other to the prefill engine."""
+    params = body.get("kv_transfer_params") or {}
+    e = p.decode if p.disaggregated and params.get("do_remote_prefill") else p.prefill
+
+    def done() -> None:
+        fleet.done(rid, p.prefill.id, p.predicted_s)
+
+    try:
+        return await _send(fleet, e, path, body, done)
+    except httpx.TransportError:
+        e.healthy = False
+        raise
+
+
 async def _send(
-    fleet: VllmFleet, e: EngineRef, path: str, body: dict[str, Any], rid: str, predicted: float
+    fleet: VllmFleet, e: EngineRef, path: str, body: dict[str, Any], done: Callable[[], None]
 ) -> Response:
     headers = {ENGINE_HEADER: e.id}
     if not body.get("stream"):
         try:
             r = await fleet.http.post(e.url + path, json=body)
         finally:
-            fleet.done(rid, e.id, predicted)
+            done()
         return Response(r.content, r.status_code, headers=headers, media_type="application/json")
     req = fleet.http.build_request("POST", e.url + path, json=body)
-    r = await fleet.http.send(req, stream=True)
+    try:
+        r = await fleet.http.send(req, stream=True)
+    except httpx.TransportError:
+        done()
+        raise
 
     async def relay() -> AsyncIterator[bytes]:
         first = True
         try:
             async for chunk in r.aiter_raw():
                 if first:
-                    fleet.done(rid, e.id, predicted)
+                    done()
                     first = False
                 yield chunk
         finally:
             if first:
-                fleet.done(rid, e.id, predicted)
+                done()
             await r.aclose()
 
     return StreamingResponse(relay(), r.status_code, headers=headers,
                              media_type="text/event-stream")  # fmt: skip
 
 
-def parse_engine(text: str) -> EngineRef:
+def parse_engine(text: str, role: str = "both") -> EngineRef:
     """``ID=URL`` or ``ID=URL@tcp://127.0.0.1:PORT`` (its KV events)."""
     name, sep, rest = text.partition("=")
     if not sep or not name or not rest.startswith("http"):
         raise argparse.ArgumentTypeError(f"--engine wants ID=URL[@EVENTS], got {text!r}")
     url, _, events = rest.partition("@")
-    return EngineRef(InstanceId(name), url.rstrip("/"), events)
+    return EngineRef(InstanceId(name), url.rstrip("/"), events, role=role)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m kvcake.serve.vllm_proxy",
-        description="kvcake's KV-aware proxy in front of vLLM engines (OpenAI API).",
+        description="kvcake's KV-aware proxy in front of vLLM engines (OpenAI API). With "
+        "--prefill and --decode engines it runs each request's prefill on one (max_tokens=1, "
+        "kv_transfer_params do_remote_decode) and its decode on another.",
     )
-    ap.add_argument("--engine", type=parse_engine, action="append", required=True,
-                    help="ID=URL[@tcp://127.0.0.1:PORT] of a vLLM engine and its KV events")  # fmt: skip
+    spec = "ID=URL[@tcp://127.0.0.1:PORT] of a vLLM engine and its KV events"
+    ap.add_argument("--engine", type=parse_engine, action="append", default=[],
+                    help=spec + " (kv_both: prefills and decodes its requests)")  # fmt: skip
+    ap.add_argument("--prefill", type=lambda t: parse_engine(t, "prefill"), action="append",
+                    default=[], help=spec + " (P/D: prefill only)")  # fmt: skip
+    ap.add_argument("--decode", type=lambda t: parse_engine(t, "decode"), action="append",
+                    default=[], help=spec + " (P/D: decode only)")  # fmt: skip
     ap.add_argument("--master", default="", help="kvcake master host:port (the pool's events)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0, help="0 = a free port")
     ap.add_argument("--block-tokens", type=int, default=32, help="vLLM's --block-size")
     ap.add_argument("--policy", default="global-cache-aware", help="conductor prefill policy")
+    ap.add_argument("--prefill-timeout-s", type=float, default=300.0,
+                    help="P/D: the prefill step's deadline (then a 504)")  # fmt: skip
     args = ap.parse_args(argv)
+    engines = args.engine + args.prefill + args.decode
+    if not engines:
+        ap.error("name at least one engine (--engine, or --prefill and --decode)")
     import socket
 
     import uvicorn
 
     from kvcake.conductor.config import ConductorConfig
 
-    cfg = FleetConfig(block_tokens=args.block_tokens,
+    cfg = FleetConfig(block_tokens=args.block_tokens, prefill_timeout_s=args.prefill_timeout_s,
                       conductor=ConductorConfig(prefill_policy=args.policy, colocated=True))  # fmt: skip
-    fleet = VllmFleet(args.engine, cfg, args.master)
+    try:
+        fleet = VllmFleet(engines, cfg, args.master)
+    except ValueError as exc:
+        ap.error(str(exc))
     sock = socket.socket()
     sock.bind((args.host, args.port))
     sock.listen(128)  # connections wait in the backlog until uvicorn accepts them

@@ -210,3 +210,24 @@ def test_pd_config_keys() -> None:
     for bad in ({"pd_transport": "rdma"}, {"pd_lease_s": 0}, {"pd_lease_s": "soon"}):
         with pytest.raises(ConfigError):
             ConnectorConfig.from_extra({"master": "127.0.0.1:1", **bad})
+
+
+def test_te_decode_rejected_before_scheduling_releases_the_prefill() -> None:
+    """vLLM finishes a request it refused before scheduling (its
+    ``notify_kv_transfer_request_rejected``: never matched): the prefill's blocks are
+    released at once, not at the lease's end."""
+    p = PdScheduler("eng-p", 16, BS, lease_s=30.0, log=LOG)
+    d = PdScheduler("eng-d", 16, BS, lease_s=30.0, log=LOG, produce=False)
+    try:
+        _, params = p.produced(req("p1", 11, {"do_remote_decode": True}), [9, 4, 6])
+        assert d.finished(req("d1", 11, dict(params))) is False
+        deadline = time.monotonic() + 5
+        frees: list[str] = []
+        while not frees and time.monotonic() < deadline:
+            frees = p.step().frees
+        assert frees == ["p1"] and p.pending() == 0
+        bad = {**params, "remote_block_ids": "x"}  # malformed: nothing to release, no error
+        assert d.finished(req("d2", 11, bad)) is False
+    finally:
+        p.close()
+        d.close()

@@ -17,6 +17,7 @@ the Transfer Engine batch has ended).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -141,6 +142,13 @@ class PdScheduler:
         exp = self._expect.pop(rid, None)
         if exp is not None:  # aborted before allocation: the prefill need not wait for us
             self.notifier.send(exp.remote.notify, [exp.remote.request_id])
+        elif is_te_decode(request.kv_transfer_params):
+            # never matched (match() clears do_remote_prefill): vLLM rejected the request
+            # before scheduling it (its notify_kv_transfer_request_rejected) or aborted it
+            # while it waited: nobody reads the prefill's blocks, release them now
+            with contextlib.suppress(PdParamsError):
+                remote = parse_remote(request.kv_transfer_params)
+                self.notifier.send(remote.notify, [remote.request_id])
         if rid in self._pulled:
             self._pulled.discard(rid)
             return True
