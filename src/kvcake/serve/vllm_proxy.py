@@ -30,7 +30,11 @@ def parse_body(raw: bytes, pd: bool) -> tuple[dict[str, Any], int]:
     body = json.loads(raw)
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
-    max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+    limit = body.get("max_tokens")
+    limit = body.get("max_completion_tokens") if limit is None else limit
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ValueError(f"max_tokens must be a positive integer, got {limit!r}")
+    max_tokens = limit or 16
     params = body.get("kv_transfer_params")
     if params is not None and not isinstance(params, dict):
         raise ValueError("kv_transfer_params must be an object")

@@ -180,7 +180,7 @@ def test_decode_dying_mid_stream_ends_the_stream_with_an_error(engines: Engines)
 
 def test_malformed_requests_are_400(engines: Engines) -> None:
     fleet = fleet_with(engines)
-    for body in (b"{nope", b"[1]", {**BODY, "n": 2}, {**BODY, "max_tokens": "many"},
+    for body in (b"{nope", b"[1]", {**BODY, "n": 2}, {**BODY, "max_tokens": "many"}, {**BODY, "max_tokens": -1},
                  {**BODY, "kv_transfer_params": "x"}, {"prompt": 5}):  # fmt: skip
         r, _ = call(fleet, body)
         assert r.status_code == 400, body
