@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from kvcake.core.config import parse_size
+from kvcake.core.errors import ConfigError
 from kvcake.serve.deploy_k8s import (
     APP,
     POD_ENV,
@@ -155,6 +156,8 @@ def _proxy_objects(cfg: VllmClusterConfig, image: str, ns: str) -> list[dict[str
 def vllm_manifests(
     cfg: VllmClusterConfig, cluster_toml: str, image: str, namespace: str = "default"
 ) -> dict[str, list[dict[str, Any]]]:
+    if cfg.prefill or cfg.decode:  # P/D fleets run under `kvcake up` only (for now)
+        raise ConfigError("kvcake deploy renders [vllm] engines (kv_both) only, not prefill/decode")
     cm = config_map(namespace, {"vllm.toml": cluster_toml})
     return {
         "00-config.yaml": [cm],

@@ -246,3 +246,7 @@ def test_cluster_config_roles(tmp_path: Path) -> None:
     assert engines[1].spec.kv_transfer_config()["kv_role"] == "kv_producer"
     over = proxy_argv("127.0.0.1:1", 0, 32, engines[:1], roles={"vllm-0": "decode"})
     assert "--decode" in over and "--engine" not in over
+    from kvcake.serve.deploy_vllm import vllm_manifests
+
+    with pytest.raises(ConfigError, match="prefill/decode"):  # not rendered (yet): say so
+        vllm_manifests(cfg, "", "img")
