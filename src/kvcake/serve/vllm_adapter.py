@@ -127,6 +127,14 @@ class VllmFleet:
         self.placed: dict[InstanceId, int] = dict.fromkeys(self.engines, 0)
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(600, connect=5))
 
+    def ready(self) -> bool:
+        """Some engine can serve: a healthy engine, and on a P/D fleet a healthy prefill-capable
+        and a healthy decode-capable one."""
+        up = [e for e in self.engines.values() if e.healthy]
+        if not self.pd:
+            return bool(up)
+        return any(e.role in PREFILLS for e in up) and any(e.role in DECODES for e in up)
+
     # --- state ----------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import secrets
 import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -70,6 +71,7 @@ async def tokens_of(fleet: VllmFleet, path: str, body: dict[str, Any]) -> list[i
 def build_app(fleet: VllmFleet) -> FastAPI:
     stop = asyncio.Event()
     ids = itertools.count(1)
+    tag = secrets.token_hex(4)  # request ids stay unique on the engines across proxy restarts
     relay = PdRelay(fleet)
 
     @contextlib.asynccontextmanager
@@ -85,7 +87,7 @@ def build_app(fleet: VllmFleet) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        ok = any(e.healthy for e in fleet.engines.values())
+        ok = fleet.ready()
         return JSONResponse({"healthy": ok}, status_code=200 if ok else 503)
 
     @app.get("/fleet")
@@ -113,7 +115,7 @@ def build_app(fleet: VllmFleet) -> FastAPI:
     async def cluster() -> dict[str, Any]:  # the shape `kvcake status` prints
         cap = fleet.cfg.kv_capacity_tokens // fleet.cfg.block_tokens
         return {
-            "ready": any(e.healthy for e in fleet.engines.values()),
+            "ready": fleet.ready(),
             "indexed_blocks": len(fleet.index),
             "instances": [
                 {"id": e.id, "role": ROLE_NAMES[e.role], "alive": e.healthy, "queued": int(e.waiting),
@@ -131,7 +133,7 @@ def build_app(fleet: VllmFleet) -> FastAPI:
             return _error(400, str(exc))
         except LookupError as exc:
             return _error(503, str(exc), "unavailable")
-        rid = f"vllm-proxy-{next(ids)}"
+        rid = f"vllm-proxy-{tag}-{next(ids)}"
         for _attempt in range(2):  # a dead engine: mark it and place once more
             try:
                 p = fleet.plan(rid, tokens, max_tokens)

@@ -212,6 +212,10 @@ def test_fleet_roles_and_bodies() -> None:
     assert [s.instance_id for s in snap.prefill] == ["p", "b"]
     assert [s.instance_id for s in snap.decode] == ["b", "d"]
     assert fleet.pd and not fleet.cfg.conductor.colocated
+    fleet.engines["p"].healthy = True  # type: ignore[index]
+    assert not fleet.ready()  # nobody to decode
+    fleet.engines["d"].healthy = True  # type: ignore[index]
+    assert fleet.ready()
     b = prefill_body({"max_completion_tokens": 50, "stream": True, "kv_transfer_params": None})
     assert (b["max_tokens"], b["max_completion_tokens"], b["stream"]) == (1, 1, False)
     with pytest.raises(ValueError, match="n > 1"):
