@@ -110,7 +110,8 @@ class PdRelay:
         try:
             r = await fleet.http.post(e.url + path, json=prefill_body(body),
                                       headers={"X-Request-Id": rid + "-p"},
-                                      timeout=fleet.cfg.prefill_timeout_s)  # fmt: skip
+                                      timeout=httpx.Timeout(fleet.cfg.prefill_timeout_s,
+                                                            connect=5))  # fmt: skip
         except httpx.ConnectError:
             e.healthy = False
             raise
