@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -242,12 +242,19 @@ class ClosingStream(StreamingResponse):
 
 
 async def forward_pd(
-    relay: PdRelay, p: Placement, path: str, body: dict[str, Any], rid: str
-) -> Response:
-    """Both steps for a placement whose prefill and decode engines differ. Raises
-    httpx.ConnectError when the prefill engine refused (the caller places again)."""
+    relay: PdRelay, p: Placement, path: str, body: dict[str, Any], rid: str,
+    gone: Callable[[], Awaitable[bool]] | None = None,
+) -> Response:  # fmt: skip
+    """Both steps for a placement whose prefill and decode engines differ. ``gone`` says
+    whether the client has hung up (checked between the steps: then the decode is not sent
+    and the prefill's blocks are released). Raises httpx.ConnectError when the prefill engine
+    refused (the caller places again)."""
     got = await relay.prefill(p, path, body, rid)
     if isinstance(got, Response):
         relay.fleet.finished(rid, ok=False)
         return got
+    if gone is not None and await gone():
+        relay.release(got)
+        relay.fleet.finished(rid, ok=False)
+        return error(499, "the client closed the request", "client_closed_request")
     return await relay.decode(p, path, body, rid, got)

@@ -142,7 +142,7 @@ def build_app(fleet: VllmFleet) -> FastAPI:
             client_params = body.get("kv_transfer_params")
             try:
                 if p.disaggregated and client_params is None:
-                    return await forward_pd(relay, p, path, body, rid)
+                    return await forward_pd(relay, p, path, body, rid, request.is_disconnected)
                 return await _send_one(fleet, p, path, body, rid)
             except httpx.TransportError:
                 fleet.finished(rid, ok=False)

@@ -254,3 +254,23 @@ def test_cluster_config_roles(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="prefill/decode"):  # not rendered (yet): say so
         vllm_manifests(cfg, "", "img")
+
+
+def test_client_gone_after_the_prefill_skips_the_decode_and_releases(engines: Engines) -> None:
+    from kvcake.serve.vllm_pd import PdRelay, forward_pd
+
+    async def gone() -> bool:
+        return True
+
+    async def go() -> int:
+        fleet = fleet_with(engines)
+        relay = PdRelay(fleet)
+        try:
+            p = fleet.plan("r1", list(range(40)), 9)
+            return (await forward_pd(relay, p, "/v1/completions", BODY, "r1", gone)).status_code
+        finally:
+            relay.close()
+
+    assert asyncio.run(go()) == 499
+    assert [h for h, _ in engines.seen] == ["p"]
+    assert notes(engines.inbox) == {"req-p-1"}
