@@ -432,6 +432,9 @@ def run_cases(store_mod: Any, master: str, metadata: str) -> dict[str, Any]:
         case("safetensor.save", lambda: st.save_tensor_to_safetensor("t.t1", f1))
         case("safetensor.load_positional", lambda: st.load_tensor_from_safetensor("t.st", f1))
         case("safetensor.get_loaded", lambda: st.get_tensor("t.st"))
+        st.put("t.sk", b"old")  # load = put: an existing key keeps its value
+        case("safetensor.load_onto_existing", lambda: st.load_tensor_from_safetensor("t.sk", f1))
+        case("safetensor.existing_kept", lambda: st.get("t.sk"))
         case("safetensor.load_missing", lambda: st.load_tensor_from_safetensor("t.x", f"{d}/no"))
         case("safetensor.save_not_tensor", lambda: st.save_tensor_to_safetensor("t.k", f2))
         case("safetensor.save_missing_key", lambda: st.save_tensor_to_safetensor("t.missing", f2))

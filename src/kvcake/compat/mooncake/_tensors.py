@@ -196,7 +196,8 @@ class TensorMethods(StoreBase):
     ) -> Any:
         """Load ``key`` (or the file's first tensor) from the file and store it under ``key``
         (or ``file_name``); returns the tensor, None on failure. ``file_name`` is required (the
-        wheel's signature: ``key=None, file_name``)."""
+        wheel's signature: ``key=None, file_name``). The tensor is *put*, as the wheel does: a
+        key that already exists keeps its value (and the loaded tensor is still returned)."""
         if file_name is None:
             raise TypeError("load_tensor_from_safetensor(): missing argument 'file_name'")
         if self._client is None:
@@ -212,6 +213,6 @@ class TensorMethods(StoreBase):
             return None
         name = key if key in tensors else next(iter(tensors))
         target = key or file_name
-        if self.upsert_tensor(target, tensors[name]) != 0:
+        if self.put_tensor(target, tensors[name]) != 0:
             return None
         return tensors[name]
