@@ -301,6 +301,20 @@ def run_cases(store_mod: Any, master: str, metadata: str) -> dict[str, Any]:
         lambda: st.get_into_ranges([r1], [["t.p"]], [[[0, 8]]], [[[0, 256]]], [[[4, 4]]]),
     )
     case("ranges.data", lambda: ctypes.string_at(r1, 16))
+    rk = [r1], [["t.p", "t.p"]]
+    case(
+        "ranges.mismatch_key",
+        lambda: st.get_into_ranges(*rk, [[[0], []]], [[[0, 1], []]], [[[4, 4], []]]),
+    )
+    case(
+        "ranges.mismatch_keys", lambda: st.get_into_ranges(*rk, [[[0]]], [[[0], [0]]], [[[4], [4]]])
+    )
+    case(
+        "ranges.mismatch_buffers",
+        lambda: st.get_into_ranges([r1, r1], [["t.p"]], [[[0]]], [[[0]]], [[[4]]]),
+    )
+    case("ranges.zero_size", lambda: st.get_into_ranges([r1], [["t.p"]], [[[0]]], [[[0]]], [[[0]]]))
+    case("ranges.empty", lambda: st.get_into_ranges([], [], [], [], []))
     case("unregister.ok", lambda: st.unregister_buffer(src))
     case("unregister.again", lambda: st.unregister_buffer(src))
 

@@ -4,6 +4,8 @@ guarantees they stay valid for the call (as with Mooncake)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvcake.compat.mooncake._base import StoreBase, check_key, returns, view
 from kvcake.compat.mooncake._types import ReplicateConfig
 from kvcake.core.errors import StoreError
@@ -179,21 +181,51 @@ class PointerMethods(StoreBase):
         all_sizes: list[list[list[int]]],
     ) -> list[list[list[int]]]:
         """Per buffer, per key, per range: bytes copied or an error code. Buffers must be
-        registered (their size bounds the ranges), as with the wheel (-600 otherwise)."""
-        if not _lists_match(buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets, all_sizes):
-            return []
-        wanted = sorted({k for keys in all_keys for k in keys})
+        registered (their size bounds the ranges), as with the wheel (-600 otherwise).
+        Mismatched list lengths fail as the wheel's do: every range of every buffer when the
+        outer lists differ, every key of a buffer whose inner lists differ, every range of a
+        key whose offset and size lists differ (one -600 per destination offset)."""
+        lists = (all_keys, all_dst_offsets, all_src_offsets, all_sizes)
+        if not (_nested(buffer_ptrs, int, 1) and _nested(all_keys, str, 2)) or not all(
+            _nested(x, int, 3) for x in lists[1:]
+        ):  # pybind11's conversion of the arguments
+            raise TypeError("get_into_ranges(): incompatible function arguments")
+        if not _lists_match(buffer_ptrs, *lists):
+            return [_failed(lists, b) for b in range(len(buffer_ptrs))]
+        ok = [_lists_match(*(x[b] for x in lists)) for b in range(len(buffer_ptrs))]
+        wanted = sorted({k for b, keys in enumerate(all_keys) if ok[b] for k in keys})
         values = dict(zip(wanted, self._c.batch_get(wanted) if wanted else [], strict=True))
         out = []
         for b, ptr in enumerate(buffer_ptrs):
+            if not ok[b]:
+                out.append(_failed(lists, b))
+                continue
             dst = self._registered_view(ptr)
             per_key = []
             for j, key in enumerate(all_keys[b]):
                 d, s, n = all_dst_offsets[b][j], all_src_offsets[b][j], all_sizes[b][j]
+                if not _lists_match(d, s, n):
+                    per_key.append([E.INVALID_PARAMS] * max(len(d), 1))
+                    continue
                 value = values.get(key)
-                per_key.append([_copy_range(dst, value, *r) for r in zip(d, s, n, strict=False)])
+                per_key.append([_copy_range(dst, value, *r) for r in zip(d, s, n, strict=True)])
             out.append(per_key)
         return out
+
+
+def _nested(value: Any, leaf: type, depth: int) -> bool:
+    if depth == 0:
+        return isinstance(value, leaf) and not isinstance(value, bool)
+    return isinstance(value, list) and all(_nested(v, leaf, depth - 1) for v in value)
+
+
+def _failed(lists: tuple[list, ...], b: int) -> list[list[int]]:
+    """-600 for every key of buffer ``b`` (one per destination offset, at least one)."""
+    keys, dsts = (lists[0][b] if b < len(lists[0]) else [""]), lists[1]
+    dst = dsts[b] if b < len(dsts) and isinstance(dsts[b], list) else []
+    return [
+        [E.INVALID_PARAMS] * max(len(dst[j]) if j < len(dst) else 1, 1) for j in range(len(keys))
+    ]
 
 
 def _copy_range(
@@ -203,7 +235,7 @@ def _copy_range(
         return E.INVALID_PARAMS
     if isinstance(value, StoreError) or value is None:
         return value.code if isinstance(value, StoreError) else E.OBJECT_NOT_FOUND
-    if n <= 0 or d < 0 or s < 0 or d + n > dst.nbytes or s + n > len(value):
+    if n < 0 or d < 0 or s < 0 or d + n > dst.nbytes or s + n > len(value):
         return E.INVALID_PARAMS
     dst[d : d + n] = value[s : s + n]
     return n
