@@ -36,8 +36,10 @@ class MasterConfig:
     # Limits (docs/store.md, "Limits"): concurrent RPC connections, bytes of one request.
     max_connections: int = 1024
     max_request_bytes: int = size_field("16MiB")
-    # Work of one eviction step under the lock (objects looked at); the housekeeper loops.
+    # Work of one eviction step under the lock: at most evict_batch objects looked at and at
+    # most evict_step_ms of time (0 = no time bound); the housekeeper loops, releasing the lock.
     evict_batch: int = 64
+    evict_step_ms: float = 0.3
     # KV events (zmq PUB on tcp://host:events_port; 0 = a free port, -1 = no events).
     events_port: int = 0
     events_buffer: int = 65536  # events queued for the publisher thread; beyond: dropped + gap
@@ -73,6 +75,7 @@ class MasterConfig:
             "master.max_request_bytes must be in [4KiB, 1GiB]",
         )
         require(self.evict_batch >= 1, "master.evict_batch must be >= 1")
+        require(0 <= self.evict_step_ms <= 1000, "master.evict_step_ms must be in [0, 1000]")
         require(-1 <= self.events_port < 65536, "master.events_port must be -1, 0 or a port")
         require(self.events_buffer >= 16, "master.events_buffer must be >= 16")
         from kvcake.store.tenants import parse_quotas

@@ -1,7 +1,8 @@
 """Eviction and tier movement of the master (mixed into :class:`MasterState`; same lock).
 
-Eviction is incremental: each step takes at most ``evict_batch`` objects from the least recently
-used end of the LRU-ordered object table (no copy or scan of the table), skips leased,
+Eviction is incremental: each step takes at most ``evict_batch`` objects (and at most
+``evict_step_ms`` of time) from the least recently used end of the LRU-ordered object
+table (no copy or scan of the table), skips leased,
 PROCESSING, hard-pinned and in-copy objects (moving them to the MRU end) and soft-pinned ones
 until nothing else is left. For each victim: if a disk copy
 exists, its memory replicas are freed; else, if offloading is allowed and the owner node has a
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -100,14 +102,18 @@ class TieringMixin:
         table's worth of objects was looked at without finding anything else."""
         done = 0
         evicted: list[str] = []
+        budget = self.cfg.evict_step_ms / 1e3
         with self.lock:
+            # A time bound too: on a slow or loaded CPU a step of evict_batch objects can hold
+            # the lock (and the GIL) for milliseconds, which is the readers' tail latency.
+            deadline = time.perf_counter() + budget if budget else float("inf")
             try:
                 head = list(itertools.islice(self.objects.values(), self.cfg.evict_batch))
                 allow_soft = self._barren >= len(self.objects)
                 on_disk = [o for o in head if any(r.complete for r in o.disk())]
                 seen = {id(o) for o in on_disk}
-                for obj in on_disk + [o for o in head if id(o) not in seen]:
-                    if done >= need:
+                for i, obj in enumerate(on_disk + [o for o in head if id(o) not in seen]):
+                    if done >= need or (i and time.perf_counter() > deadline):
                         break
                     if self._evictable(obj, allow_soft):
                         done += self._evict_one(obj, offload, evicted)
