@@ -455,6 +455,9 @@ def run_cases(store_mod: Any, master: str, metadata: str) -> dict[str, Any]:
         case("safetensor.no_file_name", lambda: st.load_tensor_from_safetensor("t.x"))
         case("tensor.par_put_none", lambda: st.put_tensor_with_parallelism("t.par", t))
         case("tensor.par_get_none", lambda: st.get_tensor_with_parallelism("t.par"))
+        import table_parallel  # this script's directory is on sys.path
+
+        table_parallel.run(ms, st, case, buf)
     # --- removal -----------------------------------------------------------------------------
     case("remove.miss", lambda: st.remove("t.missing"))
     st.put("t.r", b"v")

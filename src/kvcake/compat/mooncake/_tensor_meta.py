@@ -4,8 +4,10 @@ followed by the raw C-contiguous data, so a tensor written by kvcake reads back 
 
 Header (int64 words unless noted): magic ``NOOM\\x01\\x000\\x01`` · dtype (int32) + ndim (int32)
 · flags (1 = a parallel shard) · header size (304) · data bytes · global shape[8] · local shape[8]
-(-1 padded) · parallel block: axis count, then per axis kind, rank (int32) + size (int32),
-split dim, offset along it (4 axes at most)."""
+(-1 padded) · parallel block: axis count, then per axis (32 bytes, int32 unless noted) kind
+(dp 0, tp 1, ep 2, pp 3), axis index, rank, size, split dim (-1: none), expert / stage id, and
+the shard's extent along its split dim (int64); 4 axes at most. Read off the wheel's stored
+shards (``put_tensor_with_parallelism`` of each axis kind)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ MAGIC = 0x13000014D4F4F4E
 HEADER = 304
 MAX_DIMS = 8
 MAX_AXES = 4
-AXIS_TP = 1
+KINDS = ("dp", "tp", "ep", "pp")  # the stored kind codes, also the wheel's canonical axis order
+AXIS_TP = KINDS.index("tp")
 _HEAD = struct.Struct("<QiiqqQ")  # magic, dtype, ndim, flags, header size, data bytes
 _SHAPE = struct.Struct(f"<{MAX_DIMS}q")
-_AXIS = struct.Struct("<qiiqq")  # kind, rank, size, split_dim, offset
+_AXIS = struct.Struct("<iiiiiiq")  # kind, index, rank, size, split_dim, expert/stage id, extent
 
 DTYPES = [
     "float32", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
@@ -33,14 +36,25 @@ class TensorFormatError(ValueError):
 
 
 @dataclass(frozen=True)
-class Shard:
-    """This piece's place in the whole tensor (tensor parallelism along one dimension)."""
+class Axis:
+    """One parallel axis of a stored shard (``split_dim`` -1: the axis does not split)."""
 
+    kind: int
     rank: int
     size: int
-    split_dim: int
-    offset: int
+    split_dim: int = -1
+    tag: int = 0  # expert id (ep) or stage id (pp)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This piece's place in the whole tensor: the whole's shape and the axes that name it."""
+
     global_shape: tuple[int, ...]
+    axes: tuple[Axis, ...]
+
+    def axis(self, kind: int) -> Axis | None:
+        return next((a for a in self.axes if a.kind == kind), None)
 
 
 def dtype_code(tensor: Any) -> int:
@@ -67,10 +81,12 @@ def header(tensor: Any, shard: Shard | None = None) -> bytes:
     out[pos + _SHAPE.size : pos + 2 * _SHAPE.size] = _shape(shape)
     if shard is not None:
         pos += 2 * _SHAPE.size
-        struct.pack_into("<q", out, pos, 1)
-        _AXIS.pack_into(
-            out, pos + 8, AXIS_TP, shard.rank, shard.size, shard.split_dim, shard.offset
-        )
+        struct.pack_into("<q", out, pos, len(shard.axes))
+        for i, a in enumerate(shard.axes):
+            extent = shape[a.split_dim] if 0 <= a.split_dim < len(shape) else 0
+            _AXIS.pack_into(
+                out, pos + 8 + i * _AXIS.size, a.kind, i, a.rank, a.size, a.split_dim, a.tag, extent
+            )
     return bytes(out)
 
 
@@ -102,8 +118,13 @@ def parse(blob: Any) -> tuple[str, tuple[int, ...], int, Shard | None]:
     local = _SHAPE.unpack_from(mv, pos + _SHAPE.size)[:ndim]
     shard = None
     if flags & 1:
-        _, rank, n, dim, off = _AXIS.unpack_from(mv, pos + 2 * _SHAPE.size + 8)
-        shard = Shard(rank, n, dim, off, tuple(global_shape))
+        pos += 2 * _SHAPE.size
+        count = min(struct.unpack_from("<q", mv, pos)[0], MAX_AXES)
+        axes = []
+        for i in range(max(count, 0)):
+            kind, _, rank, n, dim, tag, _ = _AXIS.unpack_from(mv, pos + 8 + i * _AXIS.size)
+            axes.append(Axis(kind, rank, n, dim, tag))
+        shard = Shard(tuple(global_shape), tuple(axes))
     return DTYPES[code], tuple(local), nbytes, shard
 
 
@@ -121,15 +142,17 @@ def decode(blob: Any, copy: bool = True) -> Any:
 
 
 def split(tensor: Any, parts: int, dim: int) -> list[tuple[Any, Shard]]:
-    """``parts`` shards along ``dim`` (torch.chunk's sizes), each with its place."""
+    """``parts`` equal shards along ``dim``, each with its place. The wheel refuses a dimension
+    that ``parts`` does not divide (TensorFormatError)."""
     if parts < 1 or not -tensor.dim() <= dim < max(tensor.dim(), 1):
         raise TensorFormatError(f"cannot split {tuple(tensor.shape)} into {parts} along {dim}")
     dim = dim % tensor.dim()
-    chunks = tensor.chunk(parts, dim)
-    if len(chunks) != parts:
-        raise TensorFormatError(f"dimension {dim} of size {tensor.shape[dim]} < {parts} shards")
-    out, offset = [], 0
-    for rank, c in enumerate(chunks):
-        out.append((c, Shard(rank, parts, dim, offset, tuple(tensor.shape))))
-        offset += c.shape[dim]
-    return out
+    if tensor.shape[dim] % parts:
+        raise TensorFormatError(
+            f"dimension {dim} of size {tensor.shape[dim]} is not {parts} equal shards"
+        )
+    whole = tuple(int(d) for d in tensor.shape)
+    return [
+        (c, Shard(whole, (Axis(AXIS_TP, rank, parts, dim),)))
+        for rank, c in enumerate(tensor.chunk(parts, dim))
+    ]

@@ -20,12 +20,8 @@ from kvcake.compat.mooncake._buffers import (
     get_free_func_addr,
 )
 from kvcake.compat.mooncake._kv import KvMethods
-from kvcake.compat.mooncake._parallel import (
-    ParallelAxis,
-    ParallelMethods,
-    ReadTarget,
-    TensorParallelism,
-)
+from kvcake.compat.mooncake._par_types import ParallelAxis, ReadTarget, TensorParallelism
+from kvcake.compat.mooncake._parallelism import ParallelismMethods
 from kvcake.compat.mooncake._pointers import PointerMethods
 from kvcake.compat.mooncake._replicas import ReplicaMethods
 from kvcake.compat.mooncake._sessions import SessionMethods
@@ -49,14 +45,17 @@ __kvcake__ = True  # lets callers (and tests) tell the shim from the wheel
 
 
 class MooncakeDistributedStore(
-    SetupMethods, KvMethods, PointerMethods, SessionMethods, ReplicaMethods, ParallelMethods
+    SetupMethods, KvMethods, PointerMethods, SessionMethods, ReplicaMethods, ParallelismMethods
 ):
     """Mooncake's store client over :class:`kvcake.store.client.Client`. Thread safety as the
     kvcake client's (one store may be shared by threads)."""
 
     def __del__(self) -> None:
         if getattr(self, "_client", None) is not None:
-            self.close()
+            try:  # noqa: SIM105 (at interpreter shutdown contextlib may be gone already)
+                self.close()
+            except Exception:
+                pass
 
 
 def _serialize_tensor(tensor: Any) -> tuple[bytes, int, int, Any]:
