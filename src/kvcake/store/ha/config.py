@@ -17,6 +17,9 @@ class HaConfig:
     cluster: str = "kvcake"  # etcd key prefix /kvcake/<cluster>/ (several pools, one etcd)
     ha_lease_ttl_s: int = 2  # leader lease: a dead leader is replaced about this long after
     snapshot_every: int = 20_000  # logged records between two snapshots (compaction)
+    # etcd transactions in flight. 1 measured best (benchmarks/ha_bench.py, 16 clients: 851-930
+    # vs 613-651 put/s at 4): one transaction at a time gathers ~2x the records each.
+    commit_depth: int = 1
 
     def __post_init__(self) -> None:
         require(
@@ -29,6 +32,7 @@ class HaConfig:
         )
         require(2 <= self.ha_lease_ttl_s <= 60, "ha.ha_lease_ttl_s must be in [2, 60]")
         require(self.snapshot_every >= 100, "ha.snapshot_every must be >= 100")
+        require(1 <= self.commit_depth <= 16, "ha.commit_depth must be in [1, 16]")
 
     @property
     def enabled(self) -> bool:

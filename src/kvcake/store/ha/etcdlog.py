@@ -47,7 +47,7 @@ class EtcdOpLog(GroupCommitLog):
         leader_revision: int,
         snapshot_every: int = 20_000,
         retry_s: float = 2.0,
-        depth: int = 4,
+        depth: int = 1,
     ):
         super().__init__(snapshot_every, depth)
         self.etcd = etcd

@@ -92,7 +92,11 @@ class HaMaster:
 
     def _lead(self) -> DurableMaster:
         oplog = EtcdOpLog(
-            self.etcd, self.ha.cluster, self.election.revision, self.ha.snapshot_every
+            self.etcd,
+            self.ha.cluster,
+            self.election.revision,
+            self.ha.snapshot_every,
+            depth=self.ha.commit_depth,
         )
         oplog.on_failure = lambda exc: self._term_over.set()
         view = oplog.load()

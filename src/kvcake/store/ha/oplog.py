@@ -12,6 +12,8 @@ Invariants (every backend):
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -64,7 +66,13 @@ class GroupCommitLog(OpLog):
         self.view = View()
         self.source: Callable[[], object] | None = None
         self.on_failure: Callable[[Exception], None] | None = None
+        # The committer's condition: only the committer thread waits on it (for records, or a
+        # free write slot). Request threads wait on a lock of their own, released when their
+        # ticket is committed: a notify_all on every append and commit woke every waiting
+        # request thread each time (16 clients: a quarter of a durable master's GIL time).
         self._cv = threading.Condition()
+        self._waiters: list[tuple[int, int, threading.Lock]] = []  # heap of (ticket, n, lock)
+        self._wseq = itertools.count()
         self._pending: list[Record] = []
         self._appended = 0
         self._committed = 0
@@ -135,24 +143,41 @@ class GroupCommitLog(OpLog):
                 raise LogFailed(f"operation log failed: {self._failed}")
             self._pending.extend(records)
             self._appended += len(records)
-            self._cv.notify_all()
+            self._cv.notify()
             return self._appended
 
     def wait(self, ticket: int, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
         with self._cv:
-            while self._committed < ticket:
-                if self._failed is not None:
-                    raise LogFailed(f"operation log failed: {self._failed}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise LogFailed(f"operation log: record {ticket} not durable in {timeout_s}s")
-                self._cv.wait(left)
+            if self._committed >= ticket:
+                return
+            if self._failed is not None:
+                raise LogFailed(f"operation log failed: {self._failed}")
+            lock = threading.Lock()
+            lock.acquire()
+            heapq.heappush(self._waiters, (ticket, next(self._wseq), lock))
+        # Released by _release_committed (or fail); a timed-out entry stays in the heap until
+        # the commit that passes it releases it unseen.
+        lock.acquire(timeout=timeout_s)
+        with self._cv:
+            if self._committed >= ticket:
+                return
+            if self._failed is not None:
+                raise LogFailed(f"operation log failed: {self._failed}")
+        raise LogFailed(f"operation log: record {ticket} not durable in {timeout_s}s")
+
+    def _release_committed(self) -> None:
+        """Wake the request threads whose tickets are now durable (caller holds ``_cv``)."""
+        waiters, committed = self._waiters, self._committed
+        while waiters and waiters[0][0] <= committed:
+            heapq.heappop(waiters)[2].release()
 
     def fail(self, exc: Exception) -> None:
         with self._cv:
             if self._failed is None:
                 self._failed = exc
+            for _ticket, _n, lock in self._waiters:
+                lock.release()
+            self._waiters.clear()
             self._cv.notify_all()
         if self.on_failure is not None:
             self.on_failure(exc)
@@ -206,7 +231,8 @@ class GroupCommitLog(OpLog):
                 self._committed = ticket
                 self._since_snapshot += len(done)
                 self._next += 1
-            self._cv.notify_all()
+            self._release_committed()
+            self._cv.notify()  # a write slot is free
             if self._since_snapshot >= self.snapshot_every and not self._snapshotting:
                 self._snapshotting = True
                 snap = self.view.snapshot()
