@@ -1,10 +1,11 @@
-"""A small etcd v3 client over etcd's JSON gateway (``/v3/...``, etcd >= 3.4): the standard
-library's ``http.client`` on one kept-alive connection per thread, msgspec for the JSON.
+"""A small etcd v3 client over etcd's JSON gateway (``/v3/...``, etcd >= 3.4): one kept-alive
+HTTP/1.1 connection per thread (:mod:`.http11`), msgspec for the JSON.
 
 Chosen after measuring here (etcd 3.4.23, one member, loopback, 2 vCPUs): a one-put transaction
 takes ~3-5 ms of wall time whatever the client (etcd's fsync; hence group commit), ~3.8 ms
 through ``etcd3gw`` (requests) against ~3.1-3.5 ms with httpx, but what limits a loaded master
-is its own CPU per transaction: ~970 µs with httpx, ~430 µs with ``http.client`` + json. No
+is its own CPU per transaction: ~970 µs with httpx, ~430 µs with ``http.client`` + json, whose
+header parsing was then still 17 % of a durable master's GIL time (hence :mod:`.http11`). No
 gRPC stack is pulled in (``aetcd`` would need grpcio and an event loop in the master).
 
 Keys and values are bytes on our side, base64 on the wire. Every call raises
@@ -14,7 +15,6 @@ Keys and values are bytes on our side, base64 on the wire. Every call raises
 from __future__ import annotations
 
 import base64
-import http.client
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from kvcake.core.errors import KvcakeError
+from kvcake.store.ha.http11 import Http11
 
 
 class EtcdError(KvcakeError):
@@ -82,9 +83,6 @@ def op_get(key: bytes) -> dict[str, Any]:
     return {"request_range": {"key": b64(key)}}
 
 
-_JSON_HEADERS = {"Content-Type": "application/json"}
-
-
 class Etcd:
     """Thread-safe: each thread has its own connection per endpoint; on a transport error the
     next endpoint is tried (one pass over the list per call)."""
@@ -96,23 +94,20 @@ class Etcd:
         self.timeout_s = timeout_s
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._all: list[http.client.HTTPConnection] = []  # to close them all
+        self._all: list[Http11] = []  # to close them all
         self._current = 0
 
-    def _conn(self, idx: int, timeout_s: float) -> http.client.HTTPConnection:
+    def _conn(self, idx: int) -> Http11:
         conns = getattr(self._local, "conns", None)
         if conns is None:
             conns = self._local.conns = {}
         conn = conns.get(idx)
         if conn is None:
             url = urlsplit(self.endpoints[idx])
-            conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 2379)
+            conn = Http11(url.hostname or "127.0.0.1", url.port or 2379)
             conns[idx] = conn
             with self._lock:
                 self._all.append(conn)
-        conn.timeout = timeout_s
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout_s)
         return conn
 
     def _drop(self, idx: int) -> None:
@@ -127,18 +122,15 @@ class Etcd:
             with self._lock:
                 idx = (self._current + i) % len(self.endpoints)
             try:
-                conn = self._conn(idx, timeout_s or self.timeout_s)
-                conn.request("POST", path, payload, _JSON_HEADERS)
-                resp = conn.getresponse()
-                raw = resp.read()
-            except (OSError, http.client.HTTPException) as exc:
+                status, raw = self._conn(idx).post(path, payload, timeout_s or self.timeout_s)
+            except OSError as exc:
                 self._drop(idx)
                 last = exc
                 continue
             with self._lock:
                 self._current = idx
-            if resp.status != 200:
-                raise EtcdError(f"etcd {path}: HTTP {resp.status}: {raw[:200]!r}")
+            if status != 200:
+                raise EtcdError(f"etcd {path}: HTTP {status}: {raw[:200]!r}")
             try:
                 data = msgspec.json.decode(raw)
             except msgspec.DecodeError as exc:
