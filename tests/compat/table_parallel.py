@@ -206,4 +206,69 @@ def run(ms: Any, st: Any, case: Callable[..., Any], buf: Callable[[int], int]) -
         lambda: st.batch_upsert_tensor_with_parallelism(["p.uq", "p.n"], [t * 3, t], pars),
     )
     case("par.upsert_get", lambda: st.get_tensor("p.ud__dp_1of2"))
+    # writer partitions: each writer holds the whole tensor and stores its share + a manifest
+    import types
+
+    def wp(r: int, n: int, d: int) -> Any:
+        return types.SimpleNamespace(rank=r, size=n, split_dim=d)
+
+    cfg = ms.ReplicateConfig()
+    case("wp.put0", lambda: st.put_tensor_with_parallelism("p.w", t, None, cfg, wp(0, 2, 0)))
+    case("wp.manifest", lambda: st.get("p.w__writer_manifest"))
+    case("wp.share_bytes", lambda: st.get("p.w__writer_0of2_sd0"))
+    case("wp.full_partial", lambda: st.get_tensor_with_parallelism("p.w", tgt("full")))
+    case("wp.put1", lambda: st.put_tensor_with_parallelism("p.w", t, None, cfg, wp(1, 2, 0)))
+    case("wp.full", lambda: st.get_tensor_with_parallelism("p.w", tgt("full")))
+    case(
+        "wp.full_tp",
+        lambda: st.get_tensor_with_parallelism("p.w", tgt("full", par(ax("tp", 0, 2, 0)))),
+    )
+    case(
+        "wp.shard",
+        lambda: st.get_tensor_with_parallelism("p.w", tgt("shard", par(ax("tp", 1, 2, 0)))),
+    )
+    case(
+        "wp.reshard",
+        lambda: st.get_tensor_with_parallelism("p.w", tgt("shard", par(ax("tp", 1, 4, 0)))),
+    )
+    case("wp.as_stored", lambda: st.get_tensor_with_parallelism("p.w", tgt("as_stored")))
+    case(
+        "wp.dict",
+        lambda: st.put_tensor_with_parallelism(
+            "p.wd", t, None, cfg, {"rank": 0, "size": 2, "split_dim": 0}
+        ),
+    )
+    case("wp.uneven", lambda: st.put_tensor_with_parallelism("p.wu", t[:3], None, cfg, wp(0, 2, 0)))
+    case("wp.bad_dim", lambda: st.put_tensor_with_parallelism("p.wb", t, None, cfg, wp(0, 2, 2)))
+    case(
+        "wp.with_parallelism",
+        lambda: st.put_tensor_with_parallelism("p.wx", t, par(ax("dp", 0, 2)), cfg, wp(0, 2, 0)),
+    )
+    case(
+        "wp.batch",
+        lambda: st.batch_put_tensor_with_parallelism(
+            ["p.wb0", "p.wb1"], [t, t], None, cfg, [wp(0, 1, 1), None]
+        ),
+    )
+    case(
+        "wp.batch_len",
+        lambda: st.batch_put_tensor_with_parallelism(
+            ["p.wc0", "p.wc1"], [t, t], None, cfg, [wp(0, 1, 0)]
+        ),
+    )
+    case(
+        "wp.batch_full",
+        lambda: st.batch_get_tensor_with_parallelism(["p.w", "p.wb0"], [tgt("full"), tgt("full")]),
+    )
+    case(
+        "wp.into_full", lambda: st.get_tensor_with_parallelism_into("p.w", b, 1 << 16, tgt("full"))
+    )
+    case(
+        "wp.from",
+        lambda: st.put_tensor_with_parallelism_from("p.wf", src, n, None, cfg, wp(1, 2, 1)),
+    )
+    case(
+        "wp.from_names",
+        lambda: [st.is_exist("p.wf__writer_1of2_sd1"), st.is_exist("p.wf__writer_manifest")],
+    )
     st.unregister_buffer(b)

@@ -10,7 +10,7 @@
   rank and size do not matter, its split dim must be the stored one); without a parallelism
   the object under the key itself; other axes: None.
 
-``writer_partition`` requests are not supported (-600)."""
+``writer_partition`` writes and reads: :mod:`._writer`."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any
 
 from kvcake.compat.mooncake import _par_types as T
 from kvcake.compat.mooncake import _tensor_meta as M
+from kvcake.compat.mooncake import _writer as W
 from kvcake.compat.mooncake._base import check_key, returns, view
 from kvcake.compat.mooncake._parallel import TpMethods
 from kvcake.compat.mooncake._tensors import tp_key
@@ -33,8 +34,11 @@ class ParallelismMethods(TpMethods):
 
     def _put_par(self, key: str, tensor: Any, par: Any, config: Any, wp: Any, up: bool) -> int:
         check_key(key)
-        if wp is not None:
-            return E.INVALID_PARAMS
+        if wp is not None:  # a writer's share of the whole, plus the manifest
+            if par is not None:
+                return E.INVALID_PARAMS
+            codes = [self._put(k, memoryview(b), config, up) for k, b in W.plan(key, tensor, wp)]
+            return next((c for c in codes if c), 0)
         if par is None:
             return self._put(key, memoryview(M.encode(tensor)), config, upsert=up)
         axes = T.parse(par)
@@ -141,7 +145,13 @@ class ParallelismMethods(TpMethods):
         check_key(key)
         mode, axes = T.target(target)
         if axes is None:
-            return self._par_raw_out(self._get_raw(key), into) if mode != "shard" else None
+            if mode == "shard":
+                return None
+            raw = self._get_raw(key)
+            if raw is None and mode == "full":
+                whole = W.rebuild(key, self._get_raw(W.manifest_key(key)), self._raw_many)
+                return None if whole is None else self._par_out(whole, None, into)
+            return self._par_raw_out(raw, into)
         tp = T.single_tp(axes)
         if mode == "as_stored" or (mode == "full" and tp is None):
             return None
@@ -158,6 +168,10 @@ class ParallelismMethods(TpMethods):
         raw = self._get_raw(tp_key(key, tp.rank))
         if raw is not None and _shard(raw) == (tp.stored(),):
             return self._par_raw_out(raw, into)
+        if raw is None:  # a writer's share of this rank
+            writer = self._get_raw(W.shard_key(key, tp.rank, tp.size, sd))
+            if writer is not None and _shard(writer) == (tp.stored(),):
+                return self._par_raw_out(writer, into)
         whole = self._tp_rebuild(key, sd)
         if whole is not None and whole.shape[sd] % tp.size == 0:
             ext = whole.shape[sd] // tp.size
@@ -189,6 +203,9 @@ class ParallelismMethods(TpMethods):
             parts.append(M.decode(blob))
         whole = torch.cat(parts, dim=split_dim)
         return whole if tuple(whole.shape) == head.global_shape else None
+
+    def _raw_many(self, keys: list[str]) -> list[Any]:
+        return [None if isinstance(b, StoreError) else b for b in self._c.batch_get(keys)]
 
     def _par_raw_out(self, raw: bytearray | None, into: Into) -> Any:
         if raw is None:
