@@ -165,6 +165,17 @@ def test_tensors_and_local_buffer(store: MooncakeDistributedStore, pool: tuple[P
     node.close()
 
 
+def test_hostname_port_in_mooncakes_range(store: MooncakeDistributedStore) -> None:
+    """No port in local_hostname: the Transfer Engine listens on one from 12300-14300, as
+    Mooncake's does, and get_hostname() names it."""
+    import socket
+
+    host, port = store.get_hostname().rsplit(":", 1)
+    assert host == "127.0.0.1" and 12300 <= int(port) <= 14300
+    with socket.create_connection((host, int(port)), timeout=2):
+        pass  # kvcake's transfer server is really there
+
+
 def test_metadata_server_is_validated(master_proc: Proc) -> None:
     rpc, http = master_proc.info["rpc"], master_proc.info["http"]
     s = MooncakeDistributedStore()

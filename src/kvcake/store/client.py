@@ -42,9 +42,11 @@ class Client(ReadPath):
         config: ClientConfig | None = None,
         segment_name: str = "",
         auth: _auth.Authenticator | None = None,
+        transfer_port: int = 0,
         **kw: Any,
     ):
-        """``auth``: the cluster's shared secret (None: the environment's, if any)."""
+        """``auth``: the cluster's shared secret (None: the environment's, if any);
+        ``transfer_port``: the port this client's Transfer Engine listens on (0: the OS picks)."""
         from kvcake.transfer.engine import TransferEngine
 
         self.cfg = config or ClientConfig(**kw)
@@ -67,6 +69,7 @@ class Client(ReadPath):
             (self.cfg.hostname,),
             protocol=self.cfg.protocol,
             auth=auth,
+            listen_port=transfer_port,
         )
         self.id = self.engine.owner
         self.host = self.cfg.hostname

@@ -62,6 +62,7 @@ class TransferEngine:
         topology: Topology | None = None,
         cleanup_stale_shm: bool = True,
         auth: _auth.Authenticator | None = None,
+        listen_port: int = 0,  # 0: the OS picks (compat.mooncake asks for Mooncake's range)
     ):
         base = config or TransferConfig()
         # The shared secret (None: the environment's, see kvcake.core.auth.resolve).
@@ -88,6 +89,7 @@ class TransferEngine:
             self.config.server_max_data,
             self.config.busy_poll_us,
             auth=auth,
+            port=listen_port,
         )
         self.server.start()
         cfg = self.config

@@ -52,8 +52,9 @@ class TransferServer(ThreadedServer):
         max_data: int,
         busy_poll_us: float = 0.0,
         auth: Authenticator | None = None,
+        port: int = 0,
     ):
-        super().__init__(hosts, 0, name="transfer", auth=auth)
+        super().__init__(hosts, port, name="transfer", auth=auth)
         self.segments = segments
         self.busy_poll_us = busy_poll_us
         self.limits = request_limits(max_data)

@@ -9,10 +9,13 @@ tenant_id='default', enable_client_http_server=False, client_http_port=9300)`` o
 
 from __future__ import annotations
 
+import errno
 import inspect
 import logging
 import mmap
 import os
+import random
+import socket
 from typing import Any
 
 from kvcake.compat.mooncake._base import StoreBase, check_signature
@@ -28,6 +31,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SIZE = 16 * 1024 * 1024
 PROTOCOLS = {"tcp": "tcp", "auto": "auto", "shm": "shm"}
 SSD_QUOTA_ENV = "MOONCAKE_OFFLOAD_SSD_QUOTA"
+TE_PORTS = (12300, 14300)  # where Mooncake's Transfer Engine picks its port
 
 
 def _positional(
@@ -54,6 +58,31 @@ DICT_KEYS = {
     "ssd_offload_path", "tenant_id", "enable_client_http_server", "client_http_port",
     "master_server_address", "device_name",  # spellings older kvcake callers used
 }  # fmt: skip
+
+
+def _client(cfg: ClientConfig, name: str, with_port: bool) -> Client:
+    """A client whose Transfer Engine listens, as Mooncake's does when the hostname names no
+    port, on a free port drawn from 12300-14300 (a port taken meanwhile: the next one)."""
+    if not with_port:
+        return Client(cfg, segment_name=name)
+    for port in random.sample(range(TE_PORTS[0], TE_PORTS[1] + 1), 20):
+        if not _free(cfg.hostname, port):
+            continue
+        try:
+            return Client(cfg, segment_name=name, transfer_port=port)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    return Client(cfg, segment_name=name)  # the range is crowded: any port
+
+
+def _free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 class SetupMethods(StoreBase):
@@ -133,7 +162,7 @@ class SetupMethods(StoreBase):
                 # Mooncake names a client's segment by its hostname, "host:port" (the engine's
                 # port unless one is given); preferred_segments and replica calls use that name.
                 name = local_hostname if _port else f"{host or '127.0.0.1'}:{{port}}"
-                self._client = Client(cfg, segment_name=name)
+                self._client = _client(cfg, name, with_port=not _port)
         except StoreError as exc:
             log.error("setup failed: %s", exc)
             return E.INTERNAL_ERROR if exc.code == E.RPC_FAIL else exc.code
