@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -33,6 +34,7 @@ from kvcake.serve import auth as proxy_auth
 from kvcake.serve import openai_shapes as shapes
 from kvcake.serve.client import RemoteInstance
 from kvcake.serve.dashboard import Dashboard
+from kvcake.serve.dashboard.snapshot import recent_row
 from kvcake.serve.detok import Detokenizer
 from kvcake.serve.httpbody import BodyTooLarge, decode_json, read_limited
 from kvcake.serve.metrics import ProxyMetrics
@@ -63,7 +65,8 @@ class ProxyState:
     router: Router | None = None
     codec: TextCodec | None = None
     metrics: ProxyMetrics = field(default_factory=ProxyMetrics)
-    outcomes: list[Outcome] = field(default_factory=list)
+    # the dashboard's rows of the last finished requests (snapshot.recent_row), bounded
+    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=1000))
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     # Bounded: 2 workers; at most _PREP_INFLIGHT bodies decoded or waiting to be, the others
     # wait on the semaphore (their bodies are already capped by max_body_bytes).
@@ -409,6 +412,5 @@ def _record(st: ProxyState, out: Outcome, reason: FinishReason | None, error: st
     if error:
         m.errors.labels("instance").inc()
     m.requests.labels(out.finish_reason).inc()
-    st.outcomes.append(out)
-    del st.outcomes[:-1000]
+    st.recent.append(recent_row(out))
     reqlog.on_end(st, out)

@@ -19,7 +19,10 @@ Schema (``version`` 1) — the page and the tests read these keys:
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections import deque
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from kvcake.core.ids import BlockHash
@@ -40,7 +43,7 @@ class ProxySide(Protocol):
 
     cluster: LiveCluster | None
     metrics: ProxyMetrics
-    outcomes: list[Outcome]
+    recent: deque[dict[str, Any]]  # recent_row() of the last finished requests
 
     def ready(self) -> bool: ...
 
@@ -112,22 +115,24 @@ def kv_sources(o: Outcome) -> dict[str, int]:
     return out
 
 
-def recent(outcomes: list[Outcome], limit: int) -> list[dict[str, Any]]:
-    now_wall, now_perf = time.time(), time.perf_counter()
-    rows = []
-    for o in reversed(outcomes[-limit:]):
-        gaps = [b - a for a, b in zip(o.token_times, o.token_times[1:], strict=False)]
-        end = o.token_times[-1] if o.token_times else o.arrival
-        rows.append(
-            {"id": o.request_id, "at": now_wall - (now_perf - o.arrival),
-             "e2e_s": end - o.arrival, "prefill": o.prefill, "decode": o.decode,
-             "prompt_tokens": o.prompt_tokens, "cached_tokens": o.cached_tokens,
-             "computed_tokens": max(0, o.prompt_tokens - o.cached_tokens),
-             "ttft_s": o.ttft, "tbt_s": sum(gaps) / len(gaps) if gaps else None,
-             "output_tokens": len(o.token_times), "finish": o.finish_reason or "",
-             "kv": kv_sources(o)}
-        )  # fmt: skip
-    return rows
+def recent_row(o: Outcome) -> dict[str, Any]:
+    """The dashboard's row of a finished request, made once at its end: the proxy keeps these
+    (about 1 KB each), not the :class:`Outcome` (token times, block hashes, placement: several
+    KB for a long prompt; a ring of 1,000 of those was most of a soak's heap growth)."""
+    gaps = [b - a for a, b in zip(o.token_times, o.token_times[1:], strict=False)]
+    end = o.token_times[-1] if o.token_times else o.arrival
+    return {"id": o.request_id, "at": o.wall, "e2e_s": end - o.arrival,
+            "prefill": o.prefill, "decode": o.decode,
+            "prompt_tokens": o.prompt_tokens, "cached_tokens": o.cached_tokens,
+            "computed_tokens": max(0, o.prompt_tokens - o.cached_tokens),
+            "ttft_s": o.ttft, "tbt_s": sum(gaps) / len(gaps) if gaps else None,
+            "output_tokens": len(o.token_times), "finish": o.finish_reason or "",
+            "kv": kv_sources(o)}  # fmt: skip
+
+
+def recent(rows: Iterable[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """The newest ``limit`` rows of :func:`recent_row`, newest first."""
+    return list(itertools.islice(reversed(list(rows)), limit))
 
 
 def hot_blocks(side: ProxySide, pool: PoolReport) -> list[dict[str, Any]]:
@@ -168,6 +173,6 @@ def build(
             "error": pool.error,
         },
         "hot_blocks": hot_blocks(side, pool),
-        "recent": recent(side.outcomes, n_recent),
+        "recent": recent(side.recent, n_recent),
         "errors": errors,
     }
