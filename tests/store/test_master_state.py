@@ -183,6 +183,25 @@ def test_eviction_skips_leased_pinned_and_incomplete() -> None:
     st.check()
 
 
+def test_eviction_steps_are_time_bounded_but_a_waiting_put_is_not() -> None:
+    # A step looks at evict_batch objects at most and stops after evict_step_ms (at least one
+    # object per step); a put_start that needs room now runs untimed steps under its lock.
+    st, _ = make(capacity=256 * 1024, segments=1, high_watermark=0.5, eviction_ratio=0.5,
+                 evict_batch=64, evict_step_ms=1e-6)  # fmt: skip
+    for i in range(64):
+        put(st, f"o{i}", 4096)
+    assert st.maybe_evict() == 4096  # one object: the time bound, not the batch, ended it
+    assert len(st.objects) == 63
+    st2, _ = make(capacity=256 * 1024, segments=1, high_watermark=1.0, eviction_ratio=0.01,
+                  evict_batch=64, evict_step_ms=1e-6)  # fmt: skip
+    for i in range(64):
+        put(st2, f"o{i}", 4096)
+    put(st2, "big", 128 * 1024)  # needs 32 small objects evicted in its put_start
+    assert "big" in st2.objects and len(st2.objects) == 64 - 32 + 1
+    st.check()
+    st2.check()
+
+
 def test_client_expiry_drops_segments_and_replicas() -> None:
     st, clock = make()
     reps = st.put_start(W, "h", "k", 100, PutOptions(replica_num=2))

@@ -409,7 +409,7 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
             need = max(size * opts.replica_num, int(pool * self.cfg.eviction_ratio))
             freed = 0
             for _ in range(SYNC_EVICT_STEPS):  # bounded: a few batches, not the whole table
-                step = self.evict(need - freed, False)
+                step = self.evict(need - freed, False, timed=False)
                 freed += step
                 if freed >= need or (step == 0 and self._barren > len(self.objects)):
                     break

@@ -92,17 +92,19 @@ class TieringMixin:
                 return 0
             return self.evict(used - low, self.cfg.offload_on_evict)
 
-    def evict(self, need: int, offload: bool) -> int:
+    def evict(self, need: int, offload: bool, timed: bool = True) -> int:
         """Free (or start offloading) up to ``need`` memory bytes from the least recently used
         end, looking at no more than ``evict_batch`` objects (bounded work under the lock).
 
         Within the batch, memory copies of objects already on disk go first. An object that
         cannot be evicted now (leased, PROCESSING, pinned, in copy) is moved to the MRU end,
         out of the next batch's way; soft-pinned objects become eligible once a whole
-        table's worth of objects was looked at without finding anything else."""
+        table's worth of objects was looked at without finding anything else. ``timed``: stop
+        after ``evict_step_ms`` too (the housekeeper's steps; a put_start that needs the space
+        now holds the lock across its steps anyway, so it is not time-bounded)."""
         done = 0
         evicted: list[str] = []
-        budget = self.cfg.evict_step_ms / 1e3
+        budget = self.cfg.evict_step_ms / 1e3 if timed else 0.0
         with self.lock:
             # A time bound too: on a slow or loaded CPU a step of evict_batch objects can hold
             # the lock (and the GIL) for milliseconds, which is the readers' tail latency.
