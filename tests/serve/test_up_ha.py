@@ -4,6 +4,7 @@ three HA masters, serves, and keeps serving (with pool reuse) after the leader i
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -64,6 +65,8 @@ def test_up_with_ha_serves_and_survives_the_leader(tmp_path: Path) -> None:
         st = subprocess.run([sys.executable, "-m", "kvcake", "status", "--run-dir",
                              str(tmp_path)], capture_output=True, text=True, timeout=60)  # fmt: skip
         assert "etcd" in st.stdout and "master-2" in st.stdout, st.stdout + st.stderr
+        first_leader = re.search(r"store leader: \S+ rpc=(\S+)", st.stdout)
+        assert first_leader, st.stdout
 
         old = _leader(c)
         assert old, "no leader line in the masters' logs"
@@ -85,6 +88,11 @@ def test_up_with_ha_serves_and_survives_the_leader(tmp_path: Path) -> None:
         assert cached >= block, again.json()
         state = json.loads((c.run_dir / "cluster.json").read_text())
         assert "etcd" in state["processes"]
+        # `kvcake status` names the leader of now, read from etcd
+        st = subprocess.run([sys.executable, "-m", "kvcake", "status", "--run-dir",
+                             str(tmp_path)], capture_output=True, text=True, timeout=60)  # fmt: skip
+        now_leader = re.search(r"store leader: \S+ rpc=(\S+)", st.stdout)
+        assert now_leader and now_leader[1] != first_leader[1], st.stdout
     assert not etcd_alive(etcd_url)  # kvcake down / stop ends etcd too
     from kvcake.transfer import cleanup_stale
 

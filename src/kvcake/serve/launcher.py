@@ -324,6 +324,7 @@ class Cluster:
             "run_dir": str(self.run_dir),
             "processes": procs,
             "instances": self.instance_urls,
+            "master": getattr(self, "master_rpc", ""),  # etcd://... with [ha]: status asks it
         }
         text = json.dumps(doc, indent=2)
         for path in (self.run_dir / STATE_FILE, Path(self.conf.cluster.run_dir) / "latest.json"):

@@ -175,6 +175,7 @@ def _status(args: argparse.Namespace) -> int:
         last = f"  last exit: {p['last_exit']}" if p.get("last_exit") else ""
         print(f"  {name:<12} pid {p['pid']:<8} {'up' if p.get('alive') else 'DOWN':<5} "
               f"restarts {p.get('restarts', 0):<3} {addrs}{last}")  # fmt: skip
+    _print_leader(str(st.get("master", "")))
     try:
         view = httpx.get(st["url"] + "/v1/cluster", timeout=5).json()
     except httpx.HTTPError as exc:
@@ -186,6 +187,31 @@ def _status(args: argparse.Namespace) -> int:
               f"queued {i['queued']:<3} running {i['running']:<3} "
               f"KV {i['kv_used']}/{i['kv_total']} blocks, cached {i['cached_blocks']}")  # fmt: skip
     return 0
+
+
+def _print_leader(master: str) -> None:
+    """With ``[ha]`` the pool is ``etcd://...``: name the master that leads *now* (the process
+    list above shows each master's own ports, whoever leads)."""
+    from kvcake.store.ha.resolve import SCHEME, parse_etcd_address
+
+    if not master.startswith(SCHEME):
+        return
+    from kvcake.store.ha.election import read_leader
+    from kvcake.store.ha.etcd import Etcd, EtcdError
+
+    endpoints, cluster = parse_etcd_address(master)
+    etcd = Etcd(endpoints, timeout_s=2.0)
+    try:
+        leader = read_leader(etcd, cluster)
+    except EtcdError as exc:
+        print(f"store leader: etcd not answering ({exc})")
+        return
+    finally:
+        etcd.close()
+    if leader is None or not leader.rpc:
+        print("store leader: none right now (an election or a take-over is under way)")
+    else:
+        print(f"store leader: {leader.name} rpc={leader.rpc} http={leader.http or '-'}")
 
 
 def _signal_recorded(st: dict[str, Any]) -> None:
