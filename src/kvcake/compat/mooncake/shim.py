@@ -39,6 +39,11 @@ FILES = {
         "import sys\n\nfrom kvcake.compat.mooncake import mooncake_config as _impl\n\n"
         "sys.modules[__name__] = _impl\n"
     ),
+    "http_metadata_server.py": (
+        '"""mooncake.http_metadata_server -> kvcake.compat.mooncake.http_metadata_server."""\n\n'
+        "import sys\n\nfrom kvcake.compat.mooncake import http_metadata_server as _impl\n\n"
+        "sys.modules[__name__] = _impl\n"
+    ),
     MARKER: "This mooncake package is kvcake's shim (kvcake mooncake-shim status).\n",
 }
 
