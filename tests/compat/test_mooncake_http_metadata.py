@@ -83,3 +83,15 @@ def test_handlers_called_directly_as_mooncake_suite_does() -> None:
         return [a.status, b.status, c.status]
 
     assert asyncio.run(run()) == [200, 400, 200]
+
+
+def test_a_port_in_use_raises_instead_of_a_dead_server() -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        srv = KVBootstrapServer(port=taken.getsockname()[1])
+        with pytest.raises(OSError):
+            srv.run()
+        assert srv.thread is not None
+        srv.thread.join(timeout=2)
+        assert srv.poll() is KVPoll.Failed

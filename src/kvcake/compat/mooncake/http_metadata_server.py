@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -130,20 +132,40 @@ class KVBootstrapServer:
         return app
 
     def run(self) -> threading.Thread:
-        """Start the server in a background thread (returns once it listens, or has failed)."""
-        import uvicorn
-
-        config = uvicorn.Config(self._app(), host=self.host, port=self.port, log_level="warning")
-        self._server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self._server.run, daemon=True, name="kv-bootstrap")
+        """Start the server in a background thread; returns once it listens. A port that cannot be
+        bound raises OSError here (the 0.3.13 wheel logs the error from its thread and returns as
+        if started; newer Mooncake raises, as kvcake does)."""
+        startup: Future[socket.socket] = Future()
+        self.thread = threading.Thread(
+            target=self._serve, args=(startup,), daemon=True, name="kv-bootstrap"
+        )
         self.thread.start()
+        sock = startup.result(timeout=10.0)  # re-raises the bind error
+        self.port = sock.getsockname()[1]
         deadline = time.monotonic() + 10.0
         while not self._server.started and self.thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.02)
-        if self._server.started and self.port == 0:
-            self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        if not self._server.started:
+            raise OSError(f"HTTP metadata server on {self.host}:{self.port} did not start")
         log.info("HTTP Metadata Server started on %s:%s", self.host, self.port)
         return self.thread
+
+    def _serve(self, startup: Future[socket.socket]) -> None:
+        import uvicorn
+
+        try:
+            sock = socket.create_server((self.host, self.port))
+        except OSError as exc:
+            log.error("Server error: %s", exc)
+            startup.set_exception(exc)
+            return
+        config = uvicorn.Config(self._app(), log_level="warning")
+        self._server = uvicorn.Server(config)
+        startup.set_result(sock)
+        try:
+            self._server.run(sockets=[sock])
+        finally:
+            sock.close()
 
     def close(self) -> None:
         """Shutdown the server."""
