@@ -48,7 +48,10 @@ def test_pool_view_tiers_gaps_and_publishers() -> None:
 def test_state_publishes_every_change_in_order() -> None:
     clock = Clock()
     st = MasterState(
-        MasterConfig(high_watermark=0.8, eviction_ratio=0.2, offload_on_evict=False), clock
+        MasterConfig(
+            high_watermark=0.8, eviction_ratio=0.2, offload_on_evict=False, evict_step_ms=0
+        ),
+        clock,
     )
     st.mount(ClientId("n"), "h", SegmentName("seg"), 10_000)
     view = PoolView()

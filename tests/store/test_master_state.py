@@ -31,6 +31,7 @@ class Clock:
 
 def make(capacity: int = 1 << 20, segments: int = 2, **kw: object) -> tuple[MasterState, Clock]:
     clock = Clock()
+    kw.setdefault("evict_step_ms", 0)  # steps bounded by count only: deterministic on any CPU
     st = MasterState(MasterConfig(lease_ttl_s=10, client_ttl_s=5, **kw), clock)  # type: ignore[arg-type]
     for i, c in enumerate([A, B][:segments]):
         st.mount(c, f"host{i}", SegmentName(f"seg{i}"), capacity)

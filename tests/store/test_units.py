@@ -47,7 +47,7 @@ def test_disk_quota_limits_offload() -> None:
     for i in range(4):
         st.put_start(a, "h", f"o{i}", 4096, PutOptions())
         st.put_end(a, f"o{i}")
-    st.evict(16 * 1024, offload=True)
+    st.evict(16 * 1024, offload=True, timed=False)
     kinds = [t.kind for t in st.take_tasks(a)]
     assert kinds == ["offload", "offload"]  # the 8 KiB quota holds two; the rest were dropped
     assert len(st.objects) == 2
