@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from kvcake.core.auth import Authenticator
 from kvcake.integrations.vllm.config import ConnectorConfig
 from kvcake.integrations.vllm.paged import PagedKV
 from kvcake.integrations.vllm.pd import PdScheduler, PdStep, PullJob
@@ -18,6 +19,7 @@ from kvcake.integrations.vllm.pd_wire import (
     Notifier,
     PdParamsError,
     decode_release,
+    encode_release,
     parse_remote,
     producer_params,
 )
@@ -87,6 +89,32 @@ def test_release_notes_over_zmq_and_malformed_ones() -> None:
         notifier.close()
     with pytest.raises(PdParamsError):
         decode_release(b"\x93\x01\x02")
+
+
+def test_release_notes_need_the_clusters_secret_when_it_has_one() -> None:
+    good, bad = Authenticator(b"s" * 32), Authenticator(b"t" * 32)
+    inbox = Inbox(LOG, auth=good)
+    senders = [Notifier(auth=None), Notifier(auth=bad), Notifier(auth=good)]
+    try:
+        senders[0].send(inbox.address, ["unsigned"])
+        senders[1].send(inbox.address, ["wrong-secret"])
+        senders[2].send(inbox.address, ["signed"])
+        got: set[str] = set()
+        deadline = time.monotonic() + 5
+        while "signed" not in got and time.monotonic() < deadline:
+            got |= inbox.drain()
+            time.sleep(0.01)
+        time.sleep(0.1)  # the refused notes, if any were let through, would be here by now
+        got |= inbox.drain()
+        assert got == {"signed"}
+    finally:
+        inbox.close()
+        for n in senders:
+            n.close()
+    assert decode_release(encode_release(["r"], good), good) == ["r"]
+    with pytest.raises(PdParamsError, match="MAC"):
+        decode_release(encode_release(["r"]), good)
+    assert decode_release(encode_release(["r"], good)) == ["r"]  # no secret here: accepted
 
 
 def req(rid: str, prompt: int, params: dict[str, Any] | None) -> Any:

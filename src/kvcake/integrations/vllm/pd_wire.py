@@ -23,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from kvcake.core.auth import Authenticator, resolve
 from kvcake.core.errors import KvcakeError
 
 TRANSPORT_KEY = "kvcake_transport"
@@ -98,32 +99,52 @@ def parse_remote(params: dict[str, Any]) -> RemoteKv:
 
 
 class Release(msgspec.Struct, frozen=True):
-    """decode -> prefill: the decode's reads of these requests' blocks have ended."""
+    """decode -> prefill: the decode's reads of these requests' blocks have ended. ``mac``:
+    HMAC-SHA256 of the ids under the cluster's shared secret (empty without one)."""
 
     request_ids: list[str]
+    mac: bytes = b""
 
 
 _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder(Release)
+_MAC_CONTEXT = "kvcake-pd-release"
 
 
-def decode_release(data: bytes) -> list[str]:
-    """Request ids of one release note; raises PdParamsError on a malformed one."""
+def _signed(ids: list[str]) -> bytes:
+    return "\n".join(ids).encode()
+
+
+def encode_release(request_ids: list[str], auth: Authenticator | None = None) -> bytes:
+    mac = auth.mac(_signed(request_ids), _MAC_CONTEXT) if auth is not None else b""
+    return _ENC.encode(Release(request_ids, mac))
+
+
+def decode_release(data: bytes, auth: Authenticator | None = None) -> list[str]:
+    """Request ids of one release note; raises PdParamsError on a malformed one, or, when
+    the cluster has a shared secret, on a note without its valid MAC (a release note frees
+    blocks early: only the cluster's own processes may send one). A replayed note is harmless:
+    releasing released ids does nothing."""
     try:
         note = _DEC.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise PdParamsError(f"malformed release note: {exc}") from exc
+    if auth is not None and not auth.verify(_signed(note.request_ids), _MAC_CONTEXT, note.mac):
+        raise PdParamsError("release note without a valid MAC (wrong or missing secret)")
     return [r for r in note.request_ids if len(r) <= 256]
 
 
 class Inbox:
     """The prefill scheduler's PULL socket for release notes (bound on loopback, polled)."""
 
-    def __init__(self, log: logging.Logger, max_queued: int = 4096):
+    def __init__(
+        self, log: logging.Logger, max_queued: int = 4096, auth: Authenticator | None = None
+    ):
         import zmq
 
         self._zmq = zmq
         self.log = log
+        self.auth = resolve(auth)  # the environment's shared secret unless given
         self._ctx: Any = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.RCVHWM, max_queued)
@@ -142,7 +163,7 @@ class Inbox:
             except self._zmq.Again:
                 break
             try:
-                done.update(decode_release(data))
+                done.update(decode_release(data, self.auth))
             except PdParamsError as exc:
                 self._bad += 1
                 if self._bad == 1 or self._bad % 1000 == 0:
@@ -159,10 +180,11 @@ class Notifier:
     Sends never block: a note to a vanished prefill is dropped once its queue (``hwm``) is
     full, and the prefill frees its blocks at the lease's end instead."""
 
-    def __init__(self, max_peers: int = 32, hwm: int = 256):
+    def __init__(self, max_peers: int = 32, hwm: int = 256, auth: Authenticator | None = None):
         import zmq
 
         self._zmq = zmq
+        self.auth = resolve(auth)
         self._ctx: Any = zmq.Context.instance()
         self._peers: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self.max_peers = max_peers
@@ -181,7 +203,7 @@ class Notifier:
             _, old = self._peers.popitem(last=False)
             old.close(self.linger_ms)  # zmq delivers what is queued in the background
         try:
-            sock.send(_ENC.encode(Release(request_ids)), zmq.NOBLOCK)
+            sock.send(encode_release(request_ids, self.auth), zmq.NOBLOCK)
             return True
         except zmq.Again:
             return False
