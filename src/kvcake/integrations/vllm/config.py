@@ -20,7 +20,7 @@ class ConnectorConfig:
 
     master: str = ""  # host:port of the kvcake master's RPC (required)
     model_key: str = ""  # model part of the block keys; "" = "<model dir name>@vllm"
-    tenant: str = ""  # salts the hash chain: tenants never share blocks
+    tenant: str = ""  # salts the hash chain (tenants never share blocks); charged for puts
     protocol: str = "auto"  # store data path: auto (shm on one host) | tcp | shm
     lookup_timeout_s: float = 1.0  # scheduler-side pool lookup (one master RPC)
     load_timeout_s: float = 5.0  # worker-side load deadline; past it the blocks are recomputed
@@ -47,6 +47,12 @@ class ConnectorConfig:
         ):
             require(getattr(self, name) > 0, f"{name} must be > 0")
         require(self.max_pending_saves >= 1, "max_pending_saves must be >= 1")
+        from kvcake.store.tenants import TENANT_RE
+
+        require(
+            not self.tenant or bool(TENANT_RE.match(self.tenant)),
+            f"tenant {self.tenant[:80]!r}: use 1-64 characters [A-Za-z0-9._-]",
+        )
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> ConnectorConfig:

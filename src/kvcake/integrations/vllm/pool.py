@@ -41,6 +41,7 @@ class PoolHandle:
                     protocol=self.cfg.protocol,
                     rpc_timeout_s=self.rpc_timeout_s,
                     tune_malloc=False,  # vLLM's process: leave its allocator alone
+                    tenant=self.cfg.tenant,  # the engine's puts count against its quota
                 )
             )
         except (KvcakeError, OSError) as exc:
