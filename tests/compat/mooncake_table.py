@@ -132,6 +132,22 @@ def run_cases(store_mod: Any, master: str, metadata: str) -> dict[str, Any]:
 
     case("cfg.bad_type", cfg_bad_type)
 
+    def cfg_group_ids() -> Any:  # Optional[list[str]]: None by default, settable back to None
+        c = ms.ReplicateConfig()
+        out: list[Any] = [c.group_ids]
+        c.group_ids = ("g-a", "")
+        out += [c.group_ids, str(c)]
+        c.group_ids = None
+        return [*out, c.group_ids, str(c)]
+
+    case("cfg.group_ids", cfg_group_ids)
+
+    def cfg_group_ids_bad() -> Any:
+        c = ms.ReplicateConfig()
+        c.group_ids = [1]
+
+    case("cfg.group_ids_bad", cfg_group_ids_bad)
+
     # --- before setup ------------------------------------------------------------------------
     pre = S()
     case("pre.health", lambda: pre.health_check())

@@ -114,10 +114,12 @@ class ReplicateConfig(_Slotted):
     preferred_nof_segments = _Field(list, [])
     prefer_alloc_in_same_node = _Field(bool, False)
     data_type = _Field(int, ObjectDataType.UNKNOWN)
-    group_ids = _Field(list, [])
+    group_ids = _Field(list, None, nullable=True)  # Optional[list[str]], as the wheel's
 
     def __str__(self) -> str:
         ttl = "default" if self.soft_pin_ttl_ms is None else str(self.soft_pin_ttl_ms)
+        ids = self.group_ids
+        groups = "" if ids is None else f", group_ids: [{', '.join(ids)}]"
         return (
             f"ReplicateConfig: {{ replica_num: {self.replica_num}, nof_replica_num: "
             f"{self.nof_replica_num}, dfs_replica_num: {self.dfs_replica_num}, soft_pin_action: "
@@ -125,7 +127,7 @@ class ReplicateConfig(_Slotted):
             f"{int(self.with_hard_pin)}, preferred_segments: [{', '.join(self.preferred_segments)}]"
             f", preferred_nof_segments: [{', '.join(self.preferred_nof_segments)}], "
             f"prefer_alloc_in_same_node: {int(self.prefer_alloc_in_same_node)}, data_type: "
-            f"{ObjectDataType(self.data_type).name} }}"
+            f"{ObjectDataType(self.data_type).name}{groups} }}"
         )
 
 
