@@ -95,6 +95,9 @@ class FleetConfig:
     poll_interval_s: float = 0.5
     model: str = "smollm2"
     prefill_timeout_s: float = 300.0  # P/D: the prefill step (max_tokens=1) answers in this
+    # P/D, streamed decode: the longest wait for the engine's next chunk (a stalled engine
+    # ends the client's stream with an error instead of holding it for the client's 600 s)
+    decode_idle_timeout_s: float = 60.0
     conductor: ConductorConfig = field(default_factory=lambda: ConductorConfig(colocated=True))
 
 

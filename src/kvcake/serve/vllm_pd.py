@@ -12,7 +12,8 @@ sends the note itself only when the decode certainly never admitted the request:
 engine refused the connection or answered 4xx (vLLM validates before it schedules). A client
 that goes away mid-stream closes the decode request (vLLM aborts it; its connector then
 releases as above). Errors are OpenAI-shaped (``{"error": {"message", "type"}}``), never a hang:
-the prefill step has ``prefill_timeout_s``.
+the prefill step has ``prefill_timeout_s``, a streamed decode ``decode_idle_timeout_s`` between
+chunks.
 """
 
 from __future__ import annotations
@@ -177,8 +178,10 @@ class PdRelay:
                 return _transport_error(d, exc)
             return self._answered(r, rid, params, headers, d)
         try:
-            r = await fleet.http.send(fleet.http.build_request("POST", d.url + path, json=req,
-                                                               headers=hdr), stream=True)  # fmt: skip
+            idle = httpx.Timeout(30.0, read=fleet.cfg.decode_idle_timeout_s)
+            built = fleet.http.build_request("POST", d.url + path, json=req, headers=hdr,
+                                             timeout=idle)  # fmt: skip
+            r = await fleet.http.send(built, stream=True)
         except httpx.ConnectError:
             raise
         except httpx.TransportError as exc:

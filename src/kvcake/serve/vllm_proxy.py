@@ -242,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="global-cache-aware", help="conductor prefill policy")
     ap.add_argument("--prefill-timeout-s", type=float, default=300.0,
                     help="P/D: the prefill step's deadline (then a 504)")  # fmt: skip
+    ap.add_argument("--decode-idle-timeout-s", type=float, default=60.0,
+                    help="P/D, streamed decode: longest wait for the engine's next chunk (then "
+                         "the stream ends with an error)")  # fmt: skip
     args = ap.parse_args(argv)
     engines = args.engine + args.prefill + args.decode
     if not engines:
@@ -253,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvcake.conductor.config import ConductorConfig
 
     cfg = FleetConfig(block_tokens=args.block_tokens, prefill_timeout_s=args.prefill_timeout_s,
+                      decode_idle_timeout_s=args.decode_idle_timeout_s,
                       conductor=ConductorConfig(prefill_policy=args.policy, colocated=True))  # fmt: skip
     try:
         fleet = VllmFleet(engines, cfg, args.master)

@@ -7,6 +7,7 @@ in test_pd_proxy.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -175,6 +176,24 @@ def test_decode_dying_mid_stream_ends_the_stream_with_an_error(engines: Engines)
     assert r.status_code == 200
     events = [e for e in raw.split(b"\n\n") if e]
     assert events[0] == b'data: {"x":1}'
+    assert b"failed mid-stream" in events[1] and events[-1] == b"data: [DONE]"
+
+
+def test_a_stalled_streamed_decode_times_out_between_chunks(engines: Engines) -> None:
+    timeouts: list[dict[str, Any]] = []
+
+    async def stalls(request: httpx.Request, _: dict[str, Any]) -> httpx.Response:
+        timeouts.append(request.extensions["timeout"])
+        fail = httpx.ReadTimeout("no chunk in time", request=request)  # what the idle read raises
+        return httpx.Response(200, content=_agen([b'data: {"x":1}\n\n'], fail))
+
+    engines.script["d"] = stalls
+    fleet = fleet_with(engines)
+    fleet.cfg = dataclasses.replace(fleet.cfg, decode_idle_timeout_s=7.5)
+    r, raw = call(fleet, {**BODY, "stream": True})
+    assert timeouts and timeouts[0]["read"] == 7.5  # the decode's wait for each next chunk
+    assert r.status_code == 200
+    events = [e for e in raw.split(b"\n\n") if e]
     assert b"failed mid-stream" in events[1] and events[-1] == b"data: [DONE]"
 
 
