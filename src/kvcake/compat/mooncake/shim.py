@@ -39,6 +39,11 @@ FILES = {
         "import sys\n\nfrom kvcake.compat.mooncake import mooncake_config as _impl\n\n"
         "sys.modules[__name__] = _impl\n"
     ),
+    "buffer_pool.py": (
+        '"""mooncake.buffer_pool: the local-buffer pools (the wheel re-exports mooncake.store\'s)."""\n\n'
+        "from kvcake.compat.mooncake._buffers import BufferPool, RegisteredBufferPool\n\n"
+        '__all__ = ["BufferPool", "RegisteredBufferPool"]\n'
+    ),
     "http_metadata_server.py": (
         '"""mooncake.http_metadata_server -> kvcake.compat.mooncake.http_metadata_server."""\n\n'
         "import sys\n\nfrom kvcake.compat.mooncake import http_metadata_server as _impl\n\n"
