@@ -131,6 +131,9 @@ class BufferPool:
             cls *= 2
         if self.max_size_class is not None and cls > self.max_size_class:
             raise ValueError(f"size {size} above max_size_class {self.max_size_class}")
+        if (self.max_bytes and cls > self.max_bytes) or cls >= 1 << 62:
+            # never servable: raise now rather than wait for ever (the wheel: RuntimeError too)
+            raise RuntimeError(f"size {size} overflows the pool's capacity ({self.max_bytes})")
         return cls
 
     def _can_map(self, cls: int) -> bool:
