@@ -192,6 +192,11 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="write the samples and the comparison as JSON")
+    ap.add_argument("--store-size", default="",
+                    help="the storage node's segment (e.g. 32MB): small enough that the pool is "
+                    "full, and evicting, before the start sample; the master's object table and "
+                    "the proxy's pool index grow with every stored block until then (~0.8 KB "
+                    "each), so a filling pool reads as growth")  # fmt: skip
     ap.add_argument("--tracemalloc", metavar="DIR",
                     help="trace the heap of the master, the instances and the proxy: snapshots at start and "
                     "end in DIR, and the allocation sites that grew most are printed (RSS is then "
@@ -204,6 +209,8 @@ def main() -> int:
                                          "conductor": {"admission_policy": "none"}}  # fmt: skip
         if args.backend:
             ov["instance"] = {"backend": args.backend}
+        if args.store_size:
+            ov["cluster"]["store_size"] = args.store_size
         with Cluster(load_serve_file(args.config, ov), run_dir=Path(d) / "run", quiet=True) as c:
             traffic = Traffic(c.url, args.clients, args.seed)
             traffic.start()
