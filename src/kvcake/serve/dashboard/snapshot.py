@@ -22,7 +22,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Iterable
 from typing import Any, Protocol
 
 from kvcake.core.ids import BlockHash
@@ -130,9 +129,9 @@ def recent_row(o: Outcome) -> dict[str, Any]:
             "kv": kv_sources(o)}  # fmt: skip
 
 
-def recent(rows: Iterable[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
-    """The newest ``limit`` rows of :func:`recent_row`, newest first."""
-    return list(itertools.islice(reversed(list(rows)), limit))
+def recent(rows: deque[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """The newest ``limit`` rows of :func:`recent_row`, newest first (no copy of the ring)."""
+    return list(itertools.islice(reversed(rows), limit))
 
 
 def hot_blocks(side: ProxySide, pool: PoolReport) -> list[dict[str, Any]]:
