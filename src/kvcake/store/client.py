@@ -14,8 +14,9 @@ Threading: a Client may be shared by threads (its master connection is locked pe
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from kvcake.core import auth as _auth
 from kvcake.core.errors import KvcakeError, StoreError
@@ -32,6 +33,10 @@ from kvcake.store.memtune import tune_malloc
 from kvcake.store.reads import ReadPath, byte_view
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
+from kvcake.transfer.errors import DirectoryUnreachable
+
+_T = TypeVar("_T")
+FAILOVER_S = 30.0  # as long as FailoverConnection waits for a new leader
 
 Result = StoreError | None
 
@@ -77,14 +82,18 @@ class Client(ReadPath):
         self.remount_hooks: list[Callable[[], None]] = [self._remount]
         self._closed = True
         try:
-            self.staging = Staging(self.engine, f"staging-{self.id.replace('/', '-')}")
+            staging = f"staging-{self.id.replace('/', '-')}"
+            self.staging = self._through_failover(lambda: Staging(self.engine, staging))
             self.conn.call(P.Heartbeat(self.id, self.host))
             if self.cfg.segment_size:
                 name = segment_name or f"seg-{self.id.replace('/', '-')}"
                 # "{port}": the port this client's Transfer Engine listens on (Mooncake names a
                 # client's segment "host:port" after its engine's port).
                 name = name.replace("{port}", self.engine.addresses[0].rsplit(":", 1)[1])
-                self.segments[name] = self.engine.allocate_segment(name, self.cfg.segment_size)
+                size = self.cfg.segment_size
+                self.segments[name] = self._through_failover(
+                    lambda: self.engine.allocate_segment(name, size)
+                )
                 self._mount(name)
         except BaseException:
             self.segments.clear()
@@ -110,6 +119,20 @@ class Client(ReadPath):
                 self.engine.directory.publish(self.engine.segment_info(name))
         for name in self.segments:
             self._mount(name)
+
+    def _through_failover(self, publish: Callable[[], _T]) -> _T:
+        """Run a step that publishes to the segment directory; if the directory's master died
+        (HA), follow the new leader's directory and retry (each step rolls back on failure,
+        so a retry never finds half of it done)."""
+        deadline = time.monotonic() + FAILOVER_S
+        while True:
+            try:
+                return publish()
+            except DirectoryUnreachable:
+                if not self.cfg.master.startswith("etcd://") or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+                self._follow_directory()
 
     def _follow_directory(self) -> None:
         """After a master failover (store/ha) the Transfer Engine directory lives elsewhere."""

@@ -6,6 +6,7 @@ from kvcake.core.errors import TransferError
 
 __all__ = [
     "AuthFailed",
+    "DirectoryUnreachable",
     "EndpointsExhausted",
     "InvalidRequest",
     "NoPathAvailable",
@@ -25,6 +26,11 @@ class UnknownSegment(TransferError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class DirectoryUnreachable(TransferError):
+    """The segment directory did not answer (refused, reset, timed out) after one reconnect;
+    under HA its master may have died: ask the new leader where the directory is now."""
 
 
 class SegmentExists(TransferError):

@@ -20,7 +20,13 @@ from kvcake.core import framing
 from kvcake.core.auth import DIRECTORY, Authenticator, AuthError, resolve
 from kvcake.core.errors import FramingError
 from kvcake.core.ids import SegmentName
-from kvcake.transfer.errors import AuthFailed, SegmentExists, TransferError, UnknownSegment
+from kvcake.transfer.errors import (
+    AuthFailed,
+    DirectoryUnreachable,
+    SegmentExists,
+    TransferError,
+    UnknownSegment,
+)
 from kvcake.transfer.netserver import ThreadedServer, split_address
 from kvcake.transfer.types import PathInfo, SegmentInfo
 
@@ -231,7 +237,9 @@ class DirectoryClient:
                 except (OSError, FramingError) as exc:
                     self._drop()
                     if attempt:
-                        raise TransferError(f"directory {self.address} unreachable: {exc}") from exc
+                        raise DirectoryUnreachable(
+                            f"directory {self.address} unreachable: {exc}"
+                        ) from exc
         raise AssertionError("unreachable")
 
     def _roundtrip(self, msg: msgspec.Struct) -> Reply:

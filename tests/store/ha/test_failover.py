@@ -260,3 +260,28 @@ def test_sigterm_resigns_and_exits(etcd: EtcdServer) -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert bad.returncode == 2 and "either --etcd-endpoints" in bad.stderr
+
+
+def test_directory_publish_follows_a_dead_leader(etcd: EtcdServer) -> None:
+    """The race CI once hit: a client learned the directory from a leader that then died before
+    the client published its segments. A publish step must follow the new leader's directory,
+    not fail the client (Client.__init__ runs its staging and segment steps this way)."""
+    cluster = "t-dir"
+    ectl = Etcd(etcd.url)
+    masters = [spawn_master(etcd.url, cluster) for _ in range(2)]
+    try:
+        leader = _leader_proc(ectl, cluster, masters)
+        with Client(master=f"etcd://{etcd.hostport}/{cluster}", segment_size=0) as client:
+            client.heartbeat.stop()  # its remount hook would otherwise follow the leader first
+            old = client.engine.directory
+            assert old is not None
+            leader.stop(signal.SIGKILL)
+            buf = bytearray(4096)
+            client._through_failover(lambda: client.engine.register_memory("late-seg", buf))
+            new = client.engine.directory
+            assert new is not None and new.address != old.address
+            assert new.lookup("late-seg").size == 4096
+    finally:
+        for m in masters:
+            m.stop()
+        ectl.close()
