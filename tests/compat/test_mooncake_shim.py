@@ -277,8 +277,16 @@ def test_buffer_pool_and_allocators(store: MooncakeDistributedStore) -> None:
     with pool.acquire(100_000) as c:  # b's region comes back
         assert c.ptr == b.ptr
         assert store.get_into("pool", c.ptr, c.size) == 5 and bytes(c.buffer[:5]) == b"hello"
-    with pytest.raises(ValueError):
-        ms.BufferPool(store, max_size_class=1024).acquire(4096)
+    with ms.BufferPool(store, max_size_class=1024).acquire(4096) as big:  # a dedicated region
+        assert big.size == len(big.buffer) == 4096 and big.ptr in store._registered
+    assert big.ptr not in store._registered  # unmapped (and unregistered) on release
+    view = a.buffer[:5]
+    with pytest.raises(RuntimeError, match="exported views"):
+        a.release()  # the region must not be recycled under a live view
+    with pytest.raises(RuntimeError, match="active leases"):
+        pool.close()
+    del view
+    a.release()
     pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         pool.acquire(1)

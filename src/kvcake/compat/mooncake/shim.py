@@ -20,7 +20,7 @@ FILES = {
     "__init__.py": (
         '"""kvcake\'s stand-in for Mooncake, written by `kvcake mooncake-shim install`\n'
         '(`kvcake mooncake-shim uninstall` removes it)."""\n\n'
-        "from kvcake.compat.mooncake._buffers import BufferPool, RegisteredBufferPool\n\n"
+        "from kvcake.compat.mooncake._buffer_pool import BufferPool, RegisteredBufferPool\n\n"
         "__kvcake_shim__ = True\n"
         '__all__ = ["BufferPool", "RegisteredBufferPool"]\n'
     ),
@@ -41,7 +41,7 @@ FILES = {
     ),
     "buffer_pool.py": (
         '"""mooncake.buffer_pool: the local-buffer pools (the wheel re-exports mooncake.store\'s)."""\n\n'
-        "from kvcake.compat.mooncake._buffers import BufferPool, RegisteredBufferPool\n\n"
+        "from kvcake.compat.mooncake._buffer_pool import BufferPool, RegisteredBufferPool\n\n"
         '__all__ = ["BufferPool", "RegisteredBufferPool"]\n'
     ),
     "http_metadata_server.py": (

@@ -7,14 +7,16 @@ from __future__ import annotations
 from typing import Any
 
 from kvcake.compat.mooncake import _tensor_meta as _meta
-from kvcake.compat.mooncake._buffers import (
+from kvcake.compat.mooncake._buffer_pool import (
     BufferLease,
-    BufferLeaseView,
     BufferPool,
-    MooncakeHostMemAllocator,
     RegisteredBufferLease,
-    RegisteredBufferLeaseView,
     RegisteredBufferPool,
+)
+from kvcake.compat.mooncake._buffers import (
+    BufferLeaseView,
+    MooncakeHostMemAllocator,
+    RegisteredBufferLeaseView,
     bind_to_numa_node,
     get_alloc_func_addr,
     get_free_func_addr,
