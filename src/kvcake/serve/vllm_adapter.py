@@ -55,6 +55,8 @@ class EngineRef:
     healthy: bool = False
     pending_s: float = 0.0  # predicted prefill seconds dispatched here, not yet answered
     pending: int = 0
+    generated: float = 0.0  # vLLM's generation-token counter: a non-streamed decode's progress
+    progress_at: float = 0.0  # monotonic time the counter last moved (or the engine came up)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -76,7 +78,12 @@ class Placement:
 
 def parse_metrics(text: str) -> dict[str, float]:
     """Sums of the vLLM series the adapter reads (all label sets)."""
-    want = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+    want = (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:generation_tokens_total",
+    )
     out = dict.fromkeys(want, 0.0)
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
@@ -95,8 +102,9 @@ class FleetConfig:
     poll_interval_s: float = 0.5
     model: str = "smollm2"
     prefill_timeout_s: float = 300.0  # P/D: the prefill step (max_tokens=1) answers in this
-    # P/D, streamed decode: the longest wait for the engine's next chunk (a stalled engine
-    # ends the client's stream with an error instead of holding it for the client's 600 s)
+    # P/D decode: the longest wait for the engine's next chunk (streamed) or for its token
+    # counter to move (non-streamed); a stalled engine ends the request with an error instead
+    # of holding it for the client's 600 s
     decode_idle_timeout_s: float = 60.0
     conductor: ConductorConfig = field(default_factory=lambda: ConductorConfig(colocated=True))
 
@@ -173,6 +181,8 @@ class VllmFleet:
         e.running = m["vllm:num_requests_running"]
         e.waiting = m["vllm:num_requests_waiting"]
         e.kv_usage = m["vllm:kv_cache_usage_perc"]
+        if m["vllm:generation_tokens_total"] != e.generated or not e.healthy:
+            e.generated, e.progress_at = m["vllm:generation_tokens_total"], time.monotonic()
         e.healthy = True
 
     async def _events(self, e: EngineRef, stop: asyncio.Event) -> None:

@@ -12,15 +12,17 @@ sends the note itself only when the decode certainly never admitted the request:
 engine refused the connection or answered 4xx (vLLM validates before it schedules). A client
 that goes away mid-stream closes the decode request (vLLM aborts it; its connector then
 releases as above). Errors are OpenAI-shaped (``{"error": {"message", "type"}}``), never a hang:
-the prefill step has ``prefill_timeout_s``, a streamed decode ``decode_idle_timeout_s`` between
-chunks.
+the prefill step has ``prefill_timeout_s``; a decode has ``decode_idle_timeout_s`` between
+chunks (streamed) or, non-streamed, without the engine's generation-token counter moving.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -169,8 +171,13 @@ class PdRelay:
         fleet = self.fleet
         hdr = {"X-Request-Id": rid}
         if not req.get("stream"):
+            post = asyncio.ensure_future(fleet.http.post(d.url + path, json=req, headers=hdr))
+            if not await _unless_stalled(post, d, fleet.cfg.decode_idle_timeout_s):
+                fleet.finished(rid, ok=False)  # the closed request makes vLLM abort it
+                return error(504, f"decode engine {d.id} generated no token in "
+                             f"{fleet.cfg.decode_idle_timeout_s:.0f} s", "upstream_timeout")  # fmt: skip
             try:
-                r = await fleet.http.post(d.url + path, json=req, headers=hdr)
+                r = post.result()
             except httpx.ConnectError:
                 raise
             except httpx.TransportError as exc:
@@ -220,6 +227,23 @@ class PdRelay:
             self.fleet.finished(rid, ok=ok)
             with anyio.CancelScope(shield=True):  # closing it is what aborts the decode
                 await r.aclose()
+
+
+async def _unless_stalled(call: asyncio.Future[Any], d: EngineRef, idle_s: float) -> bool:
+    """Wait for ``call``; False (and ``call`` cancelled) once engine ``d``'s generation-token
+    counter (polled from its /metrics) has not moved for ``idle_s``. A non-streamed answer
+    sends no byte before the end, so a read timeout cannot tell a long decode from a stall."""
+    start = time.monotonic()
+    try:
+        while not call.done():
+            left = max(d.progress_at, start) + idle_s - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.wait({call}, timeout=min(left, 1.0))
+        return True
+    finally:
+        if not call.done():
+            call.cancel()  # also when this request is itself cancelled (client gone)
 
 
 def _transport_error(d: EngineRef, exc: httpx.TransportError) -> JSONResponse:

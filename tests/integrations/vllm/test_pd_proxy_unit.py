@@ -293,3 +293,56 @@ def test_client_gone_after_the_prefill_skips_the_decode_and_releases(engines: En
     assert asyncio.run(go()) == 499
     assert [h for h, _ in engines.seen] == ["p"]
     assert notes(engines.inbox) == {"req-p-1"}
+
+
+def test_a_stalled_non_streamed_decode_times_out_without_progress(engines: Engines) -> None:
+    """A non-streamed answer sends nothing before its end, so the decode is judged by the
+    engine's generation-token counter: no movement for the idle timeout -> 504, and the
+    decode request is closed; a slow answer while the counter moves is waited for."""
+    closed: list[bool] = []
+
+    async def slow(_: httpx.Request, __: dict[str, Any]) -> httpx.Response:
+        try:
+            await asyncio.sleep(1.0)
+        except asyncio.CancelledError:
+            closed.append(True)
+            raise
+        return httpx.Response(200, json={"choices": [{"text": "late"}]})
+
+    engines.script["d"] = slow
+    fleet = fleet_with(engines)
+    fleet.cfg = dataclasses.replace(fleet.cfg, decode_idle_timeout_s=0.3)
+    t0 = time.monotonic()
+    r, _ = call(fleet, BODY)
+    assert r.status_code == 504 and "generated no token" in r.json()["error"]["message"]
+    assert time.monotonic() - t0 < 0.9 and closed == [True]
+
+    async def moving() -> tuple[httpx.Response, bytes]:
+        d = fleet.engines["d"]
+
+        async def tick() -> None:
+            while True:  # what the /metrics poller does while the engine generates
+                d.progress_at = time.monotonic()
+                await asyncio.sleep(0.05)
+
+        ticker = asyncio.create_task(tick())
+        try:
+            return await asyncio.to_thread(call, fleet, BODY)
+        finally:
+            ticker.cancel()
+
+    r, _ = asyncio.run(moving())
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "late"
+
+
+def test_metrics_parsing_reads_the_generation_counter() -> None:
+    from kvcake.serve.vllm_adapter import parse_metrics
+
+    text = (
+        "# TYPE vllm:generation_tokens_total counter\n"
+        'vllm:generation_tokens_total{engine="0",model_name="m"} 40.0\n'
+        'vllm:generation_tokens_total{engine="1",model_name="m"} 2.0\n'
+        'vllm:num_requests_running{engine="0"} 3.0\nvllm:bogus 1\nnot a metric line\n'
+    )
+    m = parse_metrics(text)
+    assert m["vllm:generation_tokens_total"] == 42.0 and m["vllm:num_requests_running"] == 3.0
