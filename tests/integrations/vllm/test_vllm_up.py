@@ -1,7 +1,8 @@
-"""`kvcake up --config <vllm toml>` supervises its vLLM engine: SIGKILL the engine's whole process
-group, the supervisor starts it again on its port, `kvcake status` counts the restart, the
-proxy answers again; `kvcake down` leaves no process behind. One engine (real vLLM, ~1 min per
-start)."""
+"""`kvcake up --config <vllm toml>` with P/D roles (one kv_producer, one kv_consumer engine, the
+layout of configs/vllm-pd.toml): the proxy prefills on one and decodes on the other. It
+supervises the engines: SIGKILL the decode engine's whole process group, the supervisor starts
+it again on its port, `kvcake status` counts the restart, the proxy answers again; `kvcake down`
+leaves no process behind. Three engine starts (real vLLM, ~1 min each)."""
 
 from __future__ import annotations
 
@@ -38,14 +39,14 @@ def alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.timeout(1800)  # two engine starts; each took 1-5 min on a loaded 2-core machine
-def test_up_restarts_a_killed_vllm_engine(tmp_path: Path) -> None:
+@pytest.mark.timeout(1800)  # three engine starts; each took 1-5 min on a loaded 2-core machine
+def test_up_pd_roles_and_restart_of_a_killed_engine(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs"
     cfg = tmp_path / "vllm.toml"
     cfg.write_text(
-        '[vllm]\nengines = 1\ncpus = ["0"]\nproxy_port = 0\nkv_cache_gib = 1\n'
-        f'run_dir = "{run_dir}"\nstartup_timeout_s = 600.0\n'
-        "[vllm.connector]\nload_timeout_s = 5.0\n"
+        '[vllm]\nprefill = 1\ndecode = 1\ncpus = ["0", "1"]\nproxy_port = 0\n'
+        f'kv_cache_gib = 1\nrun_dir = "{run_dir}"\nstartup_timeout_s = 600.0\n'
+        '[vllm.connector]\npd_transport = "te"\nload_timeout_s = 5.0\n'
     )
     pids: list[int] = []
     try:
@@ -54,17 +55,22 @@ def test_up_restarts_a_killed_vllm_engine(tmp_path: Path) -> None:
         st = state(run_dir)
         pids = [p["pid"] for p in st["processes"].values()] + [st["supervisor_pid"]]
         url = st["url"]
-        assert httpx.post(url + "/v1/chat/completions", json=PROMPT, timeout=120).status_code == 200
-        engine = st["processes"]["vllm-0"]
+        r = httpx.post(url + "/v1/chat/completions", json=PROMPT, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvcake-prefill"] == "vllm-prefill-0"  # the P/D placement
+        assert r.headers["x-kvcake-engine"] == "vllm-decode-0"
+        fleet = httpx.get(url + "/fleet", timeout=10).json()
+        assert fleet["pd"] and fleet["engines"]["vllm-prefill-0"]["role"] == "prefill"
+        engine = st["processes"]["vllm-decode-0"]
         os.killpg(engine["pid"], signal.SIGKILL)  # API server, engine core and worker at once
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            e = state(run_dir)["processes"]["vllm-0"]
+            e = state(run_dir)["processes"]["vllm-decode-0"]
             if e["restarts"] == 1 and e["alive"] and e["pid"] != engine["pid"]:
                 break
             time.sleep(2)
         else:
-            raise AssertionError(f"vllm-0 was not restarted: {state(run_dir)['processes']}")
+            raise AssertionError(f"the decode was not restarted: {state(run_dir)['processes']}")
         assert "killed by SIGKILL" in e["last_exit"]
         pids.append(e["pid"])
         assert e["addresses"]["url"] == engine["addresses"]["url"]  # the same port again
@@ -76,7 +82,7 @@ def test_up_restarts_a_killed_vllm_engine(tmp_path: Path) -> None:
             time.sleep(2)
         assert r.status_code == 200, r.text
         status = kvcake("status", "--config", str(cfg), timeout=60)
-        assert status.returncode == 0 and "vllm-0" in status.stdout, status.stdout
+        assert status.returncode == 0 and "vllm-decode-0" in status.stdout, status.stdout
     finally:
         down = kvcake("down", "--config", str(cfg), timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
