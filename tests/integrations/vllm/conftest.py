@@ -80,7 +80,8 @@ class Cluster:
         )  # fmt: skip
 
 
-@pytest.fixture(scope="session")
+# Package scope: torn down before tests/integrations/vllm_up starts its own engines.
+@pytest.fixture(scope="package")
 def cluster() -> Iterator[Cluster]:
     # Kept after the run (pytest's tmp dirs rotate away): the engines' logs explain failures.
     logs = Path(tempfile.mkdtemp(prefix="kvcake-vllm-tests-"))
