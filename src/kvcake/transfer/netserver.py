@@ -97,7 +97,9 @@ class ThreadedServer(ABC):
                 return  # listener closed
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
-                if self._stopped.is_set():
+                # A connection accepted just before close_address took the listener away would
+                # escape its sweep and keep a "dead NIC" serving: drop it here instead.
+                if self._stopped.is_set() or self._listeners.get(addr) is not lsock:
                     conn.close()
                     return
                 self._conns[conn] = addr
