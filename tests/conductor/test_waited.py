@@ -27,7 +27,7 @@ def test_time_already_waited_counts_against_the_slo(policy: str) -> None:
     probe = Conductor(ConductorConfig(admission_policy="none"), PRED)
     ttft = probe.estimate_ttfts(RequestView(RequestId("x"), 0.0, 2000, ()), _snap(0.0))[0]
     slo = ttft + 0.5
-    cfg = ConductorConfig(admission_policy=policy, ttft_slo_s=slo, tbt_slo_s=10.0)
+    cfg = ConductorConfig(admission_policy=policy, ttft_slo_s=slo, tbt_slo_s=10.0, ttft_headroom=0)
     c = Conductor(cfg, PRED)
     fresh = c.schedule(RequestView(RequestId("a"), 100.0, 2000, ()), _snap(100.0))
     assert isinstance(fresh, Accept)
@@ -35,3 +35,17 @@ def test_time_already_waited_counts_against_the_slo(policy: str) -> None:
     late = c.schedule(RequestView(RequestId("b"), 99.0, 2000, ()), _snap(100.0))
     assert isinstance(late, Reject) and late.reason == "ttft-slo"
     assert late.expected_ttft_s == pytest.approx(1.0 + ttft)
+
+
+@pytest.mark.parametrize("policy", ["per-stage", "early-rejection", "prediction"])
+def test_headroom_rejects_predictions_a_hair_under_the_slo(policy: str) -> None:
+    """Predicted 1 % under the SLO: accepted without headroom, rejected with the default 3 %."""
+    probe = Conductor(ConductorConfig(admission_policy="none"), PRED)
+    ttft = probe.estimate_ttfts(RequestView(RequestId("x"), 0.0, 2000, ()), _snap(0.0))[0]
+    for headroom, accepted in ((0.0, True), (ConductorConfig().ttft_headroom, False)):
+        cfg = ConductorConfig(admission_policy=policy, ttft_slo_s=ttft / 0.99, tbt_slo_s=10.0,
+                              ttft_headroom=headroom)  # fmt: skip
+        d = Conductor(cfg, PRED).schedule(RequestView(RequestId("a"), 0.0, 2000, ()), _snap(0.0))
+        assert isinstance(d, Accept) is accepted, (headroom, d)
+    with pytest.raises(ValueError, match="ttft_headroom"):
+        ConductorConfig(ttft_headroom=0.7)

@@ -71,9 +71,10 @@ class AdmissionPolicy:
         # Predicted TTFT is multiplied by this before the SLO check (>= 1): the live proxy sets
         # it from how far measured TTFTs have recently exceeded predictions (1 = trust them).
         self.ttft_margin = 1.0
+        self.ttft_headroom = 0.0  # the conductor sets ConductorConfig.ttft_headroom
 
     def ttft_misses(self, ttft_s: float) -> bool:
-        return ttft_s * self.ttft_margin > self.ttft_slo_s
+        return ttft_s * self.ttft_margin > self.ttft_slo_s * (1.0 - self.ttft_headroom)
 
     @classmethod
     def from_config(cls, config: ConductorConfig, decode: DecodeTBTModel) -> AdmissionPolicy:

@@ -45,6 +45,7 @@ class Conductor:
         self.admission: AdmissionPolicy = adm.ADMISSION_POLICIES[
             self.config.admission_policy
         ].from_config(self.config, self.predictors.decode)
+        self.admission.ttft_headroom = self.config.ttft_headroom
         self._views = ViewBuilder(self.predictors)
         self.last_view: PrefillView | None = None  # the view of the latest decision (inspection)
 

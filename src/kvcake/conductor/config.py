@@ -37,6 +37,9 @@ class ConductorConfig:
     * ``admission_policy``: a name in ``ADMISSION_POLICIES`` (none, per-stage, early-rejection,
       prediction).
     * ``ttft_slo_s`` / ``tbt_slo_s``: the service-level objectives admission compares with.
+    * ``ttft_headroom``: admission accepts a request only if its predicted TTFT is within
+      ``ttft_slo_s * (1 - ttft_headroom)``: predictions are right to a few percent at best, so
+      one predicted a hair under the SLO misses it about half the time.
     * ``kvcache_balancing_threshold``: Algorithm 1 fetches a remote prefix when
       ``best_len / local_len > threshold`` (``local_len == 0`` counts as infinitely better).
     * ``uniform_decode_s``: the decode duration t_d that prediction-based admission assumes for
@@ -53,6 +56,7 @@ class ConductorConfig:
     admission_policy: str = "none"
     ttft_slo_s: float = 30.0
     tbt_slo_s: float = 0.3
+    ttft_headroom: float = 0.03
     kvcache_balancing_threshold: float = 1.2
     uniform_decode_s: float = 0.0
     expected_output_tokens: int = 256
@@ -74,6 +78,8 @@ class ConductorConfig:
         for name in ("ttft_slo_s", "tbt_slo_s"):
             v = getattr(self, name)
             require(math.isfinite(v) and v > 0, f"conductor.{name} must be > 0, got {v}")
+        h = self.ttft_headroom
+        require(0 <= h < 0.5, f"conductor.ttft_headroom must be in [0, 0.5), got {h}")
         t = self.kvcache_balancing_threshold
         require(
             math.isfinite(t) and t >= 1.0,
@@ -94,6 +100,7 @@ FIELD_HELP: dict[str, str] = {
     "admission_policy": "conductor admission: none, per-stage, early-rejection, prediction",
     "ttft_slo_s": "TTFT SLO in s (admission, effective-request metric)",
     "tbt_slo_s": "TBT SLO in s (admission, effective-request metric)",
+    "ttft_headroom": "admission accepts only predicted TTFTs <= ttft_slo_s x (1 - this)",
     "kvcache_balancing_threshold": "Algorithm 1: fetch a remote prefix when it is this many "
     "times longer than the local one",
     "uniform_decode_s": "prediction admission's uniform decode time t_d in s "
