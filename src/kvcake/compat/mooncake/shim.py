@@ -49,6 +49,11 @@ FILES = {
         "import sys\n\nfrom kvcake.compat.mooncake import http_metadata_server as _impl\n\n"
         "sys.modules[__name__] = _impl\n"
     ),
+    "_fast_copy.py": (
+        '"""mooncake._fast_copy -> kvcake.compat.mooncake._fast_copy."""\n\n'
+        "import sys\n\nfrom kvcake.compat.mooncake import _fast_copy as _impl\n\n"
+        "sys.modules[__name__] = _impl\n"
+    ),
     MARKER: "This mooncake package is kvcake's shim (kvcake mooncake-shim status).\n",
 }
 
