@@ -101,14 +101,14 @@ def _up(args: argparse.Namespace) -> int:
         "instance": {"backend": args.backend},
         "cluster": {"prefill": args.prefill, "decode": args.decode, "proxy_port": args.port},
     })  # fmt: skip
-    if args.netns:  # emulated hosts (network namespaces), in the foreground
-        from kvcake.serve.netns_cluster import up_netns
-
-        return up_netns(path, conf, args.netns_rate, args.netns_delay_ms)
     if _refuse_if_running(conf.cluster.run_dir):
         return 2
     if args.detach:
         return _detach(args, conf, path)
+    if args.netns:  # emulated hosts (network namespaces)
+        from kvcake.serve.netns_cluster import up_netns
+
+        return up_netns(path, conf, args.netns_rate, args.netns_delay_ms)
     cluster = Cluster(conf, supervise=True)
     print(f"starting cluster ({conf.instance.backend}), logs in {cluster.run_dir}", flush=True)
     stop = {"now": False}
@@ -176,6 +176,10 @@ def _status(args: argparse.Namespace) -> int:
         print(f"  {name:<12} pid {p['pid']:<8} {'up' if p.get('alive') else 'DOWN':<5} "
               f"restarts {p.get('restarts', 0):<3} {addrs}{last}")  # fmt: skip
     _print_leader(str(st.get("master", "")))
+    if st.get("netns_client"):  # the endpoint lives on the emulated client host
+        print(f"endpoint reachable from netns {st['netns_client']}: "
+              f"ip netns exec {st['netns_client']} curl {st['url']}/v1/models")  # fmt: skip
+        return 0
     try:
         view = httpx.get(st["url"] + "/v1/cluster", timeout=5).json()
     except httpx.HTTPError as exc:
@@ -244,9 +248,9 @@ def _down(args: argparse.Namespace) -> int:
         return 0
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and latest.exists():
-        time.sleep(0.2)
-    if latest.exists():
+    while time.monotonic() < deadline and (latest.exists() or pid_is(pid, ticks)):
+        time.sleep(0.2)  # the record goes first, then the supervisor exits
+    if latest.exists() or pid_is(pid, ticks):
         print(f"the supervisor (pid {pid}) did not stop within 60 s", file=sys.stderr)
         return 1
     print("cluster stopped")

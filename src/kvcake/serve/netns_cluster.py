@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -317,8 +318,9 @@ class NetnsCluster:
         self.net.close()
 
 
-def run(opts: NetnsOptions, run_dir: Path) -> int:
-    """Start, print the hosts and the endpoint, run until SIGINT/SIGTERM, stop."""
+def run(opts: NetnsOptions, run_dir: Path, latest: Path | None = None) -> int:
+    """Start, print the hosts and the endpoint, run until SIGINT/SIGTERM, stop. ``latest``:
+    where `kvcake status` / `down` (and `up --detach`, waiting for it) find this cluster."""
     from kvcake.serve.netns import unavailable
 
     if why := unavailable():
@@ -328,16 +330,39 @@ def run(opts: NetnsOptions, run_dir: Path) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.update(now=True))
     print(f"starting a cluster over network namespaces, logs in {run_dir}", flush=True)
-    with NetnsCluster(opts, run_dir) as c:
-        for h in c.net.hosts.values():
-            print(f"  {h.role:<11} {h.addr:<13} netns {h.ns}")
-        print(f"ready: OpenAI endpoint {c.url}/v1 on the client host, e.g.\n"
-              f"  ip netns exec {c.net['client'].ns} curl {c.url}/v1/models\n"
-              "(Ctrl-C stops everything and removes the namespaces)", flush=True)  # fmt: skip
-        while not stop["now"]:
-            time.sleep(0.3)
-        print("stopping...", flush=True)
+    try:
+        with NetnsCluster(opts, run_dir) as c:
+            for h in c.net.hosts.values():
+                print(f"  {h.role:<11} {h.addr:<13} netns {h.ns}")
+            print(f"ready: OpenAI endpoint {c.url}/v1 on the client host, e.g.\n"
+                  f"  ip netns exec {c.net['client'].ns} curl {c.url}/v1/models\n"
+                  "(Ctrl-C stops everything and removes the namespaces)", flush=True)  # fmt: skip
+            if latest is not None:
+                _write_state(c, latest)
+            while not stop["now"]:
+                time.sleep(0.3)
+            print("stopping...", flush=True)
+    finally:  # only once processes and namespaces are gone: `kvcake down` waits for this
+        if latest is not None:
+            latest.unlink(missing_ok=True)
     return 0
+
+
+def _write_state(c: NetnsCluster, latest: Path) -> None:
+    """The launcher's state-file shape (serve/launcher.py ``write_state``) plus the client's
+    namespace, from which the endpoint is reachable."""
+    from kvcake.serve.runstate import proc_start_ticks
+
+    procs = {p.name: {"pid": p.popen.pid, "alive": p.popen.poll() is None, "restarts": 0,
+                      "addresses": {"host": f"{c.net[p.role].addr} (netns {c.net[p.role].ns})"}}
+             for p in c.procs}  # fmt: skip
+    doc = {"supervisor_pid": os.getpid(), "supervisor_start_ticks": proc_start_ticks(os.getpid()),
+           "url": c.url, "run_dir": str(c.run_dir), "processes": procs, "instances": c.instances,
+           "master": c.master, "netns_client": c.net["client"].ns}  # fmt: skip
+    latest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = latest.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2))
+    tmp.replace(latest)
 
 
 def up_netns(path: str, conf: ServeFile, rate: str, delay_ms: float) -> int:
@@ -348,7 +373,8 @@ def up_netns(path: str, conf: ServeFile, rate: str, delay_ms: float) -> int:
                         config=path, startup_timeout_s=c.startup_timeout_s,
                         ha_masters=conf.ha.masters if conf.ha.enabled else 0,
                         overrides={"instance": {"backend": conf.instance.backend}})  # fmt: skip
-    return run(opts, Path(c.run_dir) / ("netns-" + time.strftime("%Y%m%d-%H%M%S")))
+    runs = Path(c.run_dir)
+    return run(opts, runs / ("netns-" + time.strftime("%Y%m%d-%H%M%S")), runs / "latest.json")
 
 
 def main(argv: list[str] | None = None) -> int:

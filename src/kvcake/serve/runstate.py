@@ -9,13 +9,14 @@ from typing import Any
 
 
 def proc_start_ticks(pid: int) -> int:
-    """The process's start time in clock ticks since boot (0 if it is gone): with the pid, it
-    identifies a process across pid reuse."""
+    """The process's start time in clock ticks since boot (0 if it is gone or a zombie: an
+    exited process whose parent has not reaped it): with the pid, it identifies a process
+    across pid reuse."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    return 0 if fields[0] == "Z" else int(fields[19])
 
 
 def pid_is(pid: int, ticks: int) -> bool:
