@@ -11,7 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvcake.compat.mooncake import MooncakeDistributedStore
 from kvcake.compat.mooncake._fast_copy import concat_arrays_into
+from kvcake.core.errors import ConfigError
+from tests.compat.test_mooncake_master_flags import master_config
+from tests.store.conftest import Factory
+
+MB = 1024 * 1024
 
 
 def test_fast_copy_gathers_the_selected_range() -> None:
@@ -60,3 +66,39 @@ def test_shim_serves_fast_copy(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["4", "00010203"]
+
+
+def test_offload_suites_master_flags() -> None:
+    """test_local_disk_get.py / test_promotion_on_hit.py start mooncake_master with these."""
+    cfg = master_config(
+        "--enable_offload=true", "--offload_on_evict=true", "--root_fs_dir=/tmp/x",
+        "--promotion_on_hit=true", "--promotion_admission_threshold=4",
+        "--promotion_max_per_heartbeat=1", "--promotion_queue_limit=100",
+    )  # fmt: skip
+    assert cfg.offload_on_evict is True and cfg.promote_after_hits == 4
+    assert master_config("--promotion_admission_threshold=0").promote_after_hits == 1
+    assert (
+        master_config(
+            "--promote-after-hits=3", "--promotion_admission_threshold=9"
+        ).promote_after_hits
+        == 3
+    )
+    for bad in ("often", "-1"):
+        with pytest.raises(ConfigError, match="bad count"):
+            master_config(f"--promotion_admission_threshold={bad}")
+
+
+def test_master_with_offload_flags_serves_an_ssd_client(procs: Factory, tmp_path: Path) -> None:
+    master = procs(
+        "master", "--port", "0", "--http-port", "0", "--client-ttl-s", "1",
+        "--enable_offload=true", f"--root_fs_dir={tmp_path / 'fs'}", "--promotion_on_hit=true",
+        "--promotion_admission_threshold=1",
+    )  # fmt: skip
+    s = MooncakeDistributedStore()
+    rc = s.setup(
+        "127.0.0.1", "P2PHANDSHAKE", 8 * MB, 8 * MB, "tcp", "", master.info["rpc"],
+        None, True, str(tmp_path / "ssd"),
+    )  # fmt: skip
+    assert rc == 0
+    assert s.put("k", b"v" * 1000) == 0 and s.get("k") == b"v" * 1000
+    assert s.close() == 0

@@ -37,6 +37,12 @@ def boolean(text: str) -> bool:
     raise ConfigError(f"bad boolean {text!r}")
 
 
+def count(text: str) -> int:
+    if not text.strip().isdigit():
+        raise ConfigError(f"bad count {text!r} (a whole number >= 0)")
+    return int(text)
+
+
 @dataclass(frozen=True)
 class Flag:
     dest: str  # kvcake's setting (argparse dest of kvcake master)
@@ -64,6 +70,9 @@ FLAGS: dict[str, Flag] = {
     ),
     "put_start_discard_timeout_sec": Flag("put_start_timeout_s", float, "s: pre-emption"),
     "offload_on_evict": Flag("offload_on_evict", boolean, "bool"),
+    "promotion_admission_threshold": Flag(
+        "promote_after_hits", lambda v: max(1, count(v)), "disk-tier hits before promotion (0 = 1)"
+    ),
     "etcd_endpoints": Flag(
         "etcd_endpoints",
         lambda v: ",".join(f"http://{e}" if "://" not in e else e for e in v.split(";") if e),
@@ -87,6 +96,8 @@ IGNORED = {
     "max_total_pending_tasks", "max_total_processing_tasks", "pending_task_timeout_sec",
     "processing_task_timeout_sec", "max_retry_attempts", "enable_metadata_cleanup_on_timeout",
     "logtostderr", "minloglevel",
+    # kvcake's disk tier is each storage node's own (ssd_offload_path), promoting on hits always
+    "root_fs_dir", "promotion_on_hit", "promotion_max_per_heartbeat", "promotion_queue_limit",
 }  # fmt: skip
 
 
