@@ -16,6 +16,7 @@ from kvcake.compat.mooncake._fast_copy import concat_arrays_into
 from kvcake.core.errors import ConfigError
 from tests.compat.test_mooncake_master_flags import master_config
 from tests.store.conftest import Factory
+from tests.store.procs import Proc
 
 MB = 1024 * 1024
 
@@ -102,3 +103,18 @@ def test_master_with_offload_flags_serves_an_ssd_client(procs: Factory, tmp_path
     assert rc == 0
     assert s.put("k", b"v" * 1000) == 0 and s.get("k") == b"v" * 1000
     assert s.close() == 0
+
+
+def test_two_ssd_stores_in_one_process(master_proc: Proc, tmp_path: Path) -> None:
+    """test_promotion_on_hit.py: each test class sets up its own SSD store on "localhost"."""
+    stores = [MooncakeDistributedStore() for _ in range(2)]
+    for i, s in enumerate(stores):
+        rc = s.setup(
+            "localhost", "P2PHANDSHAKE", 4 * MB, 4 * MB, "tcp", "", master_proc.info["rpc"],
+            None, True, str(tmp_path / f"ssd{i}"),
+        )  # fmt: skip
+        assert rc == 0
+        assert s.put(f"k{i}", bytes([i]) * 100) == 0
+    assert [s.get(f"k{i}") for i, s in enumerate(stores)] == [b"\0" * 100, b"\1" * 100]
+    assert stores[1].get("k0") == b"\0" * 100  # one cluster
+    assert all(s.close() == 0 for s in stores)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import inspect
+import itertools
 import logging
 import mmap
 import os
@@ -26,6 +27,8 @@ from kvcake.store import errors as E
 from kvcake.store import protocol as P
 from kvcake.store.client import Client
 from kvcake.store.config import ClientConfig
+
+_NODES = itertools.count()  # SSD stores started by this process
 
 log = logging.getLogger(__name__)
 DEFAULT_SIZE = 16 * 1024 * 1024
@@ -149,8 +152,11 @@ class SetupMethods(StoreBase):
         host, _, _port = local_hostname.partition(":")
         try:
             if enable_ssd_offload:
+                # Mooncake names the segment "host:port"; each store of a process has its own
+                # (two SSD stores of one process on one hostname must not collide).
+                name = local_hostname if _port else f"store-{host}-{os.getpid()}-{next(_NODES)}"
                 self._client = self._start_node(
-                    master_server_addr, host, global_segment_size, ssd_offload_path
+                    master_server_addr, host, global_segment_size, ssd_offload_path, name
                 )
             else:
                 cfg = ClientConfig(
@@ -174,7 +180,7 @@ class SetupMethods(StoreBase):
         self._hostname = f"{host or '127.0.0.1'}:{port}"
         return 0
 
-    def _start_node(self, master: str, host: str, segment: int, path: str) -> Client:
+    def _start_node(self, master: str, host: str, segment: int, path: str, name: str) -> Client:
         """A client with a disk tier: kvcake's store-server, in this process."""
         from pathlib import Path
 
@@ -187,7 +193,7 @@ class SetupMethods(StoreBase):
         quota = parse_size(os.environ.get(SSD_QUOTA_ENV, "4GiB"))
         cfg = StoreServerConfig(
             master=master, hostname=host or "127.0.0.1", segment_size=segment,
-            ssd_dir=Path(path), ssd_quota=quota,
+            ssd_dir=Path(path), ssd_quota=quota, name=name,
         )  # fmt: skip
         self._server = StoreServer(cfg)
         try:
