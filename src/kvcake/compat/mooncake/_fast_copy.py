@@ -2,7 +2,7 @@
 does (``concat_arrays_into``, positional arguments only, the same errors and return value).
 
 The wheel splits the copy over ``nthreads`` pthreads; here every array is one ``memmove``
-(ctypes releases the GIL for it), so ``nthreads`` is accepted and only changes nothing."""
+(ctypes releases the GIL for it), so ``nthreads`` is accepted and has no effect."""
 
 from __future__ import annotations
 
