@@ -60,10 +60,11 @@ def test_metrics_and_engine_flags() -> None:
         '# HELP x\nvllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
         'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0\n'
         "vllm:kv_cache_usage_perc 0.25\nvllm:num_requests_running_extra 9\n"
+        'vllm:generation_tokens_total{engine="0"} 17.0\n'
     )
     m = parse_metrics(text)
     assert m == {"vllm:num_requests_running": 2.0, "vllm:num_requests_waiting": 1.0,
-                 "vllm:kv_cache_usage_perc": 0.25}  # fmt: skip
+                 "vllm:kv_cache_usage_perc": 0.25, "vllm:generation_tokens_total": 17.0}  # fmt: skip
     ref = parse_engine("a=http://127.0.0.1:1/@tcp://127.0.0.1:2")
     assert (ref.id, ref.url, ref.events) == ("a", "http://127.0.0.1:1", "tcp://127.0.0.1:2")
 
