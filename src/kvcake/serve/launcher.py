@@ -14,7 +14,6 @@ sends SIGTERM to the children in reverse order (then SIGKILL after a grace perio
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -36,7 +35,7 @@ from kvcake.serve.clusterfile import (  # noqa: F401  (re-exported: callers impo
     toml_dump,
 )
 from kvcake.serve.config import InstanceConfig, ServeFile, load_proxy_config
-from kvcake.serve.runstate import proc_start_ticks
+from kvcake.serve.runstate import proc_start_ticks, write_state
 from kvcake.serve.supervisor import Supervisor, die_with_parent
 
 STATE_FILE = "cluster.json"
@@ -317,20 +316,11 @@ class Cluster:
                          "addresses": dict(c.info)}
                 for c in self.children if c.proc is not None
             }  # fmt: skip
-        doc = {
-            "supervisor_pid": os.getpid(),
-            "supervisor_start_ticks": proc_start_ticks(os.getpid()),
-            "url": self.url,
-            "run_dir": str(self.run_dir),
-            "processes": procs,
-            "instances": self.instance_urls,
-            "master": getattr(self, "master_rpc", ""),  # etcd://... with [ha]: status asks it
-        }
-        text = json.dumps(doc, indent=2)
-        for path in (self.run_dir / STATE_FILE, Path(self.conf.cluster.run_dir) / "latest.json"):
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(text)
-            tmp.replace(path)  # readers never see half a file
+        write_state(
+            [self.run_dir / STATE_FILE, Path(self.conf.cluster.run_dir) / "latest.json"],
+            self.url, self.run_dir, procs, instances=self.instance_urls,
+            master=getattr(self, "master_rpc", ""),  # etcd://... with [ha]: status asks it
+        )  # fmt: skip
 
     def dead_children(self) -> list[str]:
         return [c.name for c in self.children if c.proc is not None and c.proc.poll() is not None]

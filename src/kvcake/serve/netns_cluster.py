@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import secrets
@@ -351,18 +350,13 @@ def run(opts: NetnsOptions, run_dir: Path, latest: Path | None = None) -> int:
 def _write_state(c: NetnsCluster, latest: Path) -> None:
     """The launcher's state-file shape (serve/launcher.py ``write_state``) plus the client's
     namespace, from which the endpoint is reachable."""
-    from kvcake.serve.runstate import proc_start_ticks
+    from kvcake.serve.runstate import write_state
 
     procs = {p.name: {"pid": p.popen.pid, "alive": p.popen.poll() is None, "restarts": 0,
                       "addresses": {"host": f"{c.net[p.role].addr} (netns {c.net[p.role].ns})"}}
              for p in c.procs}  # fmt: skip
-    doc = {"supervisor_pid": os.getpid(), "supervisor_start_ticks": proc_start_ticks(os.getpid()),
-           "url": c.url, "run_dir": str(c.run_dir), "processes": procs, "instances": c.instances,
-           "master": c.master, "netns_client": c.net["client"].ns}  # fmt: skip
-    latest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = latest.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=2))
-    tmp.replace(latest)
+    write_state([latest], c.url, c.run_dir, procs, instances=c.instances, master=c.master,
+                netns_client=c.net["client"].ns)  # fmt: skip
 
 
 def up_netns(path: str, conf: ServeFile, rate: str, delay_ms: float) -> int:

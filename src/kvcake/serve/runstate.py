@@ -24,6 +24,23 @@ def pid_is(pid: int, ticks: int) -> bool:
     return ticks != 0 and proc_start_ticks(pid) == ticks
 
 
+def write_state(
+    paths: list[Path], url: str, run_dir: Path, processes: dict[str, Any], **extra: Any
+) -> None:
+    """The record `kvcake status` / `down` read, with this process as the supervisor; written
+    atomically (temp file + rename) so readers never see half a file."""
+    import os
+
+    doc = {"supervisor_pid": os.getpid(), "supervisor_start_ticks": proc_start_ticks(os.getpid()),
+           "url": url, "run_dir": str(run_dir), "processes": processes, **extra}  # fmt: skip
+    text = json.dumps(doc, indent=2)
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+
+
 def live_cluster(run_dir: str | Path) -> dict[str, Any] | None:
     """The state of the cluster whose supervisor still runs in ``run_dir`` (``latest.json``)."""
     p = Path(run_dir) / "latest.json"
