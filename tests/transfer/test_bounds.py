@@ -196,3 +196,33 @@ def test_concurrent_first_reads_share_one_mapping(make_engine: EngineFactory) ->
             t.join()
         assert len(shm.mapped()) == 1
     assert errors == []
+
+
+def test_connections_past_the_bound_are_closed_and_the_server_keeps_serving(
+    make_engine: EngineFactory,
+) -> None:
+    """One thread per connection, so the server bounds them: the connection past
+    ``max_connections`` is closed at once, and a slot freed by a closed peer is reused."""
+    server_engine = make_engine()
+    server_engine.register_memory("m", bytearray(b"x" * 64))
+    server = server_engine.server
+    server.max_connections = 2
+    host, port = server.addresses[0].rsplit(":", 1)
+    held = [socket.create_connection((host, int(port))) for _ in range(2)]
+    deadline = time.monotonic() + 5
+    while len(server._conns) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    extra = socket.create_connection((host, int(port)))
+    extra.settimeout(5)
+    assert extra.recv(1) == b""  # closed by the server, not left hanging
+    assert server.conns_refused == 1
+    extra.close()
+    held.pop().close()
+    while len(server._conns) > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    reader = make_engine()
+    out = bytearray(64)
+    reader.read_into("m", 0, out)  # a fresh peer gets the freed slot
+    assert out == b"x" * 64
+    for s in held:
+        s.close()

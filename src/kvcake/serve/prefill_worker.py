@@ -30,6 +30,7 @@ from typing import Any
 from kvcake.core.api import PrefillResult, PrefillTask
 from kvcake.core.hashing import block_hashes
 from kvcake.core.ids import BlockHash, RequestId
+from kvcake.core.pools import started_pool
 from kvcake.engine.backend import EngineBackend
 from kvcake.serve import attribution
 from kvcake.serve.kvblocks import KVBlocks
@@ -276,6 +277,4 @@ class PrefillWorker:
 
 
 def _single_thread(name: str) -> Any:
-    from concurrent.futures import ThreadPoolExecutor
-
-    return ThreadPoolExecutor(1, thread_name_prefix=name)
+    return started_pool(1, name)

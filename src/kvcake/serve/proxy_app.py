@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kvcake.core.api import FinishReason, SamplingParams
 from kvcake.core.errors import KvcakeError
 from kvcake.core.ids import InstanceId
+from kvcake.core.pools import started_pool
 from kvcake.serve import attribution, openai, pool_events, reqlog
 from kvcake.serve import auth as proxy_auth
 from kvcake.serve import openai_shapes as shapes
@@ -70,9 +71,7 @@ class ProxyState:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     # Bounded: 2 workers; at most _PREP_INFLIGHT bodies decoded or waiting to be, the others
     # wait on the semaphore (their bodies are already capped by max_body_bytes).
-    prep_pool: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="kvcake-prep")
-    )
+    prep_pool: ThreadPoolExecutor = field(default_factory=lambda: started_pool(2, "kvcake-prep"))
     prep_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(_PREP_INFLIGHT))
 
     def ready(self) -> bool:

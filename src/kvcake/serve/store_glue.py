@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kvcake.core.api import KVEventKind
 from kvcake.core.ids import BlockHash
+from kvcake.core.pools import started_pool
 from kvcake.serve.config import InstanceConfig
 from kvcake.serve.kvblocks import KVBlocks
 
@@ -45,7 +45,7 @@ class PoolWriter:
         self.kv = kv
         self.view = view
         self.max_pinned = max(1, max_pinned)
-        self._exec = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._exec = started_pool(1, name)
         self._cv = threading.Condition()
         self.pinned = 0
         self.skipped = 0

@@ -17,11 +17,11 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kvcake.core import auth as _auth
 from kvcake.core.ids import BatchId, SegmentName
+from kvcake.core.pools import started_pool
 from kvcake.transfer import shm
 from kvcake.transfer.batch import Batch, Claimable, Job
 from kvcake.transfer.config import TransferConfig
@@ -106,7 +106,7 @@ class TransferEngine:
             ),
             "tcp": TcpTransport(cfg, self.pool, self.health, self.hooks, self.registry.forget),
         }
-        self._executor = ThreadPoolExecutor(cfg.workers, thread_name_prefix="kvcake-xfer")
+        self._executor = started_pool(cfg.workers, "kvcake-xfer")
 
     # --- segments -------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from kvcake.core import auth as _auth
 
 log = logging.getLogger(__name__)
 MAX_HANDSHAKES = 128  # unauthenticated connections at once, per server
+MAX_CONNECTIONS = 1024  # open connections (one thread each) at once, per server
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -48,6 +49,8 @@ class ThreadedServer(ABC):
         self.auth = auth
         self.auth_refused = 0
         self.auth_passed = 0  # handshakes: one per connection, never per frame
+        self.conns_refused = 0  # connections closed at once: MAX_CONNECTIONS were open
+        self.max_connections = MAX_CONNECTIONS
         self._handshaking = 0  # connections not yet authenticated (bounded: MAX_HANDSHAKES)
         self._lock = threading.Lock()
         self._listeners: dict[str, socket.socket] = {}
@@ -102,7 +105,18 @@ class ThreadedServer(ABC):
                 if self._stopped.is_set() or self._listeners.get(addr) is not lsock:
                     conn.close()
                     return
-                self._conns[conn] = addr
+                full = len(self._conns) >= self.max_connections
+                if full:
+                    self.conns_refused += 1
+                else:
+                    self._conns[conn] = addr
+            if full:
+                # A thread per connection: past the bound a peer (or a flood) gets a closed
+                # socket, and its client's retry finds a slot once others close.
+                log.warning("%s: %d connections open on %s, refusing one",
+                            self._name, self.max_connections, addr)  # fmt: skip
+                conn.close()
+                continue
             t = threading.Thread(target=self._serve, args=(conn, addr), daemon=True)
             t.name = f"{self._name}-conn"
             t.start()

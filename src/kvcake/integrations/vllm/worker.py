@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from kvcake.core.errors import KvcakeError, StoreError
+from kvcake.core.pools import started_pool
 from kvcake.integrations.vllm.config import ConnectorConfig
 from kvcake.integrations.vllm.paged import PagedKV
 from kvcake.integrations.vllm.plan import BlockRun
@@ -131,7 +132,7 @@ class Loader:
         self.pool = pool
         self.counters = counters
         self.cfg = cfg
-        self._exec = cf.ThreadPoolExecutor(1, thread_name_prefix="kvcake-load")
+        self._exec = started_pool(1, "kvcake-load")
         self._pending: cf.Future[Any] | None = None
 
     def load(self, paged: PagedKV, runs: Sequence[BlockRun]) -> set[int]:
