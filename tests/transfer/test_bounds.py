@@ -202,11 +202,11 @@ def test_connections_past_the_bound_are_closed_and_the_server_keeps_serving(
     make_engine: EngineFactory,
 ) -> None:
     """One thread per connection, so the server bounds them: the connection past
-    ``max_connections`` is closed at once, and a slot freed by a closed peer is reused."""
+    ``max_conn_threads`` is closed at once, and a slot freed by a closed peer is reused."""
     server_engine = make_engine()
     server_engine.register_memory("m", bytearray(b"x" * 64))
     server = server_engine.server
-    server.max_connections = 2
+    server.max_conn_threads = 2
     host, port = server.addresses[0].rsplit(":", 1)
     held = [socket.create_connection((host, int(port))) for _ in range(2)]
     deadline = time.monotonic() + 5

@@ -24,7 +24,9 @@ from kvcake.store import protocol as P
 from kvcake.store.config import ClientConfig
 from kvcake.store.errors import (
     InvalidParams,
+    NoSpace,
     RpcFailed,
+    SpacePending,
     TransferFailed,
     error_for,
 )
@@ -177,6 +179,35 @@ class Client(ReadPath):
         return self._put_many(keys, values, None, upsert=True)
 
     def _put_many(
+        self,
+        keys: Sequence[str],
+        values: Sequence[Any],
+        options: P.PutOptions | None,
+        upsert: bool,
+        tenant: str | None = None,
+    ) -> list[Result]:
+        """One put attempt, then re-puts of the keys the master answered SpacePending (memory
+        full while offloads to disk are in flight) until ``space_wait_s`` has passed."""
+        results = self._put_once(keys, values, options, upsert, tenant)
+        deadline = time.monotonic() + self.cfg.space_wait_s
+        pause = 0.005
+        while True:
+            waiting = [i for i, r in enumerate(results) if isinstance(r, SpacePending)]
+            if not waiting:
+                return results
+            if time.monotonic() + pause > deadline:
+                for i in waiting:  # callers (and Mooncake's API) know only NoSpace
+                    results[i] = NoSpace(str(results[i]))
+                return results
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+            again = self._put_once(
+                [keys[i] for i in waiting], [values[i] for i in waiting], options, upsert, tenant
+            )
+            for i, r in zip(waiting, again, strict=True):
+                results[i] = r
+
+    def _put_once(
         self,
         keys: Sequence[str],
         values: Sequence[Any],

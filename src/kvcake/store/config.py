@@ -94,6 +94,7 @@ class ClientConfig:
     tune_malloc: bool = True  # keep freed value buffers warm (see kvcake.store.memtune)
     busy_poll_us: float = 50.0  # master replies: poll before sleeping (TransferConfig doc)
     tenant: str = ""  # puts are charged to this tenant's quota (master.tenant_quotas)
+    space_wait_s: float = 5.0  # memory full while offloads to disk run: re-put this long
 
     def __post_init__(self) -> None:
         require(":" in self.master, f"client.master must be host:port, got {self.master!r}")
@@ -108,6 +109,7 @@ class ClientConfig:
             f"client.protocol must be auto, tcp or shm, got {self.protocol!r}",
         )
         require(self.rpc_timeout_s > 0, "client.rpc_timeout_s must be > 0")
+        require(self.space_wait_s >= 0, "client.space_wait_s must be >= 0")
         require(0 <= self.rpc_retries <= 10, "client.rpc_retries must be in [0, 10]")
         require(0 <= self.busy_poll_us <= 10_000, "client.busy_poll_us must be in [0, 10000]")
 

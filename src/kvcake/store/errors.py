@@ -22,6 +22,7 @@ CHECKSUM_MISMATCH = -801
 RPC_FAIL = -900
 RPC_TIMEOUT = -901
 QUOTA_EXCEEDED = -2001  # kvcake's own (Mooncake has no tenants)
+SPACE_PENDING = -2002  # kvcake's own: never leaves the client (it retries, then NoSpace)
 
 
 class InternalError(StoreError):
@@ -39,6 +40,14 @@ class NoSpace(InternalError):
     """No segment can hold the object even after eviction (everything leased, pinned, busy)."""
 
     default_code = NO_AVAILABLE_HANDLE
+
+
+class SpacePending(NoSpace):
+    """No room now, but offloads to disk are in flight that will free memory. The master
+    raises it instead of dropping objects it could offload; the client retries the put for
+    ``client.space_wait_s`` and then reports a plain :class:`NoSpace` (Mooncake's -200)."""
+
+    default_code = SPACE_PENDING
 
 
 class QuotaExceeded(NoSpace):
@@ -98,6 +107,7 @@ _BY_CODE: dict[int, type[InternalError]] = {
         InternalError,
         SegmentNotFound,
         NoSpace,
+        SpacePending,
         QuotaExceeded,
         InvalidParams,
         ReplicaNotReady,

@@ -248,6 +248,7 @@ class MasterRpcServer(ThreadedServer):
         self.metrics = metrics
         self.busy_poll_us = busy_poll_us
         self.max_connections = max_connections
+        self.max_conn_threads = max_connections + 64  # room to answer the refused ones
         self.limits = framing.FrameLimits(max_meta=max_request_bytes, max_data=0)
         self._active = 0
         self._active_lock = threading.Lock()

@@ -34,6 +34,7 @@ from kvcake.store.errors import (
     ObjectNotFound,
     ReplicaNotReady,
     SegmentNotFound,
+    SpacePending,
 )
 from kvcake.store.events import EventLog
 from kvcake.store.metadata import ClientInfo, NodeTask, ObjectMeta, Replica, Segment, Status, Tier
@@ -404,12 +405,14 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
                 "(kvcake store-server --master ...) or give a client segment_size > 0"
             )
         reps = self._try_place(size, opts, host)
-        if not reps:  # allocation failure: evict (no offload: space is needed now), retry once
+        if not reps:  # allocation failure: evict, retry once
             pool = sum(s.allocator.capacity for s in self.memory_segments())
             need = max(size * opts.replica_num, int(pool * self.cfg.eviction_ratio))
             freed = 0
             for _ in range(SYNC_EVICT_STEPS):  # bounded: a few batches, not the whole table
-                step = self.evict(need - freed, False, timed=False)
+                # An object with a disk tier to go to is offloaded, never dropped (its put was
+                # acknowledged); the space comes once the node reports the copy done.
+                step = self.evict(need - freed, self.cfg.offload_on_evict, timed=False)
                 freed += step
                 if freed >= need or (step == 0 and self._barren > len(self.objects)):
                     break
@@ -417,6 +420,11 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
             reps = self._try_place(size, opts, host)
         if not reps:
             self.put_start_alloc_failures += 1
+            if self.offloading:
+                raise SpacePending(
+                    f"no segment has {size} free bytes yet: {len(self.offloading)} objects are "
+                    "being offloaded to disk to make room (retry shortly)"
+                )
             raise NoSpace(f"no segment has {size} free bytes (and nothing can be evicted)")
         return reps
 

@@ -49,8 +49,10 @@ class ThreadedServer(ABC):
         self.auth = auth
         self.auth_refused = 0
         self.auth_passed = 0  # handshakes: one per connection, never per frame
-        self.conns_refused = 0  # connections closed at once: MAX_CONNECTIONS were open
-        self.max_connections = MAX_CONNECTIONS
+        self.conns_refused = 0  # connections closed at once: max_conn_threads were open
+        # A hard bound on connection threads; a subclass with its own (friendlier, answered)
+        # limit sets this a little above it, so its refusal gets a thread to run in.
+        self.max_conn_threads = MAX_CONNECTIONS
         self._handshaking = 0  # connections not yet authenticated (bounded: MAX_HANDSHAKES)
         self._lock = threading.Lock()
         self._listeners: dict[str, socket.socket] = {}
@@ -105,7 +107,7 @@ class ThreadedServer(ABC):
                 if self._stopped.is_set() or self._listeners.get(addr) is not lsock:
                     conn.close()
                     return
-                full = len(self._conns) >= self.max_connections
+                full = len(self._conns) >= self.max_conn_threads
                 if full:
                     self.conns_refused += 1
                 else:
@@ -114,7 +116,7 @@ class ThreadedServer(ABC):
                 # A thread per connection: past the bound a peer (or a flood) gets a closed
                 # socket, and its client's retry finds a slot once others close.
                 log.warning("%s: %d connections open on %s, refusing one",
-                            self._name, self.max_connections, addr)  # fmt: skip
+                            self._name, self.max_conn_threads, addr)  # fmt: skip
                 conn.close()
                 continue
             t = threading.Thread(target=self._serve, args=(conn, addr), daemon=True)
