@@ -126,3 +126,33 @@ def test_store_server_health_and_metrics(pool: tuple[Proc, Proc]) -> None:
     assert "kvcake_store_node_segment_bytes 6.7108864e+07" in text
     assert "kvcake_store_node_master_reachable 1.0" in text
     assert httpx.get(f"{base}/nope", timeout=5).status_code == 404
+
+
+def test_batch_get_into_ranges_scatters_parts_of_values(client: Client) -> None:
+    """Parts of each value straight into separate caller buffers (the vLLM connector reads a
+    pool block's layer slices into vLLM's own KV rows this way); bad ranges fail alone."""
+    import threading
+
+    rng = np.random.default_rng(2)
+    vals = {f"r{i}": rng.integers(0, 256, 300_000, dtype=np.uint8).tobytes() for i in range(3)}
+    for k, v in vals.items():
+        client.put(k, v)
+    a, b, c = bytearray(1000), bytearray(200_000), np.zeros(50, np.float32)
+    got = client.batch_get_into_ranges(
+        ["r0", "r1", "r2", "missing"],
+        [[(0, a), (100_000, b)], [(299_800, c)], [(299_999, bytearray(2))], [(0, bytearray(1))]],
+    )
+    assert got[:2] == [201_000, 200]
+    assert bytes(a) == vals["r0"][:1000] and bytes(b) == vals["r0"][100_000:300_000]
+    assert c.tobytes() == vals["r1"][299_800:]
+    assert isinstance(got[2], InvalidParams)  # one byte past the end
+    assert isinstance(got[3], ObjectNotFound)
+    with pytest.raises(InvalidParams):
+        client.batch_get_into_ranges(["r0"], [])
+    ro = client.batch_get_into_ranges(["r0"], [[(0, memoryview(b"abc"))]])
+    assert isinstance(ro[0], InvalidParams)
+    cancel = threading.Event()
+    cancel.set()
+    d = bytearray(10)
+    assert isinstance(client.batch_get_into_ranges(["r0"], [[(0, d)]], cancel)[0], Exception)
+    assert d == bytearray(10)  # a cancelled read writes nothing

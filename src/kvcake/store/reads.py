@@ -4,6 +4,7 @@ choice, leases, staged batch reads, ``get_into`` straight into caller buffers.""
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -80,17 +81,30 @@ class ReadPath:
         self, key: str, res: P.KeyResult, out: memoryview, t0: float, lease_s: float
     ) -> P.ReplicaDesc:
         """Read ``key`` from the best readable replica; returns the replica it was read from."""
+        return self._read_ranges(key, res, [(0, out[: res.size])], t0, lease_s)
+
+    def _read_ranges(
+        self,
+        key: str,
+        res: P.KeyResult,
+        ranges: Sequence[tuple[int, memoryview]],
+        t0: float,
+        lease_s: float,
+    ) -> P.ReplicaDesc:
+        """Fill each ``(offset, out)`` with ``value[offset : offset + len(out)]`` from the best
+        readable replica (all ranges from one replica); returns that replica."""
         errors = []
         for rep in self._order(res.replicas):
             try:
                 own = self.segments.get(rep.segment)
                 if own is not None:
-                    out[: res.size] = own[rep.offset : rep.offset + res.size]
+                    for off, out in ranges:
+                        out[:] = own[rep.offset + off : rep.offset + off + out.nbytes]
                 elif rep.tier == "disk":
-                    read_remote(rep.endpoint, key, out[: res.size], self.engine.auth)
-                    self.disk_reads += 1
+                    self._read_disk(key, rep, res.size, ranges)
                 else:
-                    self._read_remote_memory(rep, out[: res.size])
+                    for off, out in ranges:
+                        self._read_remote_memory(rep, off, out)
             except KvcakeError as exc:
                 errors.append(f"{rep.segment}: {exc}")
                 continue
@@ -99,14 +113,27 @@ class ReadPath:
             return rep
         raise TransferFailed(f"{key!r}: no replica readable ({'; '.join(errors)})")
 
-    def _read_remote_memory(self, rep: P.ReplicaDesc, out: memoryview) -> None:
+    def _read_disk(
+        self, key: str, rep: P.ReplicaDesc, size: int, ranges: Sequence[tuple[int, memoryview]]
+    ) -> None:
+        """The disk service sends whole values: straight into a whole-value range, else via
+        one temporary buffer."""
+        whole = len(ranges) == 1 and ranges[0][0] == 0 and ranges[0][1].nbytes == size
+        buf = ranges[0][1] if whole else memoryview(uninitialized_bytearray(size))
+        read_remote(rep.endpoint, key, buf, self.engine.auth)
+        self.disk_reads += 1
+        if not whole:
+            for off, out in ranges:
+                out[:] = buf[off : off + out.nbytes]
+
+    def _read_remote_memory(self, rep: P.ReplicaDesc, off: int, out: memoryview) -> None:
         try:
-            self.engine.read_into(rep.segment, rep.offset, out)
+            self.engine.read_into(rep.segment, rep.offset + off, out)
         except KvcakeError:
             # The cached location may name a dead predecessor of a node restarted under the
             # same segment name: look it up afresh and try once more.
             self.engine.registry.forget(rep.segment)
-            self.engine.read_into(rep.segment, rep.offset, out)
+            self.engine.read_into(rep.segment, rep.offset + off, out)
 
     def _lookup(self, keys: Sequence[str]) -> tuple[P.Reply, float, float]:
         t0 = time.monotonic()
@@ -221,6 +248,42 @@ class ReadPath:
                     out.append(exc)
             if sources is not None:
                 sources.append(None)
+        return out
+
+    def batch_get_into_ranges(
+        self,
+        keys: Sequence[str],
+        ranges: Sequence[Sequence[tuple[int, Any]]],
+        cancel: threading.Event | None = None,
+    ) -> list[int | StoreError]:
+        """Scatter parts of each value straight into caller memory (no staging copy):
+        ``ranges[i]`` lists ``(offset, buffer)`` pairs, each buffer filled with
+        ``value[offset : offset + len(buffer)]``. Returns, per key, the bytes read or its error
+        (InvalidParams for a range outside the value or a read-only buffer).
+
+        ``cancel``: once set, keys not started yet fail with TransferFailed. A caller that gives
+        up on the call sets it and then waits for the call to return: after that no byte
+        arrives in its buffers any more (the memory may be reused)."""
+        if len(keys) != len(ranges):
+            raise InvalidParams(f"{len(keys)} keys but {len(ranges)} range lists")
+        views = [[(off, byte_view(b)) for off, b in rs] for rs in ranges]
+        reply, t0, lease_s = self._lookup(keys)
+        out: list[int | StoreError] = []
+        for key, rs, res in zip(keys, views, reply.results, strict=True):
+            bad = next((r for r in rs if r[0] < 0 or r[0] + r[1].nbytes > res.size), None)
+            if res.code != 0:
+                out.append(error_for(res.code, f"{key!r}: {res.message}"))
+            elif cancel is not None and cancel.is_set():
+                out.append(TransferFailed(f"{key!r}: read cancelled"))
+            elif bad is not None or any(v.readonly for _, v in rs):
+                out.append(InvalidParams(f"{key!r}: a range is outside its {res.size} bytes "
+                                         "or its buffer is read-only"))  # fmt: skip
+            else:
+                try:
+                    self._read_ranges(key, res, rs, t0, lease_s)
+                    out.append(sum(v.nbytes for _, v in rs))
+                except StoreError as exc:
+                    out.append(exc)
         return out
 
     def get_size(self, key: str) -> int:

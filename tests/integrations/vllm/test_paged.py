@@ -46,3 +46,24 @@ def test_bad_layouts_and_ids_raise() -> None:
     p = PagedKV(cpu_layers(), 8)
     with pytest.raises(LayoutError):
         p.gather([8], p.empty(1))
+
+
+def test_ranges_name_each_planes_row_of_a_block() -> None:
+    """A pool object is the blocks' rows of every plane back to back: filling the ranges of
+    block b with object bytes equals scattering that row into b."""
+    src = cpu_layers()
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    a, b = PagedKV(src, 8), PagedKV(dst, 8)
+    row = a.empty(1)
+    a.gather([5], row)
+    raw = memoryview(row[0].numpy()).cast("B")
+    assert b.direct
+    ranges = b.ranges(2)
+    assert sum(v.nbytes for _, v in ranges) == b.block_bytes
+    for off, view in ranges:
+        view[:] = raw[off : off + view.nbytes]
+    for k in src:
+        assert torch.equal(dst[k][2], src[k][5])
+        assert not dst[k][:2].any() and not dst[k][3:].any()
+    with pytest.raises(LayoutError):
+        b.ranges(8)

@@ -5,6 +5,8 @@ each layer's bytes for that block. vLLM's CPU backend keeps a layer as
 ``[num_blocks, kv_heads, block_size, 2 * head_size]`` (LBHNC), so one layer's block is already
 contiguous; GPU backends that split K and V (``[2, num_blocks, ...]``) give two planes per layer.
 Gather/scatter are one ``index_select``/``index_copy_`` per plane for all blocks of a step.
+Loads from the pool on CPU skip both: :meth:`ranges` names, per block, each plane's row as the
+destination of one byte range of the pool object, and the store reads straight into it.
 
 On a CUDA engine the planes live in device memory: gather copies device -> the host staging
 row (``.cpu()``), scatter host -> device; nothing else changes (not tested here: CPU only).
@@ -13,7 +15,9 @@ row (``.cpu()``), scatter host -> device; nothing else changes (not tested here:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 import torch
 
 from kvcake.core.errors import KvcakeError
@@ -53,6 +57,25 @@ class PagedKV:
             off += p.shape[1]
         self.row_elems = off
         self.block_bytes = off * planes[0].element_size()
+        self._rows: list[Any] | None = None  # per plane: a [num_blocks, row bytes] uint8 view
+
+    @property
+    def direct(self) -> bool:
+        """Whether the store can read straight into the planes (host memory)."""
+        return self.device.type == "cpu"
+
+    def ranges(self, block_id: int) -> list[tuple[int, memoryview]]:
+        """Where block ``block_id``'s pool object goes: per plane, (the plane's byte offset in
+        the object, that plane's row for the block). CPU planes only (:attr:`direct`)."""
+        if not 0 <= block_id < self.num_blocks:
+            raise LayoutError(f"block id {block_id} out of range [0, {self.num_blocks})")
+        if self._rows is None:
+            self._rows = [p.numpy().view(np.uint8) for p in self.planes]
+        size = self.planes[0].element_size()
+        return [
+            (off * size, memoryview(rows[block_id]))
+            for rows, off in zip(self._rows, self.offsets, strict=True)
+        ]
 
     def empty(self, n: int) -> torch.Tensor:
         """A host staging buffer for ``n`` blocks (rows are the pool objects)."""

@@ -147,11 +147,25 @@ class Loader:
             self.counters.add(load_error_blocks=len(ids))
             return set(ids)
         t0 = time.perf_counter()
-        buf = paged.empty(len(keys))
-        self._pending = fut = self._exec.submit(client.batch_get_into, keys, list(buf))
+        buf: torch.Tensor | None = None
+        cancel = threading.Event()
+        if paged.direct:  # straight into vLLM's blocks: no staging buffer, no scatter
+            dests = [paged.ranges(b) for b in ids]
+            self._pending = fut = self._exec.submit(
+                client.batch_get_into_ranges, keys, dests, cancel
+            )
+        else:
+            buf = paged.empty(len(keys))
+            self._pending = fut = self._exec.submit(client.batch_get_into, keys, list(buf))
         try:
             results = fut.result(timeout=self.cfg.load_timeout_s)
         except cf.TimeoutError:
+            if buf is None:
+                # The read writes into vLLM's own blocks, which vLLM will now recompute: stop
+                # it and wait out the key in flight, so no late byte lands after we return.
+                cancel.set()
+                with contextlib.suppress(Exception):
+                    fut.result()
             self.pool.failed("load", TimeoutError(f"deadline {self.cfg.load_timeout_s} s"))
             self.counters.add(load_error_blocks=len(ids), load_deadline_misses=1)
             return set(ids)
@@ -177,7 +191,7 @@ class Loader:
                 len(ids),
                 first,
             )
-        if ok_rows:
+        if ok_rows and buf is not None:
             if len(ok_rows) == len(ids):
                 paged.scatter(ids, buf)
             else:
