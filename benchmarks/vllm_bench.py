@@ -126,6 +126,23 @@ def workload(n: int, seed: int, max_prompt: int = 3000) -> list[tuple[str, list[
     return out
 
 
+def ideal_hit_rate(reqs: list[tuple[str, list[int], int]]) -> float:
+    """The workload's prefix-hit ceiling: the share of prompt tokens in full blocks whose whole
+    prefix an earlier request had (one infinite cache shared by every engine). No router or
+    pool can reuse more, so TTFT can fall at most by about this share of prefill work."""
+    seen: set[tuple[int, ...]] = set()
+    hit = total = 0
+    for _, prompt, _ in reqs:
+        total += len(prompt)
+        leading = True
+        for j in range(len(prompt) // BS):
+            prefix = tuple(prompt[: (j + 1) * BS])
+            leading = leading and prefix in seen
+            hit += BS if leading else 0
+            seen.add(prefix)
+    return hit / max(1, total)
+
+
 def hit_counters(engines: list[VllmEngine]) -> tuple[float, float]:
     q = h = 0.0
     for e in engines:
@@ -189,6 +206,8 @@ def fleet_repeat(plain: list[VllmEngine], conn: list[VllmEngine], proxy_url: str
             sticky[session] = plain[len(sticky) % 2].url
         return sticky[session]
 
+    print(json.dumps({"fleet_repeat": r, "ideal_hit_rate": round(
+        ideal_hit_rate(workload(n, seed=10 * r + 3)), 3)}), flush=True)  # fmt: skip
     return {
         "a_round_robin": replay(rr, plain, workload(n, seed=10 * r + 1)),
         "a2_session_affinity": replay(affinity, plain, workload(n, seed=10 * r + 2)),

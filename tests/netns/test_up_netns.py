@@ -5,8 +5,12 @@ returns once every process and namespace is gone."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +55,29 @@ def test_up_netns_detach_status_down(tmp_path: Path) -> None:
         status = kvcake("status", "--config", str(cfg), timeout=60)
         assert status.returncode == 0 and f"netns {ns}" in status.stdout, status.stdout
         assert "proxy" in status.stdout and "master" in status.stdout
+        # Supervised like `kvcake up`: a SIGKILLed instance comes back on its host and port.
+        victim = st["processes"]["decode-0"]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            now = json.loads((tmp_path / "runs" / "latest.json").read_text())
+            dec = now["processes"]["decode-0"]
+            if dec["restarts"] >= 1 and dec["pid"] != victim and alive(dec["pid"]):
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"decode-0 was not restarted: {dec}")
+        ask = ("import httpx,sys; r = httpx.post(sys.argv[1] + '/v1/completions', timeout=60,"
+               " json={'prompt': 'hello', 'max_tokens': 4}); print(r.status_code)")  # fmt: skip
+        for _ in range(60):  # the proxy sees the instance again once its health probe passes
+            out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", ask, url],
+                                 capture_output=True, text=True, timeout=90)  # fmt: skip
+            if out.stdout.strip() == "200":
+                break
+            time.sleep(1)
+        assert out.stdout.strip() == "200", out.stdout + out.stderr
+        shown = kvcake("status", "--config", str(cfg), timeout=60).stdout
+        assert re.search(r"decode-0 .* restarts [1-9]", shown), shown
     finally:
         down = kvcake("down", "--config", str(cfg), timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr

@@ -24,7 +24,7 @@ from kvcake.store.errors import INVALID_PARAMS, NoSpace
 from kvcake.store.master_server import MasterHandlers
 from kvcake.store.master_state import MasterState
 from kvcake.store.metadata import Status
-from kvcake.store.owners import ReleasingBackend, pid_of, process_gone
+from kvcake.store.owners import ReleasingBackend, pid_of, process_gone, process_of
 from kvcake.transfer.errors import SegmentExists
 from kvcake.transfer.metadata import SegEntry
 from kvcake.transfer.registry import host_identity
@@ -194,6 +194,19 @@ def test_dead_owner_released_live_owner_kept() -> None:
         assert "alive" in str(exc)
     else:
         raise AssertionError("a live client's segment was taken")
+
+
+def test_a_process_lease_covers_its_other_engines() -> None:
+    """On another host no pid can be checked: the instance's KV-segment engine shares its
+    ``host/pid/`` with its store client, whose expired lease drops both (and nothing else)."""
+    assert process_of("10.0.0.3/612/ab") == "10.0.0.3/612/"
+    assert process_of("garbage") is None and process_of("h/x/y") is None
+    backend = ReleasingBackend(lambda o, h: False)
+    for name, owner in (("kv/decode-0", "10.0.0.3/612/kv"), ("kv/x", "10.0.0.3/6120/kv"),
+                        ("store", "10.0.0.3/612/st"), ("other", "10.0.0.4/612/kv")):  # fmt: skip
+        backend.put(SegEntry(name, owner, "10.0.0.3", "host-b", 10, []))
+    assert backend.delete_process("10.0.0.3/612/") == 2
+    assert sorted(e.name for e in backend.list()) == ["kv/x", "other"]
 
 
 def test_put_survives_master_stalled_past_client_timeout(procs: Factory) -> None:

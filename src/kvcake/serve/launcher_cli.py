@@ -106,7 +106,7 @@ def _up(args: argparse.Namespace) -> int:
     if args.detach:
         return _detach(args, conf, path)
     if args.netns:  # emulated hosts (network namespaces)
-        from kvcake.serve.netns_cluster import up_netns
+        from kvcake.serve.netns_up import up_netns
 
         return up_netns(path, conf, args.netns_rate, args.netns_delay_ms)
     cluster = Cluster(conf, supervise=True)

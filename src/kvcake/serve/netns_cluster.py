@@ -9,14 +9,13 @@ master's RPC and of every instance's HTTP RPC, so store lookups and the proxy's 
 pay it (one way, each direction). The shared secret (``KVCAKE_AUTH_SECRET``) is set for every
 process: they bind non-loopback addresses.
 
-Script: ``python -m kvcake.serve.netns_cluster [--config FILE] [--prefill N] [--decode M]
+Script: ``python -m kvcake.serve.netns_up [--config FILE] [--prefill N] [--decode M]
 [--stores S] [--rate 1gbit] [--delay-ms 2]`` (root) prints the hosts and the endpoint and runs
 until Ctrl-C; docs/deploy.md, "A multi-host cluster on one machine".
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import re
@@ -24,7 +23,9 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -61,11 +62,31 @@ class NetnsOptions:
 
 @dataclass
 class Proc:
+    """One process on one host; the supervision fields are those :mod:`.supervisor` reads."""
+
     name: str
     role: str  # the host it runs on
     popen: subprocess.Popen[bytes]
     log: Path
+    argv: list[str]  # the command inside the namespace; ports pinned once it is up
     info: dict[str, str] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    restarts: int = 0
+    failures: int = 0
+    restart_at: float | None = None
+    last_exit: str = ""
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.popen
+
+
+def pin(argv: list[str], flag: str, value: str) -> list[str]:
+    """``argv`` with ``flag``'s value replaced: a restarted process must come back on the
+    port its peers already know (the first start asked for port 0)."""
+    out = list(argv)
+    out[out.index(flag) + 1] = value
+    return out
 
 
 class NetnsCluster:
@@ -83,10 +104,14 @@ class NetnsCluster:
         self.net = Network(roles)
         self.secret = secrets.token_hex(16)
         self.procs: list[Proc] = []
+        self.children = self.procs  # the supervisor's name for them (the same list)
         self.master = ""  # the master RPC address clients use (the relay's with delay_ms)
         self.directory = ""
         self.url = ""  # the proxy's base URL (reach it from the client host)
         self.instances: dict[str, str] = {}
+        self.lock = threading.RLock()  # the supervisor's passes vs stop()
+        self.stopping = False
+        self.on_change: Callable[[], None] = lambda: None  # the state file's writer (netns_up)
 
     def _serve_file(self) -> ServeFile:
         ov: dict[str, dict[str, Any]] = {}
@@ -130,6 +155,12 @@ class NetnsCluster:
                        "--client-ttl-s", str(self.opts.client_ttl_s)],
                        r"master rpc=(?P<rpc>\S+) directory=(?P<directory>\S+) http=(?P<http>\S+)")  # fmt: skip
         self.directory = m.info["directory"]
+        for flag, key in (
+            ("--port", "rpc"),
+            ("--http-port", "http"),
+            ("--directory-port", "directory"),
+        ):
+            m.argv = pin(m.argv, flag, m.info[key].rsplit(":", 1)[1])
         self.master = self.relayed("master", m.info["rpc"])
 
     def _start_ha_masters(self) -> None:
@@ -155,6 +186,7 @@ class NetnsCluster:
         argv = ["transfer-server", "--metadata", "--metadata-host", e]
         d = self.spawn("directory", "etcd", argv, r'"directory": "(?P<directory>[^"]+)"')
         self.directory = d.info["directory"]
+        d.argv = [*d.argv, "--metadata-port", self.directory.rsplit(":", 1)[1]]
         for i in range(self.opts.ha_masters):
             role = f"master-{i}"
             argv = ["master", "--host", self.net[role].addr, "--port", "0", "--http-port", "0",
@@ -189,6 +221,7 @@ class NetnsCluster:
         argv = [sys.executable, "-m", "kvcake.serve.netns_relay", "--delay-ms",
                 str(self.opts.delay_ms), "--route", f"{addr}:0={target}"]  # fmt: skip
         p = self.spawn(name, role, argv, r"relay on (?P<addr>\S+) ->", raw=True)
+        p.argv = pin(p.argv, "--route", f"{p.info['addr']}={target}")
         return p.info["addr"]
 
     def _start_stores(self) -> None:
@@ -211,10 +244,11 @@ class NetnsCluster:
             cfg = self.run_dir / f"{role}.toml"
             cfg.write_text(toml_dump({"kv": self.conf.kv, "instance": inst}))
             kind = role.split("-")[0]
-            started.append(self.spawn(role, role, [kind, "--config", str(cfg)], None))
-        for p in started:
+            started.append((self.spawn(role, role, [kind, "--config", str(cfg)], None), inst, cfg))
+        for p, inst, cfg in started:
             self.wait_line(p, r"ready on (?P<url>http://\S+)")
             host, port = p.info["url"].removeprefix("http://").split("/")[0].rsplit(":", 1)
+            self._pin_config(cfg, "instance", inst, int(port))
             self.instances[p.name] = "http://" + self.relayed(p.role, f"{host}:{port}")
 
     def _start_proxy(self) -> None:
@@ -228,6 +262,7 @@ class NetnsCluster:
         argv = ["proxy", "--config", str(cfg), "--backend", self.conf.instance.backend]
         p = self.spawn("proxy", "proxy", argv, r"proxy on (?P<url>http://\S+)/v1")
         self.url = p.info["url"]
+        self._pin_config(cfg, "proxy", proxy, int(self.url.rsplit(":", 1)[1]))
         deadline = time.monotonic() + self.opts.startup_timeout_s
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
@@ -249,15 +284,34 @@ class NetnsCluster:
         wait for that line."""
         argv = args if raw else [sys.executable, "-m", "kvcake", *args]
         log = self.run_dir / f"{name}.log"
-        with log.open("wb") as fh:
-            popen = subprocess.Popen(self.net.command(role, argv), stdout=fh,
-                                     stderr=subprocess.STDOUT, env=self.child_env(),
-                                     start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
-        p = Proc(name, role, popen, log)
+        p = Proc(name, role, self._popen(role, argv, log, "wb"), log, argv)
         self.procs.append(p)
         if ready:
             self.wait_line(p, ready)
         return p
+
+    def _popen(self, role: str, argv: list[str], log: Path, mode: str) -> subprocess.Popen[bytes]:
+        with log.open(mode) as fh:
+            return subprocess.Popen(self.net.command(role, argv), stdout=fh,
+                                    stderr=subprocess.STDOUT, env=self.child_env(),
+                                    start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
+
+    def _pin_config(self, path: Path, section: str, cfg: Any, port: int) -> None:
+        """Rewrite a config file with the port its process got (asked for 0): a restart
+        comes back where the proxy (or the client) already points."""
+        path.write_text(toml_dump({"kv": self.conf.kv, section: replace(cfg, port=port)}))
+
+    # --- supervision (serve/supervisor.py's Supervised) ----------------------------------------
+    def respawn(self, ch: Proc) -> None:
+        """Start ``ch`` again on its host, same command and ports, its log appended to."""
+        ch.popen = self._popen(ch.role, ch.argv, ch.log, "ab")
+        ch.started = time.monotonic()
+
+    def write_state(self) -> None:
+        self.on_change()
+
+    def say(self, msg: str) -> None:
+        print(msg, flush=True)
 
     def wait_line(self, p: Proc, pattern: str) -> None:
         rx = re.compile(pattern)
@@ -300,6 +354,8 @@ class NetnsCluster:
         """SIGTERM everything but etcd and the directory, then those (masters resign while
         etcd still answers); SIGKILL after the grace; then delete the namespaces (which kills
         whatever is left in them)."""
+        with self.lock:
+            self.stopping = True  # no restart from here on
         last = [p for p in self.procs if p.name in ("etcd", "directory")]
         for group in ([p for p in reversed(self.procs) if p not in last], last):
             for p in group:
@@ -315,79 +371,3 @@ class NetnsCluster:
                     p.popen.wait(5)
         self.procs.clear()
         self.net.close()
-
-
-def run(opts: NetnsOptions, run_dir: Path, latest: Path | None = None) -> int:
-    """Start, print the hosts and the endpoint, run until SIGINT/SIGTERM, stop. ``latest``:
-    where `kvcake status` / `down` (and `up --detach`, waiting for it) find this cluster."""
-    from kvcake.serve.netns import unavailable
-
-    if why := unavailable():
-        print(f"kvcake: error: {why}", file=sys.stderr)
-        return 2
-    stop = {"now": False}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.update(now=True))
-    print(f"starting a cluster over network namespaces, logs in {run_dir}", flush=True)
-    try:
-        with NetnsCluster(opts, run_dir) as c:
-            for h in c.net.hosts.values():
-                print(f"  {h.role:<11} {h.addr:<13} netns {h.ns}")
-            print(f"ready: OpenAI endpoint {c.url}/v1 on the client host, e.g.\n"
-                  f"  ip netns exec {c.net['client'].ns} curl {c.url}/v1/models\n"
-                  "(Ctrl-C stops everything and removes the namespaces)", flush=True)  # fmt: skip
-            if latest is not None:
-                _write_state(c, latest)
-            while not stop["now"]:
-                time.sleep(0.3)
-            print("stopping...", flush=True)
-    finally:  # only once processes and namespaces are gone: `kvcake down` waits for this
-        if latest is not None:
-            latest.unlink(missing_ok=True)
-    return 0
-
-
-def _write_state(c: NetnsCluster, latest: Path) -> None:
-    """The launcher's state-file shape (serve/launcher.py ``write_state``) plus the client's
-    namespace, from which the endpoint is reachable."""
-    from kvcake.serve.runstate import write_state
-
-    procs = {p.name: {"pid": p.popen.pid, "alive": p.popen.poll() is None, "restarts": 0,
-                      "addresses": {"host": f"{c.net[p.role].addr} (netns {c.net[p.role].ns})"}}
-             for p in c.procs}  # fmt: skip
-    write_state([latest], c.url, c.run_dir, procs, instances=c.instances, master=c.master,
-                netns_client=c.net["client"].ns)  # fmt: skip
-
-
-def up_netns(path: str, conf: ServeFile, rate: str, delay_ms: float) -> int:
-    """``kvcake up --netns``: the cluster file's counts, each process on its own host."""
-    c = conf.cluster
-    opts = NetnsOptions(prefill=c.prefill, decode=c.decode, stores=max(1, c.store_servers),
-                        store_size=str(c.store_size), rate=rate, delay_ms=delay_ms,
-                        config=path, startup_timeout_s=c.startup_timeout_s,
-                        ha_masters=conf.ha.masters if conf.ha.enabled else 0,
-                        overrides={"instance": {"backend": conf.instance.backend}})  # fmt: skip
-    runs = Path(c.run_dir)
-    return run(opts, runs / ("netns-" + time.strftime("%Y%m%d-%H%M%S")), runs / "latest.json")
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", help="cluster TOML ([kv], [instance], [proxy]); default emulated")
-    p.add_argument("--prefill", type=int, default=1)
-    p.add_argument("--decode", type=int, default=1)
-    p.add_argument("--stores", type=int, default=2)
-    p.add_argument("--store-size", default="256MB")
-    p.add_argument("--rate", default="", help="egress cap of every host (tc rate: 1gbit)")
-    p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay, master/instance RPC")
-    p.add_argument("--ha-masters", type=int, default=0, help="N HA masters on etcd (0: one plain)")
-    p.add_argument("--run-dir", default="runs/netns")
-    a = p.parse_args(argv)
-    opts = NetnsOptions(prefill=a.prefill, decode=a.decode, stores=a.stores, rate=a.rate,
-                        store_size=a.store_size, delay_ms=a.delay_ms, config=a.config,
-                        ha_masters=a.ha_masters)  # fmt: skip
-    return run(opts, Path(a.run_dir) / time.strftime("%Y%m%d-%H%M%S"))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -30,7 +30,7 @@ from kvcake.store.errors import INTERNAL_ERROR, INVALID_PARAMS
 from kvcake.store.master_state import MasterState
 from kvcake.store.metadata import Tier
 from kvcake.store.metrics import MasterMetrics
-from kvcake.store.owners import ReleasingBackend, process_gone
+from kvcake.store.owners import ReleasingBackend, process_gone, process_of
 from kvcake.store.rpc import BufferedFrames, send_msg
 from kvcake.transfer.netserver import ThreadedServer
 
@@ -391,8 +391,19 @@ class Master:
         return host_id is not None and process_gone(client, host_id)
 
     def _client_gone(self, client: ClientId) -> None:
-        if self.directory is not None:
-            self.directory.drop_owner(client)
+        if self.directory is None:
+            return
+        self.directory.drop_owner(client)
+        # The process's other engines (an instance's KV segments) die with its last store
+        # client's lease: on another host nothing else can tell they are gone.
+        prefix = process_of(client)
+        backend = self.directory.backend
+        if prefix is None or not isinstance(backend, ReleasingBackend):
+            return
+        if not any(c.startswith(prefix) for c in self.state.clients):
+            n = backend.delete_process(prefix)
+            if n:
+                log.warning("master: %d directory entries of %s* dropped with its lease", n, prefix)
 
     def _housekeep(self) -> None:
         next_expiry = 0.0

@@ -3,7 +3,11 @@ killed predecessor still holds (SIGKILL gives no chance to unmount or unpublish)
 
 Owner ids are Transfer Engine owners, ``"<hostname>/<pid>/<token>"``. An owner is gone when it
 ran on this host (same :func:`~kvcake.transfer.registry.host_identity`) and its pid no longer
-exists, or when it is a store client whose heartbeat lease expired. A live owner is never
+exists, or when it is a store client whose heartbeat lease expired. A process's store client
+lease also covers its other engines (a serving instance's KV segments, published by a second
+engine of the same ``<hostname>/<pid>``): when the master expires the process's last store
+client, :meth:`ReleasingBackend.delete_process` drops their entries too. That is what frees an
+instance's names on *another* host, where no pid can be checked. A live owner is never
 released: a reused pid makes a dead owner look alive (safe side), never the reverse.
 """
 
@@ -27,6 +31,13 @@ def pid_of(owner: str) -> int | None:
     if len(parts) < 3 or not parts[-2].isdigit():
         return None
     return int(parts[-2])
+
+
+def process_of(owner: str) -> str | None:
+    """``"<hostname>/<pid>/"``: the prefix every engine of one process shares."""
+    host, _, rest = owner.partition("/")
+    pid = rest.split("/", 1)[0]
+    return f"{host}/{pid}/" if host and pid.isdigit() and "/" in rest else None
 
 
 def process_gone(owner: str, host_id: str, here: str | None = None) -> bool:
@@ -82,3 +93,8 @@ class ReleasingBackend(MemoryBackend):
             )
             self.delete_owner(old.owner)
             super().put(entry)
+
+    def delete_process(self, prefix: str) -> int:
+        """Remove every entry of every owner of one process (``process_of``); how many."""
+        owners = {e.owner for e in self.list() if e.owner.startswith(prefix)}
+        return sum(self.delete_owner(o) for o in owners)
