@@ -149,6 +149,9 @@ def test_ssd_offload_promotion_and_restart(procs: Factory, tmp_path: Path) -> No
         on_disk = [k for k in keys if _tiers(c, k) == {"disk"}]
         assert on_disk, "nothing was offloaded"
         k = on_disk[0]
+        head, part = bytearray(10), bytearray(500)  # parts of a disk copy, into two buffers
+        assert c.batch_get_into_ranges([k], [[(0, head), (1000, part)]]) == [510]
+        assert head + part == value_of(k, size)[:10] + value_of(k, size)[1000:1500]
         assert c.get(k) == value_of(k, size)  # served from disk (2nd hit -> promotion)
         wait_until(lambda: "memory" in _tiers(c, k))
         assert c.get(k) == value_of(k, size)
