@@ -132,6 +132,9 @@ def test_batch_get_into_ranges_scatters_parts_of_values(client: Client) -> None:
     """Parts of each value straight into separate caller buffers (the vLLM connector reads a
     pool block's layer slices into vLLM's own KV rows this way); bad ranges fail alone."""
     import threading
+    import time
+
+    from kvcake.store.reads import ReadGuard
 
     rng = np.random.default_rng(2)
     vals = {f"r{i}": rng.integers(0, 256, 300_000, dtype=np.uint8).tobytes() for i in range(3)}
@@ -151,8 +154,23 @@ def test_batch_get_into_ranges_scatters_parts_of_values(client: Client) -> None:
         client.batch_get_into_ranges(["r0"], [])
     ro = client.batch_get_into_ranges(["r0"], [[(0, memoryview(b"abc"))]])
     assert isinstance(ro[0], InvalidParams)
-    cancel = threading.Event()
-    cancel.set()
+    guard = ReadGuard()
+    guard.cancel()
     d = bytearray(10)
-    assert isinstance(client.batch_get_into_ranges(["r0"], [[(0, d)]], cancel)[0], Exception)
+    assert isinstance(client.batch_get_into_ranges(["r0"], [[(0, d)]], guard)[0], Exception)
     assert d == bytearray(10)  # a cancelled read writes nothing
+    guard = ReadGuard()
+    lock_taken = threading.Event()
+
+    def hold_the_commit() -> None:
+        with guard.commit():  # as a copy in progress: cancel() must wait for it
+            lock_taken.set()
+            time.sleep(0.2)
+
+    t = threading.Thread(target=hold_the_commit)
+    t.start()
+    lock_taken.wait(5)
+    t0 = time.monotonic()
+    guard.cancel()
+    assert time.monotonic() - t0 > 0.1  # returned only once the copy was over
+    t.join()

@@ -3,10 +3,11 @@ choice, leases, staged batch reads, ``get_into`` straight into caller buffers.""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kvcake.core.errors import KvcakeError, StoreError
@@ -52,6 +53,32 @@ def byte_view(value: Any) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
+class ReadGuard:
+    """Lets a caller give up on a ranges read and reuse its buffers at once. Bytes reach the
+    caller's buffers only inside :meth:`commit` (memory copies, microseconds); network reads
+    land in a private buffer first. :meth:`cancel` takes the same lock, so once it returns no
+    byte can arrive any more, even from a read still in flight."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+
+    @contextlib.contextmanager
+    def commit(self) -> Iterator[None]:
+        with self._lock:
+            if self.cancelled:
+                raise TransferFailed("read cancelled")
+            yield
+
+
+def _commit(guard: ReadGuard | None) -> contextlib.AbstractContextManager[None]:
+    return guard.commit() if guard is not None else contextlib.nullcontext()
+
+
 class ReadPath:
     """Needs the client's ``conn``, ``id``, ``host``, ``segments`` (own segment views),
     ``engine`` and ``staging``; touches no other state."""
@@ -90,21 +117,27 @@ class ReadPath:
         ranges: Sequence[tuple[int, memoryview]],
         t0: float,
         lease_s: float,
+        guard: ReadGuard | None = None,
     ) -> P.ReplicaDesc:
         """Fill each ``(offset, out)`` with ``value[offset : offset + len(out)]`` from the best
-        readable replica (all ranges from one replica); returns that replica."""
+        readable replica (all ranges from one replica); returns that replica. With ``guard``,
+        bytes reach ``out`` only inside ``guard.commit()`` (see :class:`ReadGuard`)."""
         errors = []
         for rep in self._order(res.replicas):
             try:
                 own = self.segments.get(rep.segment)
                 if own is not None:
-                    for off, out in ranges:
-                        out[:] = own[rep.offset + off : rep.offset + off + out.nbytes]
-                elif rep.tier == "disk":
-                    self._read_disk(key, rep, res.size, ranges)
+                    with _commit(guard):
+                        for off, out in ranges:
+                            out[:] = own[rep.offset + off : rep.offset + off + out.nbytes]
+                elif rep.tier != "disk" and self.engine.reads_by_mapping(rep.segment):
+                    with _commit(guard):  # memory copies: nothing can hang in here
+                        for off, out in ranges:
+                            self._read_remote_memory(rep, off, out)
+                elif guard is None and len(ranges) == 1 and rep.tier != "disk":
+                    self._read_remote_memory(rep, ranges[0][0], ranges[0][1])
                 else:
-                    for off, out in ranges:
-                        self._read_remote_memory(rep, off, out)
+                    self._read_bounced(key, rep, res.size, ranges, guard)
             except KvcakeError as exc:
                 errors.append(f"{rep.segment}: {exc}")
                 continue
@@ -113,18 +146,33 @@ class ReadPath:
             return rep
         raise TransferFailed(f"{key!r}: no replica readable ({'; '.join(errors)})")
 
-    def _read_disk(
-        self, key: str, rep: P.ReplicaDesc, size: int, ranges: Sequence[tuple[int, memoryview]]
+    def _read_bounced(
+        self,
+        key: str,
+        rep: P.ReplicaDesc,
+        size: int,
+        ranges: Sequence[tuple[int, memoryview]],
+        guard: ReadGuard | None,
     ) -> None:
-        """The disk service sends whole values: straight into a whole-value range, else via
-        one temporary buffer."""
+        """A network read (a peer's memory over TCP, a disk copy from its node's disk service):
+        into a private buffer first, so a read that outlives a cancel lands nowhere, then the
+        ranges are copied out under the guard."""
         whole = len(ranges) == 1 and ranges[0][0] == 0 and ranges[0][1].nbytes == size
-        buf = ranges[0][1] if whole else memoryview(uninitialized_bytearray(size))
-        read_remote(rep.endpoint, key, buf, self.engine.auth)
-        self.disk_reads += 1
-        if not whole:
+        if whole and guard is None and rep.tier == "disk":
+            read_remote(rep.endpoint, key, ranges[0][1], self.engine.auth)
+            self.disk_reads += 1
+            return
+        lo = 0 if rep.tier == "disk" else min(off for off, _ in ranges)
+        hi = size if rep.tier == "disk" else max(off + out.nbytes for off, out in ranges)
+        buf = memoryview(uninitialized_bytearray(hi - lo))
+        if rep.tier == "disk":  # the disk service sends whole values
+            read_remote(rep.endpoint, key, buf, self.engine.auth)
+            self.disk_reads += 1
+        else:
+            self._read_remote_memory(rep, lo, buf)
+        with _commit(guard):
             for off, out in ranges:
-                out[:] = buf[off : off + out.nbytes]
+                out[:] = buf[off - lo : off - lo + out.nbytes]
 
     def _read_remote_memory(self, rep: P.ReplicaDesc, off: int, out: memoryview) -> None:
         try:
@@ -254,16 +302,14 @@ class ReadPath:
         self,
         keys: Sequence[str],
         ranges: Sequence[Sequence[tuple[int, Any]]],
-        cancel: threading.Event | None = None,
+        guard: ReadGuard | None = None,
     ) -> list[int | StoreError]:
-        """Scatter parts of each value straight into caller memory (no staging copy):
-        ``ranges[i]`` lists ``(offset, buffer)`` pairs, each buffer filled with
-        ``value[offset : offset + len(buffer)]``. Returns, per key, the bytes read or its error
-        (InvalidParams for a range outside the value or a read-only buffer).
-
-        ``cancel``: once set, keys not started yet fail with TransferFailed. A caller that gives
-        up on the call sets it and then waits for the call to return: after that no byte
-        arrives in its buffers any more (the memory may be reused)."""
+        """Scatter parts of each value straight into caller memory (no staging copy where the
+        replica is mapped or local): ``ranges[i]`` lists ``(offset, buffer)`` pairs, each
+        buffer filled with ``value[offset : offset + len(buffer)]``. Returns, per key, the
+        bytes read or its error (InvalidParams for a range outside the value or a read-only
+        buffer). ``guard``: a caller that may give up sets it (:meth:`ReadGuard.cancel`), after
+        which no byte reaches its buffers; keys not done yet fail with TransferFailed."""
         if len(keys) != len(ranges):
             raise InvalidParams(f"{len(keys)} keys but {len(ranges)} range lists")
         views = [[(off, byte_view(b)) for off, b in rs] for rs in ranges]
@@ -273,14 +319,14 @@ class ReadPath:
             bad = next((r for r in rs if r[0] < 0 or r[0] + r[1].nbytes > res.size), None)
             if res.code != 0:
                 out.append(error_for(res.code, f"{key!r}: {res.message}"))
-            elif cancel is not None and cancel.is_set():
+            elif guard is not None and guard.cancelled:
                 out.append(TransferFailed(f"{key!r}: read cancelled"))
             elif bad is not None or any(v.readonly for _, v in rs):
                 out.append(InvalidParams(f"{key!r}: a range is outside its {res.size} bytes "
                                          "or its buffer is read-only"))  # fmt: skip
             else:
                 try:
-                    self._read_ranges(key, res, rs, t0, lease_s)
+                    self._read_ranges(key, res, rs, t0, lease_s, guard)
                     out.append(sum(v.nbytes for _, v in rs))
                 except StoreError as exc:
                     out.append(exc)

@@ -152,6 +152,14 @@ class TransferEngine:
                 return t
         raise TransferError(f"no transport can reach segment {target.name!r}")
 
+    def reads_by_mapping(self, segment: str) -> bool:
+        """Whether reads of ``segment`` are plain copies out of a shared-memory mapping in this
+        process (same host): they finish in memory-copy time and cannot hang on a peer."""
+        try:
+            return isinstance(self._transport_for(self.registry.target(segment)), ShmTransport)
+        except TransferError:
+            return False
+
     def _plan(self, batch: Batch, requests: Sequence[TransferRequest]) -> list[Task]:
         """Validate each request (failing bad ones alone), coalesce, group per transport and
         owner, and return the tasks that execute the rest. Requests are grouped by (op,

@@ -28,6 +28,7 @@ from kvcake.integrations.vllm.paged import PagedKV
 from kvcake.integrations.vllm.plan import BlockRun
 from kvcake.integrations.vllm.pool import PoolHandle
 from kvcake.store.errors import NoSpace, ObjectAlreadyExists
+from kvcake.store.reads import ReadGuard
 
 STAT_NAMES = (
     "load_blocks",
@@ -148,11 +149,11 @@ class Loader:
             return set(ids)
         t0 = time.perf_counter()
         buf: torch.Tensor | None = None
-        cancel = threading.Event()
+        guard = ReadGuard()
         if paged.direct:  # straight into vLLM's blocks: no staging buffer, no scatter
             dests = [paged.ranges(b) for b in ids]
             self._pending = fut = self._exec.submit(
-                client.batch_get_into_ranges, keys, dests, cancel
+                client.batch_get_into_ranges, keys, dests, guard
             )
         else:
             buf = paged.empty(len(keys))
@@ -160,12 +161,9 @@ class Loader:
         try:
             results = fut.result(timeout=self.cfg.load_timeout_s)
         except cf.TimeoutError:
-            if buf is None:
-                # The read writes into vLLM's own blocks, which vLLM will now recompute: stop
-                # it and wait out the key in flight, so no late byte lands after we return.
-                cancel.set()
-                with contextlib.suppress(Exception):
-                    fut.result()
+            # The read writes into vLLM's own blocks, which vLLM will now recompute: once the
+            # guard is cancelled no late byte can land there (it waits out a copy at most).
+            guard.cancel()
             self.pool.failed("load", TimeoutError(f"deadline {self.cfg.load_timeout_s} s"))
             self.counters.add(load_error_blocks=len(ids), load_deadline_misses=1)
             return set(ids)
