@@ -1,0 +1,91 @@
+"""The vLLM connector's pool load, outside vLLM (issue 13): N pooled blocks of a SmolLM2-shaped
+paged KV (30 layers) read from a store-server on this host into the paged planes, two ways:
+
+* ``staged`` — the old path: ``batch_get_into`` into a fresh host tensor, then
+  ``PagedKV.scatter`` (one ``index_copy_`` per plane);
+* ``direct`` — ``batch_get_into_ranges`` of each block's layer slices straight into the planes
+  (``PagedKV.ranges``), under a ``ReadGuard`` as the connector's loader does.
+
+Modes alternate (ABAB) for ``--repeats`` rounds; each round reports the median of ``--iters``
+loads (the first dropped: it maps the segment). The planes are checked to hold the pooled bytes.
+
+Run: ``python benchmarks/pool_load_bench.py [--blocks 56] [--repeats 3] [--protocol auto|tcp]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from kvcake.integrations.vllm.paged import PagedKV
+from kvcake.serve.vllm_procs import spawn_kvcake
+from kvcake.store.client import Client
+from kvcake.store.config import ClientConfig
+from kvcake.store.reads import ReadGuard
+
+LAYERS, NUM_BLOCKS = 30, 400
+SHAPE = (3, 16, 2 * 64 * 2)  # kv_heads, block_size, 2 * head_size (fp32: 49 KB per layer)
+
+
+def load(mode: str, c: Client, paged: PagedKV, keys: list[str], ids: list[int]) -> None:
+    if mode == "staged":
+        buf = paged.empty(len(keys))
+        got = c.batch_get_into(keys, list(buf))
+        paged.scatter(ids, buf)
+    else:
+        got = c.batch_get_into_ranges(keys, [paged.ranges(b) for b in ids], ReadGuard())
+    assert all(g == paged.block_bytes for g in got), got[:2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--blocks", type=int, default=56)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--protocol", default="auto", choices=("auto", "tcp"))
+    a = ap.parse_args(argv)
+    master = spawn_kvcake("master", "--port", "0", "--http-port", "-1")
+    store = spawn_kvcake("store-server", "--master", master.info["rpc"], "--segment-size", "512MiB")
+    try:
+        caches = {f"l{i}": torch.zeros(NUM_BLOCKS, *SHAPE) for i in range(LAYERS)}
+        paged = PagedKV(caches, NUM_BLOCKS)
+        cfg = ClientConfig(master=master.info["rpc"], protocol=a.protocol, tune_malloc=False)
+        with Client(cfg) as c:
+            src = paged.empty(a.blocks).normal_(generator=torch.Generator().manual_seed(0))
+            keys = [f"block-{i}" for i in range(a.blocks)]
+            for k, row in zip(keys, src, strict=True):
+                c.put(k, row.numpy())
+            ids = list(range(100, 100 + a.blocks))
+            mb = paged.block_bytes * a.blocks / 1e6
+            rows = []
+            for r in range(a.repeats):
+                for mode in ("staged", "direct"):
+                    ts = []
+                    for _ in range(a.iters):
+                        t0 = time.perf_counter()
+                        load(mode, c, paged, keys, ids)
+                        ts.append(time.perf_counter() - t0)
+                    out = paged.empty(a.blocks)
+                    paged.gather(ids, out)
+                    assert torch.equal(out, src), "the planes do not hold the pooled bytes"
+                    med = statistics.median(ts[1:])
+                    rows.append({"round": r, "mode": mode, "mb": round(mb, 1),
+                                 "median_ms": round(med * 1e3, 1),
+                                 "gb_per_s": round(mb / med / 1e3, 2)})  # fmt: skip
+                    print(json.dumps(rows[-1]), flush=True)
+            ratios = [
+                s["median_ms"] / d["median_ms"] for s, d in zip(rows[::2], rows[1::2], strict=True)
+            ]
+            print(json.dumps({"staged_over_direct": [round(x, 2) for x in ratios]}))
+    finally:
+        store.stop()
+        master.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
