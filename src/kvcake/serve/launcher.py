@@ -36,7 +36,7 @@ from kvcake.serve.clusterfile import (  # noqa: F401  (re-exported: callers impo
 )
 from kvcake.serve.config import InstanceConfig, ServeFile, load_proxy_config
 from kvcake.serve.runstate import proc_start_ticks, write_state
-from kvcake.serve.supervisor import Supervisor, die_with_parent
+from kvcake.serve.supervisor import RestartState, Supervisor, die_with_parent
 
 STATE_FILE = "cluster.json"
 
@@ -46,18 +46,13 @@ class ClusterStartError(KvcakeError):
 
 
 @dataclass
-class Child:
+class Child(RestartState):
     name: str
     argv: list[str]
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     info: dict[str, str] = field(default_factory=dict)  # what its ready line said (addresses)
-    started: float = 0.0  # monotonic time of the last (re)start
     start_ticks: int = 0  # /proc start time of ``proc``: `kvcake down` checks it before signalling
-    restarts: int = 0
-    failures: int = 0  # consecutive quick failures (the supervisor's backoff)
-    restart_at: float | None = None
-    last_exit: str = ""
 
 
 class Cluster:

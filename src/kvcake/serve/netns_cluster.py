@@ -36,7 +36,7 @@ from kvcake.core.errors import KvcakeError
 from kvcake.serve.clusterfile import load_serve_file, toml_dump
 from kvcake.serve.config import ServeFile
 from kvcake.serve.netns import Network
-from kvcake.serve.supervisor import die_with_parent
+from kvcake.serve.supervisor import RestartState, die_with_parent
 
 
 class NetnsClusterError(KvcakeError):
@@ -61,8 +61,8 @@ class NetnsOptions:
 
 
 @dataclass
-class Proc:
-    """One process on one host; the supervision fields are those :mod:`.supervisor` reads."""
+class Proc(RestartState):
+    """One process on one host (supervised: :mod:`.supervisor`)."""
 
     name: str
     role: str  # the host it runs on
@@ -70,11 +70,6 @@ class Proc:
     log: Path
     argv: list[str]  # the command inside the namespace; ports pinned once it is up
     info: dict[str, str] = field(default_factory=dict)
-    started: float = field(default_factory=time.monotonic)
-    restarts: int = 0
-    failures: int = 0
-    restart_at: float | None = None
-    last_exit: str = ""
 
     @property
     def proc(self) -> subprocess.Popen[bytes]:

@@ -13,7 +13,7 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,18 @@ class RestartPolicy:
 
     def delay(self, failures: int) -> float:
         return float(min(self.max_s, self.base_s * 2 ** max(0, failures - 1)))
+
+
+@dataclass(kw_only=True)
+class RestartState:
+    """What the supervisor keeps per child; every child class of a cluster inherits it (the
+    launcher's ``Child``, ``VllmChild``, the netns ``Proc``)."""
+
+    started: float = field(default_factory=time.monotonic)  # the last (re)start
+    restarts: int = 0
+    failures: int = 0  # consecutive quick failures (the backoff)
+    restart_at: float | None = None
+    last_exit: str = ""
 
 
 def die_with_parent() -> None:

@@ -13,11 +13,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvcake.serve.supervisor import die_with_parent
+from kvcake.serve.supervisor import RestartState, die_with_parent
 from kvcake.serve.vllm_procs import (
     KvcakeProc,
     VllmEngine,
@@ -29,7 +29,7 @@ from kvcake.serve.vllm_procs import (
 
 
 @dataclass
-class VllmChild:
+class VllmChild(RestartState):
     """One supervised process. ``holder`` is what ``stop`` is called on (``VllmEngine``,
     ``KvcakeProc`` or the proxy's ``Popen``); ``start`` makes a new one on the same ports."""
 
@@ -37,11 +37,6 @@ class VllmChild:
     holder: Any
     start: Callable[[], Any]
     log: str
-    started: float = field(default_factory=time.monotonic)
-    failures: int = 0
-    restarts: int = 0
-    restart_at: float | None = None
-    last_exit: str = ""
 
     @property
     def proc(self) -> subprocess.Popen[Any]:
