@@ -7,6 +7,7 @@ import ctypes
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -89,18 +90,24 @@ def test_offload_suites_master_flags() -> None:
             master_config(f"--promotion_admission_threshold={bad}")
 
 
+def ssd_store(master: Proc, tmp_path: Path, segment: int, buffer: int = 8 * MB) -> Any:
+    """A Mooncake store set up as the SSD-offload suites do (nine arguments, tcp)."""
+    s = MooncakeDistributedStore()
+    rc = s.setup(
+        "127.0.0.1", "P2PHANDSHAKE", segment, buffer, "tcp", "", master.info["rpc"],
+        None, True, str(tmp_path / "ssd"),
+    )  # fmt: skip
+    assert rc == 0
+    return s
+
+
 def test_master_with_offload_flags_serves_an_ssd_client(procs: Factory, tmp_path: Path) -> None:
     master = procs(
         "master", "--port", "0", "--http-port", "0", "--client-ttl-s", "1",
         "--enable_offload=true", f"--root_fs_dir={tmp_path / 'fs'}", "--promotion_on_hit=true",
         "--promotion_admission_threshold=1",
     )  # fmt: skip
-    s = MooncakeDistributedStore()
-    rc = s.setup(
-        "127.0.0.1", "P2PHANDSHAKE", 8 * MB, 8 * MB, "tcp", "", master.info["rpc"],
-        None, True, str(tmp_path / "ssd"),
-    )  # fmt: skip
-    assert rc == 0
+    s = ssd_store(master, tmp_path, 8 * MB)
     assert s.put("k", b"v" * 1000) == 0 and s.get("k") == b"v" * 1000
     assert s.close() == 0
 
@@ -131,12 +138,7 @@ def test_every_acknowledged_put_survives_an_overflowing_ssd_store(
         "master", "--port", "0", "--http-port", "-1", "--enable_offload=true",
         f"--root_fs_dir={tmp_path / 'fs'}", "--default_kv_lease_ttl=200",
     )  # fmt: skip
-    s = MooncakeDistributedStore()
-    rc = s.setup(
-        "127.0.0.1", "P2PHANDSHAKE", 8 * MB, 16 * MB, "tcp", "", master.info["rpc"],
-        None, True, str(tmp_path / "ssd"),
-    )  # fmt: skip
-    assert rc == 0
+    s = ssd_store(master, tmp_path, 8 * MB, 16 * MB)
     rng = np.random.default_rng(0)
     ref = {f"ldg_{i}": rng.integers(0, 256, MB, dtype=np.uint8).tobytes() for i in range(32)}
     acked = [k for k, v in ref.items() if s.put(k, v) == 0]
