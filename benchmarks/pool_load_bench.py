@@ -25,7 +25,7 @@ from kvcake.integrations.vllm.paged import PagedKV
 from kvcake.serve.vllm_procs import spawn_kvcake
 from kvcake.store.client import Client
 from kvcake.store.config import ClientConfig
-from kvcake.store.reads import ReadGuard
+from kvcake.store.readguard import ReadGuard
 
 LAYERS, NUM_BLOCKS = 30, 400
 SHAPE = (3, 16, 2 * 64 * 2)  # kv_heads, block_size, 2 * head_size (fp32: 49 KB per layer)

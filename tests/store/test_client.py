@@ -134,7 +134,7 @@ def test_batch_get_into_ranges_scatters_parts_of_values(client: Client) -> None:
     import threading
     import time
 
-    from kvcake.store.reads import ReadGuard
+    from kvcake.store.readguard import ReadGuard
 
     rng = np.random.default_rng(2)
     vals = {f"r{i}": rng.integers(0, 256, 300_000, dtype=np.uint8).tobytes() for i in range(3)}

@@ -3,11 +3,9 @@ choice, leases, staged batch reads, ``get_into`` straight into caller buffers.""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from kvcake.core.errors import KvcakeError, StoreError
@@ -20,6 +18,7 @@ from kvcake.store.errors import (
     TransferFailed,
     error_for,
 )
+from kvcake.store.readguard import ReadGuard, commit_under
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
 
@@ -51,32 +50,6 @@ def byte_view(value: Any) -> memoryview:
     if not view.c_contiguous:
         raise InvalidParams("buffer must be C-contiguous")
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-class ReadGuard:
-    """Lets a caller give up on a ranges read and reuse its buffers at once. Bytes reach the
-    caller's buffers only inside :meth:`commit` (memory copies, microseconds); network reads
-    land in a private buffer first. :meth:`cancel` takes the same lock, so once it returns no
-    byte can arrive any more, even from a read still in flight."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        with self._lock:
-            self.cancelled = True
-
-    @contextlib.contextmanager
-    def commit(self) -> Iterator[None]:
-        with self._lock:
-            if self.cancelled:
-                raise TransferFailed("read cancelled")
-            yield
-
-
-def _commit(guard: ReadGuard | None) -> contextlib.AbstractContextManager[None]:
-    return guard.commit() if guard is not None else contextlib.nullcontext()
 
 
 class ReadPath:
@@ -127,11 +100,11 @@ class ReadPath:
             try:
                 own = self.segments.get(rep.segment)
                 if own is not None:
-                    with _commit(guard):
+                    with commit_under(guard):
                         for off, out in ranges:
                             out[:] = own[rep.offset + off : rep.offset + off + out.nbytes]
                 elif rep.tier != "disk" and self.engine.reads_by_mapping(rep.segment):
-                    with _commit(guard):  # memory copies: nothing can hang in here
+                    with commit_under(guard):  # memory copies: nothing can hang in here
                         for off, out in ranges:
                             self._read_remote_memory(rep, off, out)
                 elif guard is None and len(ranges) == 1 and rep.tier != "disk":
@@ -170,7 +143,7 @@ class ReadPath:
             self.disk_reads += 1
         else:
             self._read_remote_memory(rep, lo, buf)
-        with _commit(guard):
+        with commit_under(guard):
             for off, out in ranges:
                 out[:] = buf[off - lo : off - lo + out.nbytes]
 

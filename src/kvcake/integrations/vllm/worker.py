@@ -28,7 +28,7 @@ from kvcake.integrations.vllm.paged import PagedKV
 from kvcake.integrations.vllm.plan import BlockRun
 from kvcake.integrations.vllm.pool import PoolHandle
 from kvcake.store.errors import NoSpace, ObjectAlreadyExists
-from kvcake.store.reads import ReadGuard
+from kvcake.store.readguard import ReadGuard
 
 STAT_NAMES = (
     "load_blocks",

@@ -1,0 +1,40 @@
+"""Giving up on a read that writes into caller memory (``Client.batch_get_into_ranges``).
+
+The vLLM connector reads pooled blocks straight into vLLM's KV rows under a deadline; past it
+vLLM recomputes those blocks, so no late byte may land there. The guard makes that a lock
+instead of a hope.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+from kvcake.store.errors import TransferFailed
+
+
+class ReadGuard:
+    """Lets a caller give up on a ranges read and reuse its buffers at once. Bytes reach the
+    caller's buffers only inside :meth:`commit` (memory copies, microseconds); network reads
+    land in a private buffer first. :meth:`cancel` takes the same lock, so once it returns no
+    byte can arrive any more, even from a read still in flight."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+
+    @contextlib.contextmanager
+    def commit(self) -> Iterator[None]:
+        with self._lock:
+            if self.cancelled:
+                raise TransferFailed("read cancelled")
+            yield
+
+
+def commit_under(guard: ReadGuard | None) -> contextlib.AbstractContextManager[None]:
+    return guard.commit() if guard is not None else contextlib.nullcontext()
