@@ -40,8 +40,7 @@ def run(opts: NetnsOptions, run_dir: Path, latest: Path | None = None) -> int:
             print(f"ready: OpenAI endpoint {c.url}/v1 on the client host, e.g.\n"
                   f"  ip netns exec {c.net['client'].ns} curl {c.url}/v1/models\n"
                   "(Ctrl-C stops everything and removes the namespaces)", flush=True)  # fmt: skip
-            if latest is not None:
-                _write_state(c, latest)
+            c.write_state()
             while not stop["now"]:
                 time.sleep(0.3)
             print("stopping...", flush=True)

@@ -103,12 +103,13 @@ class ReadPath:
                     with commit_under(guard):
                         for off, out in ranges:
                             out[:] = own[rep.offset + off : rep.offset + off + out.nbytes]
+                elif guard is None and len(ranges) == 1 and rep.tier != "disk":
+                    # A plain get: straight in, whatever the transport (no extra lookup).
+                    self._read_remote_memory(rep, ranges[0][0], ranges[0][1])
                 elif rep.tier != "disk" and self.engine.reads_by_mapping(rep.segment):
                     with commit_under(guard):  # memory copies: nothing can hang in here
                         for off, out in ranges:
                             self._read_remote_memory(rep, off, out)
-                elif guard is None and len(ranges) == 1 and rep.tier != "disk":
-                    self._read_remote_memory(rep, ranges[0][0], ranges[0][1])
                 else:
                     self._read_bounced(key, rep, res.size, ranges, guard)
             except KvcakeError as exc:
