@@ -40,9 +40,12 @@ def test_overload_is_rejected_with_429(emulated_cluster: Cluster, tmp_path: obje
                 bodies = [{"prompt": [400 + i] * 4000, "max_tokens": 2} for i in range(10)]
                 return await asyncio.gather(*(http.post("/v1/completions", json=b) for b in bodies))
 
-        codes = [r.status_code for r in asyncio.run(burst())]
+        answers = asyncio.run(burst())
+        codes = [r.status_code for r in answers]
         assert 200 in codes and 429 in codes, codes
-        r429 = next(r for r in asyncio.run(burst()) if r.status_code == 429)
+        # This burst's own refusal: a second burst may be all admitted once the proxy's online
+        # fit has learnt the first one's (faster) prefill rate (seen in a fresh clone).
+        r429 = next(r for r in answers if r.status_code == 429)
         err = r429.json()["error"]
         assert err["code"] == 429 and "ttft" in err["message"].lower()
         assert err["type"] == "ttft_slo" and int(r429.headers["retry-after"]) >= 1
