@@ -8,6 +8,7 @@ is harmless). A job is done when all its slices are; its outcome is copied to ev
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -49,7 +50,12 @@ class Slice:
         return job.local[self.offset : self.offset + self.length]
 
 
-_OK = RequestResult(True)
+OK = RequestResult(True)
+
+
+def failure(exc: BaseException) -> RequestResult:
+    """The outcome of a request that failed with ``exc`` (its message and type name)."""
+    return RequestResult(False, str(exc), type(exc).__name__)
 
 
 def cut(job: Job, slice_size: int) -> list[Slice]:
@@ -100,7 +106,7 @@ class Batch:
 
     def fail_request(self, index: int, exc: BaseException) -> None:
         with self.cond:
-            self._set(index, RequestResult(False, str(exc), type(exc).__name__))
+            self._set(index, failure(exc))
             self.cond.notify_all()
 
     def _set(self, index: int, res: RequestResult) -> None:
@@ -136,10 +142,7 @@ class Batch:
         job.remaining -= 1
         if job.remaining > 0:
             return False
-        if job.error is None:
-            res = _OK
-        else:
-            res = RequestResult(False, str(job.error), type(job.error).__name__)
+        res = OK if job.error is None else failure(job.error)
         for i in job.members:
             self._set(i, res)
         return True
@@ -160,3 +163,61 @@ class Batch:
         with self.cond:
             assert self.done
             return BatchResult(self.id, tuple(r for r in self.results if r is not None))
+
+
+class SliceQueue:
+    """Slices striped over lanes (slice i -> lane i mod n, so every lane and hence every path
+    gets work); a lane whose own share is done and has nothing in flight steals one slice from
+    the back of the fullest other."""
+
+    def __init__(self, slices: list[Slice], lanes: int):
+        self._qs = [collections.deque(slices[i::lanes]) for i in range(lanes)]
+        self._started = [False] * lanes
+        self._lock = threading.Lock()
+
+    def pop(self, lane: int, steal: bool = True) -> Slice | None:
+        with self._lock:
+            self._started[lane] = True
+            own = self._qs[lane]
+            if own:
+                return own.popleft()
+            if not steal:
+                return None
+            # Only lanes that run are robbed, so every lane (and its path) gets its first slices
+            # even when another lane's thread happened to start much earlier.
+            started = [q for q, st in zip(self._qs, self._started, strict=True) if st]
+            victim = max(started, key=len)
+            return victim.pop() if victim else None
+
+    def take(self, lane: int, count: int, max_bytes: int, steal: bool) -> list[Slice]:
+        """Up to ``count`` slices (and about ``max_bytes``) of this lane's own share under one
+        lock; with ``steal`` and an empty share, one slice stolen as :meth:`pop` does."""
+        with self._lock:
+            self._started[lane] = True
+            own = self._qs[lane]
+            if own:
+                out: list[Slice] = []
+                size = 0
+                while own and len(out) < count and size < max_bytes:
+                    s = own.popleft()
+                    out.append(s)
+                    size += s.length
+                return out
+        if not steal:
+            return []
+        stolen = self.pop(lane, steal=True)
+        return [stolen] if stolen is not None else []
+
+    def push_front(self, lane: int, slices: list[Slice]) -> None:
+        with self._lock:
+            self._qs[lane].extendleft(reversed(slices))
+
+    def drain(self) -> list[Slice]:
+        with self._lock:
+            out = [s for q in self._qs for s in q]
+            for q in self._qs:
+                q.clear()
+            return out
+
+    def __bool__(self) -> bool:
+        return any(self._qs)

@@ -28,13 +28,14 @@ from kvcake.transfer.config import TransferConfig
 from kvcake.transfer.errors import InvalidRequest, TooManyBatches, TransferError, UnknownBatch
 from kvcake.transfer.metadata import DirectoryClient
 from kvcake.transfer.paths import PathHealth
-from kvcake.transfer.planner import Item, merge
+from kvcake.transfer.planner import Item, merge, run_results, uniform_runs
 from kvcake.transfer.pool import EndpointPool
+from kvcake.transfer.protocol import MAX_ENTRIES
 from kvcake.transfer.registry import SegmentRegistry, Topology
 from kvcake.transfer.segments import as_byte_view, check_range
 from kvcake.transfer.server import TransferServer
 from kvcake.transfer.shm_transport import ShmTransport
-from kvcake.transfer.tcp_transport import TcpTransport, TransferHooks, probe
+from kvcake.transfer.tcp_transport import PATH_FAILED, TcpTransport, TransferHooks, probe
 from kvcake.transfer.transport import Task, Transport
 from kvcake.transfer.types import (
     BatchResult,
@@ -307,8 +308,42 @@ class TransferEngine:
 
     def transfer(self, requests: Sequence[TransferRequest]) -> BatchResult:
         """Run a batch to completion in the calling thread (plus workers for extra lanes)."""
+        done = self._inline_batch(requests)
+        if done is not None:
+            return done
         batch = self._new_batch(len(requests), collectable=False)
         return self._run_to_end(batch, self._plan(batch, requests))
+
+    def _inline_batch(self, requests: Sequence[TransferRequest]) -> BatchResult | None:
+        """A batch of one op between one local and one remote segment that a single TCP frame
+        carries (the layer-wise streaming case): one frame in this thread, with no batch,
+        job or slice objects. ``None``: take the general path (also after a path failure,
+        which it then fails over; reads and writes of the same bytes are idempotent)."""
+        self._check_open()
+        if not 1 < len(requests) <= MAX_ENTRIES:
+            return None
+        r0 = requests[0]
+        try:
+            local = self._segments.get(r0.local_segment)
+            target = self.registry.target(r0.target_segment)
+            transport = self._transport_for(target)
+        except TransferError:
+            return None
+        if not isinstance(transport, TcpTransport):
+            return None
+        plan = uniform_runs(requests, local.size, target.size)
+        if plan is None or not transport.vector_fits(len(plan[1]), plan[2]):
+            return None
+        op, runs, total = plan
+        view = local.view
+        views = [view[lo : lo + n] for lo, _, n, _ in runs]
+        rows: list[int] = []
+        for _, to, n, _ in runs:
+            rows += (0, to, n)
+        out = transport.run_vector(op, views, target, rows, total)
+        if out is PATH_FAILED:
+            return None
+        return run_results(BatchId(next(self._ids)), len(requests), runs, out)
 
     def _run_to_end(self, batch: Batch, tasks: list[Task]) -> BatchResult:
         """Run ``tasks`` inline, wait for every outcome and free the batch id."""

@@ -1,4 +1,4 @@
-"""Coalescing of contiguous neighbouring requests (pure logic).
+"""Coalescing of contiguous neighbouring requests, and the inline path's plan (pure logic).
 
 Two requests merge when they have the same op, local segment and target segment and both their
 local and target ranges continue each other. Order within a batch is not guaranteed anyway (its
@@ -7,9 +7,13 @@ slices run in parallel), so sorting to find neighbours changes no semantics.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvcake.transfer.types import Op, TransferRequest
+from kvcake.core.ids import BatchId
+from kvcake.transfer.batch import OK, failure
+from kvcake.transfer.errors import TransferError
+from kvcake.transfer.types import BatchResult, Op, TransferRequest
 
 
 @dataclass
@@ -56,3 +60,50 @@ def coalesce(requests: list[tuple[int, TransferRequest]]) -> list[Run]:
         for (op, ls, ts), items in groups.items()
         for lo, to, n, members in merge(items)
     ]
+
+
+Merged = list[tuple[int, int, int, list[int]]]  # merge()'s runs
+
+
+def uniform_runs(
+    requests: Sequence[TransferRequest], local_size: int, target_size: int
+) -> tuple[Op, Merged, int] | None:
+    """``(op, merged runs, total bytes)`` when every request has the first one's op, local
+    and target segment and is in bounds of both (sizes given); ``None`` otherwise (the batch
+    then goes through the general planner, which fails bad requests alone)."""
+    r0 = requests[0]
+    op, lname, tname = r0.op, r0.local_segment, r0.target_segment
+    if not isinstance(op, Op):
+        return None
+    items: list[Item] = []
+    total = 0
+    for i, r in enumerate(requests):
+        lo, to, n = r.local_offset, r.target_offset, r.length
+        if (
+            r.op is not op
+            or r.local_segment != lname
+            or r.target_segment != tname
+            or not (n > 0 and lo >= 0 and lo + n <= local_size and to >= 0)
+            or to + n > target_size
+        ):
+            return None
+        items.append((to, lo, n, i))
+        total += n
+    return op, merge(items), total
+
+
+def run_results(
+    batch_id: BatchId, size: int, runs: Merged, out: TransferError | dict[int, TransferError] | None
+) -> BatchResult:
+    """The batch's per-request outcomes from its runs' (``out``: one error for all, per-run
+    errors by run index, or ``None`` = all succeeded); each run's outcome goes to its members."""
+    if out is None:
+        return BatchResult(batch_id, (OK,) * size)
+    results = [OK] * size
+    for k, (_, _, _, members) in enumerate(runs):
+        err = out if isinstance(out, TransferError) else out.get(k)
+        if err is not None:
+            res = failure(err)
+            for i in members:
+                results[i] = res
+    return BatchResult(batch_id, tuple(results))

@@ -11,27 +11,25 @@ unknown segment) fail the request without retry: another path would refuse it to
 from __future__ import annotations
 
 import collections
+import enum
 import math
 import socket
-import struct
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 from typing_extensions import Buffer
 
 from kvcake.core import framing
 from kvcake.core.auth import TRANSFER, Authenticator, AuthError
 from kvcake.core.errors import FramingError
-from kvcake.transfer.batch import Batch, Job, Slice, cut
+from kvcake.transfer.batch import Batch, Job, Slice, SliceQueue, cut
 from kvcake.transfer.config import TransferConfig
 from kvcake.transfer.errors import (
     AuthFailed,
     EndpointsExhausted,
-    InvalidRequest,
     NoPathAvailable,
-    OutOfRange,
     PathFailure,
-    RemoteError,
     TransferError,
     UnknownSegment,
 )
@@ -42,25 +40,31 @@ from kvcake.transfer.protocol import (
     CODEC,
     MAX_ENTRIES,
     Ack,
-    AckV,
     Fail,
     Probe,
     ReadReq,
-    ReadV,
     WriteReq,
-    WriteV,
-    request_limits,
 )
 from kvcake.transfer.stream import FrameReader, send_all
 from kvcake.transfer.transport import Task, Transport
 from kvcake.transfer.types import Op, PathInfo, SegmentInfo
+from kvcake.transfer.vector import (
+    REPLY_LIMITS,
+    Refusals,
+    add_request,
+    read_reply,
+    read_vreply,
+    remote_error,
+)
 
-_REMOTE_ERRORS: dict[str, type[TransferError]] = {
-    "OutOfRange": OutOfRange,
-    "UnknownSegment": UnknownSegment,
-    "InvalidRequest": InvalidRequest,
-}
-_REPLY_LIMITS = request_limits(2**40)
+T = TypeVar("T")
+
+
+class Failed(enum.Enum):
+    PATH_FAILED = "path failed"
+
+
+PATH_FAILED = Failed.PATH_FAILED  # an inline attempt's path broke: take the general path
 
 
 class TransferHooks:
@@ -80,64 +84,6 @@ class TransferHooks:
         self.after_send(address, n)
 
 
-class SliceQueue:
-    """Slices striped over lanes (slice i -> lane i mod n, so every lane and hence every path
-    gets work); a lane whose own share is done and has nothing in flight steals one slice from
-    the back of the fullest other."""
-
-    def __init__(self, slices: list[Slice], lanes: int):
-        self._qs = [collections.deque(slices[i::lanes]) for i in range(lanes)]
-        self._started = [False] * lanes
-        self._lock = threading.Lock()
-
-    def pop(self, lane: int, steal: bool = True) -> Slice | None:
-        with self._lock:
-            self._started[lane] = True
-            own = self._qs[lane]
-            if own:
-                return own.popleft()
-            if not steal:
-                return None
-            # Only lanes that run are robbed, so every lane (and its path) gets its first slices
-            # even when another lane's thread happened to start much earlier.
-            started = [q for q, st in zip(self._qs, self._started, strict=True) if st]
-            victim = max(started, key=len)
-            return victim.pop() if victim else None
-
-    def take(self, lane: int, count: int, max_bytes: int, steal: bool) -> list[Slice]:
-        """Up to ``count`` slices (and about ``max_bytes``) of this lane's own share under one
-        lock; with ``steal`` and an empty share, one slice stolen as :meth:`pop` does."""
-        with self._lock:
-            self._started[lane] = True
-            own = self._qs[lane]
-            if own:
-                out: list[Slice] = []
-                size = 0
-                while own and len(out) < count and size < max_bytes:
-                    s = own.popleft()
-                    out.append(s)
-                    size += s.length
-                return out
-        if not steal:
-            return []
-        stolen = self.pop(lane, steal=True)
-        return [stolen] if stolen is not None else []
-
-    def push_front(self, lane: int, slices: list[Slice]) -> None:
-        with self._lock:
-            self._qs[lane].extendleft(reversed(slices))
-
-    def drain(self) -> list[Slice]:
-        with self._lock:
-            out = [s for q in self._qs for s in q]
-            for q in self._qs:
-                q.clear()
-            return out
-
-    def __bool__(self) -> bool:
-        return any(self._qs)
-
-
 def probe(address: str, timeout_s: float, auth: Authenticator | None = None) -> bool:
     """Does a fresh connection to ``address`` answer a ``Probe``?"""
     try:
@@ -147,7 +93,7 @@ def probe(address: str, timeout_s: float, auth: Authenticator | None = None) -> 
                 auth.client_handshake(sock, TRANSFER, address)
             sock.settimeout(timeout_s)
             framing.send_frame(sock, CODEC, 1, Probe())
-            frame = framing.read_frame(sock, CODEC, _REPLY_LIMITS)
+            frame = framing.read_frame(sock, CODEC, REPLY_LIMITS)
             return frame is not None and isinstance(frame.msg, Ack)
     except (OSError, FramingError, ValueError, AuthError):
         return False
@@ -184,46 +130,87 @@ class TcpTransport(Transport):
         paths = jobs[0].target.paths
         return [self._lane_task(batch, queue, paths, i) for i in range(lanes)]
 
-    def run_single(self, op: Op, local: memoryview, target: SegmentInfo, offset: int) -> bool:
-        """Fast path for one small request in the caller's thread, without batch machinery.
-        Returns False when the path failed (it is marked down; the caller then goes through
-        the general path, which fails over); raises the remote refusal, if any."""
+    def _inline(self, target: SegmentInfo, work: Callable[[Endpoint], T]) -> T | Failed:
+        """``work`` on a pooled connection to ``target``, in the caller's thread. Returns
+        ``PATH_FAILED`` when the path failed (it is marked down; the caller then goes through
+        the general path, which fails over); an AuthError reaches the caller as AuthFailed."""
         addr = self.health.choose(target.paths, 0)
         if addr is None:
-            return False
+            return PATH_FAILED
         try:
             ep = self.pool.acquire(addr)
         except EndpointsExhausted:
-            return False
+            return PATH_FAILED
         except PathFailure:  # (AuthFailed is not one: it reaches the caller)
             self._path_failed(addr)
-            return False
+            return PATH_FAILED
         try:
-            rid = ep.next_rid()
-            n = local.nbytes
-            if op is Op.WRITE:
-                meta = CODEC.encode(WriteReq(target.name, offset))
-                send_all(ep.sock, [framing.pack_header(rid, len(meta), n) + meta, local])
-            else:
-                meta = CODEC.encode(ReadReq(target.name, offset, n))
-                ep.sock.sendall(framing.pack_header(rid, len(meta), 0) + meta)
-            if self.hooks.after_send is not None:
-                self.hooks.sent(addr)
-            err = self._recv(ep.reader, rid, op, local, target)
+            out = work(ep)
         except AuthError as exc:  # the peer wants a secret (before FramingError: a subclass)
             self.pool.release(ep, healthy=False)
             raise AuthFailed(str(exc)) from exc
         except (OSError, FramingError, PathFailure):
             self.pool.release(ep, healthy=False)
             self._path_failed(addr)
-            return False
+            return PATH_FAILED
         except BaseException:
             self.pool.release(ep, healthy=False)
             raise
         self.pool.release(ep)
+        return out
+
+    def run_single(self, op: Op, local: memoryview, target: SegmentInfo, offset: int) -> bool:
+        """Fast path for one small request in the caller's thread, without batch machinery.
+        Returns False when the path failed (see :meth:`_inline`); raises the remote refusal."""
+        err = self._inline(target, lambda ep: self._single(ep, op, local, target, offset))
+        if err is PATH_FAILED:
+            return False
         if err is not None:
             raise err
         return True
+
+    def _single(
+        self, ep: Endpoint, op: Op, local: memoryview, target: SegmentInfo, offset: int
+    ) -> TransferError | None:
+        rid = ep.next_rid()
+        n = local.nbytes
+        if op is Op.WRITE:
+            meta = CODEC.encode(WriteReq(target.name, offset))
+            send_all(ep.sock, [framing.pack_header(rid, len(meta), n) + meta, local])
+        else:
+            meta = CODEC.encode(ReadReq(target.name, offset, n))
+            ep.sock.sendall(framing.pack_header(rid, len(meta), 0) + meta)
+        if self.hooks.after_send is not None:
+            self.hooks.sent(ep.address)
+        return self._recv(ep.reader, rid, op, local, target)
+
+    def vector_fits(self, entries: int, total: int) -> bool:
+        """Would the general path run these entries as one lane and one frame?"""
+        return entries <= MAX_ENTRIES and total <= min(self._frame_bytes, self.cfg.lane_bytes)
+
+    def run_vector(
+        self, op: Op, views: list[memoryview], target: SegmentInfo, rows: list[int], total: int
+    ) -> TransferError | Refusals | Failed:
+        """One vectored frame of ``len(views)`` entries (``rows`` as in
+        :func:`.vector.add_request`, every one in ``target``) in the caller's thread: the inline
+        path of a batch that :meth:`vector_fits`. Returns the refusals, or ``PATH_FAILED`` (the
+        caller then runs the batch through the general path)."""
+
+        def work(ep: Endpoint) -> TransferError | Refusals:
+            rid = ep.next_rid()
+            parts: list[Buffer] = []
+            add_request(parts, rid, op, [target.name], rows, views, total)
+            send_all(ep.sock, parts)
+            if self.hooks.after_send is not None:
+                self.hooks.sent(ep.address)
+            return read_vreply(ep.reader, rid, op, views)
+
+        out = self._inline(target, work)
+        if isinstance(out, UnknownSegment) or (
+            isinstance(out, dict) and any(isinstance(e, UnknownSegment) for e in out.values())
+        ):
+            self._on_unknown(target.name)
+        return out
 
     def _lane_task(
         self, batch: Batch, q: SliceQueue, paths: tuple[PathInfo, ...], lane: int
@@ -355,8 +342,7 @@ class TcpTransport(Transport):
         return out
 
     def _vrequest(self, parts: list[Buffer], rid: int, frame: list[Slice]) -> None:
-        """One vectored request: header + meta (segment table, descriptor rows) and, for a
-        write, one part per slice straight from initiator memory."""
+        """One vectored request for a frame of slices (see :func:`.vector.add_request`)."""
         segs: dict[str, int] = {}
         rows: list[int] = []
         total = 0
@@ -368,67 +354,35 @@ class TcpTransport(Transport):
                 idx = segs[name] = len(segs)
             rows += (idx, job.target_offset + s.offset, s.length)
             total += s.length
-        desc = struct.pack(f"<{len(rows)}q", *rows)
-        if frame[0].job.op is Op.WRITE:
-            meta = CODEC.encode(WriteV(list(segs), desc))
-            parts.append(framing.pack_header(rid, len(meta), total) + meta)
-            parts.extend(s.local for s in frame)
-        else:
-            meta = CODEC.encode(ReadV(list(segs), desc))
-            parts.append(framing.pack_header(rid, len(meta), 0) + meta)
+        op = frame[0].job.op
+        data = [s.local for s in frame] if op is Op.WRITE else []
+        add_request(parts, rid, op, list(segs), rows, data, total)
 
     def _vrecv(
         self, reader: FrameReader, rid: int, frame: list[Slice]
     ) -> list[tuple[Slice, TransferError | None]]:
-        """Read the reply to a vectored request: per-slice outcomes (refusals returned); a
-        read's bytes land straight in initiator memory, one ``recvmsg_into`` per wake-up."""
-        msg, data_len = _read_reply(reader, rid)
-        if isinstance(msg, Fail):
-            if data_len:
-                raise framing.MalformedFrame("a Fail reply carries no data")
-            err = self._remote_error(msg.kind, msg.message, frame)
-            return [(s, err) for s in frame]
-        if not isinstance(msg, AckV):
-            raise framing.MalformedFrame(f"unexpected reply {type(msg).__name__}")
-        bad: dict[int, TransferError] = {}
-        for i, kind, message in msg.failed:
-            if not 0 <= i < len(frame):
-                raise framing.MalformedFrame(f"reply names entry {i} of {len(frame)}")
-            bad[i] = self._remote_error(kind, message, [frame[i]])
-        if frame[0].job.op is Op.READ:
-            views = [s.local for i, s in enumerate(frame) if i not in bad] if bad else None
-            if views is None:
-                views = [s.local for s in frame]
-            expect = 0
-            for v in views:
-                expect += v.nbytes
-            if data_len != expect:
-                raise framing.MalformedFrame(f"reply of {data_len} bytes, expected {expect}")
-            reader.read_into_views(views)
-        elif data_len:
-            raise framing.MalformedFrame("a write's reply carries no data")
-        if not bad:
+        """Per-slice outcomes of the reply to a frame of slices (refusals returned)."""
+        out = read_vreply(reader, rid, frame[0].job.op, [s.local for s in frame])
+        if out is None:
             return [(s, None) for s in frame]
+        bad = dict.fromkeys(range(len(frame)), out) if isinstance(out, TransferError) else out
+        for i, err in bad.items():
+            if isinstance(err, UnknownSegment):
+                self._on_unknown(frame[i].job.target.name)
         return [(s, bad.get(i)) for i, s in enumerate(frame)]
-
-    def _remote_error(self, kind: str, message: str, slices: list[Slice]) -> TransferError:
-        if kind == "UnknownSegment":
-            for s in slices:
-                self._on_unknown(s.job.target.name)
-        return _REMOTE_ERRORS.get(kind, RemoteError)(f"remote: {message}")
 
     def _recv(
         self, reader: FrameReader, rid: int, op: Op, local: memoryview, target: SegmentInfo
     ) -> TransferError | None:
         """Read the reply to a single request; a refusal is returned, a broken stream raises."""
-        msg, data_len = _read_reply(reader, rid)
+        msg, data_len = read_reply(reader, rid)
         if type(msg) is not Ack:
             if isinstance(msg, Fail):
                 if data_len:
                     raise framing.MalformedFrame("a Fail reply carries no data")
                 if msg.kind == "UnknownSegment":
                     self._on_unknown(target.name)
-                return _REMOTE_ERRORS.get(msg.kind, RemoteError)(f"remote: {msg.message}")
+                return remote_error(msg.kind, msg.message)
             raise framing.MalformedFrame(f"unexpected reply {type(msg).__name__}")
         n = local.nbytes
         expect = n if op is Op.READ else 0
@@ -437,14 +391,3 @@ class TcpTransport(Transport):
         if expect:
             reader.read_into(local)
         return None
-
-
-def _read_reply(reader: FrameReader, rid: int) -> tuple[object, int]:
-    """The reply to request ``rid``: its message and the length of the data that follows."""
-    head = reader.read_head(_REPLY_LIMITS)
-    if head is None:
-        raise framing.TruncatedFrame("transfer server closed the connection")
-    reply_rid, meta_len, data_len = head
-    if reply_rid != rid:
-        raise framing.MalformedFrame(f"reply {reply_rid} does not match request {rid}")
-    return reader.read_msg(CODEC, meta_len), data_len
