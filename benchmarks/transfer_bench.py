@@ -38,11 +38,13 @@ import os
 import signal
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 # The Mooncake peer script doubles as the shared measuring code (it imports neither kvcake nor,
 # at import time, Mooncake). A sibling file: ``kvcake bench`` runs us through runpy, which does
@@ -64,7 +66,7 @@ buf = memoryview(bytearray(size))
 ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
 print(ls.getsockname()[1], flush=True)
 c, _ = ls.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-head = bytearray(9); hv = memoryview(head)
+head = bytearray(17); hv = memoryview(head)
 def fill(v):
     got = 0
     while got < len(v):
@@ -73,10 +75,10 @@ def fill(v):
         got += n
 while True:
     fill(hv)
-    op, n = head[0], struct.unpack_from("<Q", head, 1)[0]
-    if op == ord("W"): fill(buf[:n])
+    op, n, off = head[0], *struct.unpack_from("<QQ", head, 1)
+    if op == ord("W"): fill(buf[off : off + n])
     elif op == ord("A"): c.sendall(b"k")
-    elif op == ord("R"): c.sendall(buf[:n])
+    elif op == ord("R"): c.sendall(buf[off : off + n])
     else: sys.exit(0)
 """
 
@@ -154,6 +156,12 @@ class Target:
 
 
 class Baseline:
+    """The bare-socket ceiling: a Python peer that receives each block into (or sends it from)
+    its buffer at the block's target offset, blocking sockets, one connection. Offsets are the
+    same as the engine's (``--socket-offsets target``), so both move the same bytes between the
+    same memory; ``one`` puts every block at offset 0 (the yardstick before 2026-12-02, whose
+    peer side stayed in cache: 1 block of memory instead of 16)."""
+
     def __init__(self, size: int):
         self.proc = subprocess.Popen(
             [sys.executable, "-c", BASELINE_PEER, str(size)], stdout=subprocess.PIPE, text=True
@@ -163,16 +171,16 @@ class Baseline:
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def write(self, blocks: list[memoryview]) -> None:
-        for b in blocks:
-            self.sock.sendall(b"W" + b.nbytes.to_bytes(8, "little"))
+    def write(self, blocks: list[memoryview], offsets: list[int]) -> None:
+        for b, off in zip(blocks, offsets, strict=True):
+            self.sock.sendall(b"W" + struct.pack("<QQ", b.nbytes, off))
             self.sock.sendall(b)
-        self.sock.sendall(b"A" + bytes(8))
+        self.sock.sendall(b"A" + bytes(16))
         self._fill(memoryview(bytearray(1)))
 
-    def read(self, blocks: list[memoryview]) -> None:
-        for b in blocks:
-            self.sock.sendall(b"R" + b.nbytes.to_bytes(8, "little"))
+    def read(self, blocks: list[memoryview], offsets: list[int]) -> None:
+        for b, off in zip(blocks, offsets, strict=True):
+            self.sock.sendall(b"R" + struct.pack("<QQ", b.nbytes, off))
         for b in blocks:
             self._fill(b)
 
@@ -244,7 +252,8 @@ def run_all(args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:
                 methods = {"tcp": engine_runs(tcp, "local-tcp", op, block, args.api)}
                 if not args.skip_shm:
                     methods["shm"] = engine_runs(shm, "local-shm", op, block, args.api)
-                methods["socket"] = lambda f=sock_run, v=views: f(v)
+                offs = [to if args.socket_offsets == "target" else 0 for _, to in layout(block)]
+                methods["socket"] = lambda f=sock_run, v=views, o=offs: f(v, o)
                 methods["memmove"] = _memmove_fn(pairs, block)
                 for m, times in measure_all(methods, block, args).items():
                     rows.append(row(m, name, block, times))
@@ -258,7 +267,7 @@ def run_all(args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:
         )
         one = [memoryview(buf)]
         lat["socket_read_4k_p50_us"], lat["socket_read_4k_p99_us"] = peer.latency(
-            lambda: base.read(one), args.latency_iters
+            lambda: base.read(one, [0]), args.latency_iters
         )
     finally:
         tcp.close()
@@ -409,29 +418,54 @@ def check_targets(rows: list[Row], lat: dict[str, float]) -> list[tuple[str, str
     return out
 
 
-def issue18_targets(rows: list[Row], lat: dict[str, float]) -> list[tuple[str, str, bool]]:
+Goal = tuple[str, float, float, bool]  # (goal, measured ratio, bound, met)
+
+
+def issue18_goals(rows: list[Row], lat: dict[str, float]) -> list[Goal]:
     """Issue 18: small-block batches >= 1.0x the live Mooncake, >= 1 MB at >= 90% of the same
     run's bare socket, 4 KB sync read p50 <= the socket's and <= 1.5x Mooncake's."""
-    out: list[tuple[str, str, bool]] = []
+    out: list[Goal] = []
     for op in ("write", "read"):
         for block in (4 << 10, 64 << 10):
             t, mc = get(rows, "tcp", op, block), get(rows, "mooncake", op, block)
             if t and mc:
                 r = t.gbps_med / mc.gbps_med
                 out.append(
-                    (f"tcp {op} {fmt_size(block)} >= 1.0x Mooncake (live)", f"{r:.2f}x", r >= 1.0)
+                    (f"tcp {op} {fmt_size(block)} >= 1.0x Mooncake (live)", r, 1.0, r >= 1.0)
                 )
         for block in sorted({r.block for r in rows if r.block >= 1 << 20}):
             t, b = get(rows, "tcp", op, block), get(rows, "socket", op, block)
             if t and b:
                 r = t.gbps_med / b.gbps_med
-                out.append((f"tcp {op} {fmt_size(block)} >= 90% of socket", f"{r:.0%}", r >= 0.9))
-    k, sock, mc = (lat.get(f"{m}_read_4k_p50_us") for m in ("tcp", "socket", "mooncake"))
+                out.append((f"tcp {op} {fmt_size(block)} >= 90% of socket", r, 0.9, r >= 0.9))
+    k, sock, mc_us = (lat.get(f"{m}_read_4k_p50_us") for m in ("tcp", "socket", "mooncake"))
     if k and sock:
-        out.append(("tcp 4 KB read p50 <= socket p50", f"{k:.0f} vs {sock:.0f} us", k <= sock))
-    if k and mc:
-        out.append(("tcp 4 KB read p50 <= 1.5x Mooncake", f"{k / mc:.2f}x", k <= 1.5 * mc))
+        out.append(("tcp 4 KB read p50 <= socket p50 (ratio)", k / sock, 1.0, k <= sock))
+    if k and mc_us:
+        out.append(("tcp 4 KB read p50 <= 1.5x Mooncake", k / mc_us, 1.5, k <= 1.5 * mc_us))
     return out
+
+
+def issue18_targets(rows: list[Row], lat: dict[str, float]) -> list[tuple[str, str, bool]]:
+    return [
+        (desc, f"{v:.0%}" if "socket" in desc and "p50" not in desc else f"{v:.2f}x", ok)
+        for desc, v, _bound, ok in issue18_goals(rows, lat)
+    ]
+
+
+def rounds_table(goals: list[list[Goal]]) -> str:
+    """The issue-18 goals over every round: each round's ratio and the median (the verdict)."""
+    n = len(goals)
+    head = " | ".join(f"round {i + 1}" for i in range(n))
+    lines = [f"| goal | {head} | median | met |", "|---|" + "---:|" * (n + 1) + "---|"]
+    for k, (desc, _v, bound, _ok) in enumerate(goals[0]):
+        vals = [g[k][1] for g in goals if len(g) > k and g[k][0] == desc]
+        med = statistics.median(vals)
+        upper = "<=" in desc
+        met = med <= bound if upper else med >= bound
+        cells = " | ".join(f"{v:.2f}" for v in vals)
+        lines.append(f"| {desc} | {cells} | **{med:.2f}** | {'yes' if met else 'NO'} |")
+    return "\n".join(lines)
 
 
 def side_by_side(rows: list[Row], lat: dict[str, float]) -> str:
@@ -524,6 +558,52 @@ def markdown(rows: list[Row], lat: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def one_round(args: argparse.Namespace, mc_python: str | None, peer_first: bool) -> dict[str, Any]:
+    """kvcake's cells and the live peer's (if any), printed; the round's JSON record."""
+    mooncake: dict[str, object] = {"live": False, "reason": "no peer"}
+    mc_rows: list[Row] = []
+    mc_lat: dict[str, float] = {}
+    mc_stream: list[dict[str, object]] = []
+
+    def run_peer() -> None:
+        nonlocal mooncake, mc_rows, mc_lat, mc_stream
+        if mc_python is None:
+            return
+        try:
+            mc_rows, mc_lat = run_mooncake(mc_python, args)
+            if args.layers > 0 and args.blocks > 0:
+                mc_stream = peer.run_peer(mc_python, "stream", _stream_options(args))["stream"]
+            mooncake = {"live": True, "python": mc_python}
+        except RuntimeError as exc:
+            print(f"Mooncake live peer failed, ratios use the recorded figures: {exc}")
+            mooncake = {"live": False, "reason": str(exc)}
+
+    if peer_first:
+        run_peer()
+    rows, lat = run_all(args)
+    stream = run_stream(args) if args.layers > 0 and args.blocks > 0 else []
+    if not peer_first:
+        run_peer()
+    rows += mc_rows
+    lat.update(mc_lat)
+    stream += mc_stream
+    print(markdown(rows, lat))
+    print()
+    print(side_by_side(rows, lat))
+    if stream:
+        print()
+        print(stream_table(stream))
+    return {
+        "rows": [asdict(r) for r in rows],
+        "latency": lat,
+        "targets": check_targets(rows, lat),
+        "issue18": issue18_goals(rows, lat),
+        "mooncake": mooncake,
+        "stream": stream,
+        "peer_first": peer_first,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from kvcake.transfer import TransferConfig
 
@@ -554,6 +634,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "submit()+wait() (lanes handed to the worker pool)",
     )
     p.add_argument("--skip-shm", action="store_true", help="skip the shm transport")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="whole runs, kvcake and the live peer alternating first (ABBA); with > 1 a table "
+        "of the issue-18 goals per round and their medians follows (default 1)",
+    )
+    p.add_argument(
+        "--socket-offsets",
+        choices=("target", "one"),
+        default="target",
+        help="bare-socket baseline: blocks at the engine's target offsets (default), or all "
+        "at offset 0 (the peer's memory stays in cache; the yardstick before 2026-12-02)",
+    )
     p.add_argument(
         "--stream-layers",
         dest="layers",
@@ -587,6 +681,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
     if args.auth:  # inherited by the target process; this process's engines read it too
         import secrets
 
@@ -596,46 +692,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.time()
     mc_python, why = peer.probe(args.mooncake)
-    mooncake: dict[str, object] = {"live": False, "reason": why}
     if mc_python is None:
         print(f"Mooncake live peer skipped: {why}; ratios use the recorded figures")
-    rows, lat = run_all(args)
-    stream = run_stream(args) if args.layers > 0 and args.blocks > 0 else []
-    if mc_python is not None:
-        try:
-            mc_rows, mc_lat = run_mooncake(mc_python, args)
-            rows += mc_rows
-            lat.update(mc_lat)
-            mooncake = {"live": True, "python": mc_python}
-            if stream:
-                stream += peer.run_peer(mc_python, "stream", _stream_options(args))["stream"]
-        except RuntimeError as exc:
-            print(f"Mooncake live peer failed, ratios use the recorded figures: {exc}")
-            mooncake = {"live": False, "reason": str(exc)}
-    print(markdown(rows, lat))
-    print()
-    print(side_by_side(rows, lat))
-    if stream:
-        print()
-        print(stream_table(stream))
+    rounds = []
+    for i in range(args.rounds):
+        if args.rounds > 1:
+            print(f"--- round {i + 1} of {args.rounds}", flush=True)
+        # Odd rounds run the peer first (ABBA...): drift in the machine's load cancels out.
+        rounds.append(one_round(args, mc_python, peer_first=i % 2 == 1))
+    if args.rounds > 1:
+        print("\nIssue-18 goals over the rounds (ratios; the verdict is the median):\n")
+        print(rounds_table([r["issue18"] for r in rounds]))
     print(
         f"\n(api={args.api}, streams={args.streams}, slice_size={args.slice_size}, "
-        f"repeats={args.repeats}; "
+        f"repeats={args.repeats}, rounds={args.rounds}; "
         f"ran {time.time() - t0:.0f} s; load average {os.getloadavg()[0]:.1f} at the end)"
     )
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(
-                {
-                    "rows": [asdict(r) for r in rows],
-                    "latency": lat,
-                    "targets": check_targets(rows, lat),
-                    "mooncake": mooncake,
-                    "stream": stream,
-                },
-                fh,
-                indent=1,
-            )
+            json.dump(rounds[0] if args.rounds == 1 else {"rounds": rounds}, fh, indent=1)
     return 0
 
 
