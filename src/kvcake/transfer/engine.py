@@ -377,10 +377,6 @@ class TransferEngine:
             transport = self._transport_for(target)
         except TransferError:
             return False
-        if isinstance(transport, ShmTransport):
-            return transport.run_single(op, view, target, offset)
-        if view.nbytes > self.config.slice_size or not isinstance(transport, TcpTransport):
-            return False
         return transport.run_single(op, view, target, offset)
 
     def transfer_sync_write(

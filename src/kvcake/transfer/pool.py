@@ -72,7 +72,10 @@ class EndpointPool:
         self._busy_poll_us = busy_poll_us
         self._connect_timeout = connect_timeout_s
         self._io_timeout = io_timeout_s
-        self._cond = threading.Condition(threading.Lock())
+        # Fast paths take the C-level lock directly (``with self._lock``); the condition shares
+        # it for the rare waits (a Condition's own __enter__ is a Python call on every use).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._waiters = 0
         self._idle: dict[str, list[Endpoint]] = {}
         self._busy: set[Endpoint] = set()
@@ -86,7 +89,7 @@ class EndpointPool:
 
     def acquire(self, address: str) -> Endpoint:
         deadline = None
-        with self._cond:
+        with self._lock:
             while True:
                 if self._closed:
                     raise PathFailure("endpoint pool is closed")
@@ -162,7 +165,7 @@ class EndpointPool:
 
     def release(self, ep: Endpoint, healthy: bool = True) -> None:
         """Return ``ep``; an unhealthy one (I/O error, unknown stream state) is closed."""
-        with self._cond:
+        with self._lock:
             self._busy.discard(ep)
             if healthy and not self._closed and ep in self._sieve:
                 self._idle.setdefault(ep.address, []).append(ep)

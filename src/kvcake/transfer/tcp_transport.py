@@ -160,8 +160,11 @@ class TcpTransport(Transport):
         return out
 
     def run_single(self, op: Op, local: memoryview, target: SegmentInfo, offset: int) -> bool:
-        """Fast path for one small request in the caller's thread, without batch machinery.
-        Returns False when the path failed (see :meth:`_inline`); raises the remote refusal."""
+        """Fast path for one request of at most one slice in the caller's thread, without
+        batch machinery. Returns False when the path failed (see :meth:`_inline`) or the
+        request is larger; raises the remote refusal."""
+        if local.nbytes > self.cfg.slice_size:
+            return False
         err = self._inline(target, lambda ep: self._single(ep, op, local, target, offset))
         if err is PATH_FAILED:
             return False

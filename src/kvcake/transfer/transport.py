@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from kvcake.transfer.batch import Batch, Job
-from kvcake.transfer.types import SegmentInfo
+from kvcake.transfer.types import Op, SegmentInfo
 
 Task = Callable[[], None]
 
@@ -27,6 +27,11 @@ class Transport(ABC):
     @abstractmethod
     def tasks(self, batch: Batch, jobs: list[Job]) -> list[Task]:
         """Callables that together execute ``jobs`` (run on worker threads or inline)."""
+
+    def run_single(self, op: Op, local: memoryview, target: SegmentInfo, offset: int) -> bool:
+        """One request in the caller's thread without batch bookkeeping, if this transport
+        has such a path for it; False: take the general path (which also reports errors)."""
+        return False
 
     def close(self) -> None:  # noqa: B027  (optional hook)
         """Release transport resources (mappings, connections)."""
