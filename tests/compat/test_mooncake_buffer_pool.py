@@ -42,6 +42,40 @@ def test_release_refuses_while_any_view_is_alive() -> None:
     pool.close()
 
 
+def test_a_released_view_does_not_block_release() -> None:
+    """The wheel lets a lease go once its views are released (``view.release()``), not only
+    collected: its structured_object_store does ``view = lease.buffer; ...; view.release()``
+    and later ``lease.release()`` (Mooncake's test_structured_object_store.py,
+    ``..._zero_copy_uses_real_buffer_pool``). kvcake counted references to the view's managed
+    buffer, which a released view keeps, so the release raised. Each step below is what the
+    0.3.13 wheel answered to the same calls (probe of 2026-12-02)."""
+    pool = BufferPool(None, min_size_class=4096, alignment=4096)
+    lease = pool.acquire(100)
+    view = lease.buffer
+    view[:3] = b"abc"
+    view.release()
+    lease.release()  # the released view is still referenced here, and does not count
+
+    lease = pool.acquire(100)
+    view = lease.buffer
+    piece = view[1:3]
+    view.release()
+    with pytest.raises(RuntimeError, match="exported views"):
+        lease.release()  # a live slice of a released view still counts
+    piece.release()
+    lease.release()
+
+    lease = pool.acquire(100)
+    view = lease.buffer
+    alias = memoryview(view)
+    alias.release()
+    with pytest.raises(RuntimeError, match="exported views"):
+        lease.release()  # the view itself is alive
+    view.release()
+    lease.release()
+    pool.close()
+
+
 def test_sizes_no_class_serves_get_a_dedicated_region() -> None:
     pool = BufferPool(None, 64 * 1024, min_size_class=4096, max_size_class=8192, alignment=4096)
     for size in (0, 8193, 1 << 20):  # 0 from the smallest class; the others dedicated

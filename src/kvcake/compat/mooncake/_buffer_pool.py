@@ -10,8 +10,9 @@ for the zero-copy calls, with the 0.3.13 wheel's observable behaviour (measured 
 - an exhausted pool blocks (up to ``timeout``) or raises; every pool error is a RuntimeError,
   as the wheel's are (they also derive from MemoryError / TimeoutError, what kvcake raised first);
 - ``lease.buffer`` is a fresh memoryview each time; ``release()`` refuses while any view of it
-  (an alias, a slice, a numpy array over it) is alive, and so does ``close()`` while leases are
-  out: a recycled region must never be written through a stale view.
+  (an alias, a slice, a numpy array over it) is alive and not released (``view.release()``
+  frees it, as on the wheel), and so does ``close()`` while leases are out: a recycled region
+  must never be written through a stale view.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 _PHYS = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -45,11 +47,37 @@ class _Region:
         self.m, self.ptr, self.cls = m, ptr, cls
 
 
-def _mbuf_refs(view: memoryview) -> int:
-    # CPython: every memoryview derived from ``view`` (slices, memoryview(v), numpy's) holds a
-    # reference to the one managed buffer they share, so its refcount counts the live views.
-    (mbuf,) = gc.get_referents(view)
-    return sys.getrefcount(mbuf)
+def _exports_reader() -> Callable[[object], int] | None:
+    """CPython's managed buffer (``_PyManagedBufferObject``: the object header, ``int flags``,
+    ``Py_ssize_t exports``) counts the memoryviews registered on it that are neither released
+    nor collected, which is exactly "views still alive". Checked once on a probe; ``None`` when
+    this interpreter lays it out otherwise."""
+    offset = object.__basicsize__ + ctypes.sizeof(ctypes.c_ssize_t)  # int flags, padded
+
+    def read(mbuf: object) -> int:
+        return ctypes.c_ssize_t.from_address(id(mbuf) + offset).value
+
+    try:
+        base = memoryview(bytearray(8))
+        (mbuf,) = gc.get_referents(base)
+        if type(mbuf).__name__ != "managedbuffer" or read(mbuf) != 1:
+            return None
+        view = base[2:4]
+        alive = read(mbuf)
+        view.release()
+        return read if (alive, read(mbuf)) == (2, 1) else None
+    except (ValueError, TypeError):
+        return None
+
+
+_LIVE_VIEWS = _exports_reader()
+
+
+def _views(mbuf: object) -> int:
+    """Views of a lease's managed buffer that still count: the live ones (a released view does
+    not, as on the wheel). Without the exports count, references to the managed buffer (every
+    view derived from the lease's holds one, released or not) stand in for it."""
+    return _LIVE_VIEWS(mbuf) if _LIVE_VIEWS is not None else sys.getrefcount(mbuf)
 
 
 class BufferLease:
@@ -60,8 +88,9 @@ class BufferLease:
         self._pool: BufferPool | None = pool
         self._region = region
         self.ptr, self.size = region.ptr, size
-        self._base = memoryview(region.m)[:size]  # its own managed buffer: see _mbuf_refs
-        self._idle_refs = _mbuf_refs(self._base)
+        self._base = memoryview(region.m)[:size]  # its own managed buffer: see _views
+        (self._mbuf,) = gc.get_referents(self._base)
+        self._idle = _views(self._mbuf)
 
     @property
     def buffer(self) -> memoryview:
@@ -70,7 +99,7 @@ class BufferLease:
         return self._base[:]
 
     def _exported(self) -> bool:
-        return _mbuf_refs(self._base) > self._idle_refs
+        return _views(self._mbuf) > self._idle
 
     def release(self) -> None:
         if self._pool is None:
