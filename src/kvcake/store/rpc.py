@@ -93,8 +93,7 @@ class BufferedFrames:
         return framing.Frame(hdr, msg, data)
 
     def _fill(self) -> bool:
-        recv = lambda flags: self.sock.recv(1 << 16, flags)  # noqa: E731
-        chunk = self._poller.recv(recv, new_frame=not self.buf)
+        chunk = self._poller.recv(self.sock.recv, (1 << 16,), not self.buf)
         self.buf += chunk
         return bool(chunk)
 

@@ -354,14 +354,18 @@ class TransferEngine:
     def _sync(
         self, op: Op, target: str, local: str, local_offset: int, target_offset: int, length: int
     ) -> None:
-        # The checks of _plan, in its order, without building a request first.
+        # The checks of _plan, in its order, without building a request first (the typed
+        # error is worded by check_range only when one fails: this is the latency path).
         if length <= 0:
             raise InvalidRequest(f"length must be > 0, got {length}")
         seg = self._segments.get(local)
-        check_range(local, seg.size, local_offset, length)
+        view = seg.view
+        if local_offset < 0 or local_offset + length > view.nbytes:
+            check_range(local, view.nbytes, local_offset, length)
         info = self.registry.target(target)
-        check_range(target, info.size, target_offset, length)
-        view = seg.view[local_offset : local_offset + length]
+        if target_offset < 0 or target_offset + length > info.size:
+            check_range(target, info.size, target_offset, length)
+        view = view[local_offset : local_offset + length]
         if self._try_fast(op, view, info, target_offset):
             return
         req = TransferRequest(

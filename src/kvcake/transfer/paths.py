@@ -55,6 +55,8 @@ class PathHealth:
         """An up path for ``lane`` (round-robin within the best tier), else a down one whose
         probe is due and succeeds now, else ``None``."""
         if not self._down:  # the common case: everything up, no bookkeeping
+            if type(paths) is tuple and len(paths) == 1:  # one path: no tier to pick
+                return paths[0].address
             best = _best_tier(tuple(paths))
             return best[lane % len(best)] if best else None
         by_tier: dict[int, list[str]] = {}

@@ -76,18 +76,19 @@ def recv_exact_views(sock: socket.socket, views: list[memoryview]) -> None:
             break
 
 
-def recv_polling(recv: Callable[[int], T], spin_ns: int) -> T:
-    """``recv(flags)`` on a blocking socket: first without blocking (``MSG_DONTWAIT``), again
-    and again for up to ``spin_ns``, then blocking. See ``TransferConfig.busy_poll_us``."""
+def recv_polling(recv: Callable[..., T], args: tuple[object, ...], spin_ns: int) -> T:
+    """``recv(*args, flags)`` on a blocking socket: first without blocking (``MSG_DONTWAIT``),
+    again and again for up to ``spin_ns``, then blocking. See ``TransferConfig.busy_poll_us``.
+    (Arguments are passed through, not bound in a closure: this runs on every request.)"""
     if spin_ns:
         deadline = time.perf_counter_ns() + spin_ns
         while True:
             try:
-                return recv(socket.MSG_DONTWAIT)
+                return recv(*args, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 if time.perf_counter_ns() >= deadline:
                     break
-    return recv(0)
+    return recv(*args, 0)
 
 
 PREEMPTED_NS = 200_000  # a spin iteration this long means another task had our CPU
@@ -125,7 +126,7 @@ class AdaptivePoll:
             self.spin_ns = max(self.base_ns, min(self.cap_ns, longest * 3 // 2 + 20_000))
 
 
-def recv_adaptive(recv: Callable[[int], T], poll: AdaptivePoll) -> T:
+def recv_adaptive(recv: Callable[..., T], args: tuple[object, ...], poll: AdaptivePoll) -> T:
     """:func:`recv_polling` with the window of ``poll``, which learns from the wait."""
     spin_ns = poll.spin_ns
     t0 = last = time.perf_counter_ns()
@@ -134,7 +135,7 @@ def recv_adaptive(recv: Callable[[int], T], poll: AdaptivePoll) -> T:
         deadline = t0 + spin_ns
         while True:
             try:
-                out = recv(socket.MSG_DONTWAIT)
+                out = recv(*args, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 now = time.perf_counter_ns()
                 if now - last > PREEMPTED_NS:
@@ -148,7 +149,7 @@ def recv_adaptive(recv: Callable[[int], T], poll: AdaptivePoll) -> T:
                 now = time.perf_counter_ns()
                 poll.observe(now - t0, now, preempted)
                 return out
-    out = recv(0)
+    out = recv(*args, 0)
     now = time.perf_counter_ns()
     poll.observe(now - t0, now, preempted)
     return out
@@ -163,10 +164,11 @@ class Poller:
         self.base_ns = int(busy_poll_us * 1000)
         self.adaptive = AdaptivePoll(busy_poll_us) if busy_poll_us else None
 
-    def recv(self, recv: Callable[[int], T], new_frame: bool) -> T:
+    def recv(self, recv: Callable[..., T], args: tuple[object, ...], new_frame: bool) -> T:
+        """``recv(*args, flags)``, waiting as described above."""
         if new_frame and self.adaptive is not None:
-            return recv_adaptive(recv, self.adaptive)
-        return recv_polling(recv, self.base_ns)
+            return recv_adaptive(recv, args, self.adaptive)
+        return recv_polling(recv, args, self.base_ns)
 
 
 class FrameReader:
@@ -198,15 +200,12 @@ class FrameReader:
             self._buf[:n] = self._view[self._start : self._end]
             self._start, self._end = 0, n
         while self._end < need:
-            got = self._recv(self._view[self._end :])
+            view = self._view[self._end :]
+            got = self._poller.recv(self.sock.recv_into, (view, 0), self._end == 0)
             if got == 0:
                 return False
             self._end += got
         return True
-
-    def _recv(self, view: memoryview) -> int:
-        recv = lambda flags: self.sock.recv_into(view, 0, flags)  # noqa: E731
-        return self._poller.recv(recv, new_frame=self._end == 0)
 
     def read_header(self, limits: framing.FrameLimits) -> framing.FrameHeader | None:
         """The next header; ``None`` on a clean EOF between frames."""
