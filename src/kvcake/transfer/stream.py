@@ -238,7 +238,7 @@ class FrameReader:
         out of the read-ahead buffer when they fit."""
         if n > len(self._buf):
             return codec.decode(self.read_bytes(n))
-        if not self._fill(n):
+        if self._end - self._start < n and not self._fill(n):
             raise TruncatedFrame(f"stream ended inside a {n}-byte section")
         start = self._start
         self._start = start + n
@@ -257,7 +257,7 @@ class FrameReader:
 
     def read_into(self, dest: memoryview) -> None:
         """Fill ``dest`` exactly: read-ahead bytes first, then straight from the socket."""
-        take = min(self.buffered, dest.nbytes)
+        take = min(self._end - self._start, dest.nbytes)
         if take:
             dest[:take] = self._view[self._start : self._start + take]
             self._start += take
