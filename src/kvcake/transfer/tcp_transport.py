@@ -207,7 +207,8 @@ class TcpTransport(Transport):
             add_request(parts, rid, op, [target.name], rows, views, total)
             send_all(ep.sock, parts)
             if self.hooks.after_send is not None:
-                self.hooks.sent(ep.address)
+                for _ in views:  # one call per entry, as the lanes make one per slice
+                    self.hooks.sent(ep.address)
             return read_vreply(ep.reader, rid, op, views)
 
         out = self._inline(target, work)
