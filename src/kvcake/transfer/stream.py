@@ -200,8 +200,9 @@ class FrameReader:
             self._buf[:n] = self._view[self._start : self._end]
             self._start, self._end = 0, n
         while self._end < need:
-            view = self._view[self._end :]
-            got = self._poller.recv(self.sock.recv_into, (view, 0), self._end == 0)
+            got = self._poller.recv(
+                self.sock.recv_into, (self._view[self._end :], 0), not self._end
+            )
             if got == 0:
                 return False
             self._end += got
@@ -297,7 +298,7 @@ class FrameReader:
 
     def has_frame_header(self) -> bool:
         """Is another header already read ahead (so replies may wait to be batched)?"""
-        return self.buffered >= framing.HEADER_SIZE
+        return self._end - self._start >= _HSIZE
 
 
 class FrameWriter:
