@@ -136,6 +136,10 @@ class VllmCluster:
         print(msg, flush=True)
 
     def respawn(self, ch: VllmChild) -> None:
+        if isinstance(ch.holder, VllmEngine):
+            gone = ch.holder.reclaim_shm()  # a SIGKILLed engine never unlinks its queues
+            if gone:
+                self.say(f"{ch.name}: removed {len(gone)} shared-memory segment(s) it left")
         ch.respawn()
 
     def start(self) -> str:

@@ -24,6 +24,7 @@ from typing import IO, Any
 import httpx
 
 from kvcake.core.errors import KvcakeError
+from kvcake.serve import shm_orphans
 from kvcake.serve.supervisor import die_with_parent
 
 CONNECTOR = "KvcakeConnector"
@@ -114,6 +115,8 @@ class VllmEngine:
     log_path: Path
     proc: subprocess.Popen[bytes]
     _log: IO[bytes] | None = None
+    # /dev/shm psm_* segments that existed before the engine started (see shm_orphans).
+    shm_before: frozenset[str] = frozenset()
 
     @property
     def url(self) -> str:
@@ -153,6 +156,23 @@ class VllmEngine:
             self.proc.wait(5)
         if self._log is not None:
             self._log.close()
+        self.reclaim_shm()
+
+    def reclaim_shm(self) -> list[str]:
+        """Unlink the message-queue segments a killed engine left in /dev/shm (only ones that
+        appeared since it started and that no live process uses)."""
+        if self.proc.poll() is None:
+            return []
+        # The engine core and worker may still be exiting (their maps keep the segments in
+        # use): wait, briefly, until nothing of the process group is left.
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.05)
+        return shm_orphans.reclaim(self.shm_before)
 
 
 def start_engine(spec: VllmEngineSpec, log_dir: Path) -> VllmEngine:
@@ -161,6 +181,7 @@ def start_engine(spec: VllmEngineSpec, log_dir: Path) -> VllmEngine:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{spec.name}.log"
     log = log_path.open("wb")
+    before = shm_orphans.segments()
     proc = subprocess.Popen(
         spec.argv(),
         env=spec.env(),
@@ -169,7 +190,7 @@ def start_engine(spec: VllmEngineSpec, log_dir: Path) -> VllmEngine:
         start_new_session=True,
         preexec_fn=die_with_parent,
     )
-    return VllmEngine(spec, log_path, proc, log)
+    return VllmEngine(spec, log_path, proc, log, before)
 
 
 @dataclass

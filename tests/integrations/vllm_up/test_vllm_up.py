@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvcake.serve import shm_orphans
+
 PROMPT = {"model": "smollm2", "messages": [{"role": "user", "content": "Say hi."}],
           "max_tokens": 4, "temperature": 0}  # fmt: skip
 
@@ -37,6 +39,21 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def mapped_segments(pid: int) -> set[str]:
+    try:
+        with open(f"/proc/{pid}/maps") as fh:
+            return {os.path.basename(ln.split()[-1]) for ln in fh if "/dev/shm/psm_" in ln}
+    except OSError:
+        return set()
 
 
 @pytest.mark.timeout(1800)  # three engine starts; each took 1-5 min on a loaded 2-core machine
@@ -62,6 +79,11 @@ def test_up_pd_roles_and_restart_of_a_killed_engine(tmp_path: Path) -> None:
         fleet = httpx.get(url + "/fleet", timeout=10).json()
         assert fleet["pd"] and fleet["engines"]["vllm-prefill-0"]["role"] == "prefill"
         engine = st["processes"]["vllm-decode-0"]
+        group = [
+            int(p) for p in os.listdir("/proc") if p.isdigit() and pgid(int(p)) == engine["pid"]
+        ]
+        queues = {n for p in group for n in mapped_segments(p)}  # its /dev/shm message queues
+        assert queues, "the engine maps no psm_* segment: the leak check below would be vacuous"
         os.killpg(engine["pid"], signal.SIGKILL)  # API server, engine core and worker at once
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -72,6 +94,8 @@ def test_up_pd_roles_and_restart_of_a_killed_engine(tmp_path: Path) -> None:
         else:
             raise AssertionError(f"the decode was not restarted: {state(run_dir)['processes']}")
         assert "killed by SIGKILL" in e["last_exit"]
+        # A SIGKILLed engine never unlinks its queues (~400 MB): the supervisor removed them.
+        assert not [n for n in queues if (shm_orphans.SHM_DIR / n).exists()]
         pids.append(e["pid"])
         assert e["addresses"]["url"] == engine["addresses"]["url"]  # the same port again
         deadline = time.monotonic() + 120
