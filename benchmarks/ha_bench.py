@@ -245,6 +245,10 @@ def one_round(mode: str, url: str, args: argparse.Namespace, r: int, tmp: str) -
     finally:
         for p in reversed(procs):
             p.stop()
+        if os.environ.get("KVCAKE_HA_BENCH_VERBOSE") and procs:
+            for line in procs[0].lines:  # the master's group-commit statistics at its stop
+                if "oplog:" in line:
+                    print("   ", line.strip())
 
 
 def main() -> int:
