@@ -25,7 +25,7 @@ from kvcake.store.ha.etcd import Etcd
 from tests.store.ha.conftest import EtcdServer, Relay, spawn_master, wait_line
 from tests.store.procs import Proc, spawn
 
-OBJECTS = int(os.environ.get("KVCAKE_HA_OBJECTS", "5000"))
+OBJECTS = int(os.environ.get("KVCAKE_HA_OBJECTS", "10000"))  # the count (~55 s here)
 
 
 def _leader_proc(etcd: Etcd, cluster: str, masters: list[Proc], timeout: float = 30) -> Proc:

@@ -1,7 +1,9 @@
 """A store client process for the HA tests: puts ``--count`` checksummed objects (seeded random
 bytes, the CRC32 in the key) through ``--master`` and appends every acknowledged key to
 ``--out`` at once (so a killed master cannot make us forget an acknowledgement). Failed puts
-are counted, not retried: only acknowledged objects are promised to survive.
+are counted, not retried: only acknowledged objects are promised to survive. Every 8th put is
+followed by a get of an earlier acknowledged object: a get that fails during a failover is
+counted, one that returns other bytes ends the worker with exit code 1.
 
 ``python -m tests.store.ha.worker --master etcd://... --prefix c0 --count 2500 --out FILE``
 """
@@ -36,7 +38,8 @@ def main() -> int:
     args = ap.parse_args()
     rng = random.Random(args.prefix)
     end = time.monotonic() + args.deadline_s
-    failed = 0
+    failed = get_failed = 0
+    acked: list[str] = []
     with Client(master=args.master) as client, open(args.out, "a") as out:
         print("worker ready", flush=True)
         for i in range(args.count):
@@ -52,7 +55,18 @@ def main() -> int:
                 continue
             out.write(key + "\n")
             out.flush()
-    print(f"worker done failed={failed}", flush=True)
+            acked.append(key)
+            if i % 8 == 0:
+                old = rng.choice(acked)
+                try:
+                    got = bytes(client.get(old))
+                except KvcakeError:
+                    get_failed += 1
+                    continue
+                if f"{zlib.crc32(got):08x}" != old.rsplit("/", 1)[1]:
+                    print(f"get {old}: wrong bytes ({len(got)} B)", flush=True)
+                    return 1
+    print(f"worker done failed={failed} get_failed={get_failed}", flush=True)
     return 0
 
 
