@@ -17,7 +17,10 @@ def register(sub: Any) -> None:
         "SGLang HiCache, scripts) import mooncake.store / mooncake.engine. `install` writes a "
         "thin `mooncake` package into this interpreter's site-packages (or --target) whose "
         "modules are kvcake's; it refuses while a real Mooncake is importable, so it never "
-        "shadows one. `uninstall` removes only the shim. `status` says which is active.",
+        "shadows one. It also writes kvcake's stand-ins for Mooncake's programs "
+        "(mooncake_master, mooncake_client, transfer_engine_bench) into this venv's scripts "
+        "directory (or TARGET/bin), never over a program that is not kvcake's. `uninstall` "
+        "removes only what the shim wrote. `status` says which is active.",
     )
     p.add_argument("action", choices=("install", "uninstall", "status"))
     p.add_argument("--target", type=Path, help="directory to write to (default: site-packages)")
@@ -28,9 +31,13 @@ def _run(args: argparse.Namespace) -> int:
     from kvcake.compat.mooncake import shim
 
     if args.action == "install":
+        from kvcake.compat.mooncake import programs
+
         pkg = shim.install(args.target)
         print(f"kvcake mooncake shim installed: {pkg}")
         print("  `import mooncake.store` / `import mooncake.engine` now use kvcake")
+        bin_dir = programs.scripts_dir(args.target)
+        print(f"  programs in {bin_dir}: {', '.join(programs.PROGRAMS)}")
         return 0
     if args.action == "uninstall":
         gone = shim.uninstall(args.target)
@@ -41,6 +48,10 @@ def _run(args: argparse.Namespace) -> int:
     print(f"active: {cur.describe() if cur else 'none (import mooncake fails)'}")
     for f in shim.found(paths)[1:]:
         print(f"shadowed: {f.describe()}")
+    from kvcake.compat.mooncake import programs
+
+    for line in programs.status_lines(programs.scripts_dir(args.target)):
+        print(line)
     return 0 if cur is not None else 1
 
 

@@ -78,7 +78,11 @@ FLAGS: dict[str, Flag] = {
         lambda v: ",".join(f"http://{e}" if "://" not in e else e for e in v.split(";") if e),
         "a;b -> http://a,http://b (the HA issue's --etcd-endpoints)",
     ),
-    "cluster_id": Flag("cluster", str, "etcd key prefix"),
+    "cluster_id": Flag("cluster", str, "etcd key prefix; the file tier's subdirectory"),
+    # Mooncake's DISK replicas: every put written through to a file under root_fs_dir
+    # (kvcake's file tier, store/filetier.py; the master turns it on when the path is set)
+    "root_fs_dir": Flag("root_fs_dir", str, "the shared file tier's root (--root-fs-dir)"),
+    "quota_bytes": Flag("root_fs_quota", int, "bytes of the file tier (0 = 90% of its filesystem)"),
 }
 # Handled specially (see apply): they combine with other flags.
 SPECIAL = {
@@ -97,31 +101,59 @@ IGNORED = {
     "processing_task_timeout_sec", "max_retry_attempts", "enable_metadata_cleanup_on_timeout",
     "logtostderr", "minloglevel",
     # kvcake's disk tier is each storage node's own (ssd_offload_path), promoting on hits always
-    "root_fs_dir", "promotion_on_hit", "promotion_max_per_heartbeat", "promotion_queue_limit",
+    "promotion_on_hit", "promotion_max_per_heartbeat", "promotion_queue_limit",
+    # the file tier: a full quota takes no more files (no eviction); capacity is root_fs_quota
+    "enable_disk_eviction", "global_file_segment_size",
 }  # fmt: skip
+
+
+def add_gflags(
+    parser: argparse.ArgumentParser, title: str, flags: dict[str, str], prefix: str = "mc_"
+) -> None:
+    """Declare gflags-style flags (``--name=v``, ``--name v``, ``-name=v``, a bare ``--bool``
+    meaning true) under ``prefix + name``; a flag the parser already has keeps its own."""
+    group = parser.add_argument_group(title, "Mooncake's names and units (docs/compat/mooncake.md)")
+    taken = parser._option_string_actions
+    for name, meaning in flags.items():
+        names = [o for o in (f"--{name}", f"-{name}") if o not in taken]
+        if names:
+            group.add_argument(
+                *names, dest=f"{prefix}{name}", nargs="?", const="true", default=None,
+                metavar="V", help=meaning,
+            )  # fmt: skip
+
+
+def given_gflags(args: argparse.Namespace, prefix: str = "mc_") -> dict[str, str]:
+    """The gflags given on the command line, by Mooncake name."""
+    n = len(prefix)
+    return {k[n:]: v for k, v in vars(args).items() if k.startswith(prefix) and v is not None}
+
+
+def parse_gflags(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args`` that names the closest known flag for a misspelt one (exit 2)."""
+    import difflib
+
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        known = [o for o in parser._option_string_actions if o.startswith("--")]
+        flag = unknown[0].split("=", 1)[0]
+        close = difflib.get_close_matches("--" + flag.lstrip("-"), known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        parser.error(f"unknown flag {flag!r}{hint}; see --help")
+    return args
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """Declare every Mooncake master flag (both ``--name`` and gflags' ``-name``)."""
-    group = parser.add_argument_group(
-        "mooncake_master flags",
-        "accepted with Mooncake's names and units (docs/compat/mooncake.md)",
-    )
-    for name in [*FLAGS, *SPECIAL, *sorted(IGNORED)]:
-        meaning = FLAGS[name].meaning if name in FLAGS else SPECIAL.get(name, "ignored by kvcake")
-        taken = parser._option_string_actions  # kvcake's own flag of the same name wins
-        names = [o for o in (f"--{name}", f"-{name}") if o not in taken]
-        if not names:
-            continue
-        group.add_argument(
-            *names, dest=f"mc_{name}", nargs="?", const="true", default=None,
-            metavar="V", help=meaning,
-        )  # fmt: skip
+    meanings = {name: FLAGS[name].meaning for name in FLAGS}
+    meanings.update(SPECIAL)
+    meanings.update(dict.fromkeys(sorted(IGNORED), "ignored by kvcake"))
+    add_gflags(parser, "mooncake_master flags", meanings)
 
 
 def apply(args: argparse.Namespace) -> None:
     """Copy the Mooncake flags given onto kvcake's dests (explicit kvcake flags win)."""
-    given = {k[3:]: v for k, v in vars(args).items() if k.startswith("mc_") and v is not None}
+    given = given_gflags(args)
     if not given:
         return
     for name, value in given.items():

@@ -2,7 +2,9 @@
 ``mooncake.engine`` *are* kvcake's (``sys.modules`` aliases), written into a site-packages
 directory on request and removed again. It is never written over, or in front of, a real
 Mooncake: :func:`install` refuses while one is importable. A marker file tells the shim from the
-wheel, so :func:`uninstall` never deletes a real Mooncake."""
+wheel, so :func:`uninstall` never deletes a real Mooncake. The same switch writes (and removes)
+the stand-ins for Mooncake's programs, ``mooncake_master``, ``mooncake_client`` and
+``transfer_engine_bench`` (:mod:`.programs`)."""
 
 from __future__ import annotations
 
@@ -117,7 +119,11 @@ def active() -> Found | None:
 
 
 def install(target: Path | None = None) -> Path:
-    """Write the shim into ``target`` (default: this interpreter's site-packages)."""
+    """Write the shim into ``target`` (default: this interpreter's site-packages) and the
+    programs into :func:`programs.scripts_dir` (``target/bin``, or this venv's scripts)."""
+    from kvcake.compat.mooncake import programs
+
+    bin_dir = programs.scripts_dir(target)
     target = target or site_dir()
     real = [f for f in found([*sys.path, str(target)]) if not f.is_shim]
     if real:
@@ -125,21 +131,32 @@ def install(target: Path | None = None) -> Path:
             f"a real Mooncake is installed ({real[0].describe()}); the shim never shadows it. "
             "Use a venv without Mooncake, or `pip uninstall mooncake-transfer-engine-non-cuda`."
         )
+    other = programs.foreign(bin_dir)
+    if other:
+        raise ShimError(
+            f"{other[0].path} is not kvcake's (a real Mooncake's program?); the shim never "
+            "writes over it. Remove it or install into a venv without Mooncake."
+        )
     pkg = target / "mooncake"
     pkg.mkdir(parents=True, exist_ok=True)
     for name, text in FILES.items():
         (pkg / name).write_text(text)
+    programs.install(bin_dir)
     importlib.invalidate_caches()
     return pkg
 
 
 def uninstall(target: Path | None = None) -> Path | None:
-    """Remove the shim from ``target``; a real Mooncake there is left alone (ShimError)."""
+    """Remove the shim from ``target`` and kvcake's programs from its scripts dir; a real
+    Mooncake there is left alone (ShimError), as are programs that are not kvcake's."""
+    from kvcake.compat.mooncake import programs
+
     pkg = (target or site_dir()) / "mooncake"
+    if pkg.exists() and not is_shim(pkg):
+        raise ShimError(f"{pkg} is not kvcake's shim (a real Mooncake is there); not removing it")
+    programs.uninstall(programs.scripts_dir(target))
     if not pkg.exists():
         return None
-    if not is_shim(pkg):
-        raise ShimError(f"{pkg} is not kvcake's shim (a real Mooncake is there); not removing it")
     shutil.rmtree(pkg)
     importlib.invalidate_caches()
     return pkg
