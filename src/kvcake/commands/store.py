@@ -82,7 +82,7 @@ def _master(args: argparse.Namespace) -> int:
         from kvcake.commands._ha_master import run_master
 
         return run_master(cfg, ha)
-    master = Master(cfg)
+    master = Master(cfg, cluster=ha.cluster)
     from kvcake.core.memtrace import install_from_env
 
     install_from_env("master")  # KVCAKE_TRACEMALLOC=DIR: heap snapshots on SIGUSR2 (soak.py)

@@ -30,6 +30,7 @@ from kvcake.store.errors import (
     TransferFailed,
     error_for,
 )
+from kvcake.store.filewriter import FileWriter
 from kvcake.store.liveness import Heartbeater
 from kvcake.store.memtune import tune_malloc
 from kvcake.store.reads import ReadPath, byte_view
@@ -82,6 +83,7 @@ class Client(ReadPath):
         self.host = self.cfg.hostname
         self.segments: dict[str, memoryview] = {}
         self.remount_hooks: list[Callable[[], None]] = [self._remount]
+        self._writer: FileWriter | None = None  # the file tier's (store/filewriter.py), lazily
         self._closed = True
         try:
             staging = f"staging-{self.id.replace('/', '-')}"
@@ -254,10 +256,15 @@ class Client(ReadPath):
     ) -> list[Result]:
         errors: dict[str, Exception] = {}
         writes: list[tuple[str, memoryview, P.ReplicaDesc]] = []
+        files: list[tuple[str, memoryview, P.ReplicaDesc]] = []
         for key, view, res in zip(keys, views, reply.results, strict=True):
             if res.code != 0:
                 errors[key] = error_for(res.code, f"{key!r}: {res.message}")
-            writes += [(key, view, rep) for rep in res.replicas]
+            reps = res.replicas
+            if reps and reps[-1].tier == "file":  # written after PutEnd (store/filewriter.py)
+                files.append((key, view, reps[-1]))
+                reps = reps[:-1]
+            writes += [(key, view, rep) for rep in reps]
         failed_writes = self._write_all(writes)
         if failed_writes:  # stale cached locations (a node restarted under its name): retry once
             again = [w for w in writes if w[0] in failed_writes]
@@ -278,7 +285,22 @@ class Client(ReadPath):
                 error_for(codes[k].code, codes[k].message) if k in codes and codes[k].code else r
                 for k, r in zip(keys, results, strict=True)
             ]
+        if files:
+            ok = {k for k, r in zip(keys, results, strict=True) if r is None}
+            for key, view, rep in files:
+                if key in ok:
+                    self._file_writer().submit(key, view, rep)
         return results
+
+    def _file_writer(self) -> FileWriter:
+        if self._writer is None:  # its own master connection: reports do not queue behind puts
+            conn = _connection(self.cfg.master, self.cfg.rpc_timeout_s, auth=self.auth)
+            self._writer = FileWriter(
+                lambda key, off, ok: conn.call(P.TaskDone(self.id, "persist", key, ok, offset=off)),
+                self.cfg.file_queue_bytes,
+            )
+            self._writer_conn = conn
+        return self._writer
 
     def _write_all(
         self, writes: list[tuple[str, memoryview, P.ReplicaDesc]]
@@ -365,6 +387,9 @@ class Client(ReadPath):
         if getattr(self, "_closed", True):
             return
         self._closed = True
+        if self._writer is not None:  # queued file writes first: they are acknowledged puts
+            self._writer.close()
+            self._writer_conn.close()
         self.heartbeat.stop()
         for name in list(self.segments):
             with contextlib.suppress(KvcakeError):

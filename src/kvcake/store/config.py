@@ -47,6 +47,11 @@ class MasterConfig:
     # (0 = unlimited). Puts without a tenant are never limited.
     tenant_quotas: tuple[str, ...] = ()
     tenant_quota: int = size_field(0)
+    # The shared file tier (store/filetier.py, docs/store.md "File tier"): every put is also
+    # written to a file under root_fs_dir/<cluster>/ by its client; evicted objects stay
+    # readable from there. None = off. Quota 0 = 90% of that filesystem's size.
+    root_fs_dir: Path | None = None
+    root_fs_quota: int = size_field(0)
 
     def __post_init__(self) -> None:
         from kvcake.store.strategy import STRATEGIES
@@ -81,6 +86,7 @@ class MasterConfig:
         from kvcake.store.tenants import parse_quotas
 
         parse_quotas(self.tenant_quotas)  # ConfigError names a bad entry
+        require(0 <= self.root_fs_quota <= 1 << 50, "master.root_fs_quota must be in [0, 1PiB]")
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,9 @@ class ClientConfig:
     busy_poll_us: float = 50.0  # master replies: poll before sleeping (TransferConfig doc)
     tenant: str = ""  # puts are charged to this tenant's quota (master.tenant_quotas)
     space_wait_s: float = 5.0  # memory full while offloads to disk run: re-put this long
+    # File tier (master.root_fs_dir): bytes of finished puts queued for the background writer;
+    # a put waits while the queue is fuller than this.
+    file_queue_bytes: int = size_field("256MiB")
 
     def __post_init__(self) -> None:
         require(":" in self.master, f"client.master must be host:port, got {self.master!r}")
@@ -110,6 +119,7 @@ class ClientConfig:
         )
         require(self.rpc_timeout_s > 0, "client.rpc_timeout_s must be > 0")
         require(self.space_wait_s >= 0, "client.space_wait_s must be >= 0")
+        require(self.file_queue_bytes > 0, "client.file_queue_bytes must be > 0")
         require(0 <= self.rpc_retries <= 10, "client.rpc_retries must be in [0, 10]")
         require(0 <= self.busy_poll_us <= 10_000, "client.busy_poll_us must be in [0, 10000]")
 

@@ -86,14 +86,7 @@ class DiskTier:
         return key, size
 
     def write(self, key: str, data: memoryview) -> None:
-        kb = key.encode()
-        head = HEAD.pack(MAGIC, 1, len(kb), data.nbytes, _crc(data))
-        final = self.path(key)
-        tmp = final.with_suffix(f".tmp{threading.get_ident()}")
-        with tmp.open("wb") as fh:
-            fh.write(head + kb)
-            fh.write(data)
-        os.replace(tmp, final)
+        write_object_file(self.path(key), key, data)
         with self._lock:
             self.index[key] = data.nbytes
 
@@ -105,14 +98,11 @@ class DiskTier:
         except FileNotFoundError as exc:
             raise ObjectNotFound(f"{key!r} is not on disk") from exc
         try:
-            got, size, crc, start = _parse(raw)
-        except ValueError as exc:
+            body = verified_value(raw, key)
+        except ChecksumMismatch:
             self.delete(key)
-            raise ChecksumMismatch(f"{key!r}: corrupt header ({exc})") from exc
-        body = memoryview(raw)[start:]
-        if got != key or _crc(body) != crc:
-            self.delete(key)
-            raise ChecksumMismatch(f"{key!r}: checksum mismatch on disk")
+            raise
+        size = body.nbytes
         if out.nbytes != size:
             raise InvalidParams(f"{key!r} has {size} bytes on disk, asked for {out.nbytes}")
         out[:size] = body
@@ -127,6 +117,38 @@ class DiskTier:
     def used_bytes(self) -> int:
         with self._lock:
             return sum(self.index.values())
+
+
+def write_object_file(final: Path, key: str, data: memoryview) -> None:
+    """Write ``key``'s value as one object file (the layout above): a temporary name in the
+    same directory, then an atomic rename, so readers see the old file or the whole new one."""
+    kb = key.encode()
+    head = HEAD.pack(MAGIC, 1, len(kb), data.nbytes, _crc(data))
+    tmp = final.with_name(f"{final.name}.tmp{os.getpid()}.{threading.get_ident()}")
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(head + kb)
+            fh.write(data)
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def verified_value(raw: bytes, key: str) -> memoryview:
+    """The value in an object file's bytes ``raw``, after checking its header, length, key and
+    CRC; ChecksumMismatch (with the reason) when any of them fails."""
+    try:
+        got, _size, crc, start = _parse(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ChecksumMismatch(f"{key!r}: corrupt file header ({exc})") from exc
+    body = memoryview(raw)[start:]
+    if got != key:
+        raise ChecksumMismatch(f"{key!r}: the file holds another key")
+    if _crc(body) != crc:
+        raise ChecksumMismatch(f"{key!r}: checksum mismatch in the file")
+    return body
 
 
 def _parse(raw: bytes) -> tuple[str, int, int, int]:

@@ -216,7 +216,7 @@ class MasterHandlers:
         return P.Reply(snapshot=self.state.kv_snapshot(), events=self.events())
 
     def task_done(self, m: P.TaskDone) -> P.Reply:
-        self.state.task_done(ClientId(m.client), m.kind, m.key, m.ok)
+        self.state.task_done(ClientId(m.client), m.kind, m.key, m.ok, m.offset)
         return P.Reply()
 
     def copy_start(self, m: P.ReplicaCopyStart) -> P.Reply:
@@ -328,13 +328,18 @@ class Master:
         with_directory: bool = True,
         state_factory: Callable[..., MasterState] = MasterState,
         auth: _auth.Authenticator | None = None,
+        cluster: str = "kvcake",
     ):
+        """``cluster``: the pool's name (``--cluster``); the file tier lives in
+        ``root_fs_dir/<cluster>``."""
         self.cfg = config
         # One shared secret for the RPC, the directory and the HTTP (None: the environment's).
         self.auth = auth = _auth.resolve(auth)
         # store/ha passes a factory of a journaled state rebuilt from its operation log.
         self.state = state_factory(config, owner_dead=self._segment_owner_dead)
         self.metrics = MasterMetrics(self.state)
+        if config.root_fs_dir is not None:
+            mount_file_tier(self.state, config, cluster)
         self.directory: Any = None
         if with_directory:
             from kvcake.transfer.metadata import DirectoryService
@@ -430,6 +435,7 @@ class Master:
                         break
                     time.sleep(EVICT_YIELD_S)  # let waiting RPC threads take the lock
                 self.state.sweep_processing()
+                self.state.reap_files()
                 self.state.sweep_copies(lambda c: c in self.state.clients)
                 now = time.monotonic()
                 if now >= next_expiry:
@@ -453,3 +459,20 @@ class Master:
             self.directory.stop()
         if self.publisher is not None:
             self.publisher.stop()
+
+
+def mount_file_tier(state: MasterState, cfg: MasterConfig, cluster: str) -> None:
+    """Create ``root_fs_dir/<cluster>`` and its 256 subdirectories; the tier's quota is
+    ``root_fs_quota`` or 90% of that filesystem."""
+    from kvcake.core.errors import ConfigError
+    from kvcake.store.filetier import default_quota
+
+    assert cfg.root_fs_dir is not None
+    directory = cfg.root_fs_dir.expanduser().resolve() / cluster
+    try:
+        for i in range(256):
+            (directory / f"{i:02x}").mkdir(parents=True, exist_ok=True)
+        quota = cfg.root_fs_quota or default_quota(directory)
+    except OSError as exc:
+        raise ConfigError(f"master.root_fs_dir: cannot use {directory}: {exc}") from exc
+    state.mount_file_tier(str(directory), quota)

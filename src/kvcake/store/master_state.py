@@ -37,6 +37,7 @@ from kvcake.store.errors import (
     SpacePending,
 )
 from kvcake.store.events import EventLog
+from kvcake.store.filetier import FILE_SEGMENT, FileTierMixin, file_path
 from kvcake.store.metadata import ClientInfo, NodeTask, ObjectMeta, Replica, Segment, Status, Tier
 from kvcake.store.patterns import match_regex, matcher
 from kvcake.store.protocol import PutOptions, ReplicaDesc, ReqId
@@ -48,6 +49,7 @@ from kvcake.store.tiering import TieringMixin
 MAX_KEY_LEN = 4096
 SYNC_EVICT_STEPS = 4  # eviction batches a put_start may run when allocation fails
 MEMORY = Tier.MEMORY  # module constant: enum attribute lookups are slow on hot paths
+FILE = Tier.FILE
 MEMORY_V = MEMORY.value
 _COMPLETE, _PROCESSING = Status.COMPLETE, Status.PROCESSING
 _STORED, _REMOVED = StoreEventKind.STORED, StoreEventKind.REMOVED
@@ -68,7 +70,7 @@ def check_key(key: str) -> ObjectKey:
     return ObjectKey(key)
 
 
-class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
+class MasterState(TieringMixin, FileTierMixin, AdminMixin, ReplicaOpsMixin):
     def __init__(
         self,
         config: MasterConfig,
@@ -105,6 +107,7 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
         self.promotions = 0
         self.put_start_alloc_failures = 0  # put_starts refused: no space even after evicting
         self.tenants = TenantQuotas(parse_quotas(config.tenant_quotas), config.tenant_quota)
+        self._init_file_tier()
 
     def check(self) -> None:
         """The tiering invariants, and each tenant's charge == the sizes of its objects."""
@@ -151,8 +154,8 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
     ) -> list[str]:
         """Mount a segment; for a disk tier adopt the verified copies in ``existing`` and return
         those the node must delete (unknown size mismatch or no room)."""
-        if not name:
-            raise InvalidParams("empty segment name")
+        if not name or name == FILE_SEGMENT:
+            raise InvalidParams(f"segment name {name!r} is empty or reserved")
         if capacity <= 0 or capacity > 1 << 50:
             raise InvalidParams(f"segment capacity {capacity} out of range")
         with self.lock:
@@ -241,6 +244,8 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
                 self._drop_segment(self.segments[name])
         for obj in [o for o in self.processing.values() if o.writer == cid]:
             self._drop_object(obj)
+        if self.file_writes:
+            self.abandon_file_writes(cid, 0.0)
         self.tasks.pop(cid, None)
         self.dedup.forget_client(cid)
 
@@ -258,6 +263,8 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
                     break
                 self._drop_object(obj)
                 n += 1
+            if self.file_writes:  # writers silent as long are given up too
+                self.abandon_file_writes(None, limit)
             self.swept += n
         return n
 
@@ -273,6 +280,9 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
     # --- replica helpers ----------------------------------------------------------------------
 
     def _free(self, rep: Replica) -> None:
+        if rep.tier is FILE:
+            self._free_file(rep)
+            return
         seg = self.segments.get(rep.segment)
         if seg is not None:
             seg.allocator.release(rep.offset)
@@ -302,9 +312,8 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
 
     def describe(self, rep: Replica) -> ReplicaDesc:
         seg = self.segments[rep.segment]
-        return ReplicaDesc(
-            rep.segment, seg.host, rep.offset, rep.size, rep.tier._value_, seg.endpoint
-        )
+        where = seg.endpoint if rep.tier is not FILE else file_path(seg.endpoint, rep.offset)
+        return ReplicaDesc(rep.segment, seg.host, rep.offset, rep.size, rep.tier._value_, where)
 
     def leased(self, obj: ObjectMeta) -> bool:
         return obj.lease_until > self.clock()
@@ -344,6 +353,7 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
                 reuse = self._replace(obj, client, size, upsert)
                 if reuse is not None:
                     self._apply_pins(reuse, opts)
+                    self._reserve_file(reuse)
                     return [self.describe(r) for r in reuse.replicas]
             self.tenants.admit(tenant, size)  # before _place: never evict for an over-quota put
             reps = self._place(size, opts, host)
@@ -351,6 +361,7 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
             obj.tenant = tenant
             self.tenants.charge(tenant, size)
             self._apply_pins(obj, opts)
+            self._reserve_file(obj)
             self.objects[okey] = obj
             self.processing[okey] = obj
             return [self.describe(r) for r in reps]
@@ -379,9 +390,10 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
             raise ReplicaNotReady(f"{obj.key!r} is being copied between tiers")
         mem = [r for r in obj.memory() if r.complete]
         if size == obj.size and mem:
-            for rep in obj.disk():
+            for rep in obj.persistent():
                 self._free(rep)
-                self._queue_task(rep.segment, NodeTask("delete", obj.key, obj.size, 0))
+                if rep.tier is Tier.DISK:
+                    self._queue_task(rep.segment, NodeTask("delete", obj.key, obj.size, 0))
             obj.replicas = mem
             self.events.emit(StoreEventKind.REMOVED, (obj.key,))  # invisible while rewritten
             obj.status, obj.writer, obj.put_started = Status.PROCESSING, client, now
@@ -420,10 +432,11 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
             reps = self._try_place(size, opts, host)
         if not reps:
             self.put_start_alloc_failures += 1
-            if self.offloading:
+            if self.offloading or self.file_writes:
                 raise SpacePending(
                     f"no segment has {size} free bytes yet: {len(self.offloading)} objects are "
-                    "being offloaded to disk to make room (retry shortly)"
+                    f"being offloaded to disk, {len(self.file_writes)} written to the file tier "
+                    "to make room (retry shortly)"
                 )
             raise NoSpace(f"no segment has {size} free bytes (and nothing can be evicted)")
         return reps
@@ -454,6 +467,8 @@ class MasterState(TieringMixin, AdminMixin, ReplicaOpsMixin):
             obj = self._writing(client, key)
             obj.status = _COMPLETE
             self.processing.pop(obj.key, None)
+            if self.file_tier is not None:
+                self._file_put_end(obj, client)
             self.events.emit(_STORED, (obj.key,), MEMORY_V)
             obj.soft_pin_until = self.clock() + obj.soft_pin_ttl_s if obj.soft_pin_ttl_s else 0.0
             self.objects.move_to_end(obj.key)

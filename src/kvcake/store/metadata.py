@@ -15,7 +15,8 @@ from kvcake.store.allocator import RangeAllocator
 
 class Tier(StrEnum):
     MEMORY = "memory"
-    DISK = "disk"
+    DISK = "disk"  # a storage node's SSD tier (store-server --ssd-dir), read via its disk service
+    FILE = "file"  # the master's shared file tier (--root-fs-dir), read from the path directly
 
 
 class Status(StrEnum):
@@ -74,6 +75,10 @@ class ObjectMeta:
 
     def disk(self) -> list[Replica]:
         return [r for r in self.replicas if r.tier is Tier.DISK]
+
+    def persistent(self) -> list[Replica]:
+        """Replicas that outlive the memory copies: the SSD tier's and the file tier's."""
+        return [r for r in self.replicas if r.tier is not Tier.MEMORY]
 
 
 @dataclass

@@ -21,8 +21,8 @@ class ReplicaDesc(msgspec.Struct, frozen=True):
     host: str
     offset: int
     size: int
-    tier: str  # "memory" | "disk"
-    endpoint: str = ""  # disk tier: the node's disk service host:port
+    tier: str  # "memory" | "disk" | "file"
+    endpoint: str = ""  # disk tier: the node's disk service host:port; file tier: the file path
 
 
 class PutOptions(msgspec.Struct, frozen=True):
@@ -133,11 +133,15 @@ class KvSnapshot(msgspec.Struct, tag=True):
 
 
 class TaskDone(msgspec.Struct, tag=True):
+    """A node's tier copy (``offload``/``promote``) or a client's file-tier write (``persist``,
+    ``offset`` naming the file replica) finished."""
+
     client: str
     kind: str
     key: str
     ok: bool
     rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
+    offset: int = -1
 
 
 class ReplicaCopyStart(msgspec.Struct, tag=True):

@@ -18,6 +18,7 @@ from kvcake.store.errors import (
     TransferFailed,
     error_for,
 )
+from kvcake.store.filewriter import read_file_ranges
 from kvcake.store.readguard import ReadGuard, commit_under
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
@@ -63,6 +64,7 @@ class ReadPath:
     engine: Any
     staging: Staging
     disk_reads = 0  # values read from a node's disk tier over its disk service (a stat)
+    file_reads = 0  # values read from the file tier (store/filewriter.py; a stat)
 
     # --- reads ---------------------------------------------------------------------------------
 
@@ -73,6 +75,8 @@ class ReadPath:
         def rank(r: P.ReplicaDesc) -> int:
             if r.tier == "disk":
                 return 3
+            if r.tier == "file":  # last, as Mooncake reads its DISK replicas
+                return 4
             return 0 if r.segment in self.segments else 1 if r.host == self.host else 2
 
         return sorted(reps, key=rank)
@@ -99,7 +103,10 @@ class ReadPath:
         for rep in self._order(res.replicas):
             try:
                 own = self.segments.get(rep.segment)
-                if own is not None:
+                if rep.tier == "file":  # a shared filesystem path: read it here
+                    read_file_ranges(rep, key, res.size, ranges, guard)
+                    self.file_reads += 1
+                elif own is not None:
                     with commit_under(guard):
                         for off, out in ranges:
                             out[:] = own[rep.offset + off : rep.offset + off + out.nbytes]

@@ -137,7 +137,7 @@ class ReplicaOpsMixin:
         if rep.tier is Tier.DISK:
             self._queue_task(rep.segment, NodeTask("delete", obj.key, obj.size, 0))
         if publish and not any(r.tier is rep.tier and r.complete for r in obj.replicas):
-            disk = rep.tier is Tier.DISK
+            disk = rep.tier is not Tier.MEMORY
             kind = StoreEventKind.EVICTED_DISK if disk else StoreEventKind.EVICTED_MEMORY
             self.events.emit(kind, (obj.key,), rep.tier.value)
 

@@ -43,6 +43,10 @@ class TieringMixin:
     events: EventLog
     _barren: int  # objects looked at by eviction since the last one it could evict
     _evicting: bool  # a watermark eviction run is in progress
+    # store/filetier.py (a later base of MasterState, like replica_ops below)
+    file_unlinks: list[int]
+    writing_file: Callable[[ObjectMeta], bool]
+    file_done: Callable[[ClientId, str, int, bool], None]
     # store/replica_ops.py (a later base of MasterState: a stub method here would shadow it)
     _drop_replica: Callable[..., None]
 
@@ -112,7 +116,7 @@ class TieringMixin:
             try:
                 head = list(itertools.islice(self.objects.values(), self.cfg.evict_batch))
                 allow_soft = self._barren >= len(self.objects)
-                on_disk = [o for o in head if any(r.complete for r in o.disk())]
+                on_disk = [o for o in head if any(r.complete for r in o.persistent())]
                 seen = {id(o) for o in on_disk}
                 for i, obj in enumerate(on_disk + [o for o in head if id(o) not in seen]):
                     if done >= need or (i and time.perf_counter() > deadline):
@@ -130,17 +134,17 @@ class TieringMixin:
     def _evictable(self, obj: ObjectMeta, allow_soft: bool) -> bool:
         if obj.status is not Status.COMPLETE or obj.copying or obj.hard_pin:
             return False
-        if not obj.memory() or self.leased(obj):
+        if not obj.memory() or self.leased(obj) or self.writing_file(obj):
             return False
         return allow_soft or obj.soft_pin_until <= self.clock()
 
     def _evict_one(self, obj: ObjectMeta, offload: bool, evicted: list[str]) -> int:
         mem = obj.memory()
         freed = sum(r.size for r in mem)
-        if any(r.complete for r in obj.disk()):
+        if any(r.complete for r in obj.persistent()):
             for rep in mem:
                 self._free(rep)
-            obj.replicas = obj.disk()
+            obj.replicas = obj.persistent()
             evicted.append(obj.key)
         elif not (offload and self._start_offload(obj)):
             self._drop_object(obj, None)
@@ -155,7 +159,10 @@ class TieringMixin:
         for free_at, seg_name, off in self.discarded:
             seg = self.segments.get(seg_name)
             if seg is not None and (force or free_at <= now):
-                seg.allocator.release(off)
+                if seg.tier is Tier.FILE:  # its file (if written) goes before its range
+                    self.file_unlinks.append(off)
+                else:
+                    seg.allocator.release(off)
             elif seg is not None:
                 keep.append((free_at, seg_name, off))
         self.discarded = keep
@@ -213,7 +220,7 @@ class TieringMixin:
         return freed
 
     def _start_promotion(self, obj: ObjectMeta) -> None:
-        if obj.copying:
+        if obj.copying or not obj.disk():  # the file tier is read in place, never promoted
             return
         disk_rep = obj.disk()[0]
         owner = self.segments[disk_rep.segment].client
@@ -233,10 +240,14 @@ class TieringMixin:
         with self.lock:
             return self.tasks.pop(client, [])
 
-    def task_done(self, client: ClientId, kind: str, key: str, ok: bool) -> None:
+    def task_done(self, client: ClientId, kind: str, key: str, ok: bool, offset: int = -1) -> None:
         """A node reports a copy finished (``ok``) or failed; the replica becomes readable or
-        is freed. A report for an object that is gone makes the node delete its disk copy."""
+        is freed. A report for an object that is gone makes the node delete its disk copy.
+        ``persist``: a client wrote (or failed to write) the file replica at ``offset``."""
         with self.lock:
+            if kind == "persist":
+                self.file_done(client, key, offset, ok)
+                return
             if kind == "offload":
                 self.offloading.pop(ObjectKey(key), None)
             obj = self.objects.get(ObjectKey(key))
@@ -265,7 +276,7 @@ class TieringMixin:
                 had_memory = any(r.complete for r in obj.memory())
                 for mem in obj.memory():
                     self._free(mem)
-                obj.replicas = obj.disk()
+                obj.replicas = obj.persistent()
                 if visible and had_memory:
                     self.events.emit(StoreEventKind.EVICTED_MEMORY, (obj.key,), Tier.MEMORY.value)
 

@@ -68,8 +68,10 @@ class DurableMaster(Master):
     ``oplog.load()`` returned) and makes every mutating request wait for the log. ``stop``
     closes the log."""
 
-    def __init__(self, config: MasterConfig, view: View, oplog: OpLog):
-        super().__init__(config, state_factory=lambda cfg, **kw: build_state(cfg, view, **kw))
+    def __init__(self, config: MasterConfig, view: View, oplog: OpLog, cluster: str = "kvcake"):
+        super().__init__(
+            config, state_factory=lambda cfg, **kw: build_state(cfg, view, **kw), cluster=cluster
+        )
         assert isinstance(self.state, JournaledState)
         self.jstate: JournaledState = self.state
         self.oplog = oplog

@@ -23,6 +23,7 @@ from typing import Any
 
 from kvcake.core.ids import ClientId, SegmentName
 from kvcake.store.config import MasterConfig
+from kvcake.store.filetier import FILE_SEGMENT
 from kvcake.store.ha.oplog import OpLog
 from kvcake.store.ha.view import ObjGone, ObjRec, Record, SegGone, SegRec
 from kvcake.store.master_state import MasterState
@@ -103,6 +104,11 @@ class JournaledState(MasterState):
             self.rejoin.discard(client)
             self._mark("s", name)
             return rejected
+
+    def mount_file_tier(self, *args: Any, **kw: Any) -> None:
+        with self.lock:
+            super().mount_file_tier(*args, **kw)
+            self._mark("s", FILE_SEGMENT)
 
     def _adopt(self, seg: Segment, key: str, size: int) -> bool:
         self._mark("o", key)

@@ -41,7 +41,7 @@ def open_state_dir(cfg: MasterConfig, ha: HaConfig) -> DurableMaster:
         len(view.segments),
         len(view.objects),
     )
-    return DurableMaster(cfg, view, oplog)
+    return DurableMaster(cfg, view, oplog, ha.cluster)
 
 
 class HaMaster:
@@ -100,7 +100,7 @@ class HaMaster:
         )
         oplog.on_failure = lambda exc: self._term_over.set()
         view = oplog.load()
-        master = DurableMaster(self.cfg, view, oplog)
+        master = DurableMaster(self.cfg, view, oplog, self.ha.cluster)
         try:
             master.start()
             info = LeaderInfo(self.name, master.rpc_address, master.http_address)

@@ -87,6 +87,8 @@ def build_state(
         alloc = restore_allocator(rec.capacity, live[rec.name])
         seg = Segment(SegmentName(rec.name), cid, rec.host, Tier(rec.tier), alloc, rec.endpoint)
         state.segments[seg.name] = seg
+        if seg.tier is Tier.FILE:  # the master's own (store/filetier.py): no client to expire
+            continue
         info = state.clients.setdefault(cid, ClientInfo(cid, rec.host, now))
         info.segments.add(seg.name)
         state.rejoin.add(cid)
