@@ -7,6 +7,7 @@
 #   SUITES_DIR       where the suite files are (default /tmp/mcsuites)
 #   MOONCAKE_VENV    the wheel's venv (default /work/mooncake-venv: mooncake-transfer-engine-non-cuda)
 #   KVCAKE_VENV      kvcake's venv (default: the repository's .venv)
+#   MASTER_EXTRA     more master flags, e.g. "--enable_offload=true --root_fs_dir=/tmp/fs"
 # The master gets Mooncake's flags (HTTP metadata server, 1 s lease) on free loopback ports.
 set -u
 side=$1; suite=$2; shift 2
@@ -16,7 +17,7 @@ mc=${MOONCAKE_VENV:-/work/mooncake-venv}
 kv=${KVCAKE_VENV:-$here/.venv}
 fp() { python3 -c "import socket;s=socket.socket();s.bind(('127.0.0.1',0));print(s.getsockname()[1])"; }
 port=$(fp); mport=$(fp)
-flags="--rpc_port=$port --enable_http_metadata_server=true --http_metadata_server_port=$mport --default_kv_lease_ttl=1000"
+flags="--rpc_port=$port --enable_http_metadata_server=true --http_metadata_server_port=$mport --default_kv_lease_ttl=1000 ${MASTER_EXTRA:-}"
 if [ "$side" = wheel ]; then
   "$mc/bin/mooncake_master" $flags --rpc_address=127.0.0.1 --http_metadata_server_host=127.0.0.1 \
     --metrics_port=0 --metrics_host=127.0.0.1 >"$dir/master_$side.log" 2>&1 & mp=$!

@@ -44,6 +44,9 @@ class ReplicaMethods(StoreBase):
                 d.buffer_address, d.size = rep.offset, res.size
                 d.transport_endpoint = self._endpoint(rep.segment)
                 out.append(ReplicaDescriptor(ReplicaStatus.COMPLETE, memory=MemoryDescriptor(d)))
+            elif rep.tier == "file":  # the file tier hands out the file's path
+                disk = DiskDescriptor(rep.endpoint, res.size)
+                out.append(ReplicaDescriptor(ReplicaStatus.COMPLETE, disk=disk, shared=True))
             else:
                 name = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
                 disk = DiskDescriptor(f"{rep.segment}/{name}.obj", res.size)

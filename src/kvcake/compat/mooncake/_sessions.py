@@ -9,6 +9,7 @@ them: a read after it ran out fails with -707 instead of returning possibly stal
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ class _Open:
     t0: float = 0.0
     lease_s: float = 0.0
     written: set[tuple[int, int]] = field(default_factory=set)
+    file: P.ReplicaDesc | None = None  # the file tier's replica: written after PutEnd
 
 
 class SessionMethods(StoreBase):
@@ -61,7 +63,9 @@ class SessionMethods(StoreBase):
             else:
                 out.append(res.code)
                 if res.code == 0:
-                    opened[key] = _Open(size, list(res.replicas))
+                    reps = [r for r in res.replicas if r.tier != "file"]
+                    files = [r for r in res.replicas if r.tier == "file"]
+                    opened[key] = _Open(size, reps, file=files[0] if files else None)
         return out
 
     @returns([])
@@ -116,8 +120,21 @@ class SessionMethods(StoreBase):
             results = reply.results or [P.KeyResult(0)] * len(known)
             for k, res in zip(known, results, strict=True):
                 codes[k] = res.code
-                opened.pop(k, None)
+                sess = opened.pop(k)
+                if sess.file is not None and res.code == 0 and msg is P.PutEnd:
+                    self._persist(k, sess.file)
         return [codes[k] for k in keys]
+
+    def _persist(self, key: str, rep: P.ReplicaDesc) -> None:
+        """The value written in ranges goes to the file tier as a whole (store/filewriter.py)."""
+        c = self._c
+        try:
+            value = c.get(key)
+        except KvcakeError:
+            with contextlib.suppress(KvcakeError):  # the master drops the file replica
+                c._file_writer().report(key, rep.offset, False)
+            return
+        c._file_writer().submit(key, memoryview(value), rep)
 
     @returns([])
     def batch_put_session_end(self, keys: list[str]) -> list[int]:

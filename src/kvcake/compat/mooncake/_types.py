@@ -159,27 +159,30 @@ class DiskDescriptor:
 
 
 class ReplicaDescriptor:
-    """One replica of an object. kvcake's SSD tier is a node's local disk, so a disk replica
-    is a *local disk* replica (``is_local_disk_replica()``); kvcake has no shared-FS tier."""
+    """One replica of an object. kvcake's SSD tier is a node's local disk, so its replicas are
+    *local disk* replicas (``is_local_disk_replica()``); the file tier's (the master's
+    ``--root_fs_dir``, ``shared``) are Mooncake's DISK replicas (``is_disk_replica()``)."""
 
     def __init__(
         self,
         status: ReplicaStatus,
         memory: MemoryDescriptor | None = None,
         disk: DiskDescriptor | None = None,
+        shared: bool = False,
     ):
         self.status = status
         self._memory = memory
         self._disk = disk
+        self._shared = shared
 
     def is_memory_replica(self) -> bool:
         return self._memory is not None
 
     def is_disk_replica(self) -> bool:
-        return False
+        return self._disk is not None and self._shared
 
     def is_local_disk_replica(self) -> bool:
-        return self._disk is not None
+        return self._disk is not None and not self._shared
 
     def get_memory_descriptor(self) -> MemoryDescriptor:
         if self._memory is None:

@@ -78,7 +78,11 @@ FLAGS: dict[str, Flag] = {
         lambda v: ",".join(f"http://{e}" if "://" not in e else e for e in v.split(";") if e),
         "a;b -> http://a,http://b (the HA issue's --etcd-endpoints)",
     ),
-    "cluster_id": Flag("cluster", str, "etcd key prefix"),
+    "cluster_id": Flag("cluster", str, "etcd key prefix; the file tier's subdirectory"),
+    # Mooncake's DISK replicas: every put written through to a file under root_fs_dir
+    # (kvcake's file tier, store/filetier.py; the master turns it on when the path is set)
+    "root_fs_dir": Flag("root_fs_dir", str, "the shared file tier's root (--root-fs-dir)"),
+    "quota_bytes": Flag("root_fs_quota", int, "bytes of the file tier (0 = 90% of its filesystem)"),
 }
 # Handled specially (see apply): they combine with other flags.
 SPECIAL = {
@@ -97,7 +101,9 @@ IGNORED = {
     "processing_task_timeout_sec", "max_retry_attempts", "enable_metadata_cleanup_on_timeout",
     "logtostderr", "minloglevel",
     # kvcake's disk tier is each storage node's own (ssd_offload_path), promoting on hits always
-    "root_fs_dir", "promotion_on_hit", "promotion_max_per_heartbeat", "promotion_queue_limit",
+    "promotion_on_hit", "promotion_max_per_heartbeat", "promotion_queue_limit",
+    # the file tier: a full quota takes no more files (no eviction); capacity is root_fs_quota
+    "enable_disk_eviction", "global_file_segment_size",
 }  # fmt: skip
 
 
