@@ -77,6 +77,11 @@ def test_puts_write_files_and_evicted_objects_read_back_exactly(
         for i, k in enumerate(keys):  # memory held ~16 of them: the rest come from files
             assert bytes(c.get(k)) == value(i), k
         assert c.file_reads > 0
+        from prometheus_client import generate_latest
+
+        text = generate_latest(m.metrics.registry).decode()
+        assert 'kvcake_store_segment_capacity_bytes{segment="@files",tier="file"}' in text
+        assert "kvcake_store_file_failed 0.0" in text
         last = keys[-1]  # still in memory (most recent): drop that copy, read the file
         if any(r.tier == "memory" for r in c.get_replica_desc(last).replicas):
             file_only(c, last, node.segment_name)

@@ -50,7 +50,7 @@ class _PoolCollector(Collector):
             refused_q = self.state.tenants.refused
             ev_o, ev_b = self.state.evicted_objects, self.state.evicted_bytes
             off, pro = self.state.offloads, self.state.promotions
-            dd, ev = self.state.dedup, self.state.events
+            dd, ev, fs = self.state.dedup, self.state.events, self.state
             extra = [
                 (
                     "kvcake_store_dedup_replays",
@@ -62,6 +62,11 @@ class _PoolCollector(Collector):
                 ("kvcake_store_swept_puts", "unfinished puts swept (total)", self.state.swept),
                 ("kvcake_store_events_seq", "last KV event sequence number", ev.seq),
                 ("kvcake_store_events_dropped", "KV events dropped (queue full)", ev.dropped),
+                # the file tier (store/filetier.py)
+                ("kvcake_store_file_writes", "file-tier writes in flight", len(fs.file_writes)),
+                ("kvcake_store_file_unlinks", "file-tier files to unlink", len(fs.file_unlinks)),
+                ("kvcake_store_file_full", "puts without a file replica: quota full", fs.file_full),
+                ("kvcake_store_file_failed", "file-tier writes failed or given up", fs.file_failed),
             ]
         yield from (cap, used, frag, tenant_used, tenant_quota)
         for name, doc, value in (
