@@ -82,7 +82,9 @@ FLAGS: dict[str, Flag] = {
     # Mooncake's DISK replicas: every put written through to a file under root_fs_dir
     # (kvcake's file tier, store/filetier.py; the master turns it on when the path is set)
     "root_fs_dir": Flag("root_fs_dir", str, "the shared file tier's root (--root-fs-dir)"),
-    "quota_bytes": Flag("root_fs_quota", int, "bytes of the file tier (0 = 90% of its filesystem)"),
+    "quota_bytes": Flag(
+        "root_fs_quota", int, "bytes of the file tier (0 = 90 percent of its filesystem)"
+    ),
 }
 # Handled specially (see apply): they combine with other flags.
 SPECIAL = {
