@@ -91,7 +91,10 @@ def test_leader_sigkilled_five_times(etcd: EtcdServer, tmp_path: Path) -> None:
         assert len(acked) >= OBJECTS * 0.8, f"only {len(acked)} of {OBJECTS} puts acknowledged"
         with Client(master=addr) as reader:
             bad = _verify(reader, acked)
-        assert not bad, f"{len(bad)} acknowledged objects lost or corrupt: {bad[:5]}"
+        logs = "".join(
+            f"--- {p.popen.args[3:]}\n" + "".join(p.lines[-60:]) for p in started + workers
+        )
+        assert not bad, f"{len(bad)} acknowledged objects lost or corrupt: {bad[:5]}\n{logs}"
     finally:
         for p in reversed(workers + started):
             p.stop()
