@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +123,17 @@ def add_gflags(
                 *names, dest=f"{prefix}{name}", nargs="?", const="true", default=None,
                 metavar="V", help=meaning,
             )  # fmt: skip
+
+
+def program_parser(
+    prog: str, description: str, meanings: dict[str, str], ignored: Iterable[str]
+) -> argparse.ArgumentParser:
+    """The parser of one of Mooncake's programs: its flags (``meanings``) and the ones kvcake
+    accepts and ignores (``ignored``), gflags-style; a misspelt one is an error (exit 2)."""
+    p = argparse.ArgumentParser(prog=prog, allow_abbrev=False, description=description)
+    flags = {**meanings, **dict.fromkeys(ignored, "accepted, ignored by kvcake")}
+    add_gflags(p, f"{prog} flags", flags)
+    return p
 
 
 def given_gflags(args: argparse.Namespace, prefix: str = "mc_") -> dict[str, str]:

@@ -49,17 +49,14 @@ class RealClientArgs:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG,
-        allow_abbrev=False,
-        description="kvcake's stand-in for Mooncake's mooncake_client (the standalone real "
-        "client): a kvcake storage node (`kvcake store-server`) that mounts "
-        "--global_segment_size bytes into the pool of --master_server_address.",
+    return master_flags.program_parser(
+        PROG,
+        "kvcake's stand-in for Mooncake's mooncake_client (the standalone real client): a "
+        "kvcake storage node (`kvcake store-server`) that mounts --global_segment_size bytes "
+        "into the pool of --master_server_address.",
+        {k: f"{m} (default {d!r})" for k, (d, m) in FLAGS.items()},
+        IGNORED,
     )
-    meanings = {k: f"{m} (default {d!r})" for k, (d, m) in FLAGS.items()}
-    meanings.update(dict.fromkeys(IGNORED, "accepted, ignored by kvcake"))
-    master_flags.add_gflags(p, "mooncake_client flags", meanings)
-    return p
 
 
 def parse(argv: list[str]) -> RealClientArgs:

@@ -62,17 +62,14 @@ class BenchArgs:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG,
-        allow_abbrev=False,
-        description="kvcake's stand-in for Mooncake's transfer_engine_bench: a target registers "
-        "a buffer and waits; an initiator reads or writes blocks of it in batches for "
-        "--duration seconds over kvcake's Transfer Engine and reports the throughput.",
+    return master_flags.program_parser(
+        PROG,
+        "kvcake's stand-in for Mooncake's transfer_engine_bench: a target registers a buffer "
+        "and waits; an initiator reads or writes blocks of it in batches for --duration "
+        "seconds over kvcake's Transfer Engine and reports the throughput.",
+        {k: f"default {v!r}" for k, v in DEFAULTS.items()},
+        IGNORED,
     )
-    meanings = {k: f"default {v!r}" for k, v in DEFAULTS.items()}
-    meanings.update(dict.fromkeys(IGNORED, "accepted, ignored by kvcake"))
-    master_flags.add_gflags(p, "transfer_engine_bench flags", meanings)
-    return p
 
 
 def parse(argv: list[str]) -> BenchArgs:
