@@ -14,6 +14,7 @@ Threading: a Client may be shared by threads (its master connection is locked pe
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -40,6 +41,8 @@ from kvcake.transfer.errors import DirectoryUnreachable
 
 _T = TypeVar("_T")
 FAILOVER_S = 30.0  # as long as FailoverConnection waits for a new leader
+log = logging.getLogger(__name__)
+REMOUNT_ROUNDS = 5  # a remount repeats while failovers keep moving the master under it
 
 Result = StoreError | None
 
@@ -117,12 +120,22 @@ class Client(ReadPath):
         self.conn.call(P.Mount(self.id, self.host, name, cap))
 
     def _remount(self) -> None:
-        self._follow_directory()
-        if self.engine.directory is not None:  # the master dropped us from the directory
-            for name in self.engine.local_segments():
-                self.engine.directory.publish(self.engine.segment_info(name))
-        for name in self.segments:
-            self._mount(name)
+        """Publish our segments in the leader's directory, then mount them. A failover in
+        between makes the mount land on the *next* leader (the connection follows it), which
+        then knows us, so it never asks us to remount, while our segments sit in the dead
+        leader's directory: readers get "unknown segment" for every object of ours. So the
+        directory is asked again after the mounts, and the whole step repeats until the
+        mounts and the publish went to the same master."""
+        for _ in range(REMOUNT_ROUNDS):
+            published = self._follow_directory()
+            if self.engine.directory is not None:  # the master dropped us from the directory
+                for name in self.engine.local_segments():
+                    self.engine.directory.publish(self.engine.segment_info(name))
+            for name in self.segments:
+                self._mount(name)
+            if self._directory_address() == published:
+                return
+            log.warning("store client %s: the master changed while remounting; again", self.id)
 
     def _through_failover(self, publish: Callable[[], _T]) -> _T:
         """Run a step that publishes to the segment directory; if the directory's master died
@@ -138,9 +151,14 @@ class Client(ReadPath):
                 time.sleep(0.1)
                 self._follow_directory()
 
-    def _follow_directory(self) -> None:
-        """After a master failover (store/ha) the Transfer Engine directory lives elsewhere."""
-        where = self.conn.call(P.Heartbeat("", self.host)).directory
+    def _directory_address(self) -> str:
+        """The Transfer Engine directory of the master our connection reaches now."""
+        return self.conn.call(P.Heartbeat("", self.host)).directory
+
+    def _follow_directory(self) -> str:
+        """After a master failover (store/ha) the Transfer Engine directory lives elsewhere;
+        returns the address followed."""
+        where = self._directory_address()
         old = self.engine.directory
         if old is not None and where and where != old.address:
             from kvcake.transfer.metadata import DirectoryClient
@@ -149,6 +167,7 @@ class Client(ReadPath):
                 where, auth=self.auth
             )
             old.close()
+        return where
 
     # --- writes -------------------------------------------------------------------------------
 

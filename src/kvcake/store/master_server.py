@@ -9,7 +9,6 @@ server keeps serving everyone else. Per-key failures travel as codes inside a no
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import socket
 import threading
@@ -232,17 +231,6 @@ class MasterHandlers:
         return P.Reply()
 
 
-class DeferredReply:
-    """What a dispatch returns when its reply must wait (a durable master's mutations wait
-    for the operation log). The connection's thread calls :meth:`finish` with a function that
-    sends a reply on its connection and sends what it returns, if anything. Until ``finish``
-    returns, the connection's thread does not touch its socket, so whoever ``finish`` lets
-    call ``send`` owns the socket for that call."""
-
-    def finish(self, send: Callable[[msgspec.Struct], None]) -> msgspec.Struct | None:
-        raise NotImplementedError
-
-
 class MasterRpcServer(ThreadedServer):
     def __init__(
         self,
@@ -305,18 +293,14 @@ class MasterRpcServer(ThreadedServer):
             if frame is None:
                 return
             op = type(frame.msg).__name__
-            rid = frame.header.request_id
             t0 = time.perf_counter()
             try:
-                reply: msgspec.Struct | None = self.handlers.dispatch(frame.msg)
-                if isinstance(reply, DeferredReply):
-                    reply = reply.finish(functools.partial(send_msg, conn, P.REPLY_CODEC, rid))
+                reply: msgspec.Struct = self.handlers.dispatch(frame.msg)
             except Exception as exc:  # a bug must cost one request, not the master
                 log.exception("master: %s failed", op)
                 reply = P.ErrorReply(INTERNAL_ERROR, f"internal error in {op}: {exc!r}")
             self.metrics.observe(op, time.perf_counter() - t0)
-            if reply is not None:
-                send_msg(conn, P.REPLY_CODEC, rid, reply)
+            send_msg(conn, P.REPLY_CODEC, frame.header.request_id, reply)
 
 
 class Master:

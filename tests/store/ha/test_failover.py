@@ -41,17 +41,27 @@ def _leader_proc(etcd: Etcd, cluster: str, masters: list[Proc], timeout: float =
     raise AssertionError("no leader")
 
 
-def _verify(client: Client, keys: list[str]) -> list[str]:
-    bad = []
-    for key in keys:
-        try:
-            value = bytes(client.get(key))
-        except Exception as exc:
-            bad.append(f"{key}: {type(exc).__name__}: {exc}")
-            continue
-        if f"{zlib.crc32(value):08x}" != key.rsplit("/", 1)[1]:
-            bad.append(f"{key}: checksum mismatch")
-    return bad
+def _verify(client: Client, keys: list[str], settle_s: float = 10.0) -> list[str]:
+    """Every key's bytes against the CRC in its name. Right after a failover a storage node's
+    segments reach the new leader's directory with its next heartbeat (ttl/3 = 1 s here):
+    until then its objects read as "unknown segment", so those reads are retried for up to
+    ``settle_s``; any other failure, or one still there then, counts."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        bad = []
+        for key in keys:
+            try:
+                value = bytes(client.get(key))
+            except Exception as exc:
+                bad.append((key, f"{key}: {type(exc).__name__}: {exc}"))
+                continue
+            if f"{zlib.crc32(value):08x}" != key.rsplit("/", 1)[1]:
+                bad.append((key, f"{key}: checksum mismatch"))
+        unsettled = [k for k, why in bad if "unknown segment" in why]
+        if not unsettled or len(unsettled) < len(bad) or time.monotonic() > deadline:
+            return [why for _, why in bad]
+        keys = unsettled
+        time.sleep(0.5)
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ every later mutating reply into ``RpcFailed`` (-900; clients retry elsewhere) an
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import msgspec
 
@@ -22,7 +21,7 @@ from kvcake.store.ha.journal import JournaledState
 from kvcake.store.ha.oplog import LogFailed, OpLog
 from kvcake.store.ha.replay import build_state
 from kvcake.store.ha.view import View
-from kvcake.store.master_server import DeferredReply, Master
+from kvcake.store.master_server import Master
 
 log = logging.getLogger(__name__)
 
@@ -44,25 +43,6 @@ MUTATING: frozenset[type] = frozenset(
 )
 
 
-class Durable(DeferredReply):
-    """A mutation's reply, sent once the log has its records: by the thread that commits
-    them, as soon as they are durable (a request thread woken first took ~0.5 ms at p50 under
-    16 writing clients on 2 vCPUs, docs/benchmarks.md "Store HA"), else by the request thread."""
-
-    __slots__ = ("oplog", "reply", "ticket")
-
-    def __init__(self, oplog: OpLog, ticket: int, reply: P.Reply):
-        self.oplog, self.ticket, self.reply = oplog, ticket, reply
-
-    def finish(self, send: Callable[[msgspec.Struct], None]) -> msgspec.Struct | None:
-        reply = self.reply
-        try:
-            sent = self.oplog.wait(self.ticket, on_commit=lambda: send(reply))
-        except LogFailed as exc:
-            return P.Reply(code=RPC_FAIL, message=f"not acknowledged (master stepping down): {exc}")
-        return None if sent else reply
-
-
 class DurableMaster(Master):
     """``DurableMaster(cfg, view, oplog)``: serves the state rebuilt from ``view`` (what
     ``oplog.load()`` returned) and makes every mutating request wait for the log. ``stop``
@@ -79,14 +59,19 @@ class DurableMaster(Master):
         plain = handlers.dispatch
         jstate = self.jstate
 
-        def dispatch(msg: msgspec.Struct) -> P.Reply | DeferredReply:
+        def dispatch(msg: msgspec.Struct) -> P.Reply:
             reply = plain(msg)
             if type(msg) not in MUTATING:
                 return reply
-            ticket = jstate.flush(oplog)
-            return Durable(oplog, ticket, reply) if ticket else reply
+            try:
+                oplog.wait(jstate.flush(oplog))
+            except LogFailed as exc:
+                return P.Reply(
+                    code=RPC_FAIL, message=f"not acknowledged (master stepping down): {exc}"
+                )
+            return reply
 
-        handlers.dispatch = dispatch  # type: ignore[method-assign,assignment]
+        handlers.dispatch = dispatch  # type: ignore[method-assign]
         if hasattr(oplog, "source"):
             oplog.source = lambda: jstate.flush(oplog)
 

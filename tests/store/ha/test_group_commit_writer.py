@@ -1,0 +1,132 @@
+"""The group commit's writer (pure logic of :class:`GroupCommitLog`, a controllable in-memory
+backend standing for the storage): waiters wake only once durable, a timeout and a failed write
+are typed errors, and the writer keeps its slot while records come. The whole master path
+(real processes, etcd) is ``test_failover.py``."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from kvcake.store.ha.oplog import GroupCommitLog, LogFailed
+from kvcake.store.ha.view import ObjRec, Record, Snapshot
+
+
+class GatedLog(GroupCommitLog):
+    """Entries become durable when the test opens ``gate``; ``broken`` makes writes fail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.broken = False
+        self.entries: list[tuple[int, list[Record]]] = []
+        self.writer_threads: set[str] = set()
+
+    def _read_all(self) -> tuple[Snapshot | None, list[tuple[int, list[Record]]]]:
+        return None, []
+
+    def _write_entry(self, number: int, records: list[Record]) -> None:
+        self.writer_threads.add(threading.current_thread().name)
+        assert self.gate.wait(10)
+        if self.broken:
+            raise OSError("storage gone")
+        self.entries.append((number, records))
+
+    def _write_snapshot(self, snap: Snapshot) -> None:
+        pass
+
+
+def _rec(i: int) -> ObjRec:
+    return ObjRec(f"k{i}", 100, False, [("seg", i * 128, "memory")])
+
+
+@pytest.fixture
+def oplog() -> GatedLog:
+    log = GatedLog()
+    log.load()
+    yield log
+    log.gate.set()
+    log.close()
+
+
+def test_many_threads_each_wait_only_until_durable(oplog: GatedLog) -> None:
+    done: list[int] = []
+    lock = threading.Lock()
+
+    def request(i: int) -> None:
+        for j in range(20):
+            ticket = oplog.append([_rec(i * 100 + j)])
+            oplog.wait(ticket)
+            assert oplog.committed >= ticket  # never woken before the records are durable
+            with lock:
+                done.append(ticket)
+
+    threads = [threading.Thread(target=request, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(done) == 160 and len(set(done)) == 160
+    written = [r.key for _, recs in oplog.entries for r in recs]
+    assert sorted(written) == sorted(f"k{i * 100 + j}" for i in range(8) for j in range(20))
+    assert [n for n, _ in oplog.entries] == list(range(1, len(oplog.entries) + 1))
+    assert len(oplog.entries) < 160  # group commit: several requests per entry
+
+
+def test_a_request_that_timed_out_gets_a_typed_error(oplog: GatedLog) -> None:
+    oplog.gate.clear()  # the write hangs (a slow etcd)
+    ticket = oplog.append([_rec(1)])
+    with pytest.raises(LogFailed, match="not durable"):
+        oplog.wait(ticket, timeout_s=0.2)
+    oplog.gate.set()
+    oplog.wait(oplog.append([_rec(2)]))
+    assert oplog.committed >= ticket
+
+
+def test_a_failed_write_fails_every_waiter_and_the_log(oplog: GatedLog) -> None:
+    oplog.gate.clear()
+    oplog.broken = True
+    ticket = oplog.append([_rec(1)])
+    errors: list[Exception] = []
+
+    def request() -> None:
+        try:
+            oplog.wait(ticket)
+        except LogFailed as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=request)
+    t.start()
+    time.sleep(0.05)
+    oplog.gate.set()
+    t.join(10)
+    assert len(errors) == 1
+    with pytest.raises(LogFailed):
+        oplog.append([_rec(2)])
+
+
+def test_the_writer_keeps_its_slot_while_records_come(oplog: GatedLog) -> None:
+    """Records that arrive while a write is in flight go out together in the next entry,
+    written by the same writer thread (the pool has one: depth 1)."""
+    oplog.gate.clear()
+    first = oplog.append([_rec(0)])
+    time.sleep(0.05)
+    tickets = [oplog.append([_rec(i)]) for i in range(1, 10)]
+    oplog.gate.set()
+    oplog.wait(first)
+    for t in tickets:
+        oplog.wait(t)
+    assert len(oplog.entries) == 2  # the first, then everything queued behind it
+    assert len(oplog.writer_threads) == 1
+
+
+def test_records_after_the_linger_are_still_written(oplog: GatedLog) -> None:
+    """A writer that gave its slot back (nothing came within the linger) is replaced by the
+    committer for the next records: nothing is left pending."""
+    oplog.wait(oplog.append([_rec(0)]))
+    time.sleep(0.05)  # well past the writer's linger
+    oplog.wait(oplog.append([_rec(1)]), timeout_s=5)
+    assert [len(r) for _, r in oplog.entries] == [1, 1]
