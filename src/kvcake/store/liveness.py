@@ -48,6 +48,11 @@ class Heartbeater:
             except KvcakeError as exc:
                 self.master_ok = False
                 log.debug("heartbeat failed: %s", exc)
+            except Exception:  # e.g. an OSError of a remount's directory publish
+                # This thread is the client's only way back into a master that forgot it: it
+                # must outlive any failure of one round (the next heartbeat tries again).
+                self.master_ok = False
+                log.warning("store client %s: heartbeat round failed", self.client, exc_info=True)
 
     def stop(self) -> None:
         self._stop.set()
