@@ -150,8 +150,8 @@ def test_master_and_client_hold_the_pool(bin_dir: Path, started: list[Prog]) -> 
     started.append(client)
     info = client.wait_line("mooncake_client segment=")
     assert info["size"] == str(32 * MB)  # Mooncake's units: MB is 1024-based
-    assert info["http"] == f"127.0.0.1:{port}"
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+    assert info["port"] == f"127.0.0.1:{port}"  # dummy clients attach there (as Mooncake's)
+    with urllib.request.urlopen(f"http://{info['http']}/health", timeout=10) as r:
         assert r.status == 200
     assert any("--threads has no kvcake counterpart" in x for x in client.err)
     store = MooncakeDistributedStore()

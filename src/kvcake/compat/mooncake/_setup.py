@@ -206,11 +206,14 @@ class SetupMethods(StoreBase):
         return self._server.client
 
     def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
-        """Mooncake's dummy client attaches to a *real client* process over IPC; kvcake has no
-        such process, so (like the wheel when none is listening) this fails with -1."""
+        """Attach, as Mooncake's dummy client, to a running ``mooncake_client`` (kvcake's
+        stand-in) at ``server_address``: 0, or -1 when none answers there (``_dummy_store``)."""
         check_signature(mem_pool_size, local_buffer_size, server_address, kinds=(int, int, str))
-        log.error("setup_dummy: no real-client process to attach to (kvcake has none)")
-        return E.INTERNAL_ERROR
+        if self._client is not None:
+            return 0  # the wheel keeps its first setup and reports success
+        from kvcake.compat.mooncake._dummy_store import attach
+
+        return attach(self, mem_pool_size, local_buffer_size, server_address)  # type: ignore[arg-type]
 
     def init_all(self, protocol: str, device_name: str, mount_segment_size: int) -> int:
         """The wheel's init_all after setup reports 'already initialized' (-600)."""

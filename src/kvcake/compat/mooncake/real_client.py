@@ -1,12 +1,13 @@
 """``mooncake_client`` (kvcake's stand-in, written by ``kvcake mooncake-shim install``): Mooncake's
 standalone real client as a kvcake storage node. It connects to the master, mounts
 ``--global_segment_size`` bytes into the pool, serves ``/health`` and ``/metrics`` on
-``127.0.0.1:--port`` and runs until SIGTERM/SIGINT (then unmounts).
+a free port (``--http_port`` with ``--enable_http_server``), serves dummy clients
+(``setup_dummy``) on ``127.0.0.1:--port`` (``real_client_ipc``) and runs until SIGTERM/SIGINT
+(then unmounts).
 
 Like Mooncake's (which retries its setup 20 times, about 90 s, then aborts), it waits for a master
 that is not up yet, but only so long: ``KVCAKE_MOONCAKE_CLIENT_CONNECT_S`` seconds (default 20),
-then exits 1 with the reason. Dummy clients (``setup_dummy``) cannot attach: kvcake has no
-real-client IPC protocol (docs/compat/mooncake.md)."""
+then exits 1 with the reason (docs/compat/mooncake.md)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import threading
 import time
 
 from kvcake.compat.mooncake.real_client_flags import PROG, parse
+from kvcake.compat.mooncake.real_client_ipc import DummyServer
 from kvcake.core.errors import KvcakeError
 from kvcake.store.config import StoreServerConfig
 from kvcake.store.server import StoreServer
@@ -48,16 +50,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if server is None:
         return 0  # stopped while waiting for the master
-    print(f"{PROG}: Starting real client service on 127.0.0.1:{args.port}", file=sys.stderr)
+    assert server.client is not None
+    try:
+        dummies = DummyServer(server.client, args.port)
+    except OSError as exc:
+        server.stop()
+        print(f"{PROG}: error: cannot listen on 127.0.0.1:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    print(f"{PROG}: Starting real client service on {dummies.address}", file=sys.stderr)
     print(
         f"{PROG} segment={server.segment_name} size={args.store.segment_size} "
-        f"http={server.http_address} master={args.store.master}",
+        f"port={dummies.address} http={server.http_address} master={args.store.master}",
         flush=True,
     )
     try:
         while not stop.wait(0.05):
             pass
     finally:
+        dummies.stop()
         server.stop()
     return 0
 

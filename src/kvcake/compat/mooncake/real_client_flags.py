@@ -22,7 +22,7 @@ PROG = "mooncake_client"
 FLAGS: dict[str, tuple[str, str]] = {
     "master_server_address": ("127.0.0.1:50051", "the master's RPC host:port (etcd://… for HA)"),
     "global_segment_size": ("4 GB", "DRAM this node mounts into the pool (1024-based units)"),
-    "port": ("50052", "the node's service port: kvcake serves /health and /metrics on it"),
+    "port": ("50052", "the dummy-client service port (setup_dummy attaches here)"),
     "host": ("0.0.0.0", "this node's address as peers see it (kvcake keeps 127.0.0.1 for 0.0.0.0)"),
     "protocol": ("tcp", "tcp (kvcake's TCP transport); kvcake has no RDMA"),
     "metadata_server": (
@@ -31,10 +31,11 @@ FLAGS: dict[str, tuple[str, str]] = {
     ),
     "local_buffer_size": ("0", "accepted (size checked); a storage node needs no local buffer"),
     "enable_offload": ("false", "SSD tier in $MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"),
+    "enable_http_server": ("false", "serve /health and /metrics on --http_port (else a free port)"),
+    "http_port": ("9300", "the HTTP port with --enable_http_server"),
 }
 IGNORED = (
-    "device_names", "threads", "start_offload_rpc_server", "tenant_id", "enable_http_server",
-    "http_port", "mmap_arena_pool_size", "use_mmap_arena_allocator", "logtostderr",
+    "device_names", "threads", "start_offload_rpc_server", "tenant_id", "mmap_arena_pool_size", "use_mmap_arena_allocator", "logtostderr",
     "minloglevel", "v",
 )  # fmt: skip
 QUIET = {"logtostderr", "minloglevel", "v", "metadata_server"}  # no warning for these
@@ -45,7 +46,7 @@ OFFLOAD_QUOTA_ENV = "MOONCAKE_OFFLOAD_SSD_QUOTA"
 @dataclass(frozen=True)
 class RealClientArgs:
     store: StoreServerConfig
-    port: int
+    port: int  # the dummy-client service (real_client_ipc)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,12 +61,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str]) -> RealClientArgs:
-    """Mooncake's flags -> kvcake's settings; a misspelt flag exits 2, a bad value raises."""
+    """Mooncake's flags -> kvcake's settings (``port``: the dummy-client service); a misspelt flag exits 2, a bad value raises."""
     given = master_flags.given_gflags(master_flags.parse_gflags(parser(), argv))
     for name in sorted(set(given) & set(IGNORED) - QUIET):
         print(f"{PROG}: --{name} has no kvcake counterpart; ignored", file=sys.stderr)
     flag = {k: given.get(k, d) for k, (d, _) in FLAGS.items()}
     port = _port(flag["port"])
+    http_port = _port(flag["http_port"]) if master_flags.boolean(flag["enable_http_server"]) else 0
     protocol = flag["protocol"].strip().lower()
     if protocol not in ("tcp", "auto", "shm"):
         raise ConfigError(f"--protocol={protocol}: kvcake has no {protocol}; use --protocol=tcp")
@@ -75,7 +77,7 @@ def parse(argv: list[str]) -> RealClientArgs:
         master=flag["master_server_address"],
         hostname=_host(flag["host"]),
         segment_size=_segment_size(flag["global_segment_size"]),
-        http_port=port,
+        http_port=http_port,
         ssd_dir=ssd_dir,
         ssd_quota=ssd_quota,
     )
