@@ -56,6 +56,16 @@ FILES = {
         "import sys\n\nfrom kvcake.compat.mooncake import _fast_copy as _impl\n\n"
         "sys.modules[__name__] = _impl\n"
     ),
+    "structured_object_store.py": (
+        '"""mooncake.structured_object_store -> kvcake.compat.mooncake.structured_object_store."""\n\n'
+        "import sys\n\nfrom kvcake.compat.mooncake import structured_object_store as _impl\n\n"
+        "sys.modules[__name__] = _impl\n"
+    ),
+    "dataproto_catalog.py": (
+        '"""mooncake.dataproto_catalog -> kvcake.compat.mooncake.dataproto_catalog."""\n\n'
+        "import sys\n\nfrom kvcake.compat.mooncake import dataproto_catalog as _impl\n\n"
+        "sys.modules[__name__] = _impl\n"
+    ),
     MARKER: "This mooncake package is kvcake's shim (kvcake mooncake-shim status).\n",
 }
 
