@@ -25,13 +25,14 @@ from kvcake.core.ids import ClientId, SegmentName
 from kvcake.store import protocol as P
 from kvcake.store.config import MasterConfig
 from kvcake.store.dedup import StaleRequest
+from kvcake.store.deferred_reply import DeferredReply, ReplySender
 from kvcake.store.disk import close_gracefully
 from kvcake.store.errors import INTERNAL_ERROR, INVALID_PARAMS
 from kvcake.store.master_state import MasterState
 from kvcake.store.metadata import Tier
 from kvcake.store.metrics import MasterMetrics
 from kvcake.store.owners import ReleasingBackend, process_gone, process_of
-from kvcake.store.rpc import BufferedFrames, send_msg
+from kvcake.store.rpc import BufferedFrames
 from kvcake.transfer.netserver import ThreadedServer
 
 log = logging.getLogger(__name__)
@@ -293,14 +294,16 @@ class MasterRpcServer(ThreadedServer):
             if frame is None:
                 return
             op = type(frame.msg).__name__
+            sender = ReplySender(conn, frame.header.request_id)
             t0 = time.perf_counter()
             try:
-                reply: msgspec.Struct = self.handlers.dispatch(frame.msg)
+                out: msgspec.Struct | DeferredReply = self.handlers.dispatch(frame.msg)
+                reply = out.resolve(sender) if isinstance(out, DeferredReply) else out
             except Exception as exc:  # a bug must cost one request, not the master
                 log.exception("master: %s failed", op)
                 reply = P.ErrorReply(INTERNAL_ERROR, f"internal error in {op}: {exc!r}")
             self.metrics.observe(op, time.perf_counter() - t0)
-            send_msg(conn, P.REPLY_CODEC, frame.header.request_id, reply)
+            sender.finish(reply)
 
 
 class Master:

@@ -52,8 +52,13 @@ def send_msg(
 ) -> None:
     """A data-less frame in one ``sendall`` (``framing.send_frame`` without its scatter/gather
     bookkeeping: an RPC's header and meta are a few hundred bytes)."""
+    sock.sendall(encode_msg(codec, rid, msg))
+
+
+def encode_msg(codec: framing.Codec[msgspec.Struct], rid: int, msg: msgspec.Struct) -> bytes:
+    """A data-less frame's bytes: header and meta."""
     meta = codec.encode(msg)
-    sock.sendall(framing.pack_header(rid, len(meta)) + meta)
+    return framing.pack_header(rid, len(meta)) + meta
 
 
 class BufferedFrames:

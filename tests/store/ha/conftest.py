@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from tests.store.ha.gated import GatedLog
 from tests.store.procs import Proc, spawn
 
 
@@ -149,3 +150,12 @@ def wait_line(proc: Proc, prefix: str, start: int = 0, timeout: float = 30) -> s
                 return line
         time.sleep(0.05)
     raise AssertionError(f"no {prefix!r} line in {timeout}s:\n{''.join(proc.lines)}")
+
+
+@pytest.fixture
+def oplog() -> Iterator[GatedLog]:
+    log = GatedLog()
+    log.load()
+    yield log
+    log.gate.set()
+    log.close()

@@ -10,46 +10,8 @@ import time
 
 import pytest
 
-from kvcake.store.ha.oplog import GroupCommitLog, LogFailed
-from kvcake.store.ha.view import ObjRec, Record, Snapshot
-
-
-class GatedLog(GroupCommitLog):
-    """Entries become durable when the test opens ``gate``; ``broken`` makes writes fail."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = threading.Event()
-        self.gate.set()
-        self.broken = False
-        self.entries: list[tuple[int, list[Record]]] = []
-        self.writer_threads: set[str] = set()
-
-    def _read_all(self) -> tuple[Snapshot | None, list[tuple[int, list[Record]]]]:
-        return None, []
-
-    def _write_entry(self, number: int, records: list[Record]) -> None:
-        self.writer_threads.add(threading.current_thread().name)
-        assert self.gate.wait(10)
-        if self.broken:
-            raise OSError("storage gone")
-        self.entries.append((number, records))
-
-    def _write_snapshot(self, snap: Snapshot) -> None:
-        pass
-
-
-def _rec(i: int) -> ObjRec:
-    return ObjRec(f"k{i}", 100, False, [("seg", i * 128, "memory")])
-
-
-@pytest.fixture
-def oplog() -> GatedLog:
-    log = GatedLog()
-    log.load()
-    yield log
-    log.gate.set()
-    log.close()
+from kvcake.store.ha.oplog import LogFailed
+from tests.store.ha.gated import GatedLog, rec
 
 
 def test_many_threads_each_wait_only_until_durable(oplog: GatedLog) -> None:
@@ -58,7 +20,7 @@ def test_many_threads_each_wait_only_until_durable(oplog: GatedLog) -> None:
 
     def request(i: int) -> None:
         for j in range(20):
-            ticket = oplog.append([_rec(i * 100 + j)])
+            ticket = oplog.append([rec(i * 100 + j)])
             oplog.wait(ticket)
             assert oplog.committed >= ticket  # never woken before the records are durable
             with lock:
@@ -78,18 +40,18 @@ def test_many_threads_each_wait_only_until_durable(oplog: GatedLog) -> None:
 
 def test_a_request_that_timed_out_gets_a_typed_error(oplog: GatedLog) -> None:
     oplog.gate.clear()  # the write hangs (a slow etcd)
-    ticket = oplog.append([_rec(1)])
+    ticket = oplog.append([rec(1)])
     with pytest.raises(LogFailed, match="not durable"):
         oplog.wait(ticket, timeout_s=0.2)
     oplog.gate.set()
-    oplog.wait(oplog.append([_rec(2)]))
+    oplog.wait(oplog.append([rec(2)]))
     assert oplog.committed >= ticket
 
 
 def test_a_failed_write_fails_every_waiter_and_the_log(oplog: GatedLog) -> None:
     oplog.gate.clear()
     oplog.broken = True
-    ticket = oplog.append([_rec(1)])
+    ticket = oplog.append([rec(1)])
     errors: list[Exception] = []
 
     def request() -> None:
@@ -105,16 +67,16 @@ def test_a_failed_write_fails_every_waiter_and_the_log(oplog: GatedLog) -> None:
     t.join(10)
     assert len(errors) == 1
     with pytest.raises(LogFailed):
-        oplog.append([_rec(2)])
+        oplog.append([rec(2)])
 
 
 def test_the_writer_keeps_its_slot_while_records_come(oplog: GatedLog) -> None:
     """Records that arrive while a write is in flight go out together in the next entry,
     written by the same writer thread (the pool has one: depth 1)."""
     oplog.gate.clear()
-    first = oplog.append([_rec(0)])
+    first = oplog.append([rec(0)])
     time.sleep(0.05)
-    tickets = [oplog.append([_rec(i)]) for i in range(1, 10)]
+    tickets = [oplog.append([rec(i)]) for i in range(1, 10)]
     oplog.gate.set()
     oplog.wait(first)
     for t in tickets:
@@ -126,7 +88,7 @@ def test_the_writer_keeps_its_slot_while_records_come(oplog: GatedLog) -> None:
 def test_records_after_the_linger_are_still_written(oplog: GatedLog) -> None:
     """A writer that gave its slot back (nothing came within the linger) is replaced by the
     committer for the next records: nothing is left pending."""
-    oplog.wait(oplog.append([_rec(0)]))
+    oplog.wait(oplog.append([rec(0)]))
     time.sleep(0.05)  # well past the writer's linger
-    oplog.wait(oplog.append([_rec(1)]), timeout_s=5)
+    oplog.wait(oplog.append([rec(1)]), timeout_s=5)
     assert [len(r) for _, r in oplog.entries] == [1, 1]

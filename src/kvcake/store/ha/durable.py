@@ -16,6 +16,7 @@ import msgspec
 
 from kvcake.store import protocol as P
 from kvcake.store.config import MasterConfig
+from kvcake.store.deferred_reply import DeferredReply, ReplySender
 from kvcake.store.errors import RPC_FAIL
 from kvcake.store.ha.journal import JournaledState
 from kvcake.store.ha.oplog import LogFailed, OpLog
@@ -43,6 +44,25 @@ MUTATING: frozenset[type] = frozenset(
 )
 
 
+class Durable(DeferredReply):
+    """A mutation's reply, due once the log has its records: sent by the thread that makes
+    them durable, the moment it does (``oplog.wait``'s ``on_commit``), else by the request
+    thread."""
+
+    __slots__ = ("oplog", "reply", "ticket")
+
+    def __init__(self, oplog: OpLog, ticket: int, reply: P.Reply):
+        self.oplog, self.ticket, self.reply = oplog, ticket, reply
+
+    def resolve(self, sender: ReplySender) -> msgspec.Struct:
+        reply = self.reply
+        try:
+            self.oplog.wait(self.ticket, on_commit=lambda: sender.try_send(reply))
+        except LogFailed as exc:
+            return P.Reply(code=RPC_FAIL, message=f"not acknowledged (master stepping down): {exc}")
+        return reply
+
+
 class DurableMaster(Master):
     """``DurableMaster(cfg, view, oplog)``: serves the state rebuilt from ``view`` (what
     ``oplog.load()`` returned) and makes every mutating request wait for the log. ``stop``
@@ -59,19 +79,14 @@ class DurableMaster(Master):
         plain = handlers.dispatch
         jstate = self.jstate
 
-        def dispatch(msg: msgspec.Struct) -> P.Reply:
+        def dispatch(msg: msgspec.Struct) -> P.Reply | Durable:
             reply = plain(msg)
             if type(msg) not in MUTATING:
                 return reply
-            try:
-                oplog.wait(jstate.flush(oplog))
-            except LogFailed as exc:
-                return P.Reply(
-                    code=RPC_FAIL, message=f"not acknowledged (master stepping down): {exc}"
-                )
-            return reply
+            ticket = jstate.flush(oplog)
+            return Durable(oplog, ticket, reply) if ticket else reply
 
-        handlers.dispatch = dispatch  # type: ignore[method-assign]
+        handlers.dispatch = dispatch  # type: ignore[method-assign,assignment]
         if hasattr(oplog, "source"):
             oplog.source = lambda: jstate.flush(oplog)
 
