@@ -102,6 +102,10 @@ def test_core_families_through_the_real_client(dummy: MooncakeDistributedStore) 
     torch = pytest.importorskip("torch")
     t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     assert s.put_tensor("t", t) == 0 and torch.equal(s.get_tensor("t"), t)
+    n = s.get_size("t")
+    tp = s.alloc_from_mem_pool(n)
+    assert s.register_buffer(tp, n) == 0 and torch.equal(s.get_tensor_into("t", tp, n), t)
+    assert s.batch_get_tensor_into(["t", "u"], [tp], [n]) == [-600, -600]  # the wheel's, probed
     time.sleep(3 * LEASE_MS / 1000)
     assert (s.remove("k1"), s.remove("missing"), s.batch_remove(["kp", "missing"])) == (
         0, -704, [0, -704],
@@ -280,3 +284,12 @@ def test_real_client_hung_or_killed_mid_call(
     finally:
         os.kill(client.popen.pid, signal.SIGKILL)
         client.stop()
+
+
+def test_port_flags() -> None:
+    from kvcake.compat.mooncake.real_client_flags import parse
+
+    plain = parse(["--port=1234", "--http_port=9999"])
+    assert (plain.port, plain.store.http_port) == (1234, 0)  # HTTP on a free port
+    served = parse(["--port=1234", "--enable_http_server=true", "--http_port=9999"])
+    assert (served.port, served.store.http_port) == (1234, 9999)

@@ -124,7 +124,7 @@ class TensorMethods(StoreBase):
         self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]
     ) -> list[Any]:
         if not len(keys) == len(buffer_ptrs) == len(sizes):
-            return [None] * len(keys)
+            return [E.INVALID_PARAMS] * len(keys)  # the wheel (probed 2026-12-05): -600 each
         return [
             self.get_tensor_into(k, p, s) for k, p, s in zip(keys, buffer_ptrs, sizes, strict=True)
         ]
