@@ -204,6 +204,31 @@ def test_garbage_is_refused_and_the_server_keeps_serving(
     assert dummy.put("after-garbage", b"ok") == 0 and dummy.get("after-garbage") == b"ok"
 
 
+def test_at_most_max_sessions_dummies(
+    cluster: tuple[str, Prog, str], dummy: MooncakeDistributedStore
+) -> None:
+    host, port = cluster[2].rsplit(":", 1)
+    socks: list[socket.socket] = []
+    try:
+        refused = W.Reply()
+        for _ in range(W.MAX_SESSIONS):  # the fixture's dummy holds one place already
+            sock = socket.create_connection((host, int(port)), timeout=10)
+            socks.append(sock)
+            refused = _request(sock, W.Attach(os.getpid()))
+            if refused.code:
+                break
+        assert refused.code == -1 and "too many" in refused.message
+        assert len(socks) <= W.MAX_SESSIONS and _closed_by_peer(socks[-1])
+    finally:
+        for sock in socks:
+            sock.close()
+    deadline = time.monotonic() + 10
+    again = MooncakeDistributedStore()
+    while again.setup_dummy(64 * MB, MB, cluster[2]) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the places come free as the server sees the closes
+    assert again.put("again", b"1") == 0 and again.close() == 0
+
+
 DUMMY_SCRIPT = """
 import ctypes, sys
 from kvcake.compat.mooncake import MooncakeDistributedStore
