@@ -278,6 +278,22 @@ def _attach(
     return store
 
 
+def _stop(pid: int) -> None:
+    """SIGSTOP, then wait until every thread of ``pid`` has stopped (a thread can still finish
+    a request in the moment after the signal)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = [
+            p.read_text().rsplit(")", 1)[1].split()[0]
+            for p in Path(f"/proc/{pid}/task").glob("*/stat")
+        ]
+        if states and all(st in "tT" for st in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop")
+
+
 def test_real_client_hung_or_killed_mid_call(
     bin_dir: Path, cluster: tuple[str, Prog, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -286,7 +302,7 @@ def test_real_client_hung_or_killed_mid_call(
     patient = _attach(address, "60", monkeypatch)
     try:
         assert hasty.put("kk", b"v" * 100) == 0 and patient.get("kk") == b"v" * 100
-        os.kill(client.popen.pid, signal.SIGSTOP)  # hung: the call deadline answers
+        _stop(client.popen.pid)  # hung: the call deadline answers
         t0 = time.monotonic()
         assert hasty.put("k2", b"x") == -900
         assert 1.0 < time.monotonic() - t0 < 5
