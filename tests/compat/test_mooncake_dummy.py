@@ -334,3 +334,17 @@ def test_port_flags() -> None:
     assert (plain.port, plain.store.http_port) == (1234, 0)  # HTTP on a free port
     served = parse(["--port=1234", "--enable_http_server=true", "--http_port=9999"])
     assert (served.port, served.store.http_port) == (1234, 9999)
+
+
+def test_a_busy_port_exits_2(bin_dir: Path, cluster: tuple[str, Prog, str]) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        client = Prog(
+            str(bin_dir / "mooncake_client"), f"--master_server_address={cluster[0]}",
+            f"--port={port}", "--global_segment_size=16MB",
+        )  # fmt: skip
+        try:
+            assert client.done(60) == 2
+        finally:
+            client.stop()
+    assert any(f"cannot listen on 127.0.0.1:{port}" in line for line in client.err)
