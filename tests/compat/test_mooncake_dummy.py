@@ -29,11 +29,11 @@ MB = 1024 * 1024
 LEASE_MS = 100  # a read leases its object this long (removes wait it out, as Mooncake's suite)
 
 
-def start_client(bin_dir: Path, rpc: str) -> tuple[Prog, str]:
+def start_client(bin_dir: Path, rpc: str, env: dict[str, str] | None = None) -> tuple[Prog, str]:
     port = free_port()
     client = Prog(
         str(bin_dir / "mooncake_client"), f"--master_server_address={rpc}", f"--port={port}",
-        "--global_segment_size=64MB", "--metadata_server=P2PHANDSHAKE",
+        "--global_segment_size=64MB", "--metadata_server=P2PHANDSHAKE", env=env,
     )  # fmt: skip
     info = client.wait_line("mooncake_client segment=")
     assert info["port"] == f"127.0.0.1:{port}"
@@ -348,3 +348,19 @@ def test_a_busy_port_exits_2(bin_dir: Path, cluster: tuple[str, Prog, str]) -> N
         finally:
             client.stop()
     assert any(f"cannot listen on 127.0.0.1:{port}" in line for line in client.err)
+
+
+def test_a_request_cut_off_midway_is_dropped(bin_dir: Path, cluster: tuple[str, Prog, str]) -> None:
+    client, address = start_client(bin_dir, cluster[0], {"KVCAKE_DUMMY_FRAME_S": "1"})
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=10) as idle:
+            assert _request(idle, W.Attach(os.getpid())).code == 0
+            with socket.create_connection((host, int(port)), timeout=10) as stalled:
+                stalled.sendall(framing.pack_header(1, 100)[:10])  # then nothing
+                t0 = time.monotonic()
+                assert _closed_by_peer(stalled) and 0.5 < time.monotonic() - t0 < 5
+            time.sleep(1.5)  # an idle dummy has no deadline between requests
+            assert _request(idle, W.Ping()).code == 0
+    finally:
+        client.stop()

@@ -1,12 +1,15 @@
 """The dummy-client service of kvcake's ``mooncake_client``: a TCP listener on 127.0.0.1:--port
 (where Mooncake's real client serves its dummy-client RPC) with one thread per attached dummy
-(at most ``MAX_SESSIONS``). A connection that sends anything but well-formed frames is closed
-(the others go on); a dummy that disconnects or dies has its shared memory unmapped."""
+(at most ``MAX_SESSIONS``). A connection that sends anything but well-formed frames, or stops
+in the middle of one for ``KVCAKE_DUMMY_FRAME_S``, is closed (the others go on); a dummy that
+disconnects or dies has its shared memory unmapped."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import select
 import socket
 import struct
 import threading
@@ -21,6 +24,7 @@ from kvcake.store.rpc import detect_dead_peer
 
 log = logging.getLogger(__name__)
 SEND_TIMEOUT_S = 30  # a dummy that stops reading its replies is dropped after this
+FRAME_ENV = "KVCAKE_DUMMY_FRAME_S"  # a request must arrive whole within this (default 30 s)
 
 
 class DummyServer:
@@ -67,9 +71,14 @@ class DummyServer:
 
     def _serve(self, conn: socket.socket) -> None:
         session = self._conns[conn]
+        frame_s = float(os.environ.get(FRAME_ENV, "30"))
         try:
             _configure(conn)
             while True:
+                idle = select.poll()  # (not select(): a node may hold more than 1024 fds)
+                idle.register(conn, select.POLLIN)
+                idle.poll()  # idle between requests: no deadline
+                conn.settimeout(frame_s)  # a request started must arrive whole
                 frame = framing.read_frame(conn, W.REQUESTS, W.REQUEST_LIMITS)
                 if frame is None:
                     break
