@@ -35,8 +35,8 @@ FLAGS: dict[str, tuple[str, str]] = {
     "http_port": ("9300", "the HTTP port with --enable_http_server"),
 }
 IGNORED = (
-    "device_names", "threads", "start_offload_rpc_server", "tenant_id", "mmap_arena_pool_size", "use_mmap_arena_allocator", "logtostderr",
-    "minloglevel", "v",
+    "device_names", "threads", "start_offload_rpc_server", "tenant_id", "mmap_arena_pool_size",
+    "use_mmap_arena_allocator", "logtostderr", "minloglevel", "v",
 )  # fmt: skip
 QUIET = {"logtostderr", "minloglevel", "v", "metadata_server"}  # no warning for these
 OFFLOAD_PATH_ENV = "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"
@@ -61,7 +61,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str]) -> RealClientArgs:
-    """Mooncake's flags -> kvcake's settings (``port``: the dummy-client service); a misspelt flag exits 2, a bad value raises."""
+    """Mooncake's flags -> kvcake's settings (``port``: the dummy-client service); a misspelt
+    flag exits 2, a bad value raises."""
     given = master_flags.given_gflags(master_flags.parse_gflags(parser(), argv))
     for name in sorted(set(given) & set(IGNORED) - QUIET):
         print(f"{PROG}: --{name} has no kvcake counterpart; ignored", file=sys.stderr)
