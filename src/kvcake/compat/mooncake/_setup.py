@@ -329,6 +329,7 @@ class SetupMethods(StoreBase):
         return 0
 
     def alloc_from_mem_pool(self, size: int) -> int:
-        """The wheel returns 0 without a dummy-client memory pool; kvcake has none either."""
+        """0: no dummy-client memory pool (as the wheel); an attached dummy's comes from
+        ``_dummy_store.DummyDistributedStore.alloc_from_mem_pool``."""
         check_signature(size, kinds=(int,))
         return 0
