@@ -116,9 +116,18 @@ class Session:
         return [self._view(loc) for loc in locs]
 
     def _get(self, keys: list[str]) -> Outcome:
-        """Values go into the dummy's local buffer while they fit, the rest inline."""
-        got = self.client.batch_get(keys)
+        """Values go into the dummy's local buffer while they fit, the rest inline. One key is
+        read straight into the local buffer (no copy here) unless it does not fit."""
         local = self.segs.get(W.LOCAL)
+        if len(keys) == 1 and local is not None:
+            try:
+                n = self.client.get_into(keys[0], memoryview(local))
+                return W.Reply(codes=[0], locs=[(W.LOCAL, 0, n)]), []
+            except E.InvalidParams:
+                pass  # larger than the local buffer: inline, below
+            except StoreError as exc:
+                return W.Reply(codes=[exc.code], locs=[(W.INLINE, 0, 0)]), []
+        got = self.client.batch_get(keys)
         room = len(local) if local is not None else 0
         reply, pos, inline = W.Reply(), 0, 0
         parts: list[bytes | bytearray | memoryview] = []
