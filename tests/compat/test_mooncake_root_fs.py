@@ -49,8 +49,10 @@ def test_evicted_keys_read_back_from_root_fs_dir(procs: Factory, tmp_path: Path)
     ref = {f"k_{i}": rng.integers(0, 256, MB, dtype=np.uint8).tobytes() for i in range(24)}
     assert [s.put(k, v) for k, v in ref.items()] == [0] * len(ref)  # 3x the segment
     assert [k for k, v in ref.items() if s.get(k) != v] == []  # evicted ones: from files
-    files = sorted((root / "mc1").rglob("*.obj"))
-    assert len(files) == len(ref)
+    deadline = time.monotonic() + 10  # the last puts' files are written in the background
+    while len(list((root / "mc1").rglob("*.obj"))) < len(ref) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(list((root / "mc1").rglob("*.obj"))) == len(ref)
     desc = s.get_replica_desc("k_0")
     assert any(d.is_disk_replica() for d in desc)
     buf = (ctypes.c_ubyte * (4 * MB))()
