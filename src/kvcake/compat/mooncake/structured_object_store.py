@@ -4,6 +4,9 @@ Mooncake-style store. Status per name: docs/compat/mooncake.md."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from kvcake.compat.mooncake._structured._fields import FIELD_SPECS_KEY as STRUCTURED_FIELD_SPECS_KEY
 from kvcake.compat.mooncake._structured._handles import (
     HANDLE_TYPE as DATAPROTO_REF_HANDLE_TYPE,
@@ -23,6 +26,7 @@ from kvcake.compat.mooncake._structured._transfer import (
     MooncakeBundleTransfer,
 )
 from kvcake.compat.mooncake._structured._types import (
+    BundleStore,
     BundleTransferPolicy,
     FieldSchema,
     MooncakeDataProtoRef,
@@ -40,6 +44,7 @@ from kvcake.compat.mooncake._structured._writer import (
     AUTO_PARALLEL_MIN_CHUNKS,
 )
 
+DataProtoRefLike = MooncakeDataProtoRef | Mapping[str, Any]
 export_ref = export_dataproto_ref
 import_ref = import_dataproto_ref
 __kvcake__ = True
@@ -53,7 +58,9 @@ __all__ = [
     "MISSING_OBJECT_ERROR",
     "STORAGE_GROUP_ID",
     "STRUCTURED_FIELD_SPECS_KEY",
+    "BundleStore",
     "BundleTransferPolicy",
+    "DataProtoRefLike",
     "FieldSchema",
     "MooncakeBundleTransfer",
     "MooncakeDataProtoRef",

@@ -5,10 +5,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 PutMode = Literal["auto", "batch", "parallel"]
 CopyMode = Literal["auto", "zero_copy", "copy"]
+
+
+class BundleStore(Protocol):
+    """The store methods every transfer needs; the others (``batch_put_from``,
+    ``register_buffer``, ``get_into_ranges``, ``put_tensor``, ...) are used when present."""
+
+    def put(self, key: str, value: Any, config: Any = None) -> int: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def remove(self, key: str, force: bool = False) -> int: ...
+
+    def is_exist(self, key: str) -> int: ...
 
 
 @dataclass(frozen=True)
