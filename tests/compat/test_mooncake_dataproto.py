@@ -129,6 +129,19 @@ def test_same_stage_append_keeps_the_old_ref_and_overwrite_replaces() -> None:
     assert store.objects == {}
 
 
+def test_cleanup_of_an_unpublished_append_leaves_the_previous_ref_whole() -> None:
+    store, tr = make()
+    prev = tr.put_dataproto({"a": np.arange(4)}, stage="s")
+    before = dict(store.objects)
+    grown = tr.append_dataproto_fields(prev, {"b": np.arange(4.0), "c": np.ones(4)}, stage="s")
+    other = tr.append_dataproto_fields(prev, {"d": np.arange(4)}, stage="t")
+    assert len(store.objects) > len(before)
+    tr.cleanup_dataproto_append(prev, grown)
+    tr.cleanup_dataproto_append(prev, other)
+    assert store.objects == before
+    assert np.array_equal(tr.get_dataproto(prev)["batch"]["a"], np.arange(4))
+
+
 def test_handles_travel_as_json_and_are_checked() -> None:
     _, tr = make()
     ref = tr.put_dataproto({"batch": {"a": np.arange(2)}, "meta_info": {"v": np.int64(7)}})
