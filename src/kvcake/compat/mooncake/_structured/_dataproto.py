@@ -154,16 +154,7 @@ class DataProtoMethods:
                 else MooncakeDataProtoRef(rows, {}, {}, dict(meta), namespace, partition)
             )
         _check_fields(ref, where, stage, overwrite)
-        header = {
-            "layout": "dataproto_stage",
-            "dataproto": {
-                "version": 1,
-                "namespace": namespace,
-                "partition": partition,
-                "stage": stage,
-                "batch_size": rows,
-            },
-        }
+        header = _header(namespace, partition, stage, rows)
         existing = ref.stage_refs.get(stage) if ref is not None else None
         if existing is not None and not overwrite:
             stage_ref = self._extend_stage(existing, header, members, partition, opts)
@@ -189,6 +180,12 @@ class DataProtoMethods:
         merged = {**old_meta, F.FIELD_SPECS_KEY: {**F.field_specs(old_meta), **F.field_specs(meta)}}
         blob = F.bytes_view(encode_json(merged, "structured metadata"), "meta")
         return self._bundles.put(blob, payloads, partition, opts, extends=old_manifest)
+
+
+def _header(namespace: str, partition: str, stage: str, rows: int) -> dict[str, Any]:
+    """A stage object's metadata (an append to the stage must carry the same)."""
+    where = {"namespace": namespace, "partition": partition, "stage": stage, "batch_size": rows}
+    return {"layout": "dataproto_stage", "dataproto": {"version": 1, **where}}
 
 
 def _no_schemas(field_schemas: Mapping[str, Any] | None) -> None:
