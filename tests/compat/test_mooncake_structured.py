@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -208,3 +212,16 @@ def test_over_a_real_kvcake_store(procs: Factory) -> None:
         assert all(s.is_exist(c["key"]) == 0 for c in ref.manifest["buffers"]["a"]["chunks"])
     finally:
         s.close()
+
+
+def test_the_shim_resolves_both_modules_to_kvcake(tmp_path: Path) -> None:
+    from kvcake.compat.mooncake import shim
+
+    shim.install(tmp_path)
+    code = (
+        "import mooncake.structured_object_store as s, mooncake.dataproto_catalog as c; "
+        "print(s.__kvcake__, c.__kvcake__, s.MooncakeBundleTransfer.__module__)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["True", "True", "kvcake.compat.mooncake._structured._transfer"]
