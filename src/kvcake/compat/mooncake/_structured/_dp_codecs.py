@@ -2,6 +2,7 @@
 as a ragged layout (``data`` bytes, ``offsets`` int64, ``nulls`` bool) next to the DataProto's
 other members:
 
+- ``typed_ragged`` (numeric ndarray rows, or numeric list / tuple rows: ``_dp_typed``),
 - ``utf8_ragged`` (str rows), ``bytes_ragged`` (bytes-like rows), ``ragged_tensor`` (torch
   tensor rows, each in Mooncake's stored-tensor layout),
 - ``msgpack_ragged`` (dicts, lists, scalars: msgpack via msgspec; numpy values become plain
@@ -20,6 +21,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from kvcake.compat.mooncake._structured import _dp_typed as typed
 from kvcake.compat.mooncake._structured import _tensorio as tio
 
 _TENSOR_EXT = 1
@@ -75,12 +77,22 @@ def _has_special_leaf(value: Any) -> bool:
     return tio.is_tensor(value) or isinstance(value, np.ndarray) or _is_bytes(value)
 
 
+def _has_tensor(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return any(_has_tensor(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_tensor(v) for v in value)
+    return tio.is_tensor(value)
+
+
 def choose(values: list[Any]) -> str:
     rows = [v for v in values if v is not None]
     if not rows:
         return "msgpack_ragged"
     if all(tio.is_tensor(v) for v in rows):
         return "ragged_tensor"
+    if typed.accepts(rows) and not any(_has_tensor(v) for v in rows):
+        return "typed_ragged"
     containers = all(isinstance(v, Mapping | list | tuple) for v in rows)
     if containers and any(_has_special_leaf(v) for v in rows):
         return "structured_recursive"
@@ -97,6 +109,9 @@ def encode(path: str, array: np.ndarray) -> Encoded:
     try:
         if codec == "structured_recursive":
             return _encode_recursive(path, values)
+        if codec == "typed_ragged":
+            payload, metadata = typed.encode(values)
+            return Encoded(codec, len(values), metadata, payload)
         blobs = [None if v is None else _ROW_ENCODERS[codec](v) for v in values]
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"unsupported structured non-tensor field {path}: {exc}") from exc
@@ -121,6 +136,8 @@ def decode(encoded: Mapping[str, Any], payload: Mapping[str, Any]) -> list[Any]:
     codec = encoded["codec"]
     if codec == "structured_recursive":
         return _decode_recursive(payload)
+    if codec == "typed_ragged":
+        return typed.decode(payload, encoded.get("metadata") or {})
     if codec not in _ROW_DECODERS:
         raise ValueError(f"unsupported structured non-tensor codec: {codec!r}")
     decode_row = _ROW_DECODERS[codec]
