@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from kvcake.compat.mooncake._structured import _dp_codecs as C
+from kvcake.compat.mooncake._structured import _dp_schema as SC
 from kvcake.compat.mooncake._structured import _dp_shape as S
 from kvcake.compat.mooncake._structured import _fields as F
 from kvcake.compat.mooncake._structured._bundle import BundleStore
@@ -49,13 +50,13 @@ class DataProtoMethods:
         config: Any = None,
         field_schemas: Mapping[str, Any] | None = None,
     ) -> MooncakeDataProtoRef:
-        """Stores a DataProto-like value (``type="dict"``: a flat dict, split by shape)."""
-        _no_schemas(field_schemas)
+        """Stores a DataProto-like value (``type="dict"``: a flat dict, split by shape);
+        ``field_schemas`` are ``FieldSchema`` hints (``_dp_schema``)."""
         if type not in ("dataproto", "dict"):
             raise ValueError(f"unsupported Mooncake payload type: {type!r}")
-        value = flat_to_envelope(data) if type == "dict" else data
+        value = flat_to_envelope(data, field_schemas) if type == "dict" else data
         opts = self._bundles.options(chunk_bytes, policy, None, config)
-        return self._put_stage(None, value, namespace, partition, stage, opts, overwrite=False)
+        return self._put_stage(None, value, namespace, partition, stage, opts, False, field_schemas)
 
     def put_dataproto(self, data: Any, **kwargs: Any) -> MooncakeDataProtoRef:
         return self.put(data, type="dataproto", **kwargs)
@@ -72,10 +73,11 @@ class DataProtoMethods:
         field_schemas: Mapping[str, Any] | None = None,
         config: Any = None,
     ) -> MooncakeDataProtoRef:
-        _no_schemas(field_schemas)
         ref = resolve_dataproto_ref(ref)
         opts = self._bundles.options(chunk_bytes, policy, None, config)
-        return self._put_stage(ref, data, ref.namespace, ref.partition, stage, opts, overwrite)
+        return self._put_stage(
+            ref, data, ref.namespace, ref.partition, stage, opts, overwrite, field_schemas
+        )
 
     def get(
         self,
@@ -136,8 +138,12 @@ class DataProtoMethods:
         stage: str,
         opts: Any,
         overwrite: bool,
+        schemas: Mapping[str, Any] | None = None,
     ) -> MooncakeDataProtoRef:
         batch, non_tensor, meta = S.split(data)
+        if schemas:
+            sections = {"batch": batch, "non_tensor_batch": non_tensor, "meta_info": meta}
+            SC.check_sections(sections, schemas)
         rows = S.batch_size(batch, non_tensor)
         if ref is not None and rows != ref.batch_size:
             raise ValueError(
@@ -146,7 +152,7 @@ class DataProtoMethods:
         overlap = sorted(set(batch) & set(non_tensor))
         if overlap:
             raise ValueError(f"DataProto batch and non_tensor_batch fields overlap: {overlap}")
-        members, where, encoded = _members(batch, non_tensor, stage)
+        members, where, encoded = _members(batch, non_tensor, stage, schemas)
         if not members:
             return (
                 _with_meta(ref, meta)
@@ -188,13 +194,11 @@ def _header(namespace: str, partition: str, stage: str, rows: int) -> dict[str, 
     return {"layout": "dataproto_stage", "dataproto": {"version": 1, **where}}
 
 
-def _no_schemas(field_schemas: Mapping[str, Any] | None) -> None:
-    if field_schemas:
-        raise ValueError("FieldSchema hints are not supported by kvcake's structured object store")
-
-
 def _members(
-    batch: Mapping[str, Any], non_tensor: Mapping[str, Any], stage: str
+    batch: Mapping[str, Any],
+    non_tensor: Mapping[str, Any],
+    stage: str,
+    schemas: Mapping[str, Any] | None,
 ) -> tuple[dict[str, Any], dict[str, StructuredFieldLocation], dict[str, Any]]:
     members: dict[str, Any] = {}
     where: dict[str, StructuredFieldLocation] = {}
@@ -205,11 +209,14 @@ def _members(
     for name, value in non_tensor.items():
         member = f"non_tensor_batch.{name}"
         where[name] = StructuredFieldLocation(stage, member, "non_tensor_batch")
-        array = value if isinstance(value, np.ndarray) else C.object_array(list(value))
-        if array.dtype != object:
-            members[member] = array
-            continue
-        enc = C.encode(member, array)
+        schema = SC.for_non_tensor(schemas, name)
+        enc = None if schema is None else SC.encode(name, value, schema)
+        if enc is None:
+            array = value if isinstance(value, np.ndarray) else C.object_array(list(value))
+            if array.dtype != object:
+                members[member] = array
+                continue
+            enc = C.encode(member, array)
         parts = {part: f"{member}.{part}" for part in enc.payload}
         members.update({parts[p]: v for p, v in enc.payload.items()})
         encoded[name] = {

@@ -9,10 +9,14 @@ other members:
   numbers and lists),
 - ``structured_recursive`` (containers holding tensors, arrays or bytes at any depth: the row's
   skeleton in msgpack with each tensor an extension referring to a stored tensor; ``rows.missing``
-  marks null rows). ``None`` rows stay ``None``; dict keys that are absent stay absent."""
+  marks null rows). ``None`` rows stay ``None``; dict keys that are absent stay absent.
+
+Only a ``FieldSchema`` hint (``_dp_schema``) picks ``json_ragged`` (rows as JSON) or ``ndarray``
+(numeric scalar rows: ``data`` in the hinted dtype plus ``nulls``); both decode here."""
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -62,7 +66,7 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__}")
 
 
-_PLAIN = msgspec.msgpack.Encoder(enc_hook=_plain)
+PLAIN = msgspec.msgpack.Encoder(enc_hook=_plain)
 
 
 def _is_bytes(v: Any) -> bool:
@@ -122,13 +126,14 @@ _ROW_ENCODERS: dict[str, Callable[[Any], bytes]] = {
     "ragged_tensor": tio.serialize,
     "utf8_ragged": lambda v: v.encode(),
     "bytes_ragged": lambda v: bytes(v),
-    "msgpack_ragged": _PLAIN.encode,
+    "msgpack_ragged": PLAIN.encode,
 }
 _ROW_DECODERS: dict[str, Callable[[bytes], Any]] = {
     "ragged_tensor": tio.deserialize,
     "utf8_ragged": lambda b: b.decode(),
     "bytes_ragged": bytes,
     "msgpack_ragged": msgspec.msgpack.decode,
+    "json_ragged": json.loads,
 }
 
 
@@ -138,6 +143,10 @@ def decode(encoded: Mapping[str, Any], payload: Mapping[str, Any]) -> list[Any]:
         return _decode_recursive(payload)
     if codec == "typed_ragged":
         return typed.decode(payload, encoded.get("metadata") or {})
+    if codec == "ndarray":
+        nulls = np.asarray(payload["nulls"]).tolist()
+        data = np.asarray(payload["data"]).tolist()
+        return [None if n else v for v, n in zip(data, nulls, strict=True)]
     if codec not in _ROW_DECODERS:
         raise ValueError(f"unsupported structured non-tensor codec: {codec!r}")
     decode_row = _ROW_DECODERS[codec]

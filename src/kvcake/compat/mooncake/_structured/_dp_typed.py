@@ -10,19 +10,22 @@ from typing import Any
 
 import numpy as np
 
+_SCALARS = (bool, int, float, complex, np.generic)
 
-def numeric_array(value: Any) -> np.ndarray | None:
-    """``value`` as a numeric (not bool, not object) array, or ``None`` when it is not one."""
+
+def numeric_array(value: Any, kinds: str = "iufc") -> np.ndarray | None:
+    """``value`` as an array of one of ``kinds`` (default numeric, not bool), else ``None``;
+    with ``"b"`` in ``kinds`` (a ``FieldSchema`` hint) scalars are taken too."""
     if isinstance(value, np.ndarray):
         array = value
-    elif isinstance(value, list | tuple):
+    elif isinstance(value, list | tuple) or ("b" in kinds and isinstance(value, _SCALARS)):
         try:
             array = np.asarray(value)
         except (TypeError, ValueError, OverflowError):
             return None
     else:
         return None
-    return array if np.issubdtype(array.dtype, np.number) else None
+    return array if array.dtype.kind in kinds else None
 
 
 def accepts(rows: list[Any]) -> bool:
@@ -36,9 +39,9 @@ def accepts(rows: list[Any]) -> bool:
 
 
 def encode(
-    values: list[Any], dtype: np.dtype | None = None
+    values: list[Any], dtype: np.dtype | None = None, kinds: str = "iufc"
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    arrays = [None if v is None else _as_array(v) for v in values]
+    arrays = [None if v is None else _as_array(v, kinds) for v in values]
     present = [a for a in arrays if a is not None]
     if dtype is None:
         dtype = np.result_type(*present) if present else np.dtype(np.float64)
@@ -65,8 +68,8 @@ def encode(
     return payload, metadata
 
 
-def _as_array(value: Any) -> np.ndarray:
-    array = numeric_array(value)
+def _as_array(value: Any, kinds: str) -> np.ndarray:
+    array = numeric_array(value, kinds)
     if array is None:
         raise ValueError(f"typed_ragged codec requires numeric rows, got {type(value).__name__}")
     return array
