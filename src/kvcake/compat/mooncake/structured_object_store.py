@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvcake.compat.mooncake._structured._dp_infer import MISSING, infer_structure
 from kvcake.compat.mooncake._structured._fields import FIELD_SPECS_KEY as STRUCTURED_FIELD_SPECS_KEY
 from kvcake.compat.mooncake._structured._handles import (
     HANDLE_TYPE as DATAPROTO_REF_HANDLE_TYPE,
@@ -55,6 +56,7 @@ __all__ = [
     "DATAPROTO_REF_HANDLE_TYPE",
     "DATAPROTO_REF_HANDLE_VERSION",
     "DEFAULT_BUNDLE_CHUNK_BYTES",
+    "MISSING",
     "MISSING_OBJECT_ERROR",
     "STORAGE_GROUP_ID",
     "STRUCTURED_FIELD_SPECS_KEY",
@@ -74,6 +76,7 @@ __all__ = [
     "export_ref",
     "import_dataproto_ref",
     "import_ref",
+    "infer_structure",
     "is_dataproto_ref_handle",
     "raw_destination",
     "tensor_object_buffer",
