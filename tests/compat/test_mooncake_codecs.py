@@ -140,7 +140,9 @@ def test_field_schema_typed_ragged_keeps_each_rows_kind_and_takes_plain_arrays()
         ),
         (FieldSchema("typed_ragged"), [["a"]], ValueError, "numeric rows"),
         (FieldSchema("ragged_tensor"), [[1]], TypeError, "torch.Tensor rows"),
-        (FieldSchema("media_bytes"), [b"x"], ValueError, "not supported by kvcake"),
+        (FieldSchema("ragged_tensor_dict"), [{}], ValueError, "not supported by kvcake"),
+        (FieldSchema("media_bytes"), ["x"], TypeError, "PIL images or bytes-like"),
+        (FieldSchema("media_list_ragged"), [b"x"], TypeError, "rows must be lists"),
         (FieldSchema("nope"), ["a"], ValueError, "unsupported schema codec: 'nope'"),
     ],
 )

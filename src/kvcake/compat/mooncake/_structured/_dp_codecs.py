@@ -3,6 +3,8 @@ as a ragged layout (``data`` bytes, ``offsets`` int64, ``nulls`` bool) next to t
 other members:
 
 - ``typed_ragged`` (numeric ndarray rows, or numeric list / tuple rows: ``_dp_typed``),
+- ``media_bytes`` (PIL image rows), ``media_list_ragged`` (rows that are lists of PIL images or
+  bytes: ``_dp_media``),
 - ``utf8_ragged`` (str rows), ``bytes_ragged`` (bytes-like rows), ``ragged_tensor`` (torch
   tensor rows, each in Mooncake's stored-tensor layout),
 - ``msgpack_ragged`` (dicts, lists, scalars: msgpack via msgspec; numpy values become plain
@@ -25,8 +27,10 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from kvcake.compat.mooncake._structured import _dp_media as media
 from kvcake.compat.mooncake._structured import _dp_typed as typed
 from kvcake.compat.mooncake._structured import _tensorio as tio
+from kvcake.compat.mooncake._structured._dp_infer import is_media_list, is_pil_image
 
 _TENSOR_EXT = 1
 
@@ -95,6 +99,10 @@ def choose(values: list[Any]) -> str:
         return "msgpack_ragged"
     if all(tio.is_tensor(v) for v in rows):
         return "ragged_tensor"
+    if all(is_media_list(v) for v in rows):
+        return "media_list_ragged"
+    if all(is_pil_image(v) for v in rows):
+        return "media_bytes"
     if typed.accepts(rows) and not any(_has_tensor(v) for v in rows):
         return "typed_ragged"
     containers = all(isinstance(v, Mapping | list | tuple) for v in rows)
@@ -113,8 +121,8 @@ def encode(path: str, array: np.ndarray) -> Encoded:
     try:
         if codec == "structured_recursive":
             return _encode_recursive(path, values)
-        if codec == "typed_ragged":
-            payload, metadata = typed.encode(values)
+        if codec in _CODERS:
+            payload, metadata = _CODERS[codec][0](values)
             return Encoded(codec, len(values), metadata, payload)
         blobs = [None if v is None else _ROW_ENCODERS[codec](v) for v in values]
     except (TypeError, ValueError, OverflowError) as exc:
@@ -122,6 +130,12 @@ def encode(path: str, array: np.ndarray) -> Encoded:
     return Encoded(codec, len(values), {}, ragged(blobs))
 
 
+_Coded = tuple[dict[str, np.ndarray], dict[str, Any]]
+_CODERS: dict[str, tuple[Callable[[list[Any]], _Coded], Callable[..., list[Any]]]] = {
+    "typed_ragged": (typed.encode, typed.decode),
+    "media_bytes": (media.encode_bytes, media.decode_bytes),
+    "media_list_ragged": (media.encode_lists, media.decode_lists),
+}
 _ROW_ENCODERS: dict[str, Callable[[Any], bytes]] = {
     "ragged_tensor": tio.serialize,
     "utf8_ragged": lambda v: v.encode(),
@@ -141,8 +155,8 @@ def decode(encoded: Mapping[str, Any], payload: Mapping[str, Any]) -> list[Any]:
     codec = encoded["codec"]
     if codec == "structured_recursive":
         return _decode_recursive(payload)
-    if codec == "typed_ragged":
-        return typed.decode(payload, encoded.get("metadata") or {})
+    if codec in _CODERS:
+        return _CODERS[codec][1](payload, encoded.get("metadata") or {})
     if codec == "ndarray":
         nulls = np.asarray(payload["nulls"]).tolist()
         data = np.asarray(payload["data"]).tolist()

@@ -3,7 +3,7 @@ pins a field to ``batch`` / ``non_tensor_batch`` / ``meta_info`` (checked agains
 data has it); a ``non_tensor_batch`` field's ``codec`` picks its codec instead of inference
 (``auto`` = inference), ``nullable=False`` refuses ``None`` rows, and ``metadata["dtype"]`` is
 the dtype of ``typed_ragged`` and ``ndarray`` fields. Hints for ``batch`` fields are not
-used. The ``media_*`` and ``ragged_tensor_dict`` codecs are not supported."""
+used. The ``ragged_tensor_dict`` codec is not supported."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from typing import Any
 import numpy as np
 
 from kvcake.compat.mooncake._structured import _dp_codecs as C
+from kvcake.compat.mooncake._structured import _dp_media as media
 from kvcake.compat.mooncake._structured import _dp_typed as typed
 from kvcake.compat.mooncake._structured import _tensorio as tio
 
 SECTIONS = ("batch", "meta_info", "non_tensor_batch")
-LEFT_OUT = ("media_bytes", "media_list_ragged", "ragged_tensor_dict")
+LEFT_OUT = ("ragged_tensor_dict",)
 
 
 def section(name: str, schema: Any) -> str | None:
@@ -94,6 +95,10 @@ def _encode(schema: Any, values: list[Any]) -> C.Encoded | None:
         return None
     if codec == "typed_ragged":
         payload, metadata = typed.encode(values, ndarray_dtype(schema), kinds="biufc")
+        return C.Encoded(codec, len(values), metadata, payload)
+    if codec in ("media_bytes", "media_list_ragged"):
+        encoder = media.encode_bytes if codec == "media_bytes" else media.encode_lists
+        payload, metadata = encoder(values)
         return C.Encoded(codec, len(values), metadata, payload)
     if codec == "ndarray":
         dtype = ndarray_dtype(schema)
