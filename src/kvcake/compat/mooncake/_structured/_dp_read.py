@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from kvcake.compat.mooncake._structured import _dp_codecs as C
+from kvcake.compat.mooncake._structured import _nested as nested
 from kvcake.compat.mooncake._structured import _tensorio as tio
 from kvcake.compat.mooncake._structured._dp_shape import Rows
 from kvcake.compat.mooncake._structured._members import ndarray_destination
@@ -86,6 +87,12 @@ class DataProtoReader:
             target = ndarray_destination(name, dest, picked.dtype, picked.shape)
             target[...] = picked
             return target
+        if getattr(value, "is_nested", False):
+            if dest is not None:
+                raise ValueError(
+                    f"structured nested tensor member {name} does not support destinations"
+                )
+            return nested.select_rows(value, picks)
         picked = value[picks] if picks else value[:0]
         return picked if dest is None else _tensor_into(name, picked, dest)
 

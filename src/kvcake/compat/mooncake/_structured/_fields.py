@@ -1,6 +1,7 @@
 """Encoding a structured object's members. Each member gets a field spec (kept in the object's
 metadata under ``__mooncake_structured_fields__``) and a payload: ``ndarray`` members store their
-C-contiguous bytes with dtype and shape, torch tensors are ``torch_tensor`` members, anything
+C-contiguous bytes with dtype and shape, torch tensors (nested ones too: ``_nested``) are
+``torch_tensor`` members, anything
 else bytes-like is a ``bytes`` member."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcake.compat.mooncake._structured import _nested as nested
 from kvcake.compat.mooncake._structured import _tensorio as tio
 from kvcake.compat.mooncake._structured._manifest import check_segment
 from kvcake.compat.mooncake._structured._types import TensorObjectBuffer
@@ -47,7 +49,8 @@ def encode_member(value: Any) -> tuple[dict[str, Any], Payload]:
         return {"encoding": "torch_tensor"}, value
     if tio.is_tensor(value):
         if value.is_nested:
-            raise ValueError("nested tensors are not supported as structured members by kvcake")
+            spec, blob = nested.encode(value)
+            return spec, BytesPayload(memoryview(blob), False)
         spec = {"encoding": "torch_tensor", "dtype": str(value.dtype), "shape": list(value.shape)}
         return {**spec, "element_size": int(value.element_size())}, TensorPayload(value)
     if isinstance(value, np.ndarray):

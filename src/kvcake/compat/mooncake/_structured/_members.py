@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcake.compat.mooncake._structured import _nested as nested
 from kvcake.compat.mooncake._structured import _tensorio as tio
 from kvcake.compat.mooncake._structured._port import Port
 from kvcake.compat.mooncake._structured._reader import PayloadReader
@@ -95,11 +96,25 @@ class MemberReader:
             return self.reader.read_all(payload)
         if encoding == "ndarray":
             return self.read_ndarray(name, payload, field, cut, dest)
+        if encoding == "torch_tensor" and field.get("nested"):
+            return self.read_nested(name, payload, field, cut, dest)
         if encoding == "torch_tensor":
             if cut is not None:
                 return self.read_tensor_rows(name, payload, field, cut, dest)
             return self.read_tensor(name, payload, dest)
         raise ValueError(f"unsupported structured field encoding: {encoding}")
+
+    def read_nested(self, name: str, payload: Spec, field: Spec, cut: Any, dest: Any) -> Any:
+        if dest is not None:
+            raise ValueError(
+                f"structured nested tensor member {name} does not support destinations"
+            )
+        value = nested.decode(self.reader.read_all(payload), field)
+        if cut is None:
+            return value
+        if cut.axis != 0:
+            raise ValueError("structured nested tensor slicing currently supports axis=0 only")
+        return nested.select_rows(value, range(*cut.bounds(len(value))))
 
     def read_ndarray(self, name: str, payload: Spec, field: Spec, cut: Any, dest: Any) -> Any:
         dtype, shape = field.get("dtype"), field.get("shape")
