@@ -32,7 +32,7 @@ from kvcake.store.master_state import MasterState
 from kvcake.store.metadata import Tier
 from kvcake.store.metrics import MasterMetrics
 from kvcake.store.owners import ReleasingBackend, process_gone, process_of
-from kvcake.store.rpc import BufferedFrames
+from kvcake.store.rpc import BufferedFrames, send_msg
 from kvcake.transfer.netserver import ThreadedServer
 
 log = logging.getLogger(__name__)
@@ -293,16 +293,27 @@ class MasterRpcServer(ThreadedServer):
                 return
             if frame is None:
                 return
-            op = type(frame.msg).__name__
-            sender = ReplySender(conn, frame.header.request_id)
-            t0 = time.perf_counter()
-            try:
-                out: msgspec.Struct | DeferredReply = self.handlers.dispatch(frame.msg)
-                reply = out.resolve(sender) if isinstance(out, DeferredReply) else out
-            except Exception as exc:  # a bug must cost one request, not the master
-                log.exception("master: %s failed", op)
-                reply = P.ErrorReply(INTERNAL_ERROR, f"internal error in {op}: {exc!r}")
-            self.metrics.observe(op, time.perf_counter() - t0)
+            self._answer(conn, frame.header.request_id, frame.msg)
+
+    def _answer(self, conn: socket.socket, rid: int, msg: msgspec.Struct) -> None:
+        """Dispatch one request and send its reply (a deferred one may already be on the wire,
+        sent by the thread that made it due)."""
+        op = type(msg).__name__
+        sender = None  # only a deferred reply needs one (not every request's path)
+        t0 = time.perf_counter()
+        try:
+            out: msgspec.Struct | DeferredReply = self.handlers.dispatch(msg)
+            if isinstance(out, DeferredReply):
+                sender = ReplySender(conn, rid)
+                out = out.resolve(sender)
+            reply = out
+        except Exception as exc:  # a bug must cost one request, not the master
+            log.exception("master: %s failed", op)
+            reply = P.ErrorReply(INTERNAL_ERROR, f"internal error in {op}: {exc!r}")
+        self.metrics.observe(op, time.perf_counter() - t0)
+        if sender is None:
+            send_msg(conn, P.REPLY_CODEC, rid, reply)
+        else:
             sender.finish(reply)
 
 
