@@ -16,7 +16,6 @@ from kvcake.compat.mooncake.structured_object_store import (
     import_dataproto_ref,
 )
 from tests.compat.structured_store import MemStore
-from tests.store.conftest import Factory
 
 RNG = np.random.default_rng(15)
 
@@ -235,29 +234,20 @@ def test_catalog_transfer_retries_a_lost_publication_without_duplicates() -> Non
     client.drain()
 
 
-def test_dataproto_over_a_real_kvcake_store(procs: Factory) -> None:
-    from kvcake.compat.mooncake.store import MooncakeDistributedStore
-
-    master = procs("master", "--port", "0", "--http-port", "0", "--client-ttl-s", "1")
-    s = MooncakeDistributedStore()
-    assert (
-        s.setup("127.0.0.1", "P2PHANDSHAKE", 32 << 20, 8 << 20, "tcp", "", master.info["rpc"]) == 0
-    )
-    try:
-        tr = MooncakeBundleTransfer(s, key_prefix="dpreal", default_chunk_bytes=256)
-        data = sample(6)
-        ref = tr.put_dataproto(data, stage="roll")
-        ref = tr.append_dataproto_fields(ref, {"v": RNG.random(6)}, stage="roll")
-        handle = export_dataproto_ref(ref)
-        got = tr.get_dataproto(handle, fields=["ids", "v", "text"], rows=[5, 1, 1])
-        assert np.array_equal(got["batch"]["ids"], data["batch"]["ids"][[5, 1, 1]])
-        assert got["non_tensor_batch"]["text"].tolist() == ["f", "b", "b"]
-        stage = ref.stage_refs["roll"]
-        specs = [stage.manifest["meta"], *stage.manifest["buffers"].values()]
-        keys = [c["key"] for spec in specs for c in spec["chunks"]]
-        keys += [*stage.manifest["cleanup_keys"], stage.manifest_key]
-        assert all(s.is_exist(k) == 1 for k in keys)
-        tr.cleanup_dataproto(handle)
-        assert [k for k in keys if s.is_exist(k) != 0] == []
-    finally:
-        s.close()
+def test_dataproto_over_a_real_kvcake_store(real_store: Any) -> None:
+    s = real_store
+    tr = MooncakeBundleTransfer(s, key_prefix="dpreal", default_chunk_bytes=256)
+    data = sample(6)
+    ref = tr.put_dataproto(data, stage="roll")
+    ref = tr.append_dataproto_fields(ref, {"v": RNG.random(6)}, stage="roll")
+    handle = export_dataproto_ref(ref)
+    got = tr.get_dataproto(handle, fields=["ids", "v", "text"], rows=[5, 1, 1])
+    assert np.array_equal(got["batch"]["ids"], data["batch"]["ids"][[5, 1, 1]])
+    assert got["non_tensor_batch"]["text"].tolist() == ["f", "b", "b"]
+    stage = ref.stage_refs["roll"]
+    specs = [stage.manifest["meta"], *stage.manifest["buffers"].values()]
+    keys = [c["key"] for spec in specs for c in spec["chunks"]]
+    keys += [*stage.manifest["cleanup_keys"], stage.manifest_key]
+    assert all(s.is_exist(k) == 1 for k in keys)
+    tr.cleanup_dataproto(handle)
+    assert [k for k in keys if s.is_exist(k) != 0] == []

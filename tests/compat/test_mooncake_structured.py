@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +22,6 @@ from kvcake.compat.mooncake.structured_object_store import (
     StructuredObjectPayload,
 )
 from tests.compat.structured_store import MemStore
-from tests.store.conftest import Factory
 
 RNG = np.random.default_rng(14)
 
@@ -188,30 +188,21 @@ def test_torch_tensor_members_whole_and_sliced() -> None:
     assert torch.equal(part.objects["t"], t[2:7])
 
 
-def test_over_a_real_kvcake_store(procs: Factory) -> None:
-    from kvcake.compat.mooncake.store import MooncakeDistributedStore
-
-    master = procs("master", "--port", "0", "--http-port", "0", "--client-ttl-s", "1")
-    s = MooncakeDistributedStore()
-    assert (
-        s.setup("127.0.0.1", "P2PHANDSHAKE", 32 << 20, 8 << 20, "tcp", "", master.info["rpc"]) == 0
+def test_over_a_real_kvcake_store(real_store: Any) -> None:
+    s = real_store
+    tr = MooncakeBundleTransfer(s, key_prefix="real")
+    a = RNG.standard_normal((64, 33)).astype(np.float32)
+    ref = tr.put_structured_object(
+        StructuredObjectPayload({"v": 1}, {"a": a, "b": b"xyz"}), chunk_bytes=1000
     )
-    try:
-        tr = MooncakeBundleTransfer(s, key_prefix="real")
-        a = RNG.standard_normal((64, 33)).astype(np.float32)
-        ref = tr.put_structured_object(
-            StructuredObjectPayload({"v": 1}, {"a": a, "b": b"xyz"}), chunk_bytes=1000
-        )
-        spec = tr.read_spec({"manifest_key": ref.manifest_key})
-        got = tr.materialize(spec)
-        assert np.array_equal(got.objects["a"], a) and got.objects["b"] == b"xyz"
-        part = tr.materialize(spec.select_members(["a"]).slice_member("a", 0, 10, 50, 3))
-        assert np.array_equal(part.objects["a"], a[10:50:3])
-        tr.remove_bundle(ref)
-        assert s.is_exist(ref.manifest_key) == 0
-        assert all(s.is_exist(c["key"]) == 0 for c in ref.manifest["buffers"]["a"]["chunks"])
-    finally:
-        s.close()
+    spec = tr.read_spec({"manifest_key": ref.manifest_key})
+    got = tr.materialize(spec)
+    assert np.array_equal(got.objects["a"], a) and got.objects["b"] == b"xyz"
+    part = tr.materialize(spec.select_members(["a"]).slice_member("a", 0, 10, 50, 3))
+    assert np.array_equal(part.objects["a"], a[10:50:3])
+    tr.remove_bundle(ref)
+    assert s.is_exist(ref.manifest_key) == 0
+    assert all(s.is_exist(c["key"]) == 0 for c in ref.manifest["buffers"]["a"]["chunks"])
 
 
 def test_the_shim_resolves_both_modules_to_kvcake(tmp_path: Path) -> None:
