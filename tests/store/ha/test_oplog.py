@@ -12,7 +12,7 @@ from kvcake.store.config import MasterConfig
 from kvcake.store.errors import RpcFailed
 from kvcake.store.ha.config import HaConfig
 from kvcake.store.ha.election import Election
-from kvcake.store.ha.etcd import Etcd
+from kvcake.store.ha.etcd import Etcd, EtcdError, b64
 from kvcake.store.ha.etcdlog import EtcdOpLog, cluster_prefix
 from kvcake.store.ha.filelog import FileOpLog
 from kvcake.store.ha.oplog import LogFailed
@@ -116,6 +116,10 @@ def test_etcd_group_commit_fencing_and_replay(etcd: EtcdServer) -> None:
     log2.wait(log2.append(_objs(1100, 1000)))  # crosses snapshot_every: snapshot + compaction
     log2.close()
     assert other.get(cluster_prefix("t-fence") + b"snap/meta") is not None
+    # The snapshot compacted etcd's history: old versions of the log are gone from etcd too.
+    with pytest.raises(EtcdError, match="compacted"):
+        other.post("/v3/kv/range", {"key": b64(cluster_prefix("t-fence")), "revision": "2"})
+    assert other.compact(2) is False  # already compacted past it: not an error
     log3 = EtcdOpLog(other, "t-fence", second.revision)
     assert len(log3.load().objects) == 300
     log3.close()

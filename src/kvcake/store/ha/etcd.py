@@ -174,6 +174,18 @@ class Etcd:
         data = self.post("/v3/kv/txn", body)
         return bool(data.get("succeeded", False)), data
 
+    def compact(self, revision: int) -> bool:
+        """Drop etcd's history before ``revision`` (the current values stay). Without it etcd
+        keeps every old version of every log entry until its space quota (2 GB by default)
+        fills and it refuses every write. ``False``: already compacted past it."""
+        try:
+            self.post("/v3/kv/compaction", {"revision": str(revision)})
+        except EtcdError as exc:
+            if "compacted" in str(exc):
+                return False
+            raise
+        return True
+
     # --- leases -------------------------------------------------------------------------------
 
     def grant(self, ttl_s: int) -> int:

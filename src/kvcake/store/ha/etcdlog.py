@@ -74,11 +74,12 @@ class EtcdOpLog(GroupCommitLog):
             entries.append((int(key[len(prefix) :]), decode_records(value)))
         return snap, entries
 
-    def _fenced(self, ops: list[dict[str, object]]) -> None:
+    def _fenced(self, ops: list[dict[str, object]]) -> int:
+        """Run ``ops`` if we still lead; returns etcd's revision after them."""
         deadline = time.monotonic() + self.retry_s
         while True:
             try:
-                ok, _ = self.etcd.txn([cmp_create(self.leader_key, self.revision)], ops)
+                ok, data = self.etcd.txn([cmp_create(self.leader_key, self.revision)], ops)
                 break
             except EtcdError as exc:
                 if time.monotonic() >= deadline:
@@ -86,6 +87,17 @@ class EtcdOpLog(GroupCommitLog):
                 time.sleep(0.05)
         if not ok:
             raise LogFailed("fenced: another master holds the leader key")
+        return int(data.get("header", {}).get("revision", 0))
+
+    def _compact(self, revision: int) -> None:
+        """The snapshot covers every older log entry: drop etcd's history of them (a failure
+        costs only space, so it is logged, not raised; the next snapshot tries again)."""
+        if revision <= 0:
+            return
+        try:
+            self.etcd.compact(revision)
+        except EtcdError as exc:
+            log.warning("oplog: etcd compaction at revision %d failed: %s", revision, exc)
 
     def _truncate(self, first: int) -> None:
         self._fenced([op_delete(self._log_key(first), prefix_end(self.root + b"log/"))])
@@ -110,5 +122,6 @@ class EtcdOpLog(GroupCommitLog):
             if old_gen != gen:
                 old_base = self.root + b"snap/%020d/" % old_gen
                 ops.append(op_delete(old_base, prefix_end(old_base)))
-        self._fenced(ops)
+        revision = self._fenced(ops)
+        self._compact(revision)
         log.info("oplog: snapshot at entry %d (%d bytes, %d chunks)", gen, len(data), len(chunks))
