@@ -220,6 +220,11 @@ def run_clients(master: str, clients: int, seconds: float, size: int, tag: str) 
     return total / seconds
 
 
+def etcd_db_size(url: str) -> int:
+    """etcd's database size in bytes (what its space quota counts)."""
+    return int(httpx.post(url + "/v3/maintenance/status", json={}, timeout=5).json()["dbSize"])
+
+
 def one_round(mode: str, url: str, args: argparse.Namespace, r: int, tmp: str) -> float:
     procs: list[Proc] = []
     try:
@@ -291,7 +296,8 @@ def main() -> int:
                 for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:  # rotated
                     rate = one_round(mode, url, args, r, tmp)
                     rates[mode].append(rate)
-                    print(f"  round {r + 1} {mode:5}: {rate:8.0f} put/s", flush=True)
+                    db = f", etcd db {etcd_db_size(url) / 2**20:.1f} MiB" if mode == "ha" else ""
+                    print(f"  round {r + 1} {mode:5}: {rate:8.0f} put/s{db}", flush=True)
             if "plain" in rates:
                 for mode in modes:
                     if mode == "plain":
