@@ -12,8 +12,8 @@ from kvcake.store.ha.view import ObjRec, Record, Snapshot
 class GatedLog(GroupCommitLog):
     """Entries become durable when the test opens ``gate``; ``broken`` makes writes fail."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, commit_delay_s: float = 0.0, commit_siblings: int = 4) -> None:
+        super().__init__(commit_delay_s=commit_delay_s, commit_siblings=commit_siblings)
         self.gate = threading.Event()
         self.gate.set()
         self.broken = False

@@ -8,6 +8,9 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
+from kvcake.store.ha.oplog import LogFailed
 from tests.store.ha.gated import GatedLog, rec
 
 
@@ -57,3 +60,68 @@ def test_records_after_the_linger_are_still_written(oplog: GatedLog) -> None:
     time.sleep(0.05)  # well past the writer's linger
     oplog.wait(oplog.append([rec(1)]), timeout_s=5)
     assert [len(r) for _, r in oplog.entries] == [1, 1]
+
+
+def _gathering(delay_s: float) -> GatedLog:
+    log = GatedLog(commit_delay_s=delay_s, commit_siblings=2)
+    log.load()
+    return log
+
+
+def test_a_busy_log_gathers_whole_groups_and_a_lone_client_never_waits() -> None:
+    """commit_delay / commit_siblings: after an entry of >= 2 requests the writer waits (up
+    to the delay) for as many requests as that entry had, so 8 clients that each come back
+    at their own pace still share one entry; one client alone is never delayed."""
+    log = _gathering(5.0)
+    try:
+        log.gate.clear()
+        first = log.append([rec(0)])
+        time.sleep(0.05)  # entry 1 is in flight; 8 requests queue behind it
+        tickets = [log.append([rec(i)]) for i in range(1, 9)]
+        log.gate.set()
+        log.wait(first)
+
+        def again(i: int, ticket: int) -> None:
+            log.wait(ticket)
+            time.sleep(0.01 * i)  # the clients come back one after the other
+            log.wait(log.append([rec(100 + i)]))
+
+        threads = [threading.Thread(target=again, args=(i, t)) for i, t in enumerate(tickets)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert [len(r) for _, r in log.entries] == [1, 8, 8]  # not trickled out one by one
+    finally:
+        log.close()
+    lone = _gathering(5.0)
+    try:
+        t0 = time.monotonic()
+        for i in range(5):
+            lone.wait(lone.append([rec(i)]), timeout_s=10)
+        assert time.monotonic() - t0 < 2.5  # one delay would be 5 s
+    finally:
+        lone.close()
+
+
+def test_a_gathering_writer_stops_waiting_when_the_log_fails() -> None:
+    log = _gathering(30.0)
+    try:
+        for i in range(3):  # entries of 3 requests: the next one gathers for up to 30 s
+            log.gate.clear()
+            tickets = [log.append([rec(i * 10 + j)]) for j in range(3)]
+            log.gate.set()
+            for t in tickets:
+                log.wait(t)
+        ticket = log.append([rec(99)])  # 1 of the 3 it waits for
+        time.sleep(0.1)
+        log.broken = True
+        log.fail(OSError("storage gone"))
+        with pytest.raises(LogFailed):
+            log.wait(ticket, timeout_s=5)
+        t0 = time.monotonic()
+        log.close()  # the writer left its 30 s wait: the log's threads end at once
+        assert time.monotonic() - t0 < 5
+        assert not log._thread.is_alive()
+    finally:
+        log.close()

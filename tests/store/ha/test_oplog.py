@@ -141,6 +141,11 @@ def test_bad_addresses_and_settings() -> None:
         HaConfig(etcd_endpoints="http://127.0.0.1:1", state_dir="/tmp/x")  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         HaConfig(ha_lease_ttl_s=1)
+    for bad_delay in (-1, 100_001):
+        with pytest.raises(ConfigError, match="commit_delay_us"):
+            HaConfig(commit_delay_us=bad_delay)
+    with pytest.raises(ConfigError, match="commit_siblings"):
+        HaConfig(commit_siblings=0)
 
 
 def test_slow_take_over_does_not_expire_replayed_nodes(tmp_path: pytest.TempPathFactory) -> None:

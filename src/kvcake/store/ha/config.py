@@ -20,6 +20,13 @@ class HaConfig:
     # etcd transactions in flight. 1 measured best (benchmarks/ha_bench.py, 16 clients: 851-930
     # vs 613-651 put/s at 4): one transaction at a time gathers ~2x the records each.
     commit_depth: int = 1
+    # Under concurrent load (the last entry carried >= commit_siblings requests) the log's writer
+    # waits up to commit_delay_us for as many requests as recent entries carried before it
+    # writes the next one (PostgreSQL's commit_delay / commit_siblings). Fuller, fewer etcd
+    # transactions leave more CPU to everything else: 16 clients on 2 vCPUs, 2 ms: +16-21 %
+    # HA put/s (docs/benchmarks.md, "Store HA"). A lone client never waits. 0 turns it off.
+    commit_delay_us: int = 2000
+    commit_siblings: int = 4
 
     def __post_init__(self) -> None:
         require(
@@ -33,6 +40,8 @@ class HaConfig:
         require(2 <= self.ha_lease_ttl_s <= 60, "ha.ha_lease_ttl_s must be in [2, 60]")
         require(self.snapshot_every >= 100, "ha.snapshot_every must be >= 100")
         require(1 <= self.commit_depth <= 16, "ha.commit_depth must be in [1, 16]")
+        require(0 <= self.commit_delay_us <= 100_000, "ha.commit_delay_us must be in [0, 100000]")
+        require(1 <= self.commit_siblings <= 1024, "ha.commit_siblings must be in [1, 1024]")
 
     @property
     def enabled(self) -> bool:

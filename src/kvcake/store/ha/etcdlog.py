@@ -48,8 +48,10 @@ class EtcdOpLog(GroupCommitLog):
         snapshot_every: int = 20_000,
         retry_s: float = 2.0,
         depth: int = 1,
+        commit_delay_s: float = 0.0,
+        commit_siblings: int = 4,
     ):
-        super().__init__(snapshot_every, depth)
+        super().__init__(snapshot_every, depth, commit_delay_s, commit_siblings)
         self.etcd = etcd
         self.root = cluster_prefix(cluster)
         self.leader_key = self.root + b"leader"

@@ -36,8 +36,14 @@ def _fsync_dir(path: Path) -> None:
 
 
 class FileOpLog(GroupCommitLog):
-    def __init__(self, directory: str | os.PathLike[str], snapshot_every: int = 20_000):
-        super().__init__(snapshot_every)
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        snapshot_every: int = 20_000,
+        commit_delay_s: float = 0.0,
+        commit_siblings: int = 4,
+    ):
+        super().__init__(snapshot_every, 1, commit_delay_s, commit_siblings)
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.dir / "oplog"

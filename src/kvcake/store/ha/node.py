@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 def open_state_dir(cfg: MasterConfig, ha: HaConfig) -> DurableMaster:
     """A master that logs to ``ha.state_dir`` and starts from what it holds (not started)."""
     assert ha.state_dir is not None
-    oplog = FileOpLog(ha.state_dir, ha.snapshot_every)
+    oplog = FileOpLog(ha.state_dir, ha.snapshot_every, ha.commit_delay_us / 1e6, ha.commit_siblings)
     view = oplog.load()
     log.warning(
         "master: state dir %s: %d segments, %d objects",
@@ -97,6 +97,8 @@ class HaMaster:
             self.election.revision,
             self.ha.snapshot_every,
             depth=self.ha.commit_depth,
+            commit_delay_s=self.ha.commit_delay_us / 1e6,
+            commit_siblings=self.ha.commit_siblings,
         )
         oplog.on_failure = lambda exc: self._term_over.set()
         view = oplog.load()

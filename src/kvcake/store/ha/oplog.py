@@ -12,6 +12,7 @@ Invariants (every backend):
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
@@ -27,6 +28,7 @@ from kvcake.store.ha.view import Record, Snapshot, View
 log = logging.getLogger(__name__)
 LINGER_S = 0.002  # a writer waits this long for more records before it gives its slot back
 MAX_ENTRY_RECORDS = 2048  # one log entry (one etcd txn / one file frame) stays well under 1 MiB
+GROUP_HISTORY = 64  # entries whose group sizes bound how many requests a gathering writer awaits
 
 
 class LogFailed(KvcakeError):
@@ -94,9 +96,26 @@ class GroupCommitLog(OpLog):
     ``snapshot_every`` records it writes a snapshot of the view and drops the entries it covers.
     ``source`` (optional) is polled when idle so that housekeeping changes get logged too."""
 
-    def __init__(self, snapshot_every: int = 20_000, depth: int = 1):
+    def __init__(
+        self,
+        snapshot_every: int = 20_000,
+        depth: int = 1,
+        commit_delay_s: float = 0.0,
+        commit_siblings: int = 4,
+    ):
         self.snapshot_every = snapshot_every
         self.depth = depth  # concurrent entry writes (1: strictly one after the other)
+        # Gathering (PostgreSQL's commit_delay / commit_siblings): when the last entry carried
+        # at least ``commit_siblings`` requests, the writer waits up to ``commit_delay_s`` for
+        # as many requests as the largest recent entry had before it writes the next one. A
+        # request of a busy master then shares its storage write with more others (fewer,
+        # fuller etcd transactions: less of the CPU that the clients and the master share with
+        # etcd); a lone client never waits.
+        self.commit_delay_s = commit_delay_s
+        self.commit_siblings = commit_siblings
+        self._groups: collections.deque[int] = collections.deque([0], maxlen=GROUP_HISTORY)
+        self._pending_requests = 0  # appends since the last batch was taken
+        self._want = 1  # a lingering writer is woken once this many requests are pending
         self.view = View()
         self.source: Callable[[], object] | None = None
         self.on_failure: Callable[[Exception], None] | None = None
@@ -180,8 +199,10 @@ class GroupCommitLog(OpLog):
                 raise LogFailed(f"operation log failed: {self._failed}")
             self._pending.extend(records)
             self._appended += len(records)
+            self._pending_requests += 1
             if self._lingering:
-                self._more.notify()
+                if self._pending_requests >= self._want:
+                    self._more.notify()
             elif self._inflight < self.depth:  # else a writer takes them when it finishes
                 self._cv.notify()
             return self._appended
@@ -230,6 +251,7 @@ class GroupCommitLog(OpLog):
                 waiter.wake()
             self._waiters.clear()
             self._cv.notify_all()
+            self._more.notify_all()  # a gathering writer stops waiting
         if self.on_failure is not None:
             self.on_failure(exc)
 
@@ -263,6 +285,8 @@ class GroupCommitLog(OpLog):
         ``_cv`` and owns a write slot)."""
         batch = self._pending[:MAX_ENTRY_RECORDS]
         del self._pending[: len(batch)]
+        self._groups.append(self._pending_requests)
+        self._pending_requests = 0 if not self._pending else 1  # an over-long batch: the rest
         self._entry += 1
         self._dispatched += len(batch)
         return self._entry, batch, self._dispatched
@@ -322,13 +346,28 @@ class GroupCommitLog(OpLog):
         under 16 writing clients on 2 vCPUs); ``None`` gives the slot back."""
         with self._cv:
             if not self._pending and self._failed is None and not self._closed:
-                self._lingering += 1
-                self._more.wait(LINGER_S)
-                self._lingering -= 1
+                self._linger(1, LINGER_S)
+            if self.commit_delay_s and self._pending and self._groups[-1] >= self.commit_siblings:
+                self._linger(max(self._groups), self.commit_delay_s)
             if self._pending and self._failed is None:
                 return self._take_batch()
             self._free_slot()
             return None
+
+    def _linger(self, requests: int, timeout_s: float) -> None:
+        """Wait until ``requests`` requests are pending, at most ``timeout_s`` (caller holds
+        ``_cv``; appends wake it)."""
+        deadline = time.monotonic() + timeout_s
+        self._lingering += 1
+        self._want = requests
+        try:
+            while self._pending_requests < requests and self._failed is None and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._more.wait(left)
+        finally:
+            self._lingering -= 1
 
     def _give_back_slot(self) -> None:
         with self._cv:
@@ -374,6 +413,7 @@ class GroupCommitLog(OpLog):
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+            self._more.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         if self.entries_written:
