@@ -23,7 +23,7 @@ class HaConfig:
     # Under concurrent load (the last entry carried >= commit_siblings requests) the log's writer
     # waits up to commit_delay_us for as many requests as recent entries carried before it
     # writes the next one (PostgreSQL's commit_delay / commit_siblings). Fuller, fewer etcd
-    # transactions leave more CPU to everything else: 16 clients on 2 vCPUs, 2 ms: +16-21 %
+    # transactions leave more CPU to everything else: 4-16 clients on 2 vCPUs, 2 ms: +13-27 %
     # HA put/s (docs/benchmarks.md, "Store HA"). A lone client never waits. 0 turns it off.
     commit_delay_us: int = 2000
     commit_siblings: int = 4
