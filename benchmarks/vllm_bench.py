@@ -79,19 +79,32 @@ def wait_pooled(master: str, model_key: str, prompt: list[int], timeout_s: float
             time.sleep(0.1)
 
 
-def ttft_stream(url: str, prompt: list[int], max_tokens: int) -> float:
+def ttft_stream(url: str, prompt: list[int], max_tokens: int) -> tuple[float, float, str]:
+    """(TTFT, whole request, the engine that ran it: kvcake's proxy names it in a header)."""
     body = {"model": "smollm2", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "stream": True}  # fmt: skip
     t0 = time.perf_counter()
     first = None
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
         r.raise_for_status()
+        engine = r.headers.get("x-kvcake-engine", url)
         for line in r.iter_lines():
             if first is None and line.startswith("data: {"):
                 first = time.perf_counter() - t0
     if first is None:
         raise RuntimeError("no token streamed")
-    return first
+    return first, time.perf_counter() - t0, engine
+
+
+def shared_share(spans: list[tuple[float, float, float, str]]) -> float:
+    """The share of requests whose prefill ran while another request was on the same engine
+    (spans: start, first token, end, engine): what a placement could have avoided."""
+    shared = 0
+    for i, (s, f, _e, eng) in enumerate(spans):
+        if any(j != i and e2 == eng and s2 < f and e > s for j, (s2, _f, e, e2) in
+               enumerate(spans)):  # fmt: skip
+            shared += 1
+    return shared / max(1, len(spans))
 
 
 def workload(n: int, seed: int, max_prompt: int = 3000) -> list[tuple[str, list[int], int]]:
@@ -163,6 +176,7 @@ def replay(route: Any, engines: list[VllmEngine], reqs: list[tuple[str, list[int
 
     q0, h0 = hit_counters(engines)
     ttfts: list[float] = []
+    spans: list[tuple[float, float, float, str]] = []
     lock = threading.Lock()
     it = iter(enumerate(reqs))
 
@@ -173,9 +187,11 @@ def replay(route: Any, engines: list[VllmEngine], reqs: list[tuple[str, list[int
             if nxt is None:
                 return
             i, (session, prompt, mt) = nxt
-            t = ttft_stream(route(i, session), prompt, mt)
+            start = time.perf_counter()
+            t, whole, engine = ttft_stream(route(i, session), prompt, mt)
             with lock:
                 ttfts.append(t)
+                spans.append((start, start + t, start + whole, engine))
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(clients)]
@@ -191,6 +207,7 @@ def replay(route: Any, engines: list[VllmEngine], reqs: list[tuple[str, list[int
         "ttft_p99": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
         "req_per_s": len(reqs) / wall,
         "hit_rate": (h1 - h0) / max(1.0, q1 - q0),
+        "shared": shared_share(spans),
     }
 
 
@@ -352,11 +369,12 @@ def table(summary: dict[str, Any]) -> None:
 
 
 def fleet_table(runs: list[dict[str, dict[str, float]]]) -> None:
-    print("\n| case | TTFT p50 (s) | TTFT p99 (s) | req/s | hit rate |\n|---|---:|---:|---:|---:|")
+    print("\n| case | TTFT p50 (s) | TTFT p99 (s) | req/s | hit rate | prefills sharing an engine |"
+          "\n|---|---:|---:|---:|---:|---:|")  # fmt: skip
     for case in runs[0]:
         cell = {k: statistics.median(r[case][k] for r in runs) for k in runs[0][case]}
         print(f"| {case} | {cell['ttft_p50']:.3f} | {cell['ttft_p99']:.3f} | "
-              f"{cell['req_per_s']:.3f} | {cell['hit_rate']:.2f} |")  # fmt: skip
+              f"{cell['req_per_s']:.3f} | {cell['hit_rate']:.2f} | {cell['shared']:.2f} |")  # fmt: skip
     for base in ("a_round_robin", "a2_session_affinity"):
         p50 = [r["b_kvcake"]["ttft_p50"] / r[base]["ttft_p50"] for r in runs]
         thr = [r["b_kvcake"]["req_per_s"] / r[base]["req_per_s"] for r in runs]
