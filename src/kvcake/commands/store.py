@@ -23,7 +23,7 @@ def _add_config_flags(p: argparse.ArgumentParser, cls: type, with_config: bool =
             dest=f.name,
             default=None,
             metavar=str(kind).split("|")[0].strip().upper(),
-            help=f"(default: {default})",
+            help=f"{f.metadata.get('help', '')} (default: {default})".lstrip(),
         )
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvcake.core.config import require
@@ -12,21 +12,46 @@ from kvcake.core.config import require
 
 @dataclass(frozen=True)
 class HaConfig:
-    etcd_endpoints: str = ""  # "http://127.0.0.1:2379[,...]": elect a leader and log to etcd
-    state_dir: Path | None = None  # without etcd: log + snapshot here, restart with the metadata
-    cluster: str = "kvcake"  # etcd key prefix /kvcake/<cluster>/ (several pools, one etcd)
-    ha_lease_ttl_s: int = 2  # leader lease: a dead leader is replaced about this long after
-    snapshot_every: int = 20_000  # logged records between two snapshots (compaction)
+    etcd_endpoints: str = field(
+        default="",
+        metadata={"help": "etcd URLs (http://127.0.0.1:2379[,...]): elect a leader, log to etcd"},
+    )
+    state_dir: Path | None = field(
+        default=None,
+        metadata={"help": "without etcd: log + snapshot here; a restart keeps the metadata"},
+    )
+    cluster: str = field(
+        default="kvcake",
+        metadata={"help": "etcd key prefix /kvcake/<cluster>/ (several pools on one etcd)"},
+    )
+    ha_lease_ttl_s: int = field(
+        default=2,
+        metadata={"help": "leader lease: a dead leader is replaced about this long after"},
+    )
+    snapshot_every: int = field(
+        default=20_000,
+        metadata={"help": "logged records between two snapshots (each compacts etcd's history)"},
+    )
     # etcd transactions in flight. 1 measured best (benchmarks/ha_bench.py, 16 clients: 851-930
     # vs 613-651 put/s at 4): one transaction at a time gathers ~2x the records each.
-    commit_depth: int = 1
+    commit_depth: int = field(
+        default=1, metadata={"help": "operation-log writes (etcd transactions) in flight at once"}
+    )
     # Under concurrent load (the last entry carried >= commit_siblings requests) the log's writer
     # waits up to commit_delay_us for as many requests as recent entries carried before it
     # writes the next one (PostgreSQL's commit_delay / commit_siblings). Fuller, fewer etcd
     # transactions leave more CPU to everything else: 4-16 clients on 2 vCPUs, 2 ms: +13-27 %
     # HA put/s (docs/benchmarks.md, "Store HA"). A lone client never waits. 0 turns it off.
-    commit_delay_us: int = 2000
-    commit_siblings: int = 4
+    commit_delay_us: int = field(
+        default=2000,
+        metadata={"help": "under concurrent load, wait up to this long to gather a whole group "
+                  "of requests into one log write (0: off)"},
+    )  # fmt: skip
+    commit_siblings: int = field(
+        default=4,
+        metadata={"help": "gather only after a log write that carried at least this many "
+                  "requests (a lone client never waits)"},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         require(
