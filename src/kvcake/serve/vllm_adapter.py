@@ -31,10 +31,12 @@ import httpx
 from kvcake.conductor.conductor import Conductor
 from kvcake.conductor.config import ConductorConfig
 from kvcake.conductor.index import PrefixIndex
-from kvcake.conductor.predictors import Predictors
+from kvcake.conductor.predictors import Predictors, PrefillTimeModel
 from kvcake.core.api import Accept, ClusterSnapshot, DecodeState, PrefillState, RequestView
+from kvcake.core.costmodel import PrefillCoefficients
 from kvcake.core.hashing import block_hashes
 from kvcake.core.ids import InstanceId, RequestId
+from kvcake.serve.online_fit import OnlineFit
 from kvcake.serve.vllm_index import EngineEvents
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,12 @@ class Placement:
     prefill: EngineRef
     decode: EngineRef
     predicted_s: float  # the prefill's predicted seconds (booked on the prefill engine)
+    tokens: int = 0
+    cached: int = 0  # prompt tokens the engine held when it was chosen (a local prefix hit)
+    # Its time to first token measures the engine's prefill alone: no prefill of ours was
+    # booked on the engine and nothing is fetched from the pool first.
+    clean: bool = False
+    started: float = 0.0  # time.monotonic() at the booking
 
     @property
     def disaggregated(self) -> bool:
@@ -132,7 +140,13 @@ class VllmFleet:
             e.id: EngineEvents(self.index, e.id, cfg.block_tokens, cfg.kv_capacity_tokens)
             for e in engines
         }
+        # Seeded with kvcake's CPU preset, then fitted online to what these engines take (a
+        # vLLM engine on another machine may prefill several times faster than the preset):
+        # queues and prefills must be priced like the pool fetches they are weighed against.
         self.predictors = Predictors.from_preset("smollm2-135m/cpu")
+        self.fit = OnlineFit(
+            self.predictors.prefill.coefficients, self.predictors.decode.coefficients
+        )
         self.conductor = Conductor(cfg.conductor, self.predictors)
         self.t0 = time.monotonic()
         self.placed: dict[InstanceId, int] = dict.fromkeys(self.engines, 0)
@@ -270,11 +284,25 @@ class VllmFleet:
             if nd is None:
                 raise LookupError("no healthy vLLM decode engine")
             d, cached = nd, 0
-        predicted = self.predictors.prefill.time(len(tokens), min(cached, len(tokens)))
+        cached = min(cached, len(tokens))
+        clean = p.pending == 0 and not (acc is not None and acc.fetch)
+        predicted = self.predictors.prefill.time(len(tokens), cached)
         p.pending_s += predicted
         p.pending += 1
         self.placed[p.id] += 1
-        return Placement(p, d, predicted)
+        return Placement(p, d, predicted, len(tokens), cached, clean, time.monotonic())
+
+    def observe_prefill(self, p: Placement, seconds: float) -> None:
+        """The first token of a colocated placement came ``seconds`` after its booking: a
+        sample of the engines' prefill speed when the placement was clean (no queue of ours,
+        no pool fetch). The conductor predicts with the refitted coefficients at once."""
+        if not p.clean or p.disaggregated or seconds <= 0:
+            return
+        self.fit.add_prefill(p.tokens, p.cached, seconds)
+        f = self.fit.fitted()
+        model = PrefillTimeModel(PrefillCoefficients(*f.prefill), f.prefill_error)
+        self.predictors = Predictors(model, self.predictors.transfer, self.predictors.decode)
+        self.conductor.set_predictors(self.predictors)
 
     def _least_loaded_prefill(self) -> EngineRef:
         healthy = [e for e in self.engines.values() if e.healthy and e.role in PREFILLS]

@@ -11,6 +11,7 @@ import itertools
 import json
 import secrets
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -168,7 +169,9 @@ async def _send_one(
     params = body.get("kv_transfer_params") or {}
     e = p.decode if p.disaggregated and params.get("do_remote_prefill") else p.prefill
 
-    def done() -> None:
+    def done(first_token: bool = False) -> None:
+        if first_token:  # a streamed answer's first token: the prefill's end
+            fleet.observe_prefill(p, time.monotonic() - p.started)
         fleet.done(rid, p.prefill.id, p.predicted_s)
 
     try:
@@ -179,7 +182,7 @@ async def _send_one(
 
 
 async def _send(
-    fleet: VllmFleet, e: EngineRef, path: str, body: dict[str, Any], done: Callable[[], None]
+    fleet: VllmFleet, e: EngineRef, path: str, body: dict[str, Any], done: Callable[..., None]
 ) -> Response:
     headers = {ENGINE_HEADER: e.id}
     if not body.get("stream"):
@@ -200,7 +203,7 @@ async def _send(
         try:
             async for chunk in r.aiter_raw():
                 if first:
-                    done()
+                    done(True)
                     first = False
                 yield chunk
         finally:

@@ -88,3 +88,35 @@ def test_fleet_places_a_request_where_its_prefix_is() -> None:
         engine, _ = fleet.dispatch(f"r-{holder}", turn2, 8)
         assert engine.id == holder
         fleet.done(f"r-{holder}", engine.id, 0.0)
+
+
+def test_fleet_fits_its_prefill_predictor_to_what_the_engines_take() -> None:
+    """The preset is kvcake's own CPU engine; a vLLM engine here prefills several times faster.
+    First tokens of clean placements (no queue of ours on the engine, no pool fetch) refit the
+    predictor the conductor prices queues and prefills with; other placements are no sample."""
+    import dataclasses
+
+    from kvcake.serve.vllm_adapter import EngineRef, FleetConfig, VllmFleet
+
+    fleet = VllmFleet(
+        [EngineRef("a", "http://127.0.0.1:1"), EngineRef("b", "http://127.0.0.1:2")],
+        FleetConfig(block_tokens=4),
+    )
+    for e in fleet.engines.values():
+        e.healthy = True
+    preset = fleet.predictors.prefill
+    for i, n in enumerate((256, 512, 1024, 1536, 2048, 768) * 2):
+        p = fleet.plan(f"r{i}", [5000 + i, *range(n - 1)], 4)  # fresh prompts: misses
+        assert p.clean and p.cached == 0 and p.tokens == n
+        fleet.observe_prefill(p, preset.time(n) / 8)  # an engine 8x faster than the preset
+        fleet.done(f"r{i}", p.prefill.id, p.predicted_s)
+    fitted = fleet.predictors.prefill
+    assert fleet.conductor.predictors is fleet.predictors
+    for n in (300, 2048, 3000):
+        assert abs(fitted.time(n) / (preset.time(n) / 8) - 1) < 0.2
+    busy = fleet.plan("q1", list(range(9000, 9400)), 4)  # booked, not answered yet
+    again = dataclasses.replace(busy, clean=False)  # e.g. queued behind it
+    samples = fleet.fit.fitted().prefill_samples
+    fleet.observe_prefill(again, 100.0)
+    assert fleet.fit.fitted().prefill_samples == samples  # not a prefill-speed sample
+    assert fleet.plan("q2", list(range(9500, 9900)), 4).clean  # the other engine was free
