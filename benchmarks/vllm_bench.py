@@ -20,7 +20,8 @@ completion (= TTFT: prefill plus one sampled token) for
 replayed by 2 closed-loop clients against (a) 2 plain vLLM engines behind round-robin, (a')
 the same behind session affinity (a conversation = its first non-system block id, sticky), and
 (b) 2 engines with the connector behind kvcake's proxy (pool + conductor). TTFT p50/p99
-(first streamed token), requests/s, prefix-hit rate (vLLM's local + external hits / queries).
+(first streamed token), requests/s, prefix-hit rate (vLLM's local + external hits / queries),
+and the share of prefills that ran while another request was on the same engine.
 
 Run: ``kvcake bench vllm`` or ``python benchmarks/vllm_bench.py [--repeats 3]``. Needs
 ``make install-vllm``. Prints JSON lines and a table; recorded in docs/benchmarks.md.
