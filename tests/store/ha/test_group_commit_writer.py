@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from kvcake.store.ha import oplog as oplog_module
 from kvcake.store.ha.oplog import LogFailed
 from tests.store.ha.gated import GatedLog, rec
 
@@ -62,17 +63,23 @@ def test_records_after_the_linger_are_still_written(oplog: GatedLog) -> None:
     assert [len(r) for _, r in oplog.entries] == [1, 1]
 
 
-def _gathering(delay_s: float) -> GatedLog:
+def _gathering(delay_s: float, monkeypatch: pytest.MonkeyPatch) -> GatedLog:
+    # A writer with nothing pending waits this long for the next request before it gives its
+    # slot back; long here, so a slow thread wake-up (a loaded CI machine) cannot hand the next
+    # request to the committer thread instead and make the test's entry sizes timing-dependent.
+    monkeypatch.setattr(oplog_module, "LINGER_S", 5.0)
     log = GatedLog(commit_delay_s=delay_s, commit_siblings=2)
     log.load()
     return log
 
 
-def test_a_busy_log_gathers_whole_groups_and_a_lone_client_never_waits() -> None:
+def test_a_busy_log_gathers_whole_groups_and_a_lone_client_never_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """commit_delay / commit_siblings: after an entry of >= 2 requests the writer waits (up
     to the delay) for as many requests as that entry had, so 8 clients that each come back
     at their own pace still share one entry; one client alone is never delayed."""
-    log = _gathering(5.0)
+    log = _gathering(5.0, monkeypatch)
     try:
         log.gate.clear()
         first = log.append([rec(0)])
@@ -94,7 +101,7 @@ def test_a_busy_log_gathers_whole_groups_and_a_lone_client_never_waits() -> None
         assert [len(r) for _, r in log.entries] == [1, 8, 8]  # not trickled out one by one
     finally:
         log.close()
-    lone = _gathering(5.0)
+    lone = _gathering(5.0, monkeypatch)
     try:
         t0 = time.monotonic()
         for i in range(5):
@@ -104,18 +111,21 @@ def test_a_busy_log_gathers_whole_groups_and_a_lone_client_never_waits() -> None
         lone.close()
 
 
-def test_a_gathering_writer_stops_waiting_when_the_log_fails() -> None:
-    log = _gathering(30.0)
+def test_a_gathering_writer_stops_waiting_when_the_log_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log = _gathering(30.0, monkeypatch)
     try:
-        for i in range(3):  # entries of 3 requests: the next one gathers for up to 30 s
-            log.gate.clear()
-            tickets = [log.append([rec(i * 10 + j)]) for j in range(3)]
-            log.gate.set()
-            for t in tickets:
-                log.wait(t)
-        ticket = log.append([rec(99)])  # 1 of the 3 it waits for
+        log.gate.clear()
+        first = log.append([rec(0)])
+        time.sleep(0.05)
+        tickets = [log.append([rec(i)]) for i in range(1, 4)]  # the next entry: 3 requests
+        log.gate.set()
+        for t in (first, *tickets):
+            log.wait(t)
+        ticket = log.append([rec(99)])  # 1 of the 3 the writer now gathers for, up to 30 s
         time.sleep(0.1)
-        log.broken = True
+        assert log.committed < ticket
         log.fail(OSError("storage gone"))
         with pytest.raises(LogFailed):
             log.wait(ticket, timeout_s=5)
