@@ -129,6 +129,35 @@ def test_etcd_group_commit_fencing_and_replay(etcd: EtcdServer) -> None:
     other.close()
 
 
+class _NoCompaction(Etcd):
+    """etcd refusing compaction (an old server, a permission): only space is at stake."""
+
+    def compact(self, revision: int) -> bool:
+        raise EtcdError("etcd /v3/kv/compaction: HTTP 403")
+
+
+def test_a_failed_compaction_costs_no_snapshot_and_no_write(
+    etcd: EtcdServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    base, election = _leader(etcd, "t-nocompact", "first")
+    client = _NoCompaction(etcd.url)
+    log = EtcdOpLog(client, "t-nocompact", election.revision, snapshot_every=100)
+    log.load()
+    log.wait(log.append([SEG]))
+    log.wait(log.append(_objs(150)))  # crosses snapshot_every: snapshot, then compaction fails
+    log.wait(log.append(_objs(160, 150)), timeout_s=10)  # the log goes on
+    log.close()
+    assert "etcd compaction at revision" in caplog.text  # a warning, not a failed snapshot
+    assert "snapshot failed" not in caplog.text
+    assert base.get(cluster_prefix("t-nocompact") + b"snap/meta") is not None
+    log2 = EtcdOpLog(base, "t-nocompact", election.revision)
+    assert len(log2.load().objects) == 160
+    log2.close()
+    election.resign()
+    base.close()
+    client.close()
+
+
 def test_bad_addresses_and_settings() -> None:
     assert parse_etcd_address("etcd://127.0.0.1:2379") == ("127.0.0.1:2379", "kvcake")
     assert parse_etcd_address("etcd://a:1,b:2/pool") == ("a:1,b:2", "pool")
