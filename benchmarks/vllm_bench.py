@@ -39,6 +39,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from vllm_fleet import BS, fleet_repeat, fleet_table, slo_sweep, slo_table
 
 from kvcake.integrations.vllm.keys import BlockNamer
 from kvcake.serve.vllm_procs import (
@@ -48,8 +49,6 @@ from kvcake.serve.vllm_procs import (
     spawn_kvcake,
     start_engine,
 )
-
-BS = 32
 
 
 def free_port() -> int:
@@ -78,159 +77,6 @@ def wait_pooled(master: str, model_key: str, prompt: list[int], timeout_s: float
             if time.monotonic() > deadline:
                 raise RuntimeError("blocks never reached the pool")
             time.sleep(0.1)
-
-
-def ttft_stream(url: str, prompt: list[int], max_tokens: int) -> tuple[float, float, str]:
-    """(TTFT, whole request, the engine that ran it: kvcake's proxy names it in a header)."""
-    body = {"model": "smollm2", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True}  # fmt: skip
-    t0 = time.perf_counter()
-    first = None
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
-        engine = r.headers.get("x-kvcake-engine", url)
-        for line in r.iter_lines():
-            if first is None and line.startswith("data: {"):
-                first = time.perf_counter() - t0
-    if first is None:
-        raise RuntimeError("no token streamed")
-    return first, time.perf_counter() - t0, engine
-
-
-def shared_share(spans: list[tuple[float, float, float, str]]) -> float:
-    """The share of requests whose prefill ran while another request was on the same engine
-    (spans: start, first token, end, engine): what a placement could have avoided."""
-    shared = 0
-    for i, (s, f, _e, eng) in enumerate(spans):
-        if any(j != i and e2 == eng and s2 < f and e > s for j, (s2, _f, e, e2) in
-               enumerate(spans)):  # fmt: skip
-            shared += 1
-    return shared / max(1, len(spans))
-
-
-def workload(n: int, seed: int, max_prompt: int = 3000) -> list[tuple[str, list[int], int]]:
-    """(session, prompt tokens, max_tokens) of the first ``n`` sample requests that belong to
-    multi-turn conversations (a conversation = its first non-system block id), trace order."""
-    from collections import Counter
-
-    from kvcake.core.trace import read_trace, tokens_from_hash_ids
-    from kvcake.data import sample_trace_path
-
-    recs = [r for r in read_trace(sample_trace_path()) if len(r.hash_ids) > 1]
-    turns = Counter(r.hash_ids[1] for r in recs)
-    chosen: set[int] = set()  # whole conversations, in order of their first turn
-    count = 0
-    for rec in recs:
-        sid = rec.hash_ids[1]
-        if turns[sid] >= 2 and sid not in chosen and count + min(turns[sid], 4) <= n:
-            chosen.add(sid)
-            count += min(turns[sid], 4)
-    seen: Counter[int] = Counter()
-    out = []
-    for rec in recs:
-        sid = rec.hash_ids[1]
-        if sid not in chosen or seen[sid] >= 4:
-            continue
-        seen[sid] += 1
-        prompt = tokens_from_hash_ids(list(rec.hash_ids), rec.input_length, tokens_per_block=BS,
-                                      seed=seed)[:max_prompt]  # fmt: skip
-        out.append((str(rec.hash_ids[1]), prompt, max(1, min(16, rec.output_length // 32))))
-        if len(out) == n:
-            break
-    return out
-
-
-def ideal_hit_rate(reqs: list[tuple[str, list[int], int]]) -> float:
-    """The workload's prefix-hit ceiling: the share of prompt tokens in full blocks whose whole
-    prefix an earlier request had (one infinite cache shared by every engine). No router or
-    pool can reuse more, so TTFT can fall at most by about this share of prefill work."""
-    seen: set[tuple[int, ...]] = set()
-    hit = total = 0
-    for _, prompt, _ in reqs:
-        total += len(prompt)
-        leading = True
-        for j in range(len(prompt) // BS):
-            prefix = tuple(prompt[: (j + 1) * BS])
-            leading = leading and prefix in seen
-            hit += BS if leading else 0
-            seen.add(prefix)
-    return hit / max(1, total)
-
-
-def hit_counters(engines: list[VllmEngine]) -> tuple[float, float]:
-    q = h = 0.0
-    for e in engines:
-        text = httpx.get(e.url + "/metrics", timeout=10).text
-        for line in text.splitlines():
-            name = line.split("{", 1)[0]
-            if name in ("vllm:prefix_cache_queries_total",):
-                q += float(line.rsplit(" ", 1)[1])
-            elif name in ("vllm:prefix_cache_hits_total", "vllm:external_prefix_cache_hits_total"):
-                h += float(line.rsplit(" ", 1)[1])
-    return q, h
-
-
-def replay(route: Any, engines: list[VllmEngine], reqs: list[tuple[str, list[int], int]],
-           clients: int = 2) -> dict[str, float]:  # fmt: skip
-    """Closed loop: ``clients`` threads take the next request in trace order."""
-    import threading
-
-    q0, h0 = hit_counters(engines)
-    ttfts: list[float] = []
-    spans: list[tuple[float, float, float, str]] = []
-    lock = threading.Lock()
-    it = iter(enumerate(reqs))
-
-    def client() -> None:
-        while True:
-            with lock:
-                nxt = next(it, None)
-            if nxt is None:
-                return
-            i, (session, prompt, mt) = nxt
-            start = time.perf_counter()
-            t, whole, engine = ttft_stream(route(i, session), prompt, mt)
-            with lock:
-                ttfts.append(t)
-                spans.append((start, start + t, start + whole, engine))
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    q1, h1 = hit_counters(engines)
-    ttfts.sort()
-    return {
-        "ttft_p50": statistics.median(ttfts),
-        "ttft_p99": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
-        "req_per_s": len(reqs) / wall,
-        "hit_rate": (h1 - h0) / max(1.0, q1 - q0),
-        "shared": shared_share(spans),
-    }
-
-
-def fleet_repeat(plain: list[VllmEngine], conn: list[VllmEngine], proxy_url: str, n: int,
-                 r: int) -> dict[str, dict[str, float]]:  # fmt: skip
-    sticky: dict[str, str] = {}
-
-    def rr(i: int, session: str) -> str:
-        return plain[i % 2].url
-
-    def affinity(i: int, session: str) -> str:
-        if session not in sticky:
-            sticky[session] = plain[len(sticky) % 2].url
-        return sticky[session]
-
-    print(json.dumps({"fleet_repeat": r, "ideal_hit_rate": round(
-        ideal_hit_rate(workload(n, seed=10 * r + 3)), 3)}), flush=True)  # fmt: skip
-    return {
-        "a_round_robin": replay(rr, plain, workload(n, seed=10 * r + 1)),
-        "a2_session_affinity": replay(affinity, plain, workload(n, seed=10 * r + 2)),
-        "b_kvcake": replay(lambda i, s: proxy_url, conn, workload(n, seed=10 * r + 3)),
-    }
 
 
 def start_proxy(master: str, engines: list[VllmEngine]) -> tuple[Any, str]:
@@ -278,8 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
-    ap.add_argument("--part", choices=("reuse", "fleet", "all"), default="all")
-    ap.add_argument("--requests", type=int, default=24, help="fleet part: requests per case")
+    ap.add_argument("--part", choices=("reuse", "fleet", "slo", "all"), default="all",
+                    help="reuse: the 2,048-token cells; fleet: the closed-loop replay; slo: the "
+                    "open-loop replay at --rates (throughput at the TTFT SLO); all: every part")  # fmt: skip
+    ap.add_argument("--requests", type=int, default=24, help="fleet/slo: requests per case")
+    ap.add_argument("--rates", default="0.5,0.8,1.1,1.4",
+                    help="slo: arrival rates to sweep, requests/s (comma-separated)")  # fmt: skip
+    ap.add_argument("--slo-s", type=float, default=8.0, help="slo: the TTFT SLO, seconds")
+    ap.add_argument("--attain", type=float, default=0.9,
+                    help="slo: the share of requests that must meet the SLO")  # fmt: skip
     args = ap.parse_args(argv)
     logs = Path(tempfile.mkdtemp(prefix="kvcake-vllm-bench-"))
     model = default_model_dir()
@@ -294,9 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         "b": VllmEngineSpec("b", free_port(), model, master=addr, cpu="1",
                             kv_events_port=free_port()),
     }  # fmt: skip
-    if args.part in ("fleet", "all"):
+    fleet = args.part in ("fleet", "slo", "all")
+    if fleet:
         specs["plain1"] = VllmEngineSpec("plain1", free_port(), model, cpu="1")
-    if args.part == "fleet":
+    if args.part in ("fleet", "slo"):
         del specs["plain"]
         specs["plain0"] = VllmEngineSpec("plain0", free_port(), model, cpu="0")
     eng: dict[str, VllmEngine] = {}
@@ -321,20 +175,14 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"summary": summary}), flush=True)
             table(summary)
             doc["reuse"] = {"runs": runs, "summary": summary}
-        if args.part in ("fleet", "all"):
+        if fleet:
             plain = [eng["plain" if "plain" in eng else "plain0"], eng["plain1"]]
             proxy, purl = start_proxy(addr, [eng["a"], eng["b"]])
-            fleet_runs = []
             try:
-                for r in range(args.repeats):
-                    res = fleet_repeat(plain, [eng["a"], eng["b"]], purl, args.requests, r)
-                    fleet_runs.append(res)
-                    print(json.dumps({"fleet_repeat": r, **res}), flush=True)
+                doc.update(run_fleet(args, plain, [eng["a"], eng["b"]], purl))
             finally:
                 proxy.terminate()
                 proxy.wait(10)
-            fleet_table(fleet_runs)
-            doc["fleet"] = fleet_runs
         if args.json:
             args.json.write_text(json.dumps(doc, indent=1))
     finally:
@@ -343,6 +191,27 @@ def main(argv: list[str] | None = None) -> int:
         store.stop()
         master.stop()
     return 0
+
+
+def run_fleet(args: argparse.Namespace, plain: list[VllmEngine], conn: list[VllmEngine],
+              purl: str) -> dict[str, Any]:  # fmt: skip
+    doc: dict[str, Any] = {}
+    if args.part in ("fleet", "all"):
+        runs = []
+        for r in range(args.repeats):
+            res = fleet_repeat(plain, conn, purl, args.requests, r)
+            runs.append(res)
+            print(json.dumps({"fleet_repeat": r, **res}), flush=True)
+        fleet_table(runs)
+        doc["fleet"] = runs
+    if args.part in ("slo", "all"):
+        rates = [float(x) for x in args.rates.split(",")]
+        sweeps = [slo_sweep(plain, conn, purl, args.requests, rates, r, args.slo_s)
+                  for r in range(args.repeats)]  # fmt: skip
+        caps = slo_table(sweeps, args.slo_s, args.attain)
+        doc["slo"] = {"slo_s": args.slo_s, "attain": args.attain, "runs": sweeps,
+                      "capacity": caps}  # fmt: skip
+    return doc
 
 
 def summarize(runs: list[dict[str, float]]) -> dict[str, Any]:
@@ -367,22 +236,6 @@ def table(summary: dict[str, Any]) -> None:
     goals = {"cold_over_pooled": ">= 5", "pooled_over_local": "<= 1.25", "miss_overhead": "<= 0.05"}
     for k, v in ratios.items():
         print(f"| {k} | {', '.join(f'{x:.3f}' for x in v)} | {goals[k]} |")
-
-
-def fleet_table(runs: list[dict[str, dict[str, float]]]) -> None:
-    print("\n| case | TTFT p50 (s) | TTFT p99 (s) | req/s | hit rate | prefills sharing an engine |"
-          "\n|---|---:|---:|---:|---:|---:|")  # fmt: skip
-    for case in runs[0]:
-        cell = {k: statistics.median(r[case][k] for r in runs) for k in runs[0][case]}
-        print(f"| {case} | {cell['ttft_p50']:.3f} | {cell['ttft_p99']:.3f} | "
-              f"{cell['req_per_s']:.3f} | {cell['hit_rate']:.2f} | {cell['shared']:.2f} |")  # fmt: skip
-    for base in ("a_round_robin", "a2_session_affinity"):
-        p50 = [r["b_kvcake"]["ttft_p50"] / r[base]["ttft_p50"] for r in runs]
-        thr = [r["b_kvcake"]["req_per_s"] / r[base]["req_per_s"] for r in runs]
-        print(
-            f"b / {base}: TTFT p50 x{', '.join(f'{x:.2f}' for x in p50)}; "
-            f"throughput x{', '.join(f'{x:.2f}' for x in thr)}"
-        )
 
 
 if __name__ == "__main__":
