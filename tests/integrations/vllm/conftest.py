@@ -104,8 +104,10 @@ def cluster() -> Iterator[Cluster]:
         VllmEngineSpec(
             "b", free_port(), model, master=addr, cpu="1", kv_events_port=free_port(),
             # TCP: a stopped store-server stalls B's reads; a deadline below the transfer
-            # engine's own 2 s timeout makes the connector's deadline fire first.
-            connector_extra={**EXTRA, "protocol": "tcp", "load_timeout_s": 1.0},
+            # engine's own 2 s timeout makes the connector's deadline fire first. B loads
+            # layer-wise (A whole, the default), so both load paths run inside vLLM.
+            connector_extra={**EXTRA, "protocol": "tcp", "load_timeout_s": 1.0,
+                             "load_layer_groups": 3},
         ),
         logs,
     )  # fmt: skip

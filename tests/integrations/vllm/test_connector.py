@@ -96,7 +96,18 @@ def test_miss_loads_nothing(cluster: Cluster) -> None:
 def test_connector_stats_reach_prometheus(cluster: Cluster) -> None:
     assert metric(cluster.b, "kvcake_connector_load_blocks_total") > 0
     assert metric(cluster.b, "kvcake_connector_load_bytes_total") > 0
+    assert metric(cluster.b, "kvcake_connector_load_seconds_total") > 0
     assert metric(cluster.a, "kvcake_connector_save_blocks_total") > 0
+
+
+def test_layer_wise_loads_are_waited_for_layer_by_layer_inside_vllm(cluster: Cluster) -> None:
+    """B loads in 3 layer groups: vLLM's attention calls ``wait_for_layer_load`` per layer (else
+    the loader would report every block and fall back to whole loads, with a warning), and the
+    answers above came from those loads (the load counters moved; no block was reported)."""
+    assert cluster.b.spec.connector_extra["load_layer_groups"] == 3
+    assert "did not wait" not in cluster.b.log_text()
+    assert metric(cluster.b, "kvcake_connector_load_error_blocks_total") == 0
+    assert metric(cluster.b, "kvcake_connector_load_wait_seconds_total") > 0
 
 
 def test_prefill_on_a_decode_on_b_through_the_pool(cluster: Cluster) -> None:

@@ -24,6 +24,9 @@ class ConnectorConfig:
     protocol: str = "auto"  # store data path: auto (shm on one host) | tcp | shm
     lookup_timeout_s: float = 1.0  # scheduler-side pool lookup (one master RPC)
     load_timeout_s: float = 5.0  # worker-side load deadline; past it the blocks are recomputed
+    # Layer-wise load: read the layers in this many groups, each layer waiting only for its
+    # own (1 = every layer before the forward starts)
+    load_layer_groups: int = 1
     producer_wait_s: float = 10.0  # P/D consumer: wait this long for the producer's blocks
     backoff_s: float = 5.0  # after a failed pool call, treat the pool as empty this long
     connect_retry_s: float = 10.0  # master unreachable at start-up: retry this often
@@ -47,6 +50,7 @@ class ConnectorConfig:
         ):
             require(getattr(self, name) > 0, f"{name} must be > 0")
         require(self.max_pending_saves >= 1, "max_pending_saves must be >= 1")
+        require(self.load_layer_groups >= 1, "load_layer_groups must be >= 1")
         from kvcake.store.tenants import TENANT_RE
 
         require(

@@ -23,13 +23,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvcake.core.errors import KvcakeError
 from kvcake.integrations.vllm.config import ConnectorConfig
 from kvcake.integrations.vllm.keys import BlockNamer
+from kvcake.integrations.vllm.loads import Loader, PendingLoad
 from kvcake.integrations.vllm.paged import PagedKV
 from kvcake.integrations.vllm.pd import PdScheduler, PdStep
 from kvcake.integrations.vllm.pd_wire import TRANSPORT_KEY
 from kvcake.integrations.vllm.pd_worker import PdWorker
 from kvcake.integrations.vllm.plan import BlockRun, Planner
 from kvcake.integrations.vllm.pool import PoolHandle
-from kvcake.integrations.vllm.worker import Counters, Loader, Saver, log_for
+from kvcake.integrations.vllm.worker import Counters, Saver, log_for
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -111,6 +112,7 @@ class KvcakeConnector(KVConnectorBase_V1):
             self.loader = Loader(self.pool, self.counters, self.cfg)
             self.paged: PagedKV | None = None
             self._load_errors: set[int] = set()
+            self._load: PendingLoad | None = None  # this step's, until the forward ends
             self.pdw = PdWorker(
                 self.pool, self.counters, self.cfg, self.engine_id, 0, log,
                 enabled=self.cfg.pd_transport == "te",
@@ -238,8 +240,11 @@ class KvcakeConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvcakeMetadata)
+        self._finish_load()  # (a step that ended without wait_for_save)
         if meta.loads and self.paged is not None:
-            self._load_errors |= self.loader.load(self.paged, meta.loads)
+            self._load = self.loader.start(self.paged, meta.loads)
+            if not self._load.group_of:  # a whole load: done before the forward
+                self._finish_load()
         if meta.pd.pulls or meta.pd.frees:
             self.pdw.step(meta.pd)
         # A step without a forward (vLLM keeps stepping while a pull runs): let the pull's
@@ -250,7 +255,13 @@ class KvcakeConnector(KVConnectorBase_V1):
         return self.pdw.poll(finished_req_ids)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # start_load_kv has filled every layer (CPU: the forward cannot overlap it)
+        if self._load is not None:
+            self._load.wait_layer(layer_name)
+
+    def _finish_load(self) -> None:
+        if self._load is not None:
+            load, self._load = self._load, None
+            self._load_errors |= load.finish()
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
@@ -258,6 +269,7 @@ class KvcakeConnector(KVConnectorBase_V1):
         return  # saved once per step in wait_for_save, all layers in one gather
 
     def wait_for_save(self) -> None:
+        self._finish_load()
         if not self.has_connector_metadata() or self.paged is None:
             return
         meta = self._get_connector_metadata()
@@ -268,6 +280,7 @@ class KvcakeConnector(KVConnectorBase_V1):
             self.saver.submit(run.keys, rows)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
+        self._finish_load()
         errors, self._load_errors = self._load_errors, set()
         return errors | self.pdw.load_errors()
 

@@ -30,6 +30,7 @@ class LayoutError(KvcakeError):
 class PagedKV:
     def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int):
         planes: list[torch.Tensor] = []
+        self.layer_planes: dict[str, list[int]] = {}  # layer name -> its plane indices
         for name, t in kv_caches.items():
             if t.shape[0] == num_blocks:
                 parts = [t]
@@ -40,6 +41,7 @@ class PagedKV:
             for p in parts:
                 if not p[0].is_contiguous() or p.stride(0) != p[0].numel():
                     raise LayoutError(f"layer {name}: a block is not contiguous ({p.stride()})")
+                self.layer_planes.setdefault(name, []).append(len(planes))
                 planes.append(p.view(num_blocks, -1))
         if not planes:
             raise LayoutError("no KV cache tensors registered")
@@ -76,6 +78,13 @@ class PagedKV:
             (off * size, memoryview(rows[block_id]))
             for rows, off in zip(self._rows, self.offsets, strict=True)
         ]
+
+    def layer_groups(self, n: int) -> list[list[str]]:
+        """The layers in registration (= forward) order, cut into at most ``n`` contiguous
+        groups of about equal size: the units of a layer-wise load."""
+        names = list(self.layer_planes)
+        n = max(1, min(n, len(names)))
+        return [names[len(names) * g // n : len(names) * (g + 1) // n] for g in range(n)]
 
     def empty(self, n: int) -> torch.Tensor:
         """A host staging buffer for ``n`` blocks (rows are the pool objects)."""

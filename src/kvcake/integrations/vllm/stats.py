@@ -19,6 +19,8 @@ _DOCS = {
     "load_seconds": "seconds spent loading from the kvcake pool",
     "load_error_blocks": "pooled blocks that failed to load (recomputed by vLLM)",
     "load_deadline_misses": "loads abandoned at the load deadline",
+    "load_wait_seconds": "seconds vLLM's forward waited for pool loads (layer-wise: less than "
+    "load_seconds when the first layers compute while later ones load)",
     "save_blocks": "KV blocks saved into the kvcake pool",
     "save_bytes": "bytes saved into the kvcake pool",
     "save_seconds": "seconds spent saving into the kvcake pool (background)",
