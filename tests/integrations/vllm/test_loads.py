@@ -114,9 +114,10 @@ def test_one_group_is_a_whole_load_the_forward_never_waits_for() -> None:
     assert block_bytes(paged, 5) == value("k2", paged.block_bytes)
 
 
-def test_a_group_past_the_deadline_fails_every_block_and_no_late_byte_lands() -> None:
+@pytest.mark.parametrize("hung", [0, 1])  # the first group (the later ones are dropped), the last
+def test_a_group_past_the_deadline_fails_every_block_and_no_late_byte_lands(hung: int) -> None:
     paged, client, pool, loader = setup(groups=2, timeout_s=0.3)
-    client.hold[1] = threading.Event()
+    client.hold[hung] = threading.Event()
     load = loader.start(paged, RUNS)
     t0 = time.monotonic()
     for layer in LAYERS:
@@ -128,9 +129,11 @@ def test_a_group_past_the_deadline_fails_every_block_and_no_late_byte_lands() ->
     t0 = time.monotonic()
     assert loader.start(paged, RUNS).finish() == {3, 5, 1}
     assert time.monotonic() - t0 < 0.2
-    client.hold[1].set()  # the hung read ends: its guard is cancelled, nothing lands
+    client.hold[hung].set()  # the hung read ends: its guard is cancelled, nothing lands
     time.sleep(0.2)
-    assert not any(block_bytes(paged, b)[paged.block_bytes // 2 :].strip(b"\0") for b in (3, 5, 1))
+    assert client.calls == 1 + hung  # a group queued behind a hung one never runs
+    late = slice(paged.block_bytes // 2 * hung, paged.block_bytes // 2 * (hung + 1))
+    assert not any(block_bytes(paged, b)[late].strip(b"\0") for b in (3, 5, 1))
 
 
 def test_a_missing_block_fails_itself_and_the_rest_of_its_run() -> None:

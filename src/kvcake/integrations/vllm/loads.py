@@ -153,7 +153,7 @@ class Loader:
         self.layer_groups = cfg.load_layer_groups
         self.block_bytes = 0
         self._exec = started_pool(1, "kvcake-load")
-        self._last: cf.Future[Any] | None = None
+        self._inflight: list[cf.Future[Any]] = []  # the last load's (cancelled ones are done)
 
     def start(self, paged: PagedKV, runs: Sequence[BlockRun]) -> PendingLoad:
         keys = [k for r in runs for k in r.keys]
@@ -165,7 +165,7 @@ class Loader:
         if not keys:
             return PendingLoad(runs, [], {}, guard, deadline, t0, self)
         client = self.pool.client()
-        if client is None or (self._last is not None and not self._last.done()):
+        if client is None or any(not f.done() for f in self._inflight):
             # No pool, or the previous load still hangs past its deadline: fail fast.
             gone = KvcakeError("no pool, or the last load still hangs")
             return PendingLoad(runs, [], {}, guard, deadline, t0, self, error=gone)
@@ -180,7 +180,7 @@ class Loader:
             dests = [[rs[p] for p in planes] for rs in per_block]
             call = partial(client.batch_get_into_ranges, keys, dests, guard)
             futures.append(self._exec.submit(_timed, call))
-        self._last = futures[-1]
+        self._inflight = futures
         group_of = {name: g for g, layers in enumerate(groups) for name in layers}
         return PendingLoad(runs, futures, group_of if len(groups) > 1 else {}, guard, deadline,
                            t0, self)  # fmt: skip
@@ -200,7 +200,7 @@ class Loader:
                 idx = torch.tensor(rows, dtype=torch.long)
                 paged.scatter([ids[i] for i in rows], buf.index_select(0, idx))
 
-        self._last = future
+        self._inflight = [future]
         return PendingLoad(runs, [future], {}, guard, deadline, t0, self, scatter)
 
     def unhooked(self, groups: int) -> None:
