@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slo-s", type=float, default=8.0, help="slo: the TTFT SLO, seconds")
     ap.add_argument("--attain", type=float, default=0.9,
                     help="slo: the share of requests that must meet the SLO")  # fmt: skip
+    ap.add_argument("--first-repeat", type=int, default=0,
+                    help="slo: number the repeats from here (each repeat's arrivals and prompts "
+                    "are seeded by its number: a second run with a new number is independent)")  # fmt: skip
     ap.add_argument("--connector-extra", type=json.loads, default={},
                     help='more kv_connector_extra_config for engines a and b, as JSON '
                     '(e.g. \'{"load_layer_groups": 1}\')')  # fmt: skip
@@ -215,8 +218,9 @@ def run_fleet(args: argparse.Namespace, plain: list[VllmEngine], conn: list[Vllm
         doc["fleet"] = runs
     if args.part in ("slo", "all"):
         rates = [float(x) for x in args.rates.split(",")]
+        first = args.first_repeat
         sweeps = [slo_sweep(plain, conn, purl, args.requests, rates, r, args.slo_s)
-                  for r in range(args.repeats)]  # fmt: skip
+                  for r in range(first, first + args.repeats)]  # fmt: skip
         caps = slo_table(sweeps, args.slo_s, args.attain)
         doc["slo"] = {"slo_s": args.slo_s, "attain": args.attain, "runs": sweeps,
                       "capacity": caps}  # fmt: skip
