@@ -129,7 +129,7 @@ def one_repeat(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -148,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--connector-extra", type=json.loads, default={},
                     help='more kv_connector_extra_config for engines a and b, as JSON '
                     '(e.g. \'{"load_layer_groups": 1}\')')  # fmt: skip
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     extra = dict(args.connector_extra)
     logs = Path(tempfile.mkdtemp(prefix="kvcake-vllm-bench-"))
     model = default_model_dir()
