@@ -123,6 +123,18 @@ def hit_counters(engines: list[VllmEngine]) -> tuple[float, float]:
     return q, h
 
 
+def pct(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile of an ascending list (nearest rank below)."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_all(threads: list[threading.Thread]) -> None:
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+
+
 def replay(route: Route, engines: list[VllmEngine], reqs: list[Request],
            clients: int = 2) -> dict[str, float]:  # fmt: skip
     """Closed loop: ``clients`` threads take the next request in trace order."""
@@ -146,17 +158,13 @@ def replay(route: Route, engines: list[VllmEngine], reqs: list[Request],
                 spans.append((start, start + t, start + whole, engine))
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_all([threading.Thread(target=client) for _ in range(clients)])
     wall = time.perf_counter() - t0
     q1, h1 = hit_counters(engines)
     ttfts.sort()
     return {
         "ttft_p50": statistics.median(ttfts),
-        "ttft_p99": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
+        "ttft_p99": pct(ttfts, 0.99),
         "req_per_s": len(reqs) / wall,
         "hit_rate": (h1 - h0) / max(1.0, q1 - q0),
         "shared": shared_share(spans),
@@ -238,17 +246,13 @@ def open_replay(route: Route, engines: list[VllmEngine], reqs: list[Request],
             ttfts.append(t)
             spans.append((start, start + min(t, whole), start + whole, engine))
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    run_all([threading.Thread(target=one, args=(i,)) for i in range(len(reqs))])
     q1, h1 = hit_counters(engines)
     ttfts.sort()
     return {
         "ttft_p50": statistics.median(ttfts),
-        "ttft_p90": ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))],
-        "ttft_p99": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
+        "ttft_p90": pct(ttfts, 0.9),
+        "ttft_p99": pct(ttfts, 0.99),
         "attained": sum(t <= slo_s for t in ttfts) / len(ttfts),
         "req_per_s": len(reqs) / (max(s[2] for s in spans) - t0),
         "hit_rate": (h1 - h0) / max(1.0, q1 - q0),

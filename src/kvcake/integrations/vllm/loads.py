@@ -171,7 +171,7 @@ class Loader:
             return PendingLoad(runs, [], {}, guard, deadline, t0, self, error=gone)
 
         if not paged.direct:  # GPU: through a host staging buffer, then one scatter
-            return self._staged(paged, runs, client, guard, deadline, t0)
+            return self._staged(paged, runs, keys, ids, client, guard, deadline, t0)
         groups = paged.layer_groups(self.layer_groups)
         per_block = [paged.ranges(b) for b in ids]
         futures: list[cf.Future[GroupResult]] = []
@@ -185,12 +185,10 @@ class Loader:
         return PendingLoad(runs, futures, group_of if len(groups) > 1 else {}, guard, deadline,
                            t0, self)  # fmt: skip
 
-    def _staged(self, paged: PagedKV, runs: Sequence[BlockRun], client: Any, guard: ReadGuard,
-                deadline: float, t0: float) -> PendingLoad:  # fmt: skip
+    def _staged(self, paged: PagedKV, runs: Sequence[BlockRun], keys: list[str], ids: list[int],
+                client: Any, guard: ReadGuard, deadline: float, t0: float) -> PendingLoad:  # fmt: skip
         """A device KV cache: read into a host buffer of its own (a load that overran writes
         nowhere vLLM reads), scatter the rows that arrived once it is joined."""
-        keys = [k for r in runs for k in r.keys]
-        ids = [b for r in runs for b in r.block_ids]
         buf = paged.empty(len(keys))
         future = self._exec.submit(_timed, partial(client.batch_get_into, keys, list(buf)))
 
