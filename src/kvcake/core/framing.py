@@ -28,6 +28,7 @@ from typing_extensions import Buffer
 
 from kvcake.core.auth import AUTH_MARK, ENV_HINT, AuthRequired
 from kvcake.core.errors import FrameTooLarge, MalformedFrame, TruncatedFrame
+from kvcake.core.iochunks import IO_CALL_BYTES, io_groups
 
 MAGIC = b"KC"
 VERSION = 1
@@ -172,7 +173,7 @@ def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
     """Fill ``view`` completely from ``sock`` (zero copy); EOF midway raises TruncatedFrame."""
     got, total = 0, view.nbytes
     while got < total:
-        n = sock.recv_into(view[got:], total - got)
+        n = sock.recv_into(view[got:], min(total - got, IO_CALL_BYTES))
         if n == 0:
             raise TruncatedFrame(f"peer closed after {got} of {total} bytes")
         got += n
@@ -233,17 +234,18 @@ def frame_parts(
 
 
 def sendall_parts(sock: socket.socket, parts: Sequence[Buffer]) -> None:
-    """``sendmsg`` until every byte of every part is out (no concatenation copies)."""
-    views = [memoryview(p).cast("B") for p in parts if memoryview(p).nbytes]
-    while views:
-        sent = sock.sendmsg(views)
-        while sent and views:
-            if sent >= views[0].nbytes:
-                sent -= views[0].nbytes
-                views.pop(0)
-            else:
-                views[0] = views[0][sent:]
-                sent = 0
+    """``sendmsg`` until every byte of every part is out (no concatenation copies), at most
+    ``IO_CALL_BYTES`` per call (see :mod:`kvcake.core.iochunks`)."""
+    for views in io_groups(parts):
+        while views:
+            sent = sock.sendmsg(views)
+            while sent and views:
+                if sent >= views[0].nbytes:
+                    sent -= views[0].nbytes
+                    views.pop(0)
+                else:
+                    views[0] = views[0][sent:]
+                    sent = 0
 
 
 # --- asyncio streams --------------------------------------------------------------------------

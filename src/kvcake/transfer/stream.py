@@ -21,25 +21,23 @@ from typing_extensions import Buffer
 
 from kvcake.core import framing
 from kvcake.core.errors import TruncatedFrame
+from kvcake.core.iochunks import IO_CALL_BYTES, IOV_CHUNK, io_groups, nbytes
 
 READAHEAD = 8192 + 256  # a reply or request with an 8 KB block arrives in one recv
 _HEADER = framing.HEADER
 _HSIZE = framing.HEADER_SIZE
-IOV_CHUNK = 512  # iovecs per sendmsg / recvmsg_into (the kernel's IOV_MAX is 1024)
 T = TypeVar("T")
 M = TypeVar("M", bound=msgspec.Struct)
 
 
 def send_all(sock: socket.socket, parts: list[Buffer]) -> None:
-    """``sendmsg`` every byte of ``parts`` (bytes or 1-D byte memoryviews, never copied).
-    The common case — everything fits the socket buffer — costs one call and no slicing."""
-    if len(parts) > IOV_CHUNK:
-        for i in range(0, len(parts), IOV_CHUNK):
-            send_all(sock, parts[i : i + IOV_CHUNK])
+    """``sendmsg`` every byte of ``parts`` (bytes or 1-D byte memoryviews, never copied), at
+    most ``IO_CALL_BYTES`` per call (:mod:`kvcake.core.iochunks`). The common case — a frame
+    that one call carries and the socket buffer takes — costs one call and no slicing."""
+    total = nbytes(parts)
+    if total > IO_CALL_BYTES or len(parts) > IOV_CHUNK:
+        framing.sendall_parts(sock, parts)
         return
-    total = 0
-    for p in parts:
-        total += len(p)  # type: ignore[arg-type]
     sent = sock.sendmsg(parts)
     if sent == total:
         return
@@ -56,12 +54,21 @@ def send_all(sock: socket.socket, parts: list[Buffer]) -> None:
 
 def recv_exact_views(sock: socket.socket, views: list[memoryview]) -> None:
     """Fill every view completely, in order, with as few ``recvmsg_into`` calls as the data's
-    arrival allows (at most ``IOV_CHUNK`` iovecs per call); EOF midway raises TruncatedFrame."""
-    views = list(views)  # partly filled views are replaced by their rest
+    arrival allows, each of at most ``IO_CALL_BYTES`` and ``IOV_CHUNK`` iovecs; EOF midway
+    raises TruncatedFrame."""
+    if len(views) <= IOV_CHUNK and nbytes(views) <= IO_CALL_BYTES:
+        _recv_group(sock, list(views))
+        return
+    for group in io_groups(views):
+        _recv_group(sock, group)
+
+
+def _recv_group(sock: socket.socket, views: list[memoryview]) -> None:
+    """Fill ``views`` (one call's worth; partly filled views are replaced by their rest)."""
     j = 0
     n_views = len(views)
     while j < n_views:
-        chunk = views[j : j + IOV_CHUNK] if n_views - j > IOV_CHUNK else views[j:]
+        chunk = views[j:] if j else views
         got = sock.recvmsg_into(chunk)[0]
         if got == 0:
             raise TruncatedFrame("peer closed inside a vectored data section")
