@@ -16,7 +16,10 @@ class TransferConfig:
     - ``slice_size``: large requests are cut into slices of at most this many bytes; slices of a
       batch are spread over ``streams`` connections and over every healthy path.
     - ``lane_bytes``: a batch opens one more parallel connection per this many bytes (so a batch
-      of small requests stays on one pipelined connection, which is cheaper in Python).
+      of small requests stays on one pipelined connection, which is cheaper in Python). 16 MiB:
+      on loopback with 2 vCPUs one connection moved 16 x 1 MiB batches 1.2-1.5x faster than
+      two (docs/benchmarks.md); a host with several NICs per path tier stripes a batch over
+      them only past this size, so lower it there.
     - ``window`` / ``window_bytes``: slices / bytes in flight per connection (pipelining: a
       lane sends ahead and reads replies as they come, so a batch costs few wake-ups).
     - ``max_endpoints``: cap on pooled connections per engine; idle ones are evicted by SIEVE.
@@ -33,7 +36,7 @@ class TransferConfig:
 
     protocol: str = "auto"
     slice_size: int = size_field("1MiB")
-    lane_bytes: int = size_field("4MiB")
+    lane_bytes: int = size_field("16MiB")
     streams: int = 2
     window: int = 64
     window_bytes: int = size_field("64MiB")
