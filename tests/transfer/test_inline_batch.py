@@ -153,3 +153,109 @@ def test_uniform_runs_coalesces_and_refuses_what_the_general_path_must_judge() -
     every = run_results(BatchId(7), 3, runs, OutOfRange("all"))
     assert not any(r.ok for r in every.results)
     assert run_results(BatchId(7), 3, runs, None).ok
+
+
+# --- submit(): the same batches as one task per batch (no per-request slices) ---------------
+
+
+@pytest.mark.parametrize("op", [Op.WRITE, Op.READ])
+def test_submitted_batches_run_as_one_frame_each_and_land_byte_exact(
+    make_engine: EngineFactory, op: Op
+) -> None:
+    a = make_engine(protocol="tcp")
+    b = make_engine()
+    n, layers = 16, 6
+    ours, theirs = pattern(layers * n * BLOCK, seed=7), pattern(layers * n * BLOCK, seed=8)
+    a.register_memory("a", ours)
+    b.register_memory("b", theirs)
+    want = bytearray(theirs if op is Op.WRITE else ours)
+    batches = []
+    for k in range(layers):  # one batch per "layer", submitted back to back
+        base = k * n * BLOCK
+        reqs = [
+            TransferRequest(
+                op, S("a"), base + i * BLOCK, S("b"), base + ((i * 5) % n) * BLOCK, BLOCK
+            )
+            for i in range(n)
+        ]
+        for r in reqs:
+            src = ours if op is Op.WRITE else theirs
+            s_off, d_off = (
+                (r.local_offset, r.target_offset)
+                if op is Op.WRITE
+                else (r.target_offset, r.local_offset)
+            )
+            want[d_off : d_off + BLOCK] = src[s_off : s_off + BLOCK]
+        batches.append(reqs)
+    calls = count_inline(a)
+    ids = [a.submit(reqs) for reqs in batches]
+    results = [a.wait(i, timeout=30) for i in ids]
+    assert all(r.ok and len(r.results) == n for r in results)
+    assert calls == [layers]
+    assert (theirs if op is Op.WRITE else ours) == want
+    a.pool.check()
+
+
+def test_a_submitted_frame_with_a_refused_entry_fails_only_its_members(
+    make_engine: EngineFactory,
+) -> None:
+    a = make_engine(protocol="tcp")
+    b = make_engine()
+    a.register_memory("a", pattern(4 * BLOCK, seed=9))
+    b.register_memory("b", bytearray(8 * BLOCK))
+    a.segment_info("b")  # cache the 32 KiB size
+    b.unregister("b")
+    b.register_memory("b", bytearray(2 * BLOCK))  # the server refuses what is past 8 KiB
+    calls = count_inline(a)
+    reqs = [
+        TransferRequest(Op.WRITE, S("a"), 0, S("b"), 0, BLOCK),
+        TransferRequest(Op.WRITE, S("a"), 2 * BLOCK, S("b"), 6 * BLOCK, BLOCK),
+    ]
+    res = a.wait(a.submit(reqs), timeout=30)
+    assert calls == [1]
+    assert [r.error_type for r in res.results] == [None, "OutOfRange"]
+
+
+def test_a_path_broken_under_a_submitted_frame_fails_over(make_engine: EngineFactory) -> None:
+    a = make_engine(protocol="tcp", config=cfg(probe_interval_s=10.0))
+    b = make_engine(listen_hosts=NICS[:2])
+    mem = pattern(16 * BLOCK, seed=10)
+    b.register_memory("b", mem)
+    out = bytearray(16 * BLOCK)
+    a.register_memory("a", out)
+    assert a.wait(a.submit(permuted(Op.READ, 16)), timeout=30).ok  # pools a connection
+    first = b.addresses[0]
+    b.server.close_address(first)
+    out[:] = bytes(len(out))
+    calls = count_inline(a)
+    res = a.wait(a.submit(permuted(Op.READ, 16)), timeout=30)
+    assert res.ok, res
+    assert calls == [1]  # the frame was tried, then the general path used the other NIC
+    assert a.health.down() == [first]
+    for i in range(16):
+        t = ((i * 5) % 16) * BLOCK
+        assert out[i * BLOCK : (i + 1) * BLOCK] == mem[t : t + BLOCK]
+
+
+def test_an_unexpected_error_in_a_submitted_frame_reaches_the_waiter(
+    make_engine: EngineFactory,
+) -> None:
+    """A bug or a released buffer under the frame fails every request of the batch with a
+    TransferError; the waiter never hangs and the engine keeps working."""
+    a = make_engine(protocol="tcp")
+    b = make_engine()
+    a.register_memory("a", pattern(16 * BLOCK, seed=11))
+    b.register_memory("b", bytearray(16 * BLOCK))
+    tcp: Any = a.transports["tcp"]
+    inner = tcp.run_vector
+
+    def boom(*args: Any) -> Any:
+        raise RuntimeError("simulated bug")
+
+    tcp.run_vector = boom
+    res = a.wait(a.submit(permuted(Op.WRITE, 16)), timeout=30)
+    assert not any(r.ok for r in res.results)
+    assert {r.error_type for r in res.results} == {"TransferError"}
+    assert "simulated bug" in (res.results[0].error or "")
+    tcp.run_vector = inner
+    assert a.wait(a.submit(permuted(Op.WRITE, 16)), timeout=30).ok

@@ -109,6 +109,14 @@ class Batch:
             self._set(index, failure(exc))
             self.cond.notify_all()
 
+    def settle_all(self, results: Sequence[RequestResult]) -> None:
+        """Every request's outcome at once (a batch run as one frame): one lock, one wake-up.
+        Outcomes already recorded stay."""
+        with self.cond:
+            for i, res in enumerate(results):
+                self._set(i, res)
+            self.cond.notify_all()
+
     def _set(self, index: int, res: RequestResult) -> None:
         if self.results[index] is not None:
             return

@@ -23,7 +23,7 @@ from kvcake.core import auth as _auth
 from kvcake.core.ids import BatchId, SegmentName
 from kvcake.core.pools import started_pool
 from kvcake.transfer import shm
-from kvcake.transfer.batch import Batch, Claimable, Job
+from kvcake.transfer.batch import Batch, Claimable, Job, failure
 from kvcake.transfer.config import TransferConfig
 from kvcake.transfer.errors import InvalidRequest, TooManyBatches, TransferError, UnknownBatch
 from kvcake.transfer.metadata import DirectoryClient
@@ -35,7 +35,13 @@ from kvcake.transfer.registry import SegmentRegistry, Topology
 from kvcake.transfer.segments import as_byte_view, check_range
 from kvcake.transfer.server import TransferServer
 from kvcake.transfer.shm_transport import ShmTransport
-from kvcake.transfer.tcp_transport import PATH_FAILED, TcpTransport, TransferHooks, probe
+from kvcake.transfer.tcp_transport import (
+    PATH_FAILED,
+    TcpTransport,
+    TransferHooks,
+    VectorPlan,
+    probe,
+)
 from kvcake.transfer.transport import Task, Transport
 from kvcake.transfer.types import (
     BatchResult,
@@ -277,10 +283,35 @@ class TransferEngine:
             batch.help()
 
     def submit(self, requests: Sequence[TransferRequest]) -> BatchId:
-        """Start a batch; returns at once. Collect it with :meth:`wait`."""
+        """Start a batch; returns at once. Collect it with :meth:`wait`. A batch that one
+        frame carries (see :meth:`_vector_plan`) runs as one task without batch bookkeeping
+        per request: the layer-by-layer streaming case."""
         batch = self._new_batch(len(requests))
-        self._run(batch, self._plan(batch, requests), inline=False)
+        plan = self._vector_plan(requests)
+        if plan is None:
+            self._run(batch, self._plan(batch, requests), inline=False)
+        else:
+            self._run(batch, [lambda: self._vector_task(batch, requests, plan)], inline=False)
         return batch.id
+
+    def _vector_task(
+        self, batch: Batch, requests: Sequence[TransferRequest], plan: VectorPlan
+    ) -> None:
+        """Run a submitted batch's one frame; after a path failure the general path takes
+        the whole batch (in this thread), which fails over. Never leaves the batch hanging."""
+        try:
+            out = plan.run()
+            if out is PATH_FAILED:
+                tasks = self._plan(batch, requests)
+                for t in tasks:
+                    t()
+                return
+            batch.settle_all(run_results(batch.id, len(requests), plan.runs, out).results)
+        except BaseException as exc:  # any failure must reach the waiter
+            err = exc if isinstance(exc, TransferError) else TransferError(f"aborted: {exc!r}")
+            batch.settle_all([failure(err)] * len(requests))
+            if not isinstance(exc, Exception):
+                raise
 
     def _batch(self, batch_id: BatchId) -> Batch:
         with self._lock:
@@ -315,10 +346,22 @@ class TransferEngine:
         return self._run_to_end(batch, self._plan(batch, requests))
 
     def _inline_batch(self, requests: Sequence[TransferRequest]) -> BatchResult | None:
-        """A batch of one op between one local and one remote segment that a single TCP frame
-        carries (the layer-wise streaming case): one frame in this thread, with no batch,
-        job or slice objects. ``None``: take the general path (also after a path failure,
-        which it then fails over; reads and writes of the same bytes are idempotent)."""
+        """A batch that one frame carries (:meth:`_vector_plan`), run in this thread with no
+        batch, job or slice objects. ``None``: take the general path (also after a path
+        failure, which it then fails over; reads and writes of the same bytes are
+        idempotent)."""
+        plan = self._vector_plan(requests)
+        if plan is None:
+            return None
+        out = plan.run()
+        if out is PATH_FAILED:
+            return None
+        return run_results(BatchId(next(self._ids)), len(requests), plan.runs, out)
+
+    def _vector_plan(self, requests: Sequence[TransferRequest]) -> VectorPlan | None:
+        """The one vectored TCP frame of a batch whose requests all have one op, one local
+        and one remote segment, are in bounds and fit one frame after coalescing (one layer
+        of a request's KV blocks); ``None`` for any other batch."""
         self._check_open()
         if not 1 < len(requests) <= MAX_ENTRIES:
             return None
@@ -340,10 +383,7 @@ class TransferEngine:
         rows: list[int] = []
         for _, to, n, _ in runs:
             rows += (0, to, n)
-        out = transport.run_vector(op, views, target, rows, total)
-        if out is PATH_FAILED:
-            return None
-        return run_results(BatchId(next(self._ids)), len(requests), runs, out)
+        return VectorPlan(transport, op, views, target, rows, total, runs)
 
     def _run_to_end(self, batch: Batch, tasks: list[Task]) -> BatchResult:
         """Run ``tasks`` inline, wait for every outcome and free the batch id."""

@@ -11,6 +11,7 @@ unknown segment) fail the request without retry: another path would refuse it to
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import math
 import socket
@@ -35,6 +36,7 @@ from kvcake.transfer.errors import (
 )
 from kvcake.transfer.netserver import split_address
 from kvcake.transfer.paths import PathHealth
+from kvcake.transfer.planner import Merged
 from kvcake.transfer.pool import Endpoint, EndpointPool
 from kvcake.transfer.protocol import (
     CODEC,
@@ -97,6 +99,25 @@ def probe(address: str, timeout_s: float, auth: Authenticator | None = None) -> 
             return frame is not None and isinstance(frame.msg, Ack)
     except (OSError, FramingError, ValueError, AuthError):
         return False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VectorPlan:
+    """One batch as one vectored frame (``TransferEngine._vector_plan``): ``runs`` are the
+    coalesced requests (``planner.merge``), ``views`` and ``rows`` their local memory and
+    wire rows, all in ``target``."""
+
+    transport: TcpTransport
+    op: Op
+    views: list[memoryview]
+    target: SegmentInfo
+    rows: list[int]
+    total: int
+    runs: Merged
+
+    def run(self) -> TransferError | Refusals | Failed:
+        """The frame, in the caller's thread (:meth:`TcpTransport.run_vector`)."""
+        return self.transport.run_vector(self.op, self.views, self.target, self.rows, self.total)
 
 
 class TcpTransport(Transport):
