@@ -23,16 +23,17 @@ BLOCK = 4096
 
 
 def count_inline(engine: TransferEngine) -> list[int]:
-    """Count the frames the engine's TCP transport sends inline (wraps ``run_vector``)."""
+    """Count the frames the engine's TCP transport sends as one-frame batches (wraps
+    ``run_vectors``, which sends a list of them back to back)."""
     tcp: Any = engine.transports["tcp"]
     calls = [0]
-    inner: Callable[..., Any] = tcp.run_vector
+    inner: Callable[..., Any] = tcp.run_vectors
 
-    def spy(*args: Any) -> Any:
-        calls[0] += 1
-        return inner(*args)
+    def spy(plans: Any) -> Any:
+        calls[0] += len(plans)
+        return inner(plans)
 
-    tcp.run_vector = spy
+    tcp.run_vectors = spy
     return calls
 
 
@@ -247,15 +248,15 @@ def test_an_unexpected_error_in_a_submitted_frame_reaches_the_waiter(
     a.register_memory("a", pattern(16 * BLOCK, seed=11))
     b.register_memory("b", bytearray(16 * BLOCK))
     tcp: Any = a.transports["tcp"]
-    inner = tcp.run_vector
+    inner = tcp.run_vectors
 
     def boom(*args: Any) -> Any:
         raise RuntimeError("simulated bug")
 
-    tcp.run_vector = boom
+    tcp.run_vectors = boom
     res = a.wait(a.submit(permuted(Op.WRITE, 16)), timeout=30)
     assert not any(r.ok for r in res.results)
     assert {r.error_type for r in res.results} == {"TransferError"}
     assert "simulated bug" in (res.results[0].error or "")
-    tcp.run_vector = inner
+    tcp.run_vectors = inner
     assert a.wait(a.submit(permuted(Op.WRITE, 16)), timeout=30).ok

@@ -28,6 +28,7 @@ from kvcake.transfer.config import TransferConfig
 from kvcake.transfer.errors import InvalidRequest, TooManyBatches, TransferError, UnknownBatch
 from kvcake.transfer.metadata import DirectoryClient
 from kvcake.transfer.paths import PathHealth
+from kvcake.transfer.pipeline import FramePipeline, PipeItem
 from kvcake.transfer.planner import Item, merge, run_results, uniform_runs
 from kvcake.transfer.pool import EndpointPool
 from kvcake.transfer.protocol import MAX_ENTRIES
@@ -37,6 +38,7 @@ from kvcake.transfer.server import TransferServer
 from kvcake.transfer.shm_transport import ShmTransport
 from kvcake.transfer.tcp_transport import (
     PATH_FAILED,
+    Outcome,
     TcpTransport,
     TransferHooks,
     VectorPlan,
@@ -114,6 +116,9 @@ class TransferEngine:
             "tcp": TcpTransport(cfg, self.pool, self.health, self.hooks, self.registry.forget),
         }
         self._executor = started_pool(cfg.workers, "kvcake-xfer")
+        self._pipeline = FramePipeline(
+            cfg.window, cfg.window_bytes, self._finish_frame, self._abort_frame
+        )
 
     # --- segments -------------------------------------------------------------------------
 
@@ -284,34 +289,33 @@ class TransferEngine:
 
     def submit(self, requests: Sequence[TransferRequest]) -> BatchId:
         """Start a batch; returns at once. Collect it with :meth:`wait`. A batch that one
-        frame carries (see :meth:`_vector_plan`) runs as one task without batch bookkeeping
-        per request: the layer-by-layer streaming case."""
+        frame carries (see :meth:`_vector_plan`) joins the queue of its target segment and
+        op, whose frames one worker sends back to back on one connection
+        (:mod:`.pipeline`): the layer-by-layer streaming case."""
         batch = self._new_batch(len(requests))
         plan = self._vector_plan(requests)
         if plan is None:
             self._run(batch, self._plan(batch, requests), inline=False)
         else:
-            self._run(batch, [lambda: self._vector_task(batch, requests, plan)], inline=False)
+            drain = self._pipeline.add(PipeItem(batch, requests, plan))
+            if drain is not None:
+                self._executor.submit(drain)
         return batch.id
 
-    def _vector_task(
-        self, batch: Batch, requests: Sequence[TransferRequest], plan: VectorPlan
-    ) -> None:
-        """Run a submitted batch's one frame; after a path failure the general path takes
-        the whole batch (in this thread), which fails over. Never leaves the batch hanging."""
-        try:
-            out = plan.run()
-            if out is PATH_FAILED:
-                tasks = self._plan(batch, requests)
-                for t in tasks:
-                    t()
-                return
-            batch.settle_all(run_results(batch.id, len(requests), plan.runs, out).results)
-        except BaseException as exc:  # any failure must reach the waiter
-            err = exc if isinstance(exc, TransferError) else TransferError(f"aborted: {exc!r}")
-            batch.settle_all([failure(err)] * len(requests))
-            if not isinstance(exc, Exception):
-                raise
+    def _finish_frame(self, item: PipeItem, out: Outcome) -> None:
+        """A submitted frame's outcome; after a path failure the general path takes the
+        whole batch (in this thread), which fails over."""
+        batch, requests = item.batch, item.requests
+        if out is PATH_FAILED:
+            for t in self._plan(batch, requests):
+                t()
+            return
+        batch.settle_all(run_results(batch.id, len(requests), item.plan.runs, out).results)
+
+    @staticmethod
+    def _abort_frame(item: PipeItem, exc: BaseException) -> None:
+        err = exc if isinstance(exc, TransferError) else TransferError(f"aborted: {exc!r}")
+        item.batch.settle_all([failure(err)] * len(item.requests))
 
     def _batch(self, batch_id: BatchId) -> Batch:
         with self._lock:

@@ -16,7 +16,7 @@ import enum
 import math
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from typing_extensions import Buffer
@@ -67,6 +67,9 @@ class Failed(enum.Enum):
 
 
 PATH_FAILED = Failed.PATH_FAILED  # an inline attempt's path broke: take the general path
+# One frame's outcome: one error for the whole frame, per-entry refusals (None: all fine), or
+# PATH_FAILED.
+Outcome = TransferError | Refusals | Failed
 
 
 class TransferHooks:
@@ -115,9 +118,9 @@ class VectorPlan:
     total: int
     runs: Merged
 
-    def run(self) -> TransferError | Refusals | Failed:
-        """The frame, in the caller's thread (:meth:`TcpTransport.run_vector`)."""
-        return self.transport.run_vector(self.op, self.views, self.target, self.rows, self.total)
+    def run(self) -> Outcome:
+        """The frame, in the caller's thread (:meth:`TcpTransport.run_vectors`)."""
+        return self.transport.run_vectors([self])[0]
 
 
 class TcpTransport(Transport):
@@ -214,30 +217,37 @@ class TcpTransport(Transport):
         """Would the general path run these entries as one lane and one frame?"""
         return entries <= MAX_ENTRIES and total <= min(self._frame_bytes, self.cfg.lane_bytes)
 
-    def run_vector(
-        self, op: Op, views: list[memoryview], target: SegmentInfo, rows: list[int], total: int
-    ) -> TransferError | Refusals | Failed:
-        """One vectored frame of ``len(views)`` entries (``rows`` as in
-        :func:`.vector.add_request`, every one in ``target``) in the caller's thread: the inline
-        path of a batch that :meth:`vector_fits`. Returns the refusals, or ``PATH_FAILED`` (the
-        caller then runs the batch through the general path)."""
+    def run_vectors(self, plans: Sequence[VectorPlan]) -> list[Outcome]:
+        """The frames of ``plans`` (one target segment, one op; see :class:`VectorPlan`) in
+        the caller's thread, sent back to back on one pooled connection, then their replies
+        in order: each plan's refusals, or ``PATH_FAILED`` for every frame whose reply did
+        not arrive (the caller then runs those batches through the general path). One plan:
+        the inline path of a batch that :meth:`vector_fits`."""
+        target = plans[0].target
+        outs: list[Outcome] = [PATH_FAILED] * len(plans)
 
-        def work(ep: Endpoint) -> TransferError | Refusals:
-            rid = ep.next_rid()
+        def work(ep: Endpoint) -> None:
+            rids: list[int] = []
             parts: list[Buffer] = []
-            add_request(parts, rid, op, [target.name], rows, views, total)
+            for p in plans:
+                rids.append(ep.next_rid())
+                add_request(parts, rids[-1], p.op, [target.name], p.rows, p.views, p.total)
             send_all(ep.sock, parts)
             if self.hooks.after_send is not None:
-                for _ in views:  # one call per entry, as the lanes make one per slice
-                    self.hooks.sent(ep.address)
-            return read_vreply(ep.reader, rid, op, views)
+                for p in plans:
+                    for _ in p.views:  # one call per entry, as the lanes make one per slice
+                        self.hooks.sent(ep.address)
+            for k, p in enumerate(plans):
+                outs[k] = read_vreply(ep.reader, rids[k], p.op, p.views)
 
-        out = self._inline(target, work)
-        if isinstance(out, UnknownSegment) or (
-            isinstance(out, dict) and any(isinstance(e, UnknownSegment) for e in out.values())
-        ):
-            self._on_unknown(target.name)
-        return out
+        self._inline(target, work)
+        for out in outs:
+            if isinstance(out, UnknownSegment) or (
+                isinstance(out, dict) and any(isinstance(e, UnknownSegment) for e in out.values())
+            ):
+                self._on_unknown(target.name)
+                break
+        return outs
 
     def _lane_task(
         self, batch: Batch, q: SliceQueue, paths: tuple[PathInfo, ...], lane: int
