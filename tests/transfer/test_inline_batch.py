@@ -94,21 +94,31 @@ def test_one_refused_entry_fails_only_its_members(make_engine: EngineFactory) ->
     assert small[2 * BLOCK : 3 * BLOCK] == mem[3 * BLOCK : 4 * BLOCK]
 
 
-def test_a_path_broken_under_an_inline_frame_fails_over(make_engine: EngineFactory) -> None:
+def run_batch(engine: TransferEngine, api: str, reqs: list[TransferRequest]) -> Any:
+    """``transfer()`` it, or ``submit()`` it and ``wait()`` for it."""
+    if api == "transfer":
+        return engine.transfer(reqs)
+    return engine.wait(engine.submit(reqs), timeout=30)
+
+
+@pytest.mark.parametrize("api", ["transfer", "submit"])
+def test_a_path_broken_under_a_one_frame_batch_fails_over(
+    make_engine: EngineFactory, api: str
+) -> None:
     a = make_engine(protocol="tcp", config=cfg(probe_interval_s=10.0))
     b = make_engine(listen_hosts=NICS[:2])
     mem = pattern(16 * BLOCK, seed=4)
     b.register_memory("b", mem)
     out = bytearray(16 * BLOCK)
     a.register_memory("a", out)
-    a.transfer(permuted(Op.READ, 16))  # opens a pooled connection on the first path
+    assert run_batch(a, api, permuted(Op.READ, 16)).ok  # pools a connection on the first path
     first = b.addresses[0]
     b.server.close_address(first)  # that connection is now dead
     out[:] = bytes(len(out))
     calls = count_inline(a)
-    res = a.transfer(permuted(Op.READ, 16))
+    res = run_batch(a, api, permuted(Op.READ, 16))
     assert res.ok, res
-    assert calls == [1]  # tried inline, then the general path on the other NIC
+    assert calls == [1]  # the frame was tried, then the general path on the other NIC
     assert a.health.down() == [first]
     for i in range(16):
         t = ((i * 5) % 16) * BLOCK
@@ -215,27 +225,6 @@ def test_a_submitted_frame_with_a_refused_entry_fails_only_its_members(
     res = a.wait(a.submit(reqs), timeout=30)
     assert calls == [1]
     assert [r.error_type for r in res.results] == [None, "OutOfRange"]
-
-
-def test_a_path_broken_under_a_submitted_frame_fails_over(make_engine: EngineFactory) -> None:
-    a = make_engine(protocol="tcp", config=cfg(probe_interval_s=10.0))
-    b = make_engine(listen_hosts=NICS[:2])
-    mem = pattern(16 * BLOCK, seed=10)
-    b.register_memory("b", mem)
-    out = bytearray(16 * BLOCK)
-    a.register_memory("a", out)
-    assert a.wait(a.submit(permuted(Op.READ, 16)), timeout=30).ok  # pools a connection
-    first = b.addresses[0]
-    b.server.close_address(first)
-    out[:] = bytes(len(out))
-    calls = count_inline(a)
-    res = a.wait(a.submit(permuted(Op.READ, 16)), timeout=30)
-    assert res.ok, res
-    assert calls == [1]  # the frame was tried, then the general path used the other NIC
-    assert a.health.down() == [first]
-    for i in range(16):
-        t = ((i * 5) % 16) * BLOCK
-        assert out[i * BLOCK : (i + 1) * BLOCK] == mem[t : t + BLOCK]
 
 
 def test_an_unexpected_error_in_a_submitted_frame_reaches_the_waiter(
