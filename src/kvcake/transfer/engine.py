@@ -307,14 +307,13 @@ class TransferEngine:
         whole batch (in this thread), which fails over."""
         batch, requests = item.batch, item.requests
         if out is PATH_FAILED:
-            for t in self._plan(batch, requests):
-                t()
+            self._run(batch, self._plan(batch, requests), inline=True)
             return
         batch.settle_all(run_results(batch.id, len(requests), item.plan.runs, out).results)
 
     @staticmethod
     def _abort_frame(item: PipeItem, exc: BaseException) -> None:
-        err = exc if isinstance(exc, TransferError) else TransferError(f"aborted: {exc!r}")
+        err = exc if isinstance(exc, TransferError) else TransferError(f"transfer aborted: {exc!r}")
         item.batch.settle_all([failure(err)] * len(item.requests))
 
     def _batch(self, batch_id: BatchId) -> Batch:
