@@ -6,6 +6,7 @@ error that aborted its round."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -171,3 +172,31 @@ def test_a_round_that_raises_fails_its_batches_and_the_next_round_runs(
 def test_the_pipeline_refuses_a_zero_window() -> None:
     with pytest.raises(ValueError):
         FramePipeline(0, 1, lambda *_: None, lambda *_: None)
+
+
+def test_a_peer_that_dies_under_a_round_fails_every_queued_batch_without_hanging(
+    make_engine: EngineFactory,
+) -> None:
+    """The only path goes away while a round is held open: the round's frames and the
+    batches queued behind it all settle with a typed path error (none hangs), and the engine
+    still serves once the peer is back."""
+    a = make_engine(protocol="tcp", config=TransferConfig(io_timeout_s=5.0, probe_interval_s=0.05))
+    b = make_engine()
+    a.register_memory("a", pattern(6 * N * BLOCK, seed=12))
+    b.register_memory("b", bytearray(6 * N * BLOCK))
+    assert a.wait(a.submit(layer(Op.WRITE, 0)), timeout=30).ok  # pools a connection
+    rounds = Rounds(a)
+    ids = [rounds.submit_first(layer(Op.WRITE, 0))]
+    ids += [a.submit(layer(Op.WRITE, k)) for k in range(1, 6)]
+    only = b.addresses[0]
+    b.server.close_address(only)  # the peer's only NIC dies under the held round
+    rounds.release()
+    results = [a.wait(i, timeout=30) for i in ids]
+    assert all(not r.ok for r in results)
+    assert {x.error_type for r in results for x in r.results} <= {"NoPathAvailable", "PathFailure"}
+    assert a._pipeline.queued() == 0
+    b.server.reopen_address(only)
+    deadline = time.monotonic() + 10
+    while not a.wait(a.submit(layer(Op.WRITE, 1)), timeout=30).ok:
+        assert time.monotonic() < deadline, "the engine never recovered"
+        time.sleep(0.1)
