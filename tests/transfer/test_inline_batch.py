@@ -1,5 +1,5 @@
 """The inline batch path: a batch of one op between one local and one remote segment that a
-single vectored frame carries runs in the caller's thread (``TcpTransport.run_vector``),
+single vectored frame carries runs in the caller's thread (``TcpTransport.run_vectors``),
 with the general path's outcomes: per-request results in order, refusals of single entries,
 failover after a broken path, and the general path for everything else."""
 

@@ -2,7 +2,7 @@
 blocks and its ``AckV`` reply (wire format in :mod:`.protocol`).
 
 Both the lanes of the general path (slices of jobs, retried over paths) and the inline batch
-path (one frame in the caller's thread, see ``TcpTransport.run_vector``) encode and decode
+path (one frame in the caller's thread, see ``TcpTransport.run_vectors``) encode and decode
 frames here, so the wire rules live in one place.
 """
 
