@@ -14,8 +14,6 @@ import itertools
 import logging
 import os
 import secrets
-import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,8 +22,9 @@ from kvcake.core.ids import BatchId, SegmentName
 from kvcake.core.pools import started_pool
 from kvcake.transfer import shm
 from kvcake.transfer.batch import Batch, Claimable, Job, failure
+from kvcake.transfer.batchtable import BatchTable
 from kvcake.transfer.config import TransferConfig
-from kvcake.transfer.errors import InvalidRequest, TooManyBatches, TransferError, UnknownBatch
+from kvcake.transfer.errors import InvalidRequest, TransferError
 from kvcake.transfer.metadata import DirectoryClient
 from kvcake.transfer.paths import PathHealth
 from kvcake.transfer.pipeline import FramePipeline, PipeItem
@@ -81,9 +80,7 @@ class TransferEngine:
         self.owner = f"{hostname}/{os.getpid()}/{secrets.token_hex(4)}"
         if cleanup_stale_shm:
             shm.cleanup_stale()
-        self._lock = threading.Lock()
-        self._batches: dict[int, Batch] = {}
-        self._swept_at = time.monotonic()
+        self._batches = BatchTable(self.config.max_batches, self.config.batch_ttl_s)
         self._ids = itertools.count(1)
         self._closed = False
         self.directory = DirectoryClient(directory, auth=auth) if directory else None
@@ -247,33 +244,11 @@ class TransferEngine:
 
     def _new_batch(self, n: int, collectable: bool = True) -> Batch:
         """A batch; ``collectable`` ones (``submit``) enter the bounded table that ``status``
-        and ``wait`` look up: finished ones nobody collects within ``batch_ttl_s`` (e.g.
-        after a ``wait`` timed out) are swept, and a full table drops the oldest finished
-        batch first; one full of running batches refuses with TooManyBatches."""
+        and ``wait`` look up (:class:`.batchtable.BatchTable`)."""
         self._check_open()
         batch = Batch(BatchId(next(self._ids)), n)
-        if not collectable:
-            return batch
-        now = time.monotonic()
-        cfg = self.config
-        with self._lock:
-            table = self._batches
-            if len(table) >= cfg.max_batches or now - self._swept_at > 1.0:
-                self._swept_at = now
-                for bid in [
-                    b for b, x in table.items() if x.done_at and now - x.done_at > cfg.batch_ttl_s
-                ]:
-                    del table[bid]
-            if len(table) >= cfg.max_batches:
-                finished = sorted((x.done_at, b) for b, x in table.items() if x.done_at)
-                for _, bid in finished[: len(table) - cfg.max_batches + 1]:
-                    del table[bid]
-            if len(table) >= cfg.max_batches:
-                raise TooManyBatches(
-                    f"{len(table)} batches are still running (transfer.max_batches); "
-                    "wait() for some first"
-                )
-            table[batch.id] = batch
+        if collectable:
+            self._batches.add(batch)
         return batch
 
     def _run(self, batch: Batch, tasks: list[Task], inline: bool) -> None:
@@ -316,28 +291,20 @@ class TransferEngine:
         err = exc if isinstance(exc, TransferError) else TransferError(f"transfer aborted: {exc!r}")
         item.batch.settle_all([failure(err)] * len(item.requests))
 
-    def _batch(self, batch_id: BatchId) -> Batch:
-        with self._lock:
-            batch = self._batches.get(batch_id)
-        if batch is None:
-            raise UnknownBatch(f"unknown batch {batch_id}")
-        return batch
-
     def status(self, batch_id: BatchId) -> BatchStatus:
-        return self._batch(batch_id).status()
+        return self._batches.get(batch_id).status()
 
     def wait(self, batch_id: BatchId, timeout: float | None = None) -> BatchResult:
         """Block until every request of the batch has an outcome; the batch id is then freed.
         Raises TransferTimeout (the batch stays collectable) when ``timeout`` passes first."""
         from kvcake.transfer.errors import TransferTimeout
 
-        batch = self._batch(batch_id)
+        batch = self._batches.get(batch_id)
         if timeout is None:
             batch.help()
         if not batch.wait(timeout):
             raise TransferTimeout(f"batch {batch_id} not finished after {timeout}s")
-        with self._lock:
-            self._batches.pop(batch_id, None)
+        self._batches.discard(batch_id)
         return batch.result()
 
     def transfer(self, requests: Sequence[TransferRequest]) -> BatchResult:
