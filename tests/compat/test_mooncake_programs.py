@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import pytest
 
 from kvcake.compat.mooncake import programs, shim
 from kvcake.compat.mooncake import te_bench_data as D
+from tests.ports import free_port
 
 KVCAKE = str(Path(sys.executable).parent / "kvcake")
 MB = 1024 * 1024
@@ -96,12 +96,6 @@ def bin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("shim")
     shim.install(target)
     return target / "bin"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_install_status_uninstall(tmp_path: Path) -> None:

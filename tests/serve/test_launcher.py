@@ -17,6 +17,7 @@ from kvcake.core.errors import ConfigError
 from kvcake.core.trace import TraceRecord
 from kvcake.serve.launcher import Cluster, toml_dump
 from kvcake.serve.replay import ReplayOptions, paper_tbt, run_replay
+from tests.ports import free_ports
 from tests.serve.helpers import make_cluster
 
 
@@ -290,18 +291,8 @@ def test_a_killed_supervisor_leaves_no_cluster_behind(tmp_path: Path) -> None:
     assert not [p for p in pids if Path(f"/proc/{p}").exists()], "orphaned cluster processes"
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def test_cluster_section_sets_every_port(tmp_path: Path) -> None:
-    proxy, master, http, directory, base = _free_ports(5)
+    proxy, master, http, directory, base = free_ports(5, span=50)
     c = make_cluster(tmp_path, cluster={
         "proxy_port": proxy, "master_port": master, "master_http_port": http,
         "directory_port": directory, "instance_base_port": base, "store_servers": 1,

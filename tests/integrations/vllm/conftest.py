@@ -9,7 +9,6 @@ memory, engine B over TCP (so a stopped store-server really stalls B's loads). L
 
 from __future__ import annotations
 
-import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,15 +20,10 @@ import httpx
 import pytest
 
 from kvcake.serve.vllm_procs import VllmEngine, VllmEngineSpec, default_model_dir, start_engine
+from tests.ports import free_port
 from tests.store.procs import Proc, spawn
 
 EXTRA = {"connect_retry_s": 2.0, "backoff_s": 1.0, "load_timeout_s": 3.0}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def complete(engine: VllmEngine, prompt: list[int], max_tokens: int = 12) -> list[int]:

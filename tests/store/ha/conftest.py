@@ -16,14 +16,9 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from tests.ports import free_port
 from tests.store.ha.gated import GatedLog
 from tests.store.procs import Proc, spawn
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
