@@ -22,8 +22,8 @@ import pytest
 from kvcake.compat.mooncake import MooncakeDistributedStore
 from kvcake.compat.mooncake import _dummy_wire as W
 from kvcake.core import framing
+from kvcake.core.ports import free_port
 from tests.compat.test_mooncake_programs import Prog, bin_dir
-from tests.ports import free_port
 
 __all__ = ["bin_dir"]  # the fixture, shared with test_mooncake_programs
 MB = 1024 * 1024

@@ -20,7 +20,7 @@ import pytest
 
 from kvcake.compat.mooncake import programs, shim
 from kvcake.compat.mooncake import te_bench_data as D
-from tests.ports import free_port
+from kvcake.core.ports import free_port
 
 KVCAKE = str(Path(sys.executable).parent / "kvcake")
 MB = 1024 * 1024

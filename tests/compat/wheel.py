@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.ports import free_port
+from kvcake.core.ports import free_port
 
 
 @contextlib.contextmanager

@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from kvcake.core.errors import ConfigError
+from kvcake.core.ports import free_ports
 from kvcake.core.trace import TraceRecord
 from kvcake.serve.launcher import Cluster, toml_dump
 from kvcake.serve.replay import ReplayOptions, paper_tbt, run_replay
-from tests.ports import free_ports
 from tests.serve.helpers import make_cluster
 
 

@@ -14,25 +14,19 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-import socket
 import time
 from typing import TYPE_CHECKING
 
 import httpx
 
 from kvcake.core.errors import ConfigError
+from kvcake.core.ports import free_port
 
 if TYPE_CHECKING:
     from kvcake.serve.launcher import Child, Cluster
 
 LEADER = re.compile(r"master leader rpc=(?P<rpc>\S+) directory=(?P<directory>\S+) "
                     r"http=(?P<http>\S+) term=(?P<term>\d+)")  # fmt: skip
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def etcd_alive(url: str, timeout: float = 1.0) -> bool:
@@ -54,7 +48,7 @@ def start_etcd(cl: Cluster) -> str:
             "or point ha.etcd_endpoints at a running etcd"
         )
     host = "127.0.0.1"  # etcd started by kvcake up never leaves loopback
-    client, peer = _free_port(host), _free_port(host)
+    client, peer = free_port(host), free_port(host)
     url, purl = f"http://{host}:{client}", f"http://{host}:{peer}"
     data = cl.run_dir / "etcd"
     argv = [exe, "--name", "kvcake", "--data-dir", str(data), "--listen-client-urls", url,
@@ -88,7 +82,7 @@ def start_ha_pool(cl: Cluster) -> tuple[str, str]:
     # Each master gets its HTTP port up front (a standby binds it once elected, a restarted
     # one again): the run record names every master's admin address, so the dashboard and
     # scrapers find whichever one leads now.
-    ports = [_free_port(c.host) for _ in range(ha.masters)]
+    ports = [free_port(c.host) for _ in range(ha.masters)]
     masters = [
         cl._spawn(f"master-{i}", ["master", *flags, "--http-port", str(port)])
         for i, port in enumerate(ports)

@@ -20,6 +20,7 @@ import httpx
 
 from kvcake.core.config import parse_size, require
 from kvcake.core.errors import ConfigError
+from kvcake.core.ports import free_port
 from kvcake.serve.runstate import proc_start_ticks
 from kvcake.serve.supervisor import Supervisor
 from kvcake.serve.vllm_children import (
@@ -110,14 +111,6 @@ def load(path: str | Path) -> VllmClusterConfig:
         raise ConfigError(f"{path}: [vllm]: {exc}") from None
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class VllmCluster:
     """The running cluster; also what :class:`Supervisor` needs (``children``, ``lock``,
     ``stopping``, ``respawn``, ``write_state``, ``say``): a child that dies is started again on
@@ -156,10 +149,10 @@ class VllmCluster:
         engines: list[VllmEngine] = []
         for i, (name, role) in enumerate(c.roles()):
             spec = VllmEngineSpec(
-                name, _free_port(), model, c.served_model_name, rpc, kv_role=KV_ROLES[role],
+                name, free_port(), model, c.served_model_name, rpc, kv_role=KV_ROLES[role],
                 connector_extra=dict(c.connector), block_size=c.block_size,
                 max_model_len=c.max_model_len, kv_cache_gib=c.kv_cache_gib,
-                cpu=c.cpus[i % len(c.cpus)], kv_events_port=_free_port(),
+                cpu=c.cpus[i % len(c.cpus)], kv_events_port=free_port(),
             )  # fmt: skip
             engines.append(start_engine(spec, self.run_dir))
         for e in engines:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.ports import free_port
+from kvcake.core.ports import free_port
 from tests.store.ha.gated import GatedLog
 from tests.store.procs import Proc, spawn
 
