@@ -16,13 +16,13 @@ import logging
 import mmap
 import os
 import random
-import socket
 from typing import Any
 
 from kvcake.compat.mooncake._base import StoreBase, check_signature
 from kvcake.compat.mooncake._metadata import check_metadata_server
 from kvcake.core.config import parse_size
 from kvcake.core.errors import KvcakeError, StoreError
+from kvcake.core.ports import bindable
 from kvcake.store import errors as E
 from kvcake.store import protocol as P
 from kvcake.store.client import Client
@@ -69,7 +69,7 @@ def _client(cfg: ClientConfig, name: str, with_port: bool) -> Client:
     if not with_port:
         return Client(cfg, segment_name=name)
     for port in random.sample(range(TE_PORTS[0], TE_PORTS[1] + 1), 20):
-        if not _free(cfg.hostname, port):
+        if not bindable(port, cfg.hostname):
             continue
         try:
             return Client(cfg, segment_name=name, transfer_port=port)
@@ -77,15 +77,6 @@ def _client(cfg: ClientConfig, name: str, with_port: bool) -> Client:
             if exc.errno != errno.EADDRINUSE:
                 raise
     return Client(cfg, segment_name=name)  # the range is crowded: any port
-
-
-def _free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 class SetupMethods(StoreBase):
