@@ -36,22 +36,26 @@ import transfer_bench as tb
 CLK = os.sysconf("SC_CLK_TCK")
 
 
+def stat_fields(path: str) -> list[str]:
+    """The fields of a ``/proc/.../stat`` file after the command name (``state`` first)."""
+    with open(path) as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def task_stat(pid: int, tid: int) -> tuple[int, int]:
     """(ns on a CPU so far, CPU it last ran on) of one thread; (0, -1) once it is gone.
     ``schedstat``, not ``stat``'s 10 ms ticks: a sample period is about one tick."""
     try:
         with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
             ns = int(f.read().split()[0])
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        fields = stat_fields(f"/proc/{pid}/task/{tid}/stat")
     except OSError:
         return 0, -1
     return ns, int(fields[36])
 
 
 def proc_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = stat_fields(f"/proc/{pid}/stat")
     return (int(fields[11]) + int(fields[12])) / CLK
 
 
@@ -113,11 +117,6 @@ class PhaseRow:
     stacked: float
 
 
-def percentile(xs: Sequence[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(len(s) * q))]
-
-
 def kvcake_cell(op_name: str, block: int) -> tuple[Callable[[], None], int, Callable[[], None]]:
     import numpy as np
 
@@ -162,8 +161,8 @@ def one_row(run: Callable[[], None], n: int, target: int, where: Placement) -> P
     c, t = time.process_time() - c0, proc_cpu_s(target) - t0
     return PhaseRow(
         statistics.fmean(lat),
-        percentile(lat, 0.5),
-        percentile(lat, 0.9),
+        tb.peer.pct(lat, 0.5),
+        tb.peer.pct(lat, 0.9),
         max(lat),
         c / n * 1e6,
         t / n * 1e6,
