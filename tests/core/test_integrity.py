@@ -1,0 +1,68 @@
+"""The one checksum definition (core/integrity.py): bound to the key and the chunk's place."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from kvcake.core import integrity as I
+
+
+def _value(n: int, seed: int = 0) -> memoryview:
+    return memoryview(random.Random(seed).randbytes(n))
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, I.CHUNK - 1, I.CHUNK, I.CHUNK + 1, 3 * I.CHUNK + 17])
+def test_a_value_verifies_under_its_own_key_only(size: int) -> None:
+    v = _value(size)
+    sums = I.checksums("k1", v)
+    assert len(sums) == I.chunk_count(size)
+    assert I.well_formed(size, sums)
+    assert I.verify_whole("k1", sums, v) == []
+    if size:
+        assert I.verify_whole("k2", sums, v) != []  # another key's sums never match
+
+
+def test_a_flipped_byte_is_found_in_its_chunk() -> None:
+    v = bytearray(_value(3 * I.CHUNK + 5))
+    sums = I.checksums("k", memoryview(v))
+    v[I.CHUNK + 7] ^= 1
+    assert I.verify_whole("k", sums, memoryview(v)) == [1]
+
+
+def test_chunks_swapped_in_place_do_not_verify() -> None:
+    a = bytes(I.CHUNK)
+    v = memoryview(a + a)  # two identical chunks: only the seed tells them apart
+    sums = I.checksums("k", v)
+    assert sums[0] != sums[1]
+
+
+def test_pieces_spanning_chunks_verify_and_partial_chunks_are_reported() -> None:
+    size = 2 * I.CHUNK + 100
+    v = _value(size, 3)
+    sums = I.checksums("k", v)
+    cuts = [0, 10, I.CHUNK - 3, I.CHUNK + 4096, 2 * I.CHUNK, size]
+    pieces = [(a, v[a:b]) for a, b in itertools.pairwise(cuts)]
+    assert I.bad_chunks("k", size, sums, pieces) == []
+    assert I.bad_chunks("k", size, sums, pieces[1:]) == [0]  # chunk 0 not fully covered
+    gap = pieces[:2] + pieces[3:]  # bytes [CHUNK-3, CHUNK+4096) missing
+    assert I.bad_chunks("k", size, sums, gap) == [0, 1]
+    assert list(I.covering(size, I.CHUNK - 1, 2)) == [0, 1]
+    assert list(I.covering(size, 5, 0)) == []
+
+
+def test_copy_verified_copies_and_checks_in_one_pass() -> None:
+    size = 2 * I.CHUNK + 9
+    v = _value(size, 5)
+    sums = I.checksums("k", v)
+    out = memoryview(bytearray(size))
+    assert I.copy_verified("k", sums, size, 0, out, v) == []
+    assert out == v
+    tail = memoryview(bytearray(size - I.CHUNK))
+    assert I.copy_verified("k", sums, size, I.CHUNK, tail, v[I.CHUNK :]) == []
+    bad = bytearray(v)
+    bad[-1] ^= 0xFF
+    assert I.copy_verified("k", sums, size, 0, out, memoryview(bad)) == [2]
+    assert I.copy_verified("k", sums, size, 5, out[: I.CHUNK], v[5 : I.CHUNK + 5]) == [0, 1]
