@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from kvcake.core import auth
+from kvcake.core.http_auth import INSTANCE_HTTP as INSTANCE
 from kvcake.serve.launcher import Cluster
 from kvcake.store.client import Client
 from kvcake.store.errors import Unauthorized
@@ -53,11 +54,12 @@ def test_unsigned_instance_calls_are_refused(cluster: Cluster) -> None:
         r = httpx.request("POST" if path == "/rpc/prefill" else "GET", url + path, json=task)
         assert r.status_code == 401, (path, r.text)
     bad = auth.Authenticator(b"a-different-secret-0000000000")
-    r = httpx.get(url + "/rpc/info", headers=bad.http_headers("GET", "/rpc/info"))
+    r = httpx.get(url + "/rpc/info", headers=bad.http_headers("GET", url + "/rpc/info", INSTANCE))
     assert r.status_code == 401
     good = auth.Authenticator(SECRET.encode())
-    r = httpx.get(url + "/rpc/info", headers=good.http_headers("GET", "/rpc/info"))
-    assert r.status_code == 200
+    signed = good.http_headers("GET", url + "/rpc/info", INSTANCE)
+    assert httpx.get(url + "/rpc/info", headers=signed).status_code == 200
+    assert httpx.get(url + "/rpc/info", headers=signed).status_code == 401  # once only
     assert httpx.get(url + "/health").status_code == 200
 
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from kvcake.core import auth, framing
+from kvcake.core.http_auth import MASTER_HTTP, NODE_HTTP
 from kvcake.store import protocol as P
 from kvcake.store.client import Client
 from kvcake.store.config import MasterConfig, StoreServerConfig
@@ -103,12 +104,11 @@ def test_http_needs_the_secret(cluster: tuple[Master, StoreServer]) -> None:
         assert bad.status_code == 401
         ok = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {SECRET.decode()}"})
         assert ok.status_code == 200
-        hmac_ok = httpx.get(f"{base}/metrics", headers=GOOD.http_headers("GET", "/metrics"))
-        assert hmac_ok.status_code == 200
-    r = httpx.get(
-        f"http://{m.http_address}/get_all_keys", headers=WRONG.http_headers("GET", "/get_all_keys")
-    )
-    assert r.status_code == 401
+        service = MASTER_HTTP if base.endswith(m.http_address) else NODE_HTTP
+        signed = GOOD.http_headers("GET", f"{base}/metrics", service)
+        assert httpx.get(f"{base}/metrics", headers=signed).status_code == 200
+    url = f"http://{m.http_address}/get_all_keys"
+    assert httpx.get(url, headers=WRONG.http_headers("GET", url, MASTER_HTTP)).status_code == 401
 
 
 def test_non_loopback_master_needs_a_secret() -> None:

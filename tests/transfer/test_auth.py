@@ -167,18 +167,6 @@ def test_config_sources(tmp_path: Path) -> None:
     assert "correct" not in repr(a)
 
 
-def test_http_credentials() -> None:
-    h = GOOD.http_headers("GET", "/get_all_keys")
-    assert GOOD.http_ok(h, "GET", "/get_all_keys")
-    assert not GOOD.http_ok(h, "GET", "/metadata")  # bound to the path
-    assert not WRONG.http_ok(h, "GET", "/get_all_keys")
-    assert not GOOD.http_ok(GOOD.http_headers("GET", "/x", now=1.0), "GET", "/x")  # stale
-    assert GOOD.http_ok({"authorization": f"Bearer {SECRET.decode()}"}, "GET", "/")
-    assert not GOOD.http_ok({"authorization": "Bearer nope"}, "GET", "/")
-    assert not GOOD.http_ok({auth.HTTP_HEADER: "t=abc,mac=zz"}, "GET", "/")
-    assert not GOOD.http_ok({}, "GET", "/")
-
-
 def test_silent_peers_cannot_pile_up(secured: tuple, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[type-arg]
     """Connections that never answer the challenge are bounded (MAX_HANDSHAKES); once they
     time out, authenticated peers are served again."""

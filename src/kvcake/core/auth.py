@@ -36,9 +36,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from kvcake.core.config import load_config, require
+from kvcake.core.config import load_config, require, size_field
 from kvcake.core.errors import ConfigError, KvcakeError, MalformedFrame
+from kvcake.core.http_auth import HttpPolicy, sign
 
 NONCE_SIZE = 32
 MAC_SIZE = 32
@@ -48,8 +50,7 @@ ANSWER = b"KR" + bytes([AUTH_MARK, 1])
 VERDICT_OK = b"KC" + bytes([AUTH_MARK, 0])
 VERDICT_NO = b"KC" + bytes([AUTH_MARK, 0xFF])
 MIN_SECRET = 16  # bytes; shorter secrets are refused as a configuration error
-HTTP_HEADER = "x-kvcake-auth"  # "t=<unix seconds>,mac=<hex HMAC(secret, t\nMETHOD\npath)>"
-HTTP_WINDOW_S = 300.0
+HTTP_HEADER = "x-kvcake-auth"  # a signed request (core/http_auth.py)
 
 # Service names mixed into the MAC: an answer for one service is useless for another.
 MASTER = "master"
@@ -86,6 +87,12 @@ class AuthConfig:
     secret: str = ""
     secret_file: Path | None = None
     handshake_timeout_s: float = 5.0
+    # Signed HTTP requests (core/http_auth.py, docs/store.md "Authentication").
+    http_window_s: float = 30.0
+    http_max_skew_s: float = 5.0
+    http_nonces: int = 131_072
+    http_max_body: int = size_field("64MiB")
+    http_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         require(
@@ -93,6 +100,11 @@ class AuthConfig:
             "auth.secret and auth.secret_file exclude each other: set one",
         )
         require(self.handshake_timeout_s > 0, "auth.handshake_timeout_s must be > 0")
+        self.http_policy()  # ConfigError names a bad http_* setting
+
+    def http_policy(self) -> HttpPolicy:
+        return HttpPolicy(self.http_window_s, self.http_max_skew_s, self.http_nonces,
+                          self.http_max_body, self.http_names)  # fmt: skip
 
     def secret_bytes(self) -> bytes:
         if self.secret_file is not None:
@@ -113,16 +125,22 @@ class AuthConfig:
 class Authenticator:
     """Holds one shared secret; performs both sides of the handshake and checks HTTP headers."""
 
-    def __init__(self, secret: bytes, handshake_timeout_s: float = 5.0):
+    def __init__(
+        self,
+        secret: bytes,
+        handshake_timeout_s: float = 5.0,
+        http_policy: HttpPolicy | None = None,
+    ):
         if len(secret) < MIN_SECRET:
             raise ConfigError(f"the shared secret must be at least {MIN_SECRET} bytes")
         self._secret = secret
         self.timeout_s = handshake_timeout_s
+        self.http_policy = http_policy or HttpPolicy()
 
     @classmethod
     def from_config(cls, cfg: AuthConfig) -> Authenticator | None:
         raw = cfg.secret_bytes()
-        return cls(raw, cfg.handshake_timeout_s) if raw else None
+        return cls(raw, cfg.handshake_timeout_s, cfg.http_policy()) if raw else None
 
     def __repr__(self) -> str:  # never print the secret
         return "Authenticator(<secret>)"
@@ -132,6 +150,15 @@ class Authenticator:
 
     def verify(self, nonce: bytes, context: str, mac: bytes) -> bool:
         return hmac.compare_digest(self.mac(nonce, context), mac)
+
+    def mac_of(self, message: bytes) -> bytes:
+        """HMAC-SHA256 of a whole message (signed HTTP requests)."""
+        return hmac.new(self._secret, message, hashlib.sha256).digest()
+
+    def derive(self, label: str) -> bytes:
+        """32 bytes for one purpose (``label``), e.g. the events stream's CURVE keys: knowing
+        one derived value tells nothing of the secret or of another label's value."""
+        return self.mac_of(b"kvcake-derive\n" + label.encode())
 
     # --- sockets ---------------------------------------------------------------------------
 
@@ -182,24 +209,24 @@ class Authenticator:
 
     # --- HTTP ------------------------------------------------------------------------------
 
-    def http_headers(self, method: str, path: str, now: float | None = None) -> dict[str, str]:
-        """The HMAC header for one request (the secret itself never goes over the wire)."""
-        t = str(int(time.time() if now is None else now))
-        mac = hmac.new(self._secret, f"{t}\n{method.upper()}\n{path}".encode(), hashlib.sha256)
-        return {HTTP_HEADER: f"t={t},mac={mac.hexdigest()}"}
+    def http_headers(
+        self, method: str, url: str, service: str, body: bytes = b"", now: float | None = None
+    ) -> dict[str, str]:
+        """The signed header for one request to ``url`` (``http://host:port/path?query``),
+        an HTTP server of ``service`` (``http_auth.MASTER_HTTP`` ...). The secret itself never
+        goes over the wire; the header is good for that one request, once."""
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        authority = f"{parts.hostname}:{port}"
+        return sign(self, service, authority, method, target.encode(), body, now)
 
-    def http_ok(self, headers: Mapping[str, str], method: str, path: str) -> bool:
-        """``Authorization: Bearer <secret>`` or a fresh, valid :data:`HTTP_HEADER`."""
-        bearer = headers.get("authorization", "")
-        if bearer[:7].lower() == "bearer ":
-            return hmac.compare_digest(bearer[7:].strip().encode(), self._secret)
-        value = headers.get(HTTP_HEADER, "")
-        fields = dict(p.split("=", 1) for p in value.split(",") if "=" in p)
-        t, mac = fields.get("t", ""), fields.get("mac", "")
-        if not t.isdigit() or abs(time.time() - int(t)) > HTTP_WINDOW_S:
-            return False
-        want = self.http_headers(method, path, float(t))[HTTP_HEADER].rsplit("mac=", 1)[1]
-        return hmac.compare_digest(want.encode(), mac.encode())
+    def bearer_ok(self, authorization: str) -> bool | None:
+        """``Authorization: Bearer <secret>``: None when the header is not that form, else
+        whether it holds the secret (the secret goes over the wire: private networks only)."""
+        if authorization[:7].lower() != "bearer ":
+            return None
+        return hmac.compare_digest(authorization[7:].strip().encode(), self._secret)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

@@ -40,9 +40,10 @@ _TRANSPORT_ERRORS = (httpx.TransportError, httpx.RemoteProtocolError)
 def _signer() -> Any:
     """The shared secret's HMAC header on every instance call (none without a secret)."""
     from kvcake.core.auth import resolve
+    from kvcake.core.http_auth import INSTANCE_HTTP
     from kvcake.store.httpserve import client_auth
 
-    return client_auth(resolve(None))
+    return client_auth(resolve(None), INSTANCE_HTTP)
 
 
 def _raise_for(resp_status: int, body: bytes, url: str, iid: str | None = None) -> None:

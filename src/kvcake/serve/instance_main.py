@@ -148,9 +148,10 @@ def run_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig) -> int:
     app.router.lifespan_context = lifespan
     served: Any = app
     if secret is not None:  # every call but /health signed with the shared secret
+        from kvcake.core.http_auth import INSTANCE_HTTP
         from kvcake.store.httpserve import RequireAuth
 
-        served = RequireAuth(app, secret)
+        served = RequireAuth(app, secret, INSTANCE_HTTP)
     server = uvicorn.Server(
         uvicorn.Config(served, log_level="warning", timeout_graceful_shutdown=30, lifespan="on")
     )

@@ -49,9 +49,11 @@ def fetch(proxy_url: str, master_http: str = "", timeout_s: float = 2.0) -> Snap
     proxy: Series = {}
     master: Series = {}
     from kvcake.core.auth import resolve
+    from kvcake.core.http_auth import MASTER_HTTP
     from kvcake.store.httpserve import client_auth
 
-    with httpx.Client(timeout=timeout_s, auth=client_auth(resolve(None))) as http:
+    # Signed for the master's HTTP; the proxy's /v1/cluster and /metrics ignore the header.
+    with httpx.Client(timeout=timeout_s, auth=client_auth(resolve(None), MASTER_HTTP)) as http:
         try:
             cluster = http.get(proxy_url + "/v1/cluster").json()
             proxy = parse_metrics(http.get(proxy_url + "/metrics").text)

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from kvcake.core.http_auth import MASTER_HTTP
 from kvcake.store.httpserve import HttpThread
 from kvcake.store.metadata_http import metadata_router
 from kvcake.store.mooncake_metrics import MooncakeMasterCollector
@@ -71,4 +72,4 @@ def build_app(master: Master) -> FastAPI:
 
 class MasterHttp(HttpThread):
     def __init__(self, master: Master, host: str, port: int):
-        super().__init__(build_app(master), host, port, name="master-http", auth=master.auth)
+        super().__init__(build_app(master), host, port, name=MASTER_HTTP, auth=master.auth)

@@ -10,39 +10,92 @@ import time
 from typing import Any
 
 from kvcake.core import auth as _auth
+from kvcake.core.http_auth import HttpRefused, HttpVerifier, sign
 
 # Answered without credentials: a liveness probe carries no secret (and learns nothing).
 OPEN_PATHS = frozenset({"/health"})
 
 
 class RequireAuth:
-    """ASGI middleware: every HTTP request but :data:`OPEN_PATHS` needs ``Authorization:
-    Bearer <secret>`` or the HMAC header (``kvcake.core.auth.HTTP_HEADER``); else 401."""
+    """ASGI middleware: every HTTP request but :data:`OPEN_PATHS` needs a signed
+    ``x-kvcake-auth`` header for ``service`` at this server (``core/http_auth.py``: covers
+    method, target, body, time, nonce and audience; accepted once) or ``Authorization:
+    Bearer <secret>`` (private networks only); else 401 (503 while the nonce cache is full,
+    413 for a signed body beyond ``auth.http_max_body``). The body of a signed request is read
+    in full and checked before the app sees any of it."""
 
-    def __init__(self, app: Any, auth: _auth.Authenticator):
+    def __init__(self, app: Any, auth: _auth.Authenticator, service: str):
         self.app = app
         self.auth = auth
+        self.verifier = HttpVerifier(auth, service)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if self.auth.http_ok(headers, scope["method"], scope["path"]):
+        bearer = self.auth.bearer_ok(headers.get("authorization", ""))
+        if bearer:
             return await self.app(scope, receive, send)
-        hint = f"send Authorization: Bearer <shared secret> or the {_auth.HTTP_HEADER} header"
-        body = json.dumps({"error": f"unauthorized: {hint}"}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"www-authenticate", b'Bearer realm="kvcake"'),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        try:
+            if bearer is False:
+                raise HttpRefused("unauthorized: wrong bearer secret")
+            body = await self._verified_body(scope, receive, headers)
+        except HttpRefused as exc:
+            return await _refuse(send, exc)
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _verified_body(self, scope: Any, receive: Any, headers: dict[str, str]) -> bytes:
+        target = scope.get("raw_path") or scope["path"].encode()
+        if scope.get("query_string"):
+            target += b"?" + scope["query_string"]
+        claim = self.verifier.check_header(headers, scope["method"], target)
+        body = await _read_body(receive, self.verifier.policy.max_body)
+        self.verifier.check_body(claim, body)
+        await self.verifier.check_audience(claim, scope.get("server"))
+        self.verifier.admit(claim)
+        return body
+
+
+async def _read_body(receive: Any, limit: int) -> bytes:
+    chunks, size = [], 0
+    while True:
+        msg = await receive()
+        if msg["type"] != "http.request":
+            raise HttpRefused("the client went away before sending the body", 400)
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise HttpRefused(f"a signed body is limited to {limit} B (auth.http_max_body)", 413)
+        chunks.append(chunk)
+        if not msg.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """The app's ``receive``: the checked body once, then the connection's own events."""
+    sent = False
+
+    async def replay() -> Any:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+async def _refuse(send: Any, exc: HttpRefused) -> None:
+    hint = f"send a signed {_auth.HTTP_HEADER} header (or Authorization: Bearer <shared secret>)"
+    text = str(exc) if exc.status != 401 else f"{exc}; {hint}"
+    body = json.dumps({"error": text}).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    if exc.status == 401:
+        head.append((b"www-authenticate", b'Bearer realm="kvcake"'))
+    elif exc.status == 503:
+        head.append((b"retry-after", b"1"))
+    await send({"type": "http.response.start", "status": exc.status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
 
 
 class HttpThread:
@@ -58,13 +111,13 @@ class HttpThread:
         name: str = "http",
         auth: _auth.Authenticator | None = None,
     ):
-        """``auth``: the shared secret every request (but ``/health``) must show; None = no
-        secret, which is only allowed on loopback."""
+        """``auth``: the shared secret every request (but ``/health``) must show, signed for
+        the service ``name``; None = no secret, which is only allowed on loopback."""
         import uvicorn
 
         _auth.check_bind(host, auth, name)
         if auth is not None:
-            app = RequireAuth(app, auth)
+            app = RequireAuth(app, auth, name)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -99,9 +152,10 @@ class HttpThread:
         self.sock.close()
 
 
-def client_auth(auth: _auth.Authenticator | None) -> Any:
-    """An ``httpx.Auth`` that signs each request with the HMAC header (the secret itself never
-    goes over the wire), or None without a secret."""
+def client_auth(auth: _auth.Authenticator | None, service: str) -> Any:
+    """An ``httpx.Auth`` that signs each request for ``service`` at the request's host:port
+    (method, target, body, a fresh nonce: the secret itself never goes over the wire), or
+    None without a secret."""
     if auth is None:
         return None
     import httpx
@@ -109,8 +163,15 @@ def client_auth(auth: _auth.Authenticator | None) -> Any:
     signer: _auth.Authenticator = auth
 
     class _Sign(httpx.Auth):
+        requires_request_body = True  # a streamed body is read so that it can be digested
+
         def auth_flow(self, request: httpx.Request) -> Any:
-            request.headers.update(signer.http_headers(request.method, request.url.path))
+            url = request.url
+            port = url.port or (443 if url.scheme == "https" else 80)
+            authority = f"{url.host}:{port}"
+            request.headers.update(
+                sign(signer, service, authority, request.method, url.raw_path, request.content)
+            )
             yield request
 
     return _Sign()

@@ -90,11 +90,12 @@ class Dashboard:
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
             from kvcake.core.auth import resolve
+            from kvcake.core.http_auth import MASTER_HTTP
             from kvcake.store.httpserve import client_auth
 
             # The master's admin HTTP wants the shared secret when one is set.
             self._http = httpx.AsyncClient(
-                timeout=httpx.Timeout(1.5), auth=client_auth(resolve(None))
+                timeout=httpx.Timeout(1.5), auth=client_auth(resolve(None), MASTER_HTTP)
             )
         return self._http
 
