@@ -45,8 +45,9 @@ def start_client(bin_dir: Path, rpc: str, env: dict[str, str] | None = None) -> 
 def cluster(bin_dir: Path) -> Iterator[tuple[str, Prog, str]]:
     """(master rpc address, the real client, its dummy-client address)."""
     master = Prog(
-        str(bin_dir / "mooncake_master"),
-        "--rpc_port=0", "--metrics_port=0", f"--default_kv_lease_ttl={LEASE_MS}",
+        str(bin_dir / "mooncake_master"),  # Mooncake's ports: 0 would mean 50051 and 9003
+        f"--rpc_port={free_port()}", f"--metrics_port={free_port()}",
+        f"--default_kv_lease_ttl={LEASE_MS}",
     )  # fmt: skip
     procs = [master]
     try:

@@ -179,8 +179,9 @@ def apply(args: argparse.Namespace) -> None:
         port = int(given["http_metadata_server_port"])
         if "metrics_port" in given and int(given["metrics_port"]) != port:
             raise ConfigError(
-                "kvcake serves /metadata and /metrics on one HTTP port: give "
-                "--http_metadata_server_port or --metrics_port, or the same value"
+                "kvcake master serves /metadata and /metrics on one HTTP port: give "
+                "--http_metadata_server_port or --metrics_port, or the same value (the "
+                "mooncake_master stand-in of `kvcake mooncake-shim install` serves both ports)"
             )
         _set(args, "http_port", port, "http_metadata_server_port")
     if "put_start_release_timeout_sec" in given:

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 
+from kvcake.compat.mooncake.gflags import GFlagsExit
 from kvcake.compat.mooncake.real_client_flags import PROG, parse
 from kvcake.compat.mooncake.real_client_ipc import DummyServer
 from kvcake.core.errors import KvcakeError
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(sys.argv[1:] if argv is None else argv)
         connect_s = float(os.environ.get(CONNECT_ENV, "20"))
+    except GFlagsExit as stop:  # gflags' own errors, help and version: its words and status
+        return stop.exit()
     except (KvcakeError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -5,13 +5,13 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvcake.compat.mooncake import master_flags
+from kvcake.compat.mooncake import gflags
+from kvcake.compat.mooncake.flag_catalog import CLIENT, common
 from kvcake.compat.mooncake.mooncake_config import parse_segment_size
 from kvcake.core.config import parse_size
 from kvcake.core.errors import ConfigError
@@ -36,9 +36,9 @@ FLAGS: dict[str, tuple[str, str]] = {
 }
 IGNORED = (
     "device_names", "threads", "start_offload_rpc_server", "tenant_id", "mmap_arena_pool_size",
-    "use_mmap_arena_allocator", "logtostderr", "minloglevel", "v",
+    "use_mmap_arena_allocator",
 )  # fmt: skip
-QUIET = {"logtostderr", "minloglevel", "v", "metadata_server"}  # no warning for these
+QUIET = {"metadata_server"}  # no warning for these (glog's flags: none either)
 OFFLOAD_PATH_ENV = "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"
 OFFLOAD_QUOTA_ENV = "MOONCAKE_OFFLOAD_SSD_QUOTA"
 
@@ -49,31 +49,36 @@ class RealClientArgs:
     port: int  # the dummy-client service (real_client_ipc)
 
 
-def parser() -> argparse.ArgumentParser:
-    return master_flags.program_parser(
-        PROG,
-        "kvcake's stand-in for Mooncake's mooncake_client (the standalone real client): a "
-        "kvcake storage node (`kvcake store-server`) that mounts --global_segment_size bytes "
-        "into the pool of --master_server_address.",
-        {k: f"{m} (default {d!r})" for k, (d, m) in FLAGS.items()},
-        IGNORED,
-    )
+def catalog() -> dict[str, gflags.GFlag]:
+    """Every flag of 0.3.13's mooncake_client (:data:`.flag_catalog.CLIENT`) and glog/gflags',
+    with kvcake's use (``--help``)."""
+    flags = gflags.table(CLIENT, "accepted, ignored by kvcake")
+    for name, (_, meaning) in FLAGS.items():
+        f = flags[name]
+        flags[name] = gflags.GFlag(name, f.kind, f.default, f"kvcake: {meaning}")
+    return {**flags, **common()}
 
 
 def parse(argv: list[str]) -> RealClientArgs:
-    """Mooncake's flags -> kvcake's settings (``port``: the dummy-client service); a misspelt
-    flag exits 2, a bad value raises."""
-    given = master_flags.given_gflags(master_flags.parse_gflags(parser(), argv))
-    for name in sorted(set(given) & set(IGNORED) - QUIET):
+    """Mooncake's flags -> kvcake's settings (``port``: the dummy-client service). gflags'
+    errors (an unknown flag, an illegal value) raise :class:`.gflags.GFlagsExit` (status 1, as
+    the wheel's program), a value kvcake cannot use raises :class:`ConfigError`."""
+    flags = catalog()
+    parsed = gflags.parse(flags, argv)
+    if any(gflags.to_bool(parsed.values.get(h, "false")) for h in ("help", "helpfull")):
+        raise gflags.GFlagsExit(1, gflags.help_text(PROG, {PROG: flags}), to_stdout=True)
+    if gflags.to_bool(parsed.values.get("version", "false")):
+        raise gflags.GFlagsExit(0, f"{PROG} version 0.3.13.post1 (kvcake)", to_stdout=True)
+    for name in sorted(set(parsed.values) & set(IGNORED) - QUIET):
         print(f"{PROG}: --{name} has no kvcake counterpart; ignored", file=sys.stderr)
-    flag = {k: given.get(k, d) for k, (d, _) in FLAGS.items()}
+    flag = {k: parsed.flag(k, flags) for k in FLAGS}
     port = _port(flag["port"])
-    http_port = _port(flag["http_port"]) if master_flags.boolean(flag["enable_http_server"]) else 0
+    http_port = _port(flag["http_port"]) if gflags.to_bool(flag["enable_http_server"]) else 0
     protocol = flag["protocol"].strip().lower()
     if protocol not in ("tcp", "auto", "shm"):
         raise ConfigError(f"--protocol={protocol}: kvcake has no {protocol}; use --protocol=tcp")
     parse_segment_size(flag["local_buffer_size"])  # as Mooncake: a bad size is an error
-    ssd_dir, ssd_quota = _offload(master_flags.boolean(flag["enable_offload"]))
+    ssd_dir, ssd_quota = _offload(gflags.to_bool(flag["enable_offload"]) is True)
     store = StoreServerConfig(
         master=flag["master_server_address"],
         hostname=_host(flag["host"]),
