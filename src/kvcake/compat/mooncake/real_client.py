@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(sys.argv[1:] if argv is None else argv)
         connect_s = float(os.environ.get(CONNECT_ENV, "20"))
-    except GFlagsExit as stop:  # gflags' own errors, help and version: its words and status
-        return stop.exit()
+    except GFlagsExit as ended:  # gflags' own errors, help and version: its words and status
+        return ended.exit()
     except (KvcakeError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
