@@ -1,0 +1,103 @@
+"""The nemesis (issue 30 §3): Jepsen-style faults against an HA store, and a checker.
+
+Each schedule starts its own pool: etcd, three HA masters, two storage nodes and several client
+processes (``--workers``) running a seeded mix of checksummed puts, upserts, removes, gets and
+batch gets over keys with one and with two replicas, every call recorded with its invoke and
+completion time and its outcome. A seeded schedule injects faults for ``--duration`` seconds
+(SIGSTOP/SIGCONT, SIGKILL + restart of leader, standby, storage node, client; etcd paused;
+partitions between emulated hosts with per-pair nftables drop rules). Then every key is read
+back and the checker reports (a) wrong reads (another key's bytes, torn bytes, a version that
+was superseded before the read began, or never written), (b) acknowledged objects lost although
+a node holding them stayed alive, (c) the outage after each fault. An eviction fails the run.
+
+    python benchmarks/nemesis.py --seed 1 --duration 120 --schedules 3 --out results/nemesis/x
+
+Network namespaces (root, ``ip``, ``nft``: ``apt-get install nftables``) carry the hosts; without
+them everything runs on 127.0.0.1 and partitions are left out (the summary says why). Exit
+status 1 when any schedule had a wrong read, a lost object or an eviction. docs/benchmarks.md,
+"Nemesis".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.nemesis import checker
+from benchmarks.nemesis.cluster import Settings, netns_unavailable
+from benchmarks.nemesis.run import run_schedule
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def summary(results: list[dict[str, Any]]) -> list[str]:
+    by_kind: dict[str, list[float]] = {}
+    never: dict[str, int] = {}
+    for r in results:
+        for f in r["faults"]:
+            if f["outage_s"] is None:
+                never[f["kind"]] = never.get(f["kind"], 0) + 1
+            else:
+                by_kind.setdefault(f["kind"], []).append(f["outage_s"])
+    lines = [f"schedules {len(results)}, {sum(r['seconds'] for r in results) / 60:.1f} min, "
+             f"{sum(r['ops'] for r in results)} calls; wrong reads "
+             f"{sum(r['wrong_reads'] for r in results)}, lost objects "
+             f"{sum(r['lost_objects'] for r in results)} (excused by dead nodes "
+             f"{sum(r['excused_losses'] for r in results)}), evicted "
+             f"{sum(r['evicted'] for r in results)}",
+             f"{'fault':24s} {'n':>3s} {'p50 s':>7s} {'p95 s':>7s} {'max s':>7s}"]  # fmt: skip
+    for kind in sorted(set(by_kind) | set(never)):
+        xs = by_kind.get(kind, [])
+        p = [checker.percentile(xs, q) for q in (0.5, 0.95, 1.0)]
+        extra = f"  ({never[kind]} never answered)" if kind in never else ""
+        lines.append(f"{kind:24s} {len(xs):3d} {p[0]:7.2f} {p[1]:7.2f} {p[2]:7.2f}{extra}")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--duration", type=float, default=120, help="seconds of faults per schedule")
+    ap.add_argument("--schedules", type=int, default=1, help="schedules, seeds seed..seed+K-1")
+    ap.add_argument("--out", default="results/nemesis/run")
+    ap.add_argument("--workers", type=int, default=3, help="client processes")
+    ap.add_argument("--keys", type=int, default=16, help="keys each client writes")
+    ap.add_argument("--client-ttl-s", type=float, default=10.0)
+    ap.add_argument("--max-hold-s", type=float, default=30.0, help="longest pause/partition")
+    ap.add_argument("--loopback", action="store_true", help="no namespaces, no partitions")
+    args = ap.parse_args()
+    why = "--loopback" if args.loopback else netns_unavailable()
+    if why:
+        say(f"partitions skipped, everything on 127.0.0.1: {why}")
+    results = []
+    for i in range(args.schedules):
+        seed = args.seed + i
+        s = Settings(workers=args.workers, keys=args.keys, client_ttl_s=args.client_ttl_s,
+                     seed=seed)  # fmt: skip
+        run = Path(args.out) / f"seed-{seed}"
+        say(f"schedule {i + 1}/{args.schedules} seed {seed} -> {run}")
+        t = time.monotonic()
+        r = run_schedule(s, run, args.duration, not why, args.max_hold_s, say)
+        results.append(r)
+        say(f"  seed {seed}: {r['ops']} calls in {time.monotonic() - t:.0f} s, wrong reads "
+            f"{r['wrong_reads']}, lost {r['lost_objects']} (excused {r['excused_losses']}), "
+            f"evicted {r['evicted']}")  # fmt: skip
+        for p in r["problems"][:5]:
+            say(f"    {p['kind']} {p['key']}: {p['detail']}")
+    lines = summary(results)
+    for line in lines:
+        say(line)
+    (Path(args.out) / "summary.txt").write_text("\n".join(lines) + "\n")
+    bad = any(r["wrong_reads"] or r["lost_objects"] or r["evicted"] for r in results)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""The processes of a nemesis run and the hosts they live on.
+
+Hosts are network namespaces (:class:`kvcake.serve.netns.Network`, root only): ``etcd``,
+``m0``-``m2`` (masters), ``s0``, ``s1``... (storage nodes), ``c0``... (client processes), on
+one bridge; partitions are per-pair ``drop`` rules in an nftables ``bridge`` table of the
+switch namespace, so a leader can be cut off from etcd and nothing else. Without namespaces
+(not root, or no ``nft``) every process runs on 127.0.0.1 and partitions are skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from kvcake.core.ports import free_port
+from kvcake.serve.ha_pool import LEADER, etcd_alive
+from kvcake.serve.netns import Network, sh, unavailable
+from kvcake.serve.supervisor import die_with_parent
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = "nemesis"
+
+
+def netns_unavailable() -> str:
+    """Why partitions cannot run here ("" = they can)."""
+    why = unavailable()
+    if not why and shutil.which("nft") is None:
+        why = "nft is not installed (apt-get install nftables)"
+    return why
+
+
+class Hosts:
+    """Where processes run: namespaces with per-pair partitions, or plain loopback."""
+
+    def __init__(self, roles: list[str], netns: bool):
+        self.net = Network(roles) if netns else None
+        self.cuts: set[tuple[str, str]] = set()
+
+    def __enter__(self) -> Hosts:
+        if self.net is not None:
+            self.net.create()
+            self._nft("add table bridge nemesis")
+            self._nft("add chain bridge nemesis cut "
+                      "{ type filter hook forward priority 0 ; policy accept ; }")  # fmt: skip
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.net is not None:
+            self.net.close()
+
+    def addr(self, role: str) -> str:
+        return self.net[role].addr if self.net is not None else "127.0.0.1"
+
+    def command(self, role: str, argv: list[str]) -> list[str]:
+        return self.net.command(role, argv) if self.net is not None else argv
+
+    def env(self, secret: str) -> dict[str, str]:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        if self.net is not None:  # non-loopback binds need the shared secret
+            env.update(self.net.env(), KVCAKE_AUTH_SECRET=secret)
+        return env
+
+    @contextlib.contextmanager
+    def inside(self, role: str) -> Iterator[None]:
+        if self.net is None:
+            yield
+        else:
+            with self.net.inside(role):
+                yield
+
+    def _nft(self, rule: str) -> None:
+        assert self.net is not None
+        sh("ip", "netns", "exec", self.net.switch, "nft", rule)
+
+    def cut(self, a: str, b: str) -> None:
+        """Drop every packet between hosts ``a`` and ``b`` (both ways, silently)."""
+        if self.net is None:
+            raise RuntimeError("partitions need network namespaces")
+        for x, y in ((a, b), (b, a)):
+            self._nft(f"add rule bridge nemesis cut ip saddr {self.addr(x)} "
+                      f"ip daddr {self.addr(y)} drop")  # fmt: skip
+        self.cuts.add((a, b))
+
+    def heal(self) -> None:
+        if self.net is not None and self.cuts:
+            self._nft("flush chain bridge nemesis cut")
+        self.cuts.clear()
+
+
+@dataclass
+class Proc:
+    name: str  # m0, s1, c2, etcd (also its host's role)
+    kind: str  # master | store | worker | etcd
+    argv: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+    incarnation: int = 0
+    paused: bool = False
+    logs: list[Path] = field(default_factory=list)  # every incarnation's
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.popen is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.popen.pid, sig)
+
+    def text(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in self.logs if p.exists())
+
+
+@dataclass
+class Settings:
+    masters: int = 3
+    stores: int = 2
+    workers: int = 3
+    keys: int = 16  # per worker
+    segment: str = "64MiB"
+    client_ttl_s: float = 10.0
+    lease_ttl_s: float = 1.0  # reads lease objects; upserts and removes refuse leased ones
+    rpc_timeout_s: float = 3.0
+    pace_s: float = 0.02
+    seed: int = 0
+
+
+class Cluster:
+    """etcd, the masters, the storage nodes and the workers of one schedule."""
+
+    def __init__(self, s: Settings, run: Path, netns: bool):
+        self.s, self.run = s, run
+        self.masters = [f"m{i}" for i in range(s.masters)]
+        self.stores = [f"s{i}" for i in range(s.stores)]
+        self.workers = [f"c{i}" for i in range(s.workers)]
+        self.hosts = Hosts(["etcd", *self.masters, *self.stores, *self.workers], netns)
+        self.secret = secrets.token_hex(16)
+        self.procs: dict[str, Proc] = {}
+        self.etcd_url = ""
+        self.evicted: dict[str, int] = {}  # master log -> its highest evicted_objects seen
+
+    # --- start / stop ---------------------------------------------------------------------------
+    def __enter__(self) -> Cluster:
+        self.run.mkdir(parents=True, exist_ok=True)
+        self.hosts.__enter__()
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def master_addr(self) -> str:
+        return f"etcd://{self.etcd_url.removeprefix('http://')}/{CLUSTER}"
+
+    def _start(self) -> None:
+        self._start_etcd()
+        for m in self.masters:
+            a = self.hosts.addr(m)
+            self.add(m, "master", ["master", "--host", a, "--port", "0", "--http-port", "0",
+                                   "--etcd-endpoints", self.etcd_url, "--cluster", CLUSTER,
+                                   "--client-ttl-s", str(self.s.client_ttl_s),
+                                   "--lease-ttl-s", str(self.s.lease_ttl_s)])  # fmt: skip
+        self.start_all(self.masters, "master standby")
+        self.wait(lambda: self.leader() is not None, 60, "no leader was elected")
+        for n in self.stores:
+            self.add(n, "store", ["store-server", "--master", self.master_addr, "--hostname",
+                                  self.hosts.addr(n), "--segment-size", self.s.segment,
+                                  "--name", n, "--http-port", "-1"])  # fmt: skip
+        self.start_all(self.stores, "store-server")
+        for w in self.workers:
+            self.add(w, "worker", self.worker_argv(w))
+        self.start_all(self.workers, "worker ready")
+
+    def start_all(self, names: list[str], ready: str) -> None:
+        """Start several processes at once (imports overlap), then wait for each."""
+        for n in names:
+            self.start(self.procs[n])
+        for n in names:
+            self.wait_ready(self.procs[n], ready)
+
+    def _start_etcd(self) -> None:
+        a = self.hosts.addr("etcd")
+        port, peer = (2379, 2380) if self.hosts.net is not None else (free_port(), free_port())
+        self.etcd_url = url = f"http://{a}:{port}"
+        purl = f"http://{a}:{peer}"
+        exe = shutil.which("etcd")
+        if exe is None:
+            raise RuntimeError("etcd is not installed (make etcd)")
+        argv = [exe, "--name", "n", "--data-dir", str(self.run / "etcd-data"),
+                "--listen-client-urls", url, "--advertise-client-urls", url,
+                "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+                "--initial-cluster", f"n={purl}", "--log-level", "warn"]  # fmt: skip
+        self.start(self.add("etcd", "etcd", argv, raw=True))
+
+        def up() -> bool:
+            with self.hosts.inside("etcd"):
+                return etcd_alive(url)
+
+        self.wait(up, 30, "etcd did not start")
+
+    def worker_argv(self, w: str, final: bool = False) -> list[str]:
+        s = self.s
+        out = self.run / ("final.jsonl" if final else f"hist-{w}.jsonl")
+        argv = [sys.executable, "-m", "benchmarks.nemesis.worker", "--master", self.master_addr,
+                "--hostname", self.hosts.addr(w), "--name", w, "--seed", str(s.seed),
+                "--workers", ",".join(self.workers), "--keys", str(s.keys),
+                "--pace-s", str(s.pace_s), "--rpc-timeout-s", str(s.rpc_timeout_s),
+                "--out", str(out)]  # fmt: skip
+        return [*argv, "--final"] if final else argv
+
+    def add(self, name: str, kind: str, args: list[str], raw: bool = False) -> Proc:
+        argv = args if raw or kind == "worker" else [sys.executable, "-m", "kvcake", *args]
+        p = self.procs[name] = Proc(name, kind, argv, self.run / f"{name}.log")
+        return p
+
+    def start(self, p: Proc) -> None:
+        """(Re)start ``p`` as its next incarnation (a worker learns its number)."""
+        p.incarnation += 1
+        p.paused = False
+        p.log = self.run / f"{p.name}.{p.incarnation}.log"
+        p.logs.append(p.log)
+        argv = list(p.argv)
+        if p.kind == "worker":
+            argv += ["--incarnation", str(p.incarnation)]
+        with p.log.open("wb") as fh:
+            p.popen = subprocess.Popen(
+                self.hosts.command(p.name, argv), stdout=fh, stderr=subprocess.STDOUT,
+                env=self.hosts.env(self.secret), start_new_session=True,
+                preexec_fn=die_with_parent,
+            )  # fmt: skip
+
+    def wait_ready(self, p: Proc, ready: str, timeout: float = 120) -> None:
+        self.wait(lambda: ready in p.log.read_text(errors="replace"), timeout,
+                  f"{p.name} did not start", p)  # fmt: skip
+
+    def wait(self, cond: object, timeout: float, what: str, p: Proc | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():  # type: ignore[operator]
+            if p is not None and not p.alive():
+                raise RuntimeError(f"{what}: it exited\n{p.text()[-3000:]}")
+            if time.monotonic() > deadline:
+                tail = p.text()[-3000:] if p is not None else ""
+                raise RuntimeError(f"{what} within {timeout:.0f} s\n{tail}")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        """SIGCONT and SIGTERM everything (etcd last), SIGKILL what lingers, remove hosts."""
+        self.hosts.heal()
+        order = [p for p in self.procs.values() if p.kind != "etcd"]
+        order += [p for p in self.procs.values() if p.kind == "etcd"]
+        for group in (order[:-1], order[-1:]):
+            for p in group:
+                p.signal(signal.SIGCONT)
+                p.signal(signal.SIGTERM)
+            for p in group:
+                if p.popen is not None:
+                    try:
+                        p.popen.wait(10)
+                    except subprocess.TimeoutExpired:
+                        p.signal(signal.SIGKILL)
+                        p.popen.wait(5)
+        self.hosts.__exit__()
+
+    # --- state ------------------------------------------------------------------------------------
+    def leader(self) -> Proc | None:
+        """The live master whose log shows the highest term (None while nobody leads)."""
+        best, who = -1, None
+        for m in self.masters:
+            p = self.procs[m]
+            for log in p.logs:
+                for hit in LEADER.finditer(log.read_text(errors="replace")):
+                    if int(hit["term"]) > best:
+                        best, who = int(hit["term"]), (p if log == p.log else None)
+        return who if who is not None and who.alive() else None
+
+    def scrape_evictions(self) -> None:
+        """Record each live master's ``evicted_objects`` counter (an eviction fails a run)."""
+        for m in self.masters:
+            p = self.procs[m]
+            if not p.alive() or p.paused:
+                continue
+            hits = list(LEADER.finditer(p.log.read_text(errors="replace")))
+            if not hits:
+                continue
+            try:
+                with self.hosts.inside(m):
+                    text = httpx.get(f"http://{hits[-1]['http']}/metrics", timeout=2).text
+            except httpx.HTTPError:
+                continue
+            got = re.search(r"^kvcake_store_evicted_objects(?:_total)?\S* (\S+)", text, re.M)
+            if got:
+                key = str(p.log)
+                self.evicted[key] = max(self.evicted.get(key, 0), int(float(got[1])))

@@ -1,0 +1,102 @@
+"""One nemesis schedule end to end: start the cluster, inject the faults, heal, stop the
+workers, read every key back, stop the cluster, check the history."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from benchmarks.nemesis import checker
+from benchmarks.nemesis.checker import Fault
+from benchmarks.nemesis.cluster import Cluster, Settings
+from benchmarks.nemesis.faults import KINDS, PARTITIONS, run_faults
+from benchmarks.nemesis.worker import MAX_SIZE
+
+from kvcake.core.config import parse_size
+
+WARMUP_S = 3.0
+FINAL_SETTLE_S = 30.0
+
+
+def check_sizing(s: Settings) -> None:
+    """Every key at its largest value on two replicas fits in half the pool: the watermark
+    (90 %) is never reached, so nothing may be evicted (an eviction fails the run anyway)."""
+    need = s.workers * s.keys * MAX_SIZE * 2
+    have = s.stores * parse_size(s.segment)
+    if need > have // 2:
+        raise ValueError(f"{need} B of values need a pool of at least {2 * need} B, not {have}")
+
+
+def final_read(cl: Cluster, say: Callable[[str], None]) -> dict[str, Any]:
+    """Stop the workers, then read every key from a fresh client on the first client host."""
+    for w in cl.workers:
+        cl.procs[w].signal(signal.SIGTERM)
+    for w in cl.workers:
+        p = cl.procs[w].popen
+        if p is not None:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                cl.procs[w].signal(signal.SIGKILL)
+    argv = [*cl.worker_argv(cl.workers[0], final=True), "--settle-s", str(FINAL_SETTLE_S)]
+    r = subprocess.run(cl.hosts.command(cl.workers[0], argv), env=cl.hosts.env(cl.secret),
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    if r.returncode != 0:
+        say(f"  final reader failed (rc {r.returncode}): {r.stdout[-1500:]}{r.stderr[-1500:]}")
+    out: dict[str, Any] = {}
+    path = cl.run / "final.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        rec = json.loads(line)
+        out[rec["k"]] = rec["read"]
+    return out
+
+
+def run_schedule(s: Settings, run: Path, duration_s: float, netns: bool, max_hold_s: float,
+                 say: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+    check_sizing(s)
+    kinds = [k for k in KINDS if netns or k not in PARTITIONS]
+    t0 = time.monotonic()
+    with Cluster(s, run, netns) as cl:
+        t_start = time.monotonic()
+        say(
+            f"  cluster up in {t_start - t0:.1f} s (etcd, {s.masters} masters, {s.stores} "
+            f"storage nodes, {s.workers} clients)"
+        )
+        time.sleep(WARMUP_S)
+        faults = run_faults(cl, duration_s, s.seed, kinds, max_hold_s, say)
+        time.sleep(max(3.0, s.client_ttl_s / 2))  # heartbeats and remounts after the last fault
+        cl.scrape_evictions()
+        t_end = time.monotonic()
+        final = final_read(cl, say)
+        cl.scrape_evictions()
+        evicted = sum(cl.evicted.values())
+    return evaluate(run, s, faults, final, t_end - t_start, t_end, evicted, netns)
+
+
+def evaluate(run: Path, s: Settings, faults: list[Fault], final: dict[str, Any],
+             seconds: float, t_end: float, evicted: int, netns: bool) -> dict[str, Any]:  # fmt: skip
+    ops = checker.load_history(sorted(run.glob("hist-*.jsonl")))
+    wrong = checker.wrong_reads(ops)
+    stores = [f"s{i}" for i in range(s.stores)]
+    lost, excused = checker.lost_objects(ops, final, faults, stores)
+    outs = checker.outages(ops, faults, t_end)
+    counts: dict[str, int] = {}
+    for o in ops:
+        counts[f"{o.f}:{o.outcome}"] = counts.get(f"{o.f}:{o.outcome}", 0) + 1
+    res = {
+        "seed": s.seed, "seconds": round(seconds, 1), "netns": netns, "ops": len(ops),
+        "counts": dict(sorted(counts.items())), "keys_final": len(final),
+        "wrong_reads": len(wrong), "lost_objects": len(lost), "excused_losses": excused,
+        "evicted": evicted,
+        "faults": [{**asdict(f), "outage_s": None if o is None else round(o, 3)}
+                   for f, o in zip(faults, outs, strict=True)],
+        "problems": [p.as_dict() for p in (wrong + lost)[:200]],
+    }  # fmt: skip
+    (run / "result.json").write_text(json.dumps(res, indent=1))
+    return res
