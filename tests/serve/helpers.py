@@ -8,7 +8,7 @@ from typing import Any
 from kvcake.serve.launcher import Cluster, load_serve_file
 
 
-def make_cluster(run_dir: Path, **sections: dict[str, Any]) -> Cluster:
+def make_cluster(run_dir: Path, supervise: bool = False, **sections: dict[str, Any]) -> Cluster:
     ov: dict[str, dict[str, Any]] = {
         "cluster": {"proxy_port": 0, "store_servers": 0, "run_dir": str(run_dir),
                     "startup_timeout_s": 240.0},
@@ -18,4 +18,5 @@ def make_cluster(run_dir: Path, **sections: dict[str, Any]) -> Cluster:
     }  # fmt: skip
     for name, values in sections.items():
         ov.setdefault(name, {}).update(values)
-    return Cluster(load_serve_file(None, ov), run_dir=run_dir / "run", quiet=True)
+    conf = load_serve_file(None, ov)
+    return Cluster(conf, run_dir=run_dir / "run", quiet=True, supervise=supervise)

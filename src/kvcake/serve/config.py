@@ -52,8 +52,12 @@ class InstanceConfig:
     # Before serving, time a few prefills (up to this many tokens) and decode steps so the
     # online-fitted cost model starts from this machine's speed (0 = start from the seed).
     warmup_tokens: int = 1024
+    # How often the instance checks that the directory still lists its KV segment (a restarted
+    # directory forgets it; peers then get "unknown segment" until it is published again).
+    directory_heartbeat_s: float = 1.0
 
     def __post_init__(self) -> None:
+        require(self.directory_heartbeat_s > 0, "instance.directory_heartbeat_s must be > 0")
         require(self.backend in BACKENDS, f"instance.backend must be one of {BACKENDS}")
         require(0 <= self.port <= 65535, f"instance.port {self.port} out of range")
         require(self.kv_blocks >= 4, "instance.kv_blocks must be >= 4")
@@ -146,6 +150,9 @@ class ClusterConfig:
     master_http_port: int = 0  # the master's admin HTTP (/metrics); 0 = a free port
     directory_port: int = 0  # the master's Transfer Engine DirectoryService (or the bare one's)
     store_servers: int = 1  # 0 = no pool (no master either)
+    # The master logs its object metadata to <run_dir>/master-state (`kvcake master
+    # --state-dir`), so a restarted master still knows what the pool holds; false = in memory.
+    master_state: bool = True
     store_size: int = size_field("256MB")
     run_dir: str = "runs"
     startup_timeout_s: float = 180.0

@@ -98,6 +98,11 @@ def build_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig, iid: Ins
         model_name=kv.model, dtype=kv.dtype,
     )  # fmt: skip
     inst.te = te  # type: ignore[attr-defined]
+    inst.dir_watch = None  # type: ignore[attr-defined]
+    if te is not None:  # a restarted directory forgets our KV segment: publish it again
+        from kvcake.transfer.dirwatch import DirectoryWatch
+
+        inst.dir_watch = DirectoryWatch(te, cfg.directory_heartbeat_s).start()  # type: ignore[attr-defined]
     watch = None
     if pool is not None:  # log storage nodes that leave the pool, by name
         from kvcake.serve.store_watch import StoreWatch
@@ -140,9 +145,10 @@ def run_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig) -> int:
         watch = getattr(inst, "store_watch", None)
         if watch is not None:
             watch.close()
-        te = getattr(inst, "te", None)
-        if te is not None:
-            te.close()
+        for part in ("dir_watch", "te"):
+            obj = getattr(inst, part, None)
+            if obj is not None:
+                obj.close()
         inst.backend.close()
 
     app.router.lifespan_context = lifespan

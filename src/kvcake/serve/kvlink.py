@@ -29,27 +29,45 @@ from kvcake.serve import attribution
 log = logging.getLogger(__name__)
 
 
+# A write that failed with one of these found the peer's address dead or its segment gone: the
+# engine dropped its cached entry, so one more try asks the directory where the (restarted)
+# peer listens now.
+_PEER_MOVED = {"NoPathAvailable", "UnknownSegment"}
+
+
 class _Waiter:
     """One thread per decode peer that collects Transfer Engine completions in submit order and
     hands each to the sender that submitted it (one thread per peer, not per request)."""
 
     def __init__(self, engine: Any, name: str):
         self.engine = engine
-        self._q: queue.SimpleQueue[tuple[Any, float, int, KVSender] | None] = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[tuple[Any, list[Any], float, int, KVSender] | None] = (
+            queue.SimpleQueue()
+        )
         self._thread = threading.Thread(target=self._main, daemon=True, name=name)
         self._thread.start()
 
-    def add(self, bid: Any, submitted: float, layer: int, sender: KVSender) -> None:
-        self._q.put((bid, submitted, layer, sender))
+    def add(self, bid: Any, reqs: list[Any], submitted: float, layer: int,
+            sender: KVSender) -> None:  # fmt: skip
+        self._q.put((bid, reqs, submitted, layer, sender))
 
     def _main(self) -> None:
         while (item := self._q.get()) is not None:
-            bid, submitted, layer, sender = item
-            try:
-                result: Any = self.engine.wait(bid, sender.timeout_s)
-            except Exception as exc:
-                result = exc
+            bid, reqs, submitted, layer, sender = item
+            result = self._wait(bid, sender.timeout_s)
+            if _peer_moved(result):  # writes are idempotent: the whole batch again, once
+                log.info("KV write to a moved peer: looking it up again and retrying once")
+                try:
+                    result = self._wait(self.engine.submit(reqs), sender.timeout_s)
+                except Exception as exc:
+                    result = exc
             sender._completed(submitted, time.perf_counter(), layer, result)
+
+    def _wait(self, bid: Any, timeout_s: float) -> Any:
+        try:
+            return self.engine.wait(bid, timeout_s)
+        except Exception as exc:
+            return exc
 
     def close(self) -> None:
         self._q.put(None)
@@ -135,7 +153,7 @@ class KVSender:
     def _submit(self, reqs: list[Any], now: float, layer: int) -> None:
         bid = self.engine.submit(reqs)
         self._submitted += 1
-        self._waiter.add(bid, now, layer, self)
+        self._waiter.add(bid, reqs, now, layer, self)
 
     def _request(self, i: int, offset_in_block: int, length: int) -> Any:
         from kvcake.transfer import Op, TransferRequest
@@ -282,6 +300,11 @@ class PoolLink:
             return []
         failed = {i for i, r in zip(todo, res, strict=True) if r is not None}
         return [h for i, h in enumerate(hashes) if i not in failed]
+
+
+def _peer_moved(result: Any) -> bool:
+    results = getattr(result, "results", ())
+    return any(not r.ok and r.error_type in _PEER_MOVED for r in results)
 
 
 def _miss_kind(result: Any) -> str:

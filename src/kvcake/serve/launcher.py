@@ -175,7 +175,9 @@ class Cluster:
             return ch.info["directory"], ""
         ch = self._spawn("master", ["master", "--host", c.host, "--port", str(c.master_port),
                                     "--http-port", str(c.master_http_port),
-                                    "--directory-port", str(c.directory_port)])  # fmt: skip
+                                    "--directory-port", str(c.directory_port)]
+                        + (["--state-dir", str(self.run_dir / "master-state")]
+                           if c.master_state else []))  # fmt: skip
         self._wait_line(
             ch, r"master rpc=(?P<rpc>\S+) directory=(?P<directory>\S+) http=(?P<http>\S+)"
         )

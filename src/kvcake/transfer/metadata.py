@@ -10,6 +10,7 @@ Wire: kvcake frames (``core.framing``) carrying the tagged structs below; one re
 from __future__ import annotations
 
 import contextlib
+import secrets
 import socket
 import threading
 from abc import ABC, abstractmethod
@@ -87,6 +88,7 @@ class Reply(msgspec.Struct, tag=True):
     kind: str | None = None
     entries: list[SegEntry] = []
     count: int = 0
+    boot: str = ""  # the answering service's boot id: a new one means "publish again"
 
 
 CODEC = framing.Codec(Publish, Unpublish, Lookup, ListAll, DropOwner, Reply)
@@ -187,6 +189,9 @@ class DirectoryService(ThreadedServer):
     ):
         super().__init__((host,), port, name=DIRECTORY, auth=resolve(auth))
         self.backend = backend or MemoryBackend()
+        # New with every process (and every service object): clients that see it change know
+        # the entries they published may be gone (kvcake.transfer.dirwatch re-publishes).
+        self.boot = secrets.token_hex(8)
 
     @property
     def address(self) -> str:
@@ -204,6 +209,7 @@ class DirectoryService(ThreadedServer):
                 reply = _dispatch(self.backend, frame.msg)
             except TransferError as exc:
                 reply = Reply(False, str(exc), type(exc).__name__)
+            reply.boot = self.boot
             framing.send_frame(conn, CODEC, frame.header.request_id, reply)
 
     def __enter__(self) -> DirectoryService:
@@ -225,6 +231,7 @@ class DirectoryClient:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._rid = 0
+        self.boot = ""  # the boot id of the service's last reply ("" before the first)
 
     def _call(self, msg: msgspec.Struct) -> Reply:
         with self._lock:
@@ -255,6 +262,7 @@ class DirectoryClient:
             raise framing.TruncatedFrame("directory closed the connection")
         if not isinstance(frame.msg, Reply):
             raise framing.MalformedFrame("directory sent a non-reply")
+        self.boot = frame.msg.boot or self.boot
         return frame.msg
 
     def _drop(self) -> None:
