@@ -132,7 +132,7 @@ class Settings:
     keys: int = 16  # per worker
     segment: str = "64MiB"
     client_ttl_s: float = 10.0
-    lease_ttl_s: float = 1.0  # reads lease objects; upserts and removes refuse leased ones
+    lease_ttl_s: float = 0.3  # reads lease objects; upserts and removes refuse leased ones
     rpc_timeout_s: float = 3.0
     pace_s: float = 0.02
     seed: int = 0

@@ -73,7 +73,7 @@ def _seen(value: Any) -> Any:
     return decode(value).as_list()
 
 
-def write(c: Client, h: History, f: str, key: str, version: str, size: int) -> None:
+def write(c: Client, h: History, f: str, key: str, version: str, size: int) -> str:
     i = h.invoke(f, [key], version)
     opts = PutOptions(replica_num=replicas(key))
     try:
@@ -83,11 +83,12 @@ def write(c: Client, h: History, f: str, key: str, version: str, size: int) -> N
             c.upsert(key, encode(key, version, size), opts)
     except DEFINITE as exc:
         h.done(i, "fail", err=_err(exc))
-        return
+        return "fail"
     except Exception as exc:  # unknown: it may or may not have taken effect
         h.done(i, "info", err=_err(exc))
-        return
+        return "info"
     h.done(i, "ok", place=placement(c, key))
+    return "ok"
 
 
 def placement(c: Client, key: str) -> list[str] | None:
@@ -98,17 +99,21 @@ def placement(c: Client, key: str) -> list[str] | None:
         return None
 
 
-def remove(c: Client, h: History, key: str) -> None:
+def remove(c: Client, h: History, key: str) -> str:
     i = h.invoke("remove", [key])
     try:
         c.remove(key)
-    except (*DEFINITE, ObjectNotFound) as exc:  # not there: a no-op, nothing changed
+    except ObjectNotFound as exc:  # not there: a no-op, nothing changed
         h.done(i, "fail", err=_err(exc))
-        return
+        return "absent"
+    except DEFINITE as exc:
+        h.done(i, "fail", err=_err(exc))
+        return "fail"
     except Exception as exc:
         h.done(i, "info", err=_err(exc))
-        return
+        return "info"
     h.done(i, "ok")
+    return "ok"
 
 
 def read(c: Client, h: History, keys: list[str]) -> None:
@@ -131,20 +136,37 @@ def read(c: Client, h: History, keys: list[str]) -> None:
     h.done(i, "ok", read=seen)
 
 
+def belief(f: str, outcome: str, before: bool | None) -> bool | None:
+    """Whether the key exists after ``f`` ended with ``outcome`` (None: unknown). A refused
+    put means it exists; a refused upsert or remove (leased) changed nothing."""
+    if outcome == "info":
+        return None
+    if outcome in ("ok", "absent"):
+        return f != "remove"
+    return True if f == "put" else before
+
+
 def run(c: Client, h: History, args: argparse.Namespace) -> None:
     rng = random.Random(f"{args.seed}/{args.name}/{args.incarnation}")
     mine = keys_of([args.name], args.keys)
     every = keys_of(args.workers.split(","), args.keys)
+    there: dict[str, bool | None] = {}  # what this writer believes (None: unknown)
     seq = 0
     while not STOP:
         key, r = rng.choice(mine), rng.random()
-        if r < 0.4:
+        if r < 0.55:
             seq += 1
             version = f"{args.name}.{args.incarnation}.{seq}"
-            write(c, h, "put" if r < 0.2 else "upsert", key, version, rng.choice(SIZES))
-        elif r < 0.5:
-            remove(c, h, key)
-        elif r < 0.8:
+            exists = there.get(key)
+            if exists is None:
+                exists = rng.random() < 0.5
+            if exists and rng.random() < 0.25:
+                got, f = remove(c, h, key), "remove"
+            else:
+                f = "upsert" if exists else "put"
+                got = write(c, h, f, key, version, rng.choice(SIZES))
+            there[key] = belief(f, got, there.get(key))
+        elif r < 0.85:
             read(c, h, [rng.choice(every)])
         else:
             read(c, h, rng.sample(every, min(4, len(every))))
