@@ -468,6 +468,7 @@ def run_cases(store_mod: Any, master: str, metadata: str) -> dict[str, Any]:
         case("safetensor.load_missing", lambda: st.load_tensor_from_safetensor("t.x", f"{d}/no"))
         case("safetensor.save_not_tensor", lambda: st.save_tensor_to_safetensor("t.k", f2))
         case("safetensor.save_missing_key", lambda: st.save_tensor_to_safetensor("t.missing", f2))
+        case("safetensor.save_no_dir", lambda: st.save_tensor_to_safetensor("t.t1", f"{d}/no/c"))
         case("safetensor.no_file_name", lambda: st.load_tensor_from_safetensor("t.x"))
         case("tensor.par_put_none", lambda: st.put_tensor_with_parallelism("t.par", t))
         case("tensor.par_get_none", lambda: st.get_tensor_with_parallelism("t.par"))

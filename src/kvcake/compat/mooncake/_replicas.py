@@ -29,20 +29,15 @@ NO_TASK = (0, 0)
 
 
 class ReplicaMethods(StoreBase):
-    def _endpoint(self, segment: str) -> str:
-        try:
-            paths = self._c.engine.segment_info(segment).paths
-        except KvcakeError:
-            return ""
-        return paths[0].address if paths else ""
-
     def _descriptors(self, key: str, res: P.KeyResult) -> list[ReplicaDescriptor]:
         out = []
         for rep in res.replicas:
             if rep.tier == "memory":
                 d = Descriptor()
                 d.buffer_address, d.size = rep.offset, res.size
-                d.transport_endpoint = self._endpoint(rep.segment)
+                # Mooncake's endpoint is the segment's name (its owner's local_hostname, e.g.
+                # localhost:10001); copy/move suites compare it with the names they gave.
+                d.transport_endpoint = rep.segment
                 out.append(ReplicaDescriptor(ReplicaStatus.COMPLETE, memory=MemoryDescriptor(d)))
             elif rep.tier == "file":  # the file tier hands out the file's path
                 disk = DiskDescriptor(rep.endpoint, res.size)

@@ -186,9 +186,11 @@ class TensorMethods(StoreBase):
             from safetensors.torch import save_file
 
             save_file({key: tensor.contiguous()}, file_name or key)
-        except (OSError, ValueError, ImportError) as exc:
+        except Exception as exc:  # safetensors raises its own SafetensorError too
+            # The wheel answers -600 when the file cannot be written (a missing directory)
+            # or safetensors cannot be imported; -1100 only for a key that holds no tensor.
             log.error("save_tensor_to_safetensor %s: %s", file_name or key, exc)
-            return FILE_ERROR
+            return E.INVALID_PARAMS
         return 0
 
     def load_tensor_from_safetensor(

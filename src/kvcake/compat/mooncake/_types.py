@@ -134,7 +134,7 @@ class ReplicateConfig(_Slotted):
 class Descriptor(_Slotted):
     """A memory replica's location. kvcake: ``buffer_address`` is the offset inside the segment
     (kvcake addresses segments by name and offset, not by the owner's virtual address) and
-    ``transport_endpoint`` the owner's transfer server ``host:port``."""
+    ``transport_endpoint`` the segment's name, as Mooncake's (its owner's ``host:port``)."""
 
     buffer_address = _Field(int, 0)
     size = _Field(int, 0)

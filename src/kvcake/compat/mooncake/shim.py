@@ -61,6 +61,11 @@ FILES = {
         "import sys\n\nfrom kvcake.compat.mooncake import structured_object_store as _impl\n\n"
         "sys.modules[__name__] = _impl\n"
     ),
+    "async_store.py": (
+        '"""mooncake.async_store -> kvcake.compat.mooncake.async_store."""\n\n'
+        "import sys\n\nfrom kvcake.compat.mooncake import async_store as _impl\n\n"
+        "sys.modules[__name__] = _impl\n"
+    ),
     "dataproto_catalog.py": (
         '"""mooncake.dataproto_catalog -> kvcake.compat.mooncake.dataproto_catalog."""\n\n'
         "import sys\n\nfrom kvcake.compat.mooncake import dataproto_catalog as _impl\n\n"

@@ -8,6 +8,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvcake.compat.mooncake._structured._dp_infer import MISSING, infer_structure
+from kvcake.compat.mooncake._structured._dp_infer import (  # noqa: F401 (the wheel's names)
+    choose_leaf as _choose_leaf_codec,
+)
+from kvcake.compat.mooncake._structured._dp_infer import (  # noqa: F401 (the wheel's names)
+    escape_key as _escape_key,
+)
 from kvcake.compat.mooncake._structured._fields import FIELD_SPECS_KEY as STRUCTURED_FIELD_SPECS_KEY
 from kvcake.compat.mooncake._structured._handles import (
     HANDLE_TYPE as DATAPROTO_REF_HANDLE_TYPE,
@@ -49,6 +55,9 @@ DataProtoRefLike = MooncakeDataProtoRef | Mapping[str, Any]
 export_ref = export_dataproto_ref
 import_ref = import_dataproto_ref
 __kvcake__ = True
+# The wheel's private module-level helpers that Mooncake's own suites import by name
+# (test_put_get_tensor.py's codec-inference tests): kvcake's implementations, same contract.
+_PRIVATE_HELPERS = ("_choose_leaf_codec", "_escape_key")
 
 __all__ = [
     "AUTO_PARALLEL_MIN_BYTES",
