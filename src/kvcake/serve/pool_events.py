@@ -105,6 +105,9 @@ class PoolEvents:
         import zmq
         import zmq.asyncio
 
+        from kvcake.core.auth import resolve
+        from kvcake.core.zmq_curve import secure_subscriber
+
         ctx = zmq.asyncio.Context.instance()
         while not stop.is_set():
             try:
@@ -119,6 +122,7 @@ class PoolEvents:
             sock = ctx.socket(zmq.SUB)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SUBSCRIBE, STORE_EVENTS_TOPIC)
+            secure_subscriber(sock, resolve(None))  # CURVE with the shared secret's keys
             sock.connect(address)
             try:
                 await self._consume(sock, stop)

@@ -74,6 +74,8 @@ class StoreWatch:
     def _run(self) -> None:
         import zmq
 
+        from kvcake.core.auth import resolve
+        from kvcake.core.zmq_curve import secure_subscriber
         from kvcake.store.events import BATCH_DECODER
 
         ctx: Any = zmq.Context.instance()
@@ -94,6 +96,7 @@ class StoreWatch:
             sock = ctx.socket(zmq.SUB)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SUBSCRIBE, STORE_EVENTS_TOPIC)
+            secure_subscriber(sock, resolve(None))  # CURVE with the shared secret's keys
             sock.connect(address)
             try:
                 self._consume(sock, BATCH_DECODER)

@@ -43,6 +43,16 @@ class MasterConfig:
     # KV events (zmq PUB on tcp://host:events_port; 0 = a free port, -1 = no events).
     events_port: int = 0
     events_buffer: int = 65536  # events queued for the publisher thread; beyond: dropped + gap
+    # Where they bind (store/events_policy.py): "" = master.host with a shared secret (the
+    # stream is then CURVE-encrypted for secret holders only), else 127.0.0.1; a host set here
+    # is used as given (plaintext, with a warning, when there is no secret).
+    events_host: str = ""
+    # The ecosystem-format KV events (vLLM's wire format, for other routers): off (-1) by
+    # default; bound to 127.0.0.1 unless events_public_host is set; plaintext always (other
+    # consumers speak no CURVE), so with a shared secret only with events_allow_plain = true.
+    ecosystem_events_port: int = -1
+    events_public_host: str = ""
+    events_allow_plain: bool = False
     # Tenants (store/tenants.py): "NAME=SIZE" byte quotas, and the quota of other named tenants
     # (0 = unlimited). Puts without a tenant are never limited.
     tenant_quotas: tuple[str, ...] = ()
@@ -83,6 +93,10 @@ class MasterConfig:
         require(0 <= self.evict_step_ms <= 1000, "master.evict_step_ms must be in [0, 1000]")
         require(-1 <= self.events_port < 65536, "master.events_port must be -1, 0 or a port")
         require(self.events_buffer >= 16, "master.events_buffer must be >= 16")
+        require(
+            -1 <= self.ecosystem_events_port < 65536,
+            "master.ecosystem_events_port must be -1 (off), 0 or a port",
+        )
         from kvcake.store.tenants import parse_quotas
 
         parse_quotas(self.tenant_quotas)  # ConfigError names a bad entry

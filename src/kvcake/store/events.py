@@ -1,6 +1,7 @@
 """The master's KV events: :class:`EventLog` numbers pool changes as the state applies them
 (under the state lock, so ``seq`` order is the order of the changes) and keeps a bounded queue;
-:class:`EventPublisher` sends the queue on a zmq PUB socket bound to loopback.
+:class:`EventPublisher` sends the queue on a zmq PUB socket (where: ``events_policy.py``;
+with a shared secret, CURVE-encrypted and only for subscribers holding it).
 
 Message: two frames, :data:`~kvcake.core.api.STORE_EVENTS_TOPIC` and a msgpack list of
 :class:`~kvcake.core.api.StoreEvent` (several events per message when they queue up). When idle
@@ -18,11 +19,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from kvcake.core.api import STORE_EVENTS_TOPIC, StoreEvent, StoreEventKind
+from kvcake.core.zmq_curve import CurveServer
+
+if TYPE_CHECKING:
+    from kvcake.core.auth import Authenticator
 
 log = logging.getLogger(__name__)
 _now = time.time
@@ -88,14 +93,26 @@ class EventLog:
 
 
 class EventPublisher:
-    """A thread sending :class:`EventLog` batches on ``tcp://host:port`` (0 = a free port)."""
+    """A thread sending :class:`EventLog` batches on ``tcp://host:port`` (0 = a free port).
+    With ``auth`` (the shared secret) the socket is a CURVE server that admits only
+    subscribers holding the secret (``core/zmq_curve.py``); it refuses to start without CURVE
+    support rather than publish in plaintext."""
 
-    def __init__(self, events: EventLog, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        events: EventLog,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        auth: Authenticator | None = None,
+    ):
         import zmq
 
         self.events = events
-        self._ctx: Any = zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.PUB)
+        self._curve = CurveServer(auth) if auth is not None else None
+        if self._curve is not None:
+            self._sock = self._curve.socket(zmq.PUB)
+        else:
+            self._sock = zmq.Context.instance().socket(zmq.PUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 10_000)  # messages; beyond, zmq drops -> a gap
         if port:
@@ -137,3 +154,5 @@ class EventPublisher:
         if self._thread.is_alive():
             self._thread.join(timeout=2)
         self._sock.close(0)
+        if self._curve is not None:
+            self._curve.close()

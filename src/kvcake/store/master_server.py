@@ -385,12 +385,18 @@ class Master:
 
     def start(self) -> None:
         _auth.check_bind(self.cfg.host, self.auth, "the master")
+        from kvcake.store.events_policy import ecosystem_events_host, own_events_host
+
+        ecosystem_events_host(self.cfg, self.auth)  # its rule, checked before anything binds
         if self.directory is not None:
             self.directory.start()
         if self.cfg.events_port >= 0:
             from kvcake.store.events import EventPublisher
 
-            self.publisher = EventPublisher(self.state.events, self.cfg.host, self.cfg.events_port)
+            host = own_events_host(self.cfg, self.auth)  # CURVE with a secret
+            self.publisher = EventPublisher(
+                self.state.events, host, self.cfg.events_port, self.auth
+            )
             self.publisher.start()
         self.rpc.start()
         if self.cfg.http_port >= 0:
