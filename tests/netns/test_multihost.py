@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from kvcake.serve.netns_cluster import NetnsCluster, NetnsOptions
-from tests.netns.worker import CHECK, PUT
+from tests.netns.worker import CHECK, EVENTS, PUT
 
 
 @pytest.fixture
@@ -91,6 +91,11 @@ def test_partitioned_storage_node_loses_only_its_objects(cluster_factory) -> Non
     where = json.loads(r)
     segs = {s for v in where.values() for s in v}
     assert {"store-0", "store-1", "store-2"} <= segs, segs  # placed on every node
+    # The master's KV events reach another host encrypted (CURVE, keys from the cluster's
+    # secret); a plain subscriber there receives nothing.
+    ev = json.loads(_run(c, EVENTS, [c.master, client], "", 60))
+    assert ev["address"].startswith(f"tcp://{c.net['master'].addr}:"), ev
+    assert "netns-events/probe" in ev["secret"] and ev["plain"] == [], ev
     c.net.partition("store-1")
     t = time.monotonic()
     out = json.loads(_run(c, CHECK, [c.master, client, "store-1", str(ttl)], json.dumps(where),

@@ -57,3 +57,43 @@ for k, segs in where.items():
 c.close()
 print(json.dumps(out))
 """
+
+EVENTS = r"""
+import json, sys, time
+import zmq
+from kvcake.core.api import STORE_EVENTS_TOPIC
+from kvcake.core.auth import resolve
+from kvcake.core.zmq_curve import secure_subscriber
+from kvcake.store import protocol as P
+from kvcake.store.client import Client
+from kvcake.store.config import ClientConfig
+from kvcake.store.events import BATCH_DECODER
+master, host = sys.argv[1], sys.argv[2]
+c = Client(ClientConfig(master=master, hostname=host, protocol="tcp", rpc_timeout_s=10))
+address = str(c.conn.call(P.Heartbeat("", "netns-events")).events)
+ctx = zmq.Context()
+socks = {}
+for name in ("secret", "plain"):
+    s = ctx.socket(zmq.SUB)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SUBSCRIBE, b"")
+    if name == "secret":  # the cluster's secret (KVCAKE_AUTH_SECRET), as the proxy does
+        secure_subscriber(s, resolve(None))
+    s.connect(address)
+    socks[name] = s
+time.sleep(0.5)
+c.put("netns-events/probe", b"x" * 1024)
+got = {name: [] for name in socks}
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline and "netns-events/probe" not in got["secret"]:
+    for name, s in socks.items():
+        while s.poll(50):
+            topic, payload = s.recv_multipart()
+            if topic == STORE_EVENTS_TOPIC:
+                got[name] += [k for e in BATCH_DECODER.decode(payload) for k in e.keys]
+            else:
+                got[name].append("tick")
+c.remove("netns-events/probe", force=True)
+c.close()
+print(json.dumps({"address": address, **got}))
+"""
