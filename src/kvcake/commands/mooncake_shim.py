@@ -20,10 +20,15 @@ def register(sub: Any) -> None:
         "shadows one. It also writes kvcake's stand-ins for Mooncake's programs "
         "(mooncake_master, mooncake_client, transfer_engine_bench) into this venv's scripts "
         "directory (or TARGET/bin), never over a program that is not kvcake's. `uninstall` "
-        "removes only what the shim wrote. `status` says which is active.",
+        "removes only what the shim wrote. `status` says which `mooncake` this interpreter (or "
+        "--python's) imports, any it shadows, and the programs.",
     )
     p.add_argument("action", choices=("install", "uninstall", "status"))
     p.add_argument("--target", type=Path, help="directory to write to (default: site-packages)")
+    p.add_argument(
+        "--python",
+        help="status: the interpreter to ask (e.g. another venv's bin/python; default: this one)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -43,14 +48,22 @@ def _run(args: argparse.Namespace) -> int:
         gone = shim.uninstall(args.target)
         print(f"kvcake mooncake shim removed: {gone}" if gone else "no kvcake mooncake shim found")
         return 0
-    paths = [str(args.target)] if args.target else None
-    cur = shim.active() if paths is None else next(iter(shim.found(paths)), None)
-    print(f"active: {cur.describe() if cur else 'none (import mooncake fails)'}")
-    for f in shim.found(paths)[1:]:
-        print(f"shadowed: {f.describe()}")
     from kvcake.compat.mooncake import programs
 
-    for line in programs.status_lines(programs.scripts_dir(args.target)):
+    bin_dir = programs.scripts_dir(args.target)
+    if args.python:  # another interpreter: ask it (its path, its site-packages, its programs)
+        cur, every = shim.imported_by(args.python)
+        bin_dir = Path(args.python).parent
+        print(f"python: {args.python}")
+    elif args.target:
+        every = shim.found([str(args.target)])
+        cur = next(iter(every), None)
+    else:
+        cur, every = shim.active(), shim.found()
+    print(f"active: {cur.describe() if cur else 'none (import mooncake fails)'}")
+    for f in every[1:] if cur is not None else []:
+        print(f"shadowed: {f.describe()}")
+    for line in programs.status_lines(bin_dir):
         print(line)
     return 0 if cur is not None else 1
 

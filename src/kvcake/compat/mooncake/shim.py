@@ -83,11 +83,47 @@ class ShimError(KvcakeError):
 class Found:
     path: Path
     is_shim: bool
+    version: str = ""  # the real Mooncake's, when found for another interpreter
 
     def describe(self) -> str:
         if self.is_shim:
             return f"kvcake shim ({self.path})"
-        return f"real Mooncake {mooncake_version()} ({self.path})"
+        return f"real Mooncake {self.version or mooncake_version()} ({self.path})"
+
+
+# Run by another interpreter: where its `import mooncake` goes, its path, its wheel's version.
+_PROBE = """
+import importlib.util, json, sys
+from importlib import metadata
+spec = importlib.util.find_spec("mooncake")
+version = ""
+for dist in ("mooncake-transfer-engine-non-cuda", "mooncake-transfer-engine"):
+    try:
+        version = metadata.version(dist)
+        break
+    except metadata.PackageNotFoundError:
+        pass
+print(json.dumps({"origin": spec.origin if spec else None, "path": sys.path, "version": version}))
+"""
+
+
+def imported_by(python: str) -> tuple[Found | None, list[Found]]:
+    """Which ``mooncake`` the interpreter ``python`` imports, and every one on its path (the
+    first is the one it picks); asked of that interpreter itself, in this directory."""
+    import json
+    import subprocess
+
+    try:
+        out = subprocess.run([python, "-c", _PROBE], capture_output=True,
+                             text=True, timeout=60, check=True)  # fmt: skip
+        info = json.loads(out.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        raise ShimError(f"cannot ask {python} which mooncake it imports: {exc}") from exc
+    every = [Found(f.path, f.is_shim, info["version"]) for f in found(info["path"])]
+    if info["origin"] is None:
+        return None, every
+    pkg = Path(info["origin"]).parent
+    return Found(pkg.resolve(), is_shim(pkg), info["version"]), every
 
 
 def mooncake_version() -> str:
