@@ -114,6 +114,21 @@ def test_pool_holds_each_tenants_blocks_under_its_own_keys(cluster: Cluster) -> 
         assert found == {"teamA": 6, "teamB": 6, "": 0}, found
 
 
+def test_tenant_facing_views_name_no_key_and_no_tenant(cluster: Cluster) -> None:
+    """docs/store.md "What a tenant can learn": the open views (/v1/cluster, /metrics) give
+    counts, never a pool key name or a tenant name; the pool's key listings need the store's
+    secret (tests/store/test_auth_http.py, test_events_auth.py)."""
+    prompt = [(19 * i + 4) % 900 + 20 for i in range(200)]
+    assert cached(complete(cluster, KEY_A, prompt)) == 0
+    kv = cluster.conf.kv
+    names = [block_key(kv.model, kv.dtype, kv.kv_block_tokens, h).rpartition("/")[2]
+             for h in block_hashes(prompt, kv.kv_block_tokens, salt="teamA")]  # fmt: skip
+    for path in ("/v1/cluster", "/metrics"):
+        text = httpx.get(cluster.url + path, timeout=10).text
+        assert "teamA" not in text and not [n for n in names if n in text], path
+    assert cached(complete(cluster, KEY_B, prompt)) == 0  # and B's usage tells nothing of A's
+
+
 def test_store_quota_applies_to_the_serving_path(cluster: Cluster) -> None:
     """teamQ's quota is smaller than one block: its pooled puts (prefill's new blocks, decode's
     prompt + answer) are refused, its requests are still served, other tenants' blocks stay."""
