@@ -87,6 +87,10 @@ def test_time_window_and_other_services(masters: tuple[Master, Master]) -> None:
     by_name = f"http://localhost:{port}/get_all_keys"
     r = httpx.get(by_name, headers=GOOD.http_headers("GET", by_name, MASTER_HTTP))
     assert r.status_code == 200, r.text
+    # A wildcard address (what a server bound to 0.0.0.0 announces) reaches loopback.
+    wild = f"http://0.0.0.0:{port}/get_all_keys"
+    r = httpx.get(wild, headers=GOOD.http_headers("GET", wild, MASTER_HTTP))
+    assert r.status_code == 200, r.text
 
 
 def test_signing_client_streams_and_empty_bodies(masters: tuple[Master, Master]) -> None:

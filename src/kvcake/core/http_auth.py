@@ -47,6 +47,7 @@ VERSION = "2"
 DOMAIN = "kvcake-http-2"
 EMPTY_BODY = hashlib.sha256(b"").hexdigest()
 MAX_WINDOW_S = 30.0
+WILDCARD = frozenset({"0.0.0.0", "::"})  # what a wildcard-bound server announces
 
 # Services (the audience's first half): each HTTP server checks its own name.
 MASTER_HTTP = "master-http"
@@ -167,6 +168,13 @@ def _split(name: str) -> tuple[str, int | None]:
     return name, None
 
 
+def _is_loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
 def _canon(host: str) -> str:
     try:
         return ipaddress.ip_address(host.strip("[]")).compressed
@@ -223,7 +231,10 @@ class HttpVerifier:
                 return
         if local is not None and claim.port == local[1]:
             here = _canon(local[0])
-            if host == here or here in await self._addresses(claim.host):
+            if host in WILDCARD:  # a connect to 0.0.0.0 / :: reaches this host's loopback
+                if _is_loopback(here):
+                    return
+            elif host == here or here in await self._addresses(claim.host):
                 return
         raise HttpRefused(f"unauthorized: signed for another server ({claim.host}:{claim.port})")
 
