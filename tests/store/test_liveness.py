@@ -1,14 +1,21 @@
-"""The heartbeat thread outlives a failed round: a remount that raises something other than a
-kvcake error (an OSError of a directory publish) must not end the client's only way back into
-a master that forgot it. A stub connection (pure logic of :class:`Heartbeater`)."""
+"""Liveness. The heartbeat thread outlives a failed round: a remount that raises something other
+than a kvcake error (an OSError of a directory publish) must not end the client's only way
+back into a master that forgot it (a stub connection: pure logic of :class:`Heartbeater`).
+A master that was paused (SIGSTOP) past the client TTL keeps its clients when it wakes (real
+processes): its own pause is not their silence."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
+from kvcake.core.errors import KvcakeError
 from kvcake.store import protocol as P
+from kvcake.store.client import Client
 from kvcake.store.liveness import Heartbeater
+from tests.store.conftest import Factory
 
 
 class ForgetfulMaster:
@@ -42,3 +49,30 @@ def test_a_remount_that_raises_does_not_end_the_heartbeat() -> None:
         assert len(attempts) >= 2 and hb._thread.is_alive()
     finally:
         hb.stop()
+
+
+def test_a_paused_master_keeps_its_clients(procs: Factory) -> None:
+    master = procs("master", "--port", "0", "--http-port", "-1", "--client-ttl-s", "3")
+    rpc = master.info["rpc"]
+    procs("store-server", "--master", rpc, "--segment-size", "16MiB")
+    values = {f"k{i}": os.urandom(1000 + i) for i in range(50)}
+    with Client(master=rpc) as client:
+        for k, v in values.items():
+            client.put(k, v)
+    os.kill(master.popen.pid, signal.SIGSTOP)
+    try:
+        time.sleep(6)  # twice the client TTL: every heartbeat meanwhile meets a frozen master
+    finally:
+        os.kill(master.popen.pid, signal.SIGCONT)
+    time.sleep(1.5)  # the master's first housekeeping rounds after the wake
+    lost = []
+    with Client(master=rpc) as client:
+        for k, v in values.items():
+            try:
+                if bytes(client.get(k)) != v:
+                    lost.append(f"{k}: wrong bytes")
+            except KvcakeError as exc:
+                lost.append(f"{k}: {type(exc).__name__}: {exc}")
+    assert not lost, f"{len(lost)} of {len(values)} keys lost: {lost[:3]}"
+    assert not any("unmounted" in ln for ln in master.lines), "".join(master.lines)
+    assert any("paused for" in ln for ln in master.lines), "".join(master.lines)

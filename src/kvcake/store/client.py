@@ -32,7 +32,7 @@ from kvcake.store.errors import (
     error_for,
 )
 from kvcake.store.filewriter import FileWriter
-from kvcake.store.liveness import Heartbeater
+from kvcake.store.liveness import DEFAULT_CLIENT_TTL_S, Heartbeater, call_deadline_s
 from kvcake.store.memtune import tune_malloc
 from kvcake.store.reads import ReadPath, byte_view
 from kvcake.store.rpc import MasterConnection
@@ -66,12 +66,14 @@ class Client(ReadPath):
             tune_malloc()
         self.conn = _connection(
             self.cfg.master,
-            self.cfg.rpc_timeout_s,
+            self._call_deadline(DEFAULT_CLIENT_TTL_S),
             self.cfg.busy_poll_us,
             self.cfg.rpc_retries,
             auth=auth,
         )
         hello = self.conn.call(P.Heartbeat("", self.cfg.hostname))
+        self.client_ttl_s = hello.client_ttl_ms / 1000 or DEFAULT_CLIENT_TTL_S
+        self.conn.set_timeout(self._call_deadline(self.client_ttl_s))
         if not hello.directory:
             raise StoreError("the master hosts no Transfer Engine directory", -1)
         self.engine = TransferEngine(  # listens where peers reach this host (not only loopback)
@@ -107,11 +109,17 @@ class Client(ReadPath):
             self.engine.close()  # releases the shm segment it may have created
             self.conn.close()
             raise
-        hb_conn = _connection(self.cfg.master, self.cfg.rpc_timeout_s, retries=0, auth=auth)
+        deadline = self._call_deadline(self.client_ttl_s)
+        hb_conn = _connection(self.cfg.master, deadline, retries=0, auth=auth)
         ttl_s = hello.client_ttl_ms / 1000
         self.heartbeat = Heartbeater(hb_conn, self.id, self.host, ttl_s, self.remount_hooks)
         self.heartbeat.start()
         self._closed = False
+
+    def _call_deadline(self, client_ttl_s: float) -> float:
+        """Each try of a master call ends after this (client.master_call_timeout_s)."""
+        cfg = self.cfg
+        return call_deadline_s(client_ttl_s, cfg.rpc_timeout_s, cfg.master_call_timeout_s)
 
     # --- segments -----------------------------------------------------------------------------
 
@@ -313,7 +321,9 @@ class Client(ReadPath):
 
     def _file_writer(self) -> FileWriter:
         if self._writer is None:  # its own master connection: reports do not queue behind puts
-            conn = _connection(self.cfg.master, self.cfg.rpc_timeout_s, auth=self.auth)
+            conn = _connection(
+                self.cfg.master, self._call_deadline(self.client_ttl_s), auth=self.auth
+            )
             self._writer = FileWriter(
                 lambda key, off, ok: conn.call(P.TaskDone(self.id, "persist", key, ok, offset=off)),
                 self.cfg.file_queue_bytes,

@@ -111,6 +111,10 @@ class ClientConfig:
     segment_size: int = size_field(0)  # DRAM this client contributes; 0 = pure client
     rpc_timeout_s: float = 30.0
     rpc_retries: int = 2  # re-sends after a timeout or broken connection (safe: deduplicated)
+    # The deadline of each try of a master call (heartbeats included): a frozen master holds a
+    # call this long, then it goes to the leader again (etcd://). 0 = a third of the master's
+    # client TTL, at most rpc_timeout_s (store/liveness.py, call_deadline_s).
+    master_call_timeout_s: float = 0.0
     tune_malloc: bool = True  # keep freed value buffers warm (see kvcake.store.memtune)
     busy_poll_us: float = 50.0  # master replies: poll before sleeping (TransferConfig doc)
     tenant: str = ""  # puts are charged to this tenant's quota (master.tenant_quotas)
@@ -132,6 +136,10 @@ class ClientConfig:
             f"client.protocol must be auto, tcp or shm, got {self.protocol!r}",
         )
         require(self.rpc_timeout_s > 0, "client.rpc_timeout_s must be > 0")
+        require(
+            0 <= self.master_call_timeout_s <= 3600,
+            "client.master_call_timeout_s must be in [0, 3600]",
+        )
         require(self.space_wait_s >= 0, "client.space_wait_s must be >= 0")
         require(self.file_queue_bytes > 0, "client.file_queue_bytes must be > 0")
         require(0 <= self.rpc_retries <= 10, "client.rpc_retries must be in [0, 10]")
@@ -148,9 +156,17 @@ class StoreServerConfig:
     name: str = ""  # segment name; default store-<host>-<pid>
     disk_port: int = 0  # TCP port serving the SSD tier to readers
     http_port: int = 0  # /health and /metrics; 0 = a free port, -1 = none
+    # The deadline of each try of a master call, heartbeats included (client.*'s; 0 = a third
+    # of the master's client TTL): a frozen leader must not hold the node's heartbeat until
+    # the new leader expired it.
+    master_call_timeout_s: float = 0.0
 
     def __post_init__(self) -> None:
         require(":" in self.master, f"store.master must be host:port, got {self.master!r}")
+        require(
+            0 <= self.master_call_timeout_s <= 3600,
+            "store.master_call_timeout_s must be in [0, 3600]",
+        )
         require(self.segment_size > 0, "store.segment_size must be > 0")
         require(self.ssd_quota > 0, "store.ssd_quota must be > 0")
         require(0 <= self.disk_port < 65536, "store.disk_port must be a port")

@@ -20,21 +20,26 @@ import socket
 import msgspec
 
 from kvcake.store import protocol as P
+from kvcake.store.leadership import SOLE, Leadership, seal
 from kvcake.store.rpc import encode_msg, send_msg
 
 
 class ReplySender:
     """One reply on one connection. ``try_send`` (any thread) sends what the socket takes at
-    once; ``finish`` (the connection's thread, afterwards) sends the rest, or the whole reply
-    when nobody tried."""
+    once, sealed (store/leadership.py: only while the lease holds, stamped with the term);
+    ``finish`` (the connection's thread, afterwards) sends the rest, or the whole reply when
+    nobody tried (the connection's thread seals that one)."""
 
-    __slots__ = ("conn", "rest", "rid")
+    __slots__ = ("conn", "lead", "rest", "rid")
 
-    def __init__(self, conn: socket.socket, rid: int):
-        self.conn, self.rid = conn, rid
+    def __init__(self, conn: socket.socket, rid: int, lead: Leadership = SOLE):
+        self.conn, self.rid, self.lead = conn, rid, lead
         self.rest: memoryview | None = None  # None: not tried; empty: all sent
 
     def try_send(self, reply: msgspec.Struct) -> None:
+        reply, serving = seal(reply, self.lead)
+        if not serving:  # not tried: the connection's thread sends the refusal
+            return
         data = encode_msg(P.REPLY_CODEC, self.rid, reply)
         try:
             sent = self.conn.send(data, socket.MSG_DONTWAIT)

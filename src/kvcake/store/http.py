@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -29,6 +29,17 @@ def build_app(master: Master) -> FastAPI:
     mooncake = CollectorRegistry(auto_describe=False)  # Mooncake's master metric names too
     mooncake.register(MooncakeMasterCollector(state))
     app = FastAPI(title="kvcake master", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def leader_only(request: Request, call_next: Any) -> Any:
+        """An HA master answers only while its lease holds (store/leadership.py): checked
+        before the work and again right before the response goes out."""
+        if master.leadership.held():
+            response = await call_next(request)
+            if master.leadership.held():
+                return response
+        message = f"not the leader: the lease of term {master.leadership.term} is not held"
+        return JSONResponse({"error": message}, status_code=503)
 
     @app.get("/health")
     def health() -> Any:

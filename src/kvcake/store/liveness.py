@@ -1,18 +1,85 @@
-"""Client liveness: a thread that pings the master every ``client_ttl / 3`` on its own
-connection; when the master answers "unknown client" (it expired us, e.g. after a pause) the
-``on_remount`` callbacks re-mount our segments."""
+"""Client liveness, both sides.
+
+Client side: a thread that pings the master every ``client_ttl / 3`` on its own connection;
+when the master answers "unknown client" (it expired us, e.g. after a pause) the
+``on_remount`` callbacks re-mount our segments. Every master call has a deadline well under
+the TTL (:func:`call_deadline_s`), so a heartbeat never waits on a frozen master's socket for
+long; after a failed round the next one comes soon (``RETRY_S``), not an interval later.
+
+Master side: how long a client may stay silent. A new leader gives the clients it inherits
+:func:`inherited_grace_s`; a master measures its own pauses (:class:`PauseWatch`) and does not
+count them as the clients' silence.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kvcake.core.errors import KvcakeError
 from kvcake.store import protocol as P
 from kvcake.store.rpc import MasterConnection
 
+if TYPE_CHECKING:
+    from kvcake.store.master_state import MasterState
+
 log = logging.getLogger(__name__)
+DEFAULT_CLIENT_TTL_S = 10.0  # MasterConfig.client_ttl_s's default: until the master tells us
+RETRY_S = 0.2  # a failed heartbeat round is retried this soon (capped by the interval)
+PAUSE_S = 0.25  # a housekeeping gap longer than this is the master's own pause
+
+
+def call_deadline_s(
+    client_ttl_s: float, rpc_timeout_s: float = 30.0, configured: float = 0.0
+) -> float:
+    """The deadline of one master call (a try; a timed-out try goes to the leader again):
+    ``configured`` (``master_call_timeout_s``) if set, else a third of the client TTL (what a
+    heartbeat may lose before the master gives up on us), at most the RPC timeout."""
+    if configured > 0:
+        return configured
+    return min(rpc_timeout_s, client_ttl_s / 3)
+
+
+def inherited_grace_s(client_ttl_s: float, failover_s: float) -> float:
+    """How long a new leader waits for a client it inherited from the log before it may
+    expire it: the client's call stuck on the old leader ends after its deadline, then it finds
+    the new leader (a failover: up to the election lease's TTL), then its TTL as usual."""
+    return client_ttl_s + call_deadline_s(client_ttl_s) + failover_s
+
+
+class PauseWatch:
+    """Notices the master's own pauses (SIGSTOP, a suspended host, a long stall) from the gaps
+    between two :meth:`tick` calls of its housekeeping loop on ``CLOCK_BOOTTIME``, and moves
+    every client's last-seen time forward by the pause: a client cannot be heard while the
+    master is stopped, so that time is not its silence. Without this a master woken after more
+    than a TTL expired every client before their heartbeats (queued in its sockets) were read."""
+
+    def __init__(self, state: MasterState, interval_s: float):
+        self.state = state
+        self.interval_s = interval_s
+        self._last = _boottime()
+
+    def tick(self) -> float:
+        """Call once per housekeeping round, before expiring anyone; the pause found (s)."""
+        now = _boottime()
+        gap, self._last = now - self._last, now
+        if gap <= PAUSE_S + self.interval_s:
+            return 0.0
+        pause = gap - self.interval_s
+        with self.state.lock:
+            now = self.state.clock()
+            for info in self.state.clients.values():
+                if info.last_seen < now:  # (a heartbeat read since the wake counts as it is)
+                    info.last_seen = min(info.last_seen + pause, now)
+        log.warning("master: paused for %.1fs: client deadlines moved by as much", pause)
+        return pause
+
+
+def _boottime() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 class Heartbeater:
@@ -37,7 +104,7 @@ class Heartbeater:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.wait(self.interval if self.master_ok else min(RETRY_S, self.interval)):
             try:
                 reply = self.conn.call(P.Heartbeat(self.client, self.host))
                 self.master_ok = True

@@ -28,6 +28,8 @@ from kvcake.store.dedup import StaleRequest
 from kvcake.store.deferred_reply import DeferredReply, ReplySender
 from kvcake.store.disk import close_gracefully
 from kvcake.store.errors import INTERNAL_ERROR, INVALID_PARAMS
+from kvcake.store.leadership import SOLE, Leadership, seal
+from kvcake.store.liveness import PauseWatch
 from kvcake.store.master_state import MasterState
 from kvcake.store.metadata import Tier
 from kvcake.store.metrics import MasterMetrics
@@ -253,10 +255,12 @@ class MasterRpcServer(ThreadedServer):
         self.limits = framing.FrameLimits(max_meta=max_request_bytes, max_data=0)
         self._active = 0
         self._active_lock = threading.Lock()
+        self.leadership: Leadership = SOLE  # store/ha sets its election (lease + term)
 
     def _refuse(self, conn: socket.socket, message: str) -> None:
         with contextlib.suppress(OSError):
-            framing.send_frame(conn, P.REPLY_CODEC, 0, P.ErrorReply(INVALID_PARAMS, message))
+            refusal = P.ErrorReply(INVALID_PARAMS, message, self.leadership.term)
+            framing.send_frame(conn, P.REPLY_CODEC, 0, refusal)
         close_gracefully(conn)
 
     def handle(self, conn: socket.socket, listen_address: str) -> None:
@@ -293,28 +297,32 @@ class MasterRpcServer(ThreadedServer):
                 return
             if frame is None:
                 return
-            self._answer(conn, frame.header.request_id, frame.msg)
+            if not self._answer(conn, frame.header.request_id, frame.msg):
+                return  # the lease is gone: this master answers no one any more
 
-    def _answer(self, conn: socket.socket, rid: int, msg: msgspec.Struct) -> None:
+    def _answer(self, conn: socket.socket, rid: int, msg: msgspec.Struct) -> bool:
         """Dispatch one request and send its reply (a deferred one may already be on the wire,
-        sent by the thread that made it due)."""
+        sent by the thread that made it due), sealed right before the send: stamped with the
+        term, or refused if the lease is not held now (store/leadership.py). False: refused."""
         op = type(msg).__name__
         sender = None  # only a deferred reply needs one (not every request's path)
         t0 = time.perf_counter()
         try:
             out: msgspec.Struct | DeferredReply = self.handlers.dispatch(msg)
             if isinstance(out, DeferredReply):
-                sender = ReplySender(conn, rid)
+                sender = ReplySender(conn, rid, self.leadership)
                 out = out.resolve(sender)
             reply = out
         except Exception as exc:  # a bug must cost one request, not the master
             log.exception("master: %s failed", op)
             reply = P.ErrorReply(INTERNAL_ERROR, f"internal error in {op}: {exc!r}")
         self.metrics.observe(op, time.perf_counter() - t0)
+        reply, serving = seal(reply, self.leadership)
         if sender is None:
             send_msg(conn, P.REPLY_CODEC, rid, reply)
         else:
             sender.finish(reply)
+        return serving
 
 
 class Master:
@@ -342,7 +350,8 @@ class Master:
         if with_directory:
             from kvcake.transfer.metadata import DirectoryService
 
-            backend = ReleasingBackend(self._owner_gone)
+            # Lookups answer only while the lease holds, as the RPC does (store/leadership.py).
+            backend = ReleasingBackend(self._owner_gone, lambda: self.leadership.held())
             self.directory = DirectoryService(
                 config.host, config.directory_port, backend, auth or _auth.DISABLED
             )
@@ -366,6 +375,15 @@ class Master:
             self.state.events.enabled = False
         self._stop = threading.Event()
         self._housekeeper = threading.Thread(target=self._housekeep, name="master-housekeeping")
+
+    @property
+    def leadership(self) -> Leadership:
+        """Whether this master may answer now, and its term (HA: its election)."""
+        return self.rpc.leadership
+
+    @leadership.setter
+    def leadership(self, lead: Leadership) -> None:
+        self.rpc.leadership = lead
 
     @property
     def rpc_address(self) -> str:
@@ -432,8 +450,10 @@ class Master:
 
     def _housekeep(self) -> None:
         next_expiry = 0.0
+        pauses = PauseWatch(self.state, self.cfg.eviction_interval_s)
         while not self._stop.wait(self.cfg.eviction_interval_s):
             try:
+                pauses.tick()  # before any expiry: the master's own pause is no client's silence
                 for _ in range(EVICT_STEPS_PER_TICK):  # lock released between steps
                     if not self.state.maybe_evict() or self._stop.is_set():
                         break

@@ -19,7 +19,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
-from kvcake.transfer.errors import SegmentExists
+from kvcake.transfer.errors import DirectoryUnreachable, SegmentExists
 from kvcake.transfer.metadata import MemoryBackend, SegEntry
 from kvcake.transfer.registry import host_identity
 
@@ -58,11 +58,19 @@ def process_gone(owner: str, host_id: str, here: str | None = None) -> bool:
 
 class ReleasingBackend(MemoryBackend):
     """The master's directory storage: a name held by a gone owner (``owner_gone(owner,
-    host_id)``) is released to the new publisher, with every other entry of that owner."""
+    host_id)``) is released to the new publisher, with every other entry of that owner.
+    ``serving()`` False (an HA master whose lease is not held: store/leadership.py) refuses
+    lookups, listings and publishes: its entries may be stale, a standby may lead."""
 
-    def __init__(self, owner_gone: Callable[[str, str], bool], remember: int = 4096):
+    def __init__(
+        self,
+        owner_gone: Callable[[str, str], bool],
+        serving: Callable[[], bool] = lambda: True,
+        remember: int = 4096,
+    ):
         super().__init__()
         self.owner_gone = owner_gone
+        self.serving = serving
         # owner -> host_id of recent publishers (bounded), so the master can still tell where a
         # released owner ran when its store segment is remounted by the successor.
         self._hosts: OrderedDict[str, str] = OrderedDict()
@@ -73,7 +81,20 @@ class ReleasingBackend(MemoryBackend):
         with self._hosts_lock:
             return self._hosts.get(owner)
 
+    def _check_serving(self) -> None:
+        if not self.serving():
+            raise DirectoryUnreachable("this master is not the leader (its lease is not held)")
+
+    def get(self, name: str) -> SegEntry | None:
+        self._check_serving()
+        return super().get(name)
+
+    def list(self) -> list[SegEntry]:
+        self._check_serving()
+        return super().list()
+
     def put(self, entry: SegEntry) -> None:
+        self._check_serving()
         with self._hosts_lock:
             self._hosts[entry.owner] = entry.host_id
             self._hosts.move_to_end(entry.owner)
@@ -96,5 +117,5 @@ class ReleasingBackend(MemoryBackend):
 
     def delete_process(self, prefix: str) -> int:
         """Remove every entry of every owner of one process (``process_of``); how many."""
-        owners = {e.owner for e in self.list() if e.owner.startswith(prefix)}
+        owners = {e.owner for e in super().list() if e.owner.startswith(prefix)}
         return sum(self.delete_owner(o) for o in owners)

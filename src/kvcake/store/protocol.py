@@ -228,11 +228,15 @@ class Reply(msgspec.Struct, tag=True):
     directory: str = ""  # heartbeat: the Transfer Engine directory the master hosts
     events: str = ""  # heartbeat: the zmq PUB endpoint of the master's KV events ("" = none)
     snapshot: StoreSnapshot | None = None  # KvSnapshot
+    # The answering master's term (its etcd election revision; 0 without HA): a client drops
+    # a reply from an older term than it has seen (docs/store.md, "Leader leases").
+    term: int = 0
 
 
 class ErrorReply(msgspec.Struct, tag=True):
     code: int
     message: str
+    term: int = 0
 
 
 # One list of request types: the codec takes them from the union, so the two cannot drift apart.

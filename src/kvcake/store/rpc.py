@@ -1,7 +1,13 @@
 """Blocking client side of the master RPC: one TCP connection, one call at a time (thread-safe
 by a lock). A call that times out or finds the connection broken is re-sent on a new connection
 (``retries`` times): mutating requests carry a :class:`~kvcake.store.protocol.ReqId` the master
-deduplicates on, so a re-sent request is applied once and gets the first outcome back."""
+deduplicates on, so a re-sent request is applied once and gets the first outcome back.
+
+Every reply carries its master's term (store/leadership.py); a connection remembers the
+highest term seen (:class:`Terms`, shared by every connection to one ``etcd://`` pool in the
+process) and drops a reply from an older one: a deposed leader that woke up and answered
+before it noticed. The call then fails (``RpcFailed``) and an ``etcd://`` connection finds
+the leader again."""
 
 from __future__ import annotations
 
@@ -103,6 +109,27 @@ class BufferedFrames:
         return bool(chunk)
 
 
+class Terms:
+    """The highest master term seen; replies of older terms are stale."""
+
+    def __init__(self) -> None:
+        self.highest = 0
+        self._lock = threading.Lock()
+
+    def accept(self, term: int) -> bool:
+        """Note ``term``; False if it is older than one seen (a deposed master's reply)."""
+        if term > self.highest:
+            with self._lock:
+                self.highest = max(self.highest, term)
+        return term >= self.highest
+
+    def reset(self, term: int) -> None:
+        """etcd itself names an older leader than any seen: it was wiped and restarted; etcd
+        is the authority, so its count starts again."""
+        with self._lock:
+            self.highest = term
+
+
 class MasterConnection:
     def __init__(
         self,
@@ -111,8 +138,11 @@ class MasterConnection:
         busy_poll_us: float = 0.0,
         retries: int = 1,
         auth: _auth.Authenticator | None = None,
+        terms: Terms | None = None,
     ):
+        """``timeout_s``: the deadline of each try of a call (the master call timeout)."""
         self.address = address
+        self.terms = terms or Terms()
         self.auth = _auth.resolve(auth)  # None: the environment's secret, if any
         self.timeout_s = timeout_s
         self.busy_poll_us = busy_poll_us
@@ -142,11 +172,18 @@ class MasterConnection:
         detect_dead_peer(sock)
         # Blocking socket with a kernel receive timeout: no poll() before every recv.
         sock.settimeout(None)
-        secs = int(self.timeout_s)
-        usecs = int((self.timeout_s - secs) * 1e6)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", secs, usecs))
+        _set_rcvtimeo(sock, self.timeout_s)
         self._reader = BufferedFrames(sock, P.REPLY_CODEC, REPLY_LIMITS, self.busy_poll_us)
         return sock
+
+    def set_timeout(self, timeout_s: float) -> None:
+        """A new per-try deadline (a client learns the master's client TTL after its first
+        call), for the open connection too."""
+        with self._lock:
+            self.timeout_s = timeout_s
+            if self._sock is not None:
+                with contextlib.suppress(OSError):
+                    _set_rcvtimeo(self._sock, timeout_s)
 
     def call(self, msg: msgspec.Struct, retries: int | None = None) -> P.Reply:
         """Send one request; return its reply, raising the typed error of a whole-call failure.
@@ -179,6 +216,12 @@ class MasterConnection:
             assert frame is not None
             if isinstance(frame.msg, P.ErrorReply):
                 self._close_locked()  # the master closes after an ErrorReply: so do we
+            if not self.terms.accept(frame.msg.term):  # type: ignore[attr-defined]
+                self._close_locked()
+                raise RpcFailed(
+                    f"master {self.address}: dropped a reply of term {frame.msg.term} "  # type: ignore[attr-defined]
+                    f"(term {self.terms.highest} leads)"
+                )
         reply = frame.msg
         if isinstance(reply, P.ErrorReply):
             raise error_for(reply.code, reply.message)
@@ -196,3 +239,10 @@ class MasterConnection:
     def close(self) -> None:
         with self._lock:
             self._close_locked()
+
+
+def _set_rcvtimeo(sock: socket.socket, timeout_s: float) -> None:
+    """A kernel receive timeout on a blocking socket: no poll() before every recv."""
+    secs = int(timeout_s)
+    usecs = int((timeout_s - secs) * 1e6)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", secs, usecs))

@@ -56,7 +56,10 @@ class StoreServer:
 
     def start(self) -> None:
         ccfg = ClientConfig(
-            master=self.cfg.master, hostname=self.cfg.hostname, segment_size=self.cfg.segment_size
+            master=self.cfg.master,
+            hostname=self.cfg.hostname,
+            segment_size=self.cfg.segment_size,
+            master_call_timeout_s=self.cfg.master_call_timeout_s,
         )
         if self.cfg.ssd_dir is not None:
             self.disk = DiskTier(self.cfg.ssd_dir)

@@ -17,6 +17,8 @@ import httpx
 import pytest
 
 from kvcake.core.ports import free_port
+from kvcake.store.ha.election import read_leader
+from kvcake.store.ha.etcd import Etcd
 from tests.store.ha.gated import GatedLog
 from tests.store.procs import Proc, spawn
 
@@ -135,6 +137,20 @@ def spawn_master(etcd_url: str, cluster: str, *extra: str) -> Proc:
         "master", "--etcd-endpoints", etcd_url, "--cluster", cluster, "--port", "0",
         "--http-port", "-1", "--client-ttl-s", "3", *extra, ready="master standby",
     )  # fmt: skip
+
+
+def leader_proc(etcd: Etcd, cluster: str, masters: list[Proc], timeout: float = 30) -> Proc:
+    """The master process the leader key names (once it serves)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = read_leader(etcd, cluster)
+        if info is not None and info.rpc:
+            pid = int(info.name.rsplit("/", 1)[1])
+            for m in masters:
+                if m.popen.pid == pid:
+                    return m
+        time.sleep(0.05)
+    raise AssertionError("no leader")
 
 
 def wait_line(proc: Proc, prefix: str, start: int = 0, timeout: float = 30) -> str:

@@ -22,6 +22,7 @@ from kvcake.store.ha.journal import JournaledState
 from kvcake.store.ha.oplog import LogFailed, OpLog
 from kvcake.store.ha.replay import build_state
 from kvcake.store.ha.view import View
+from kvcake.store.liveness import inherited_grace_s
 from kvcake.store.master_server import Master
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class DurableMaster(Master):
         assert isinstance(self.state, JournaledState)
         self.jstate: JournaledState = self.state
         self.oplog = oplog
+        self.failover_s = 0.0  # HA: a failover's length (the election lease TTL)
         handlers = self.rpc.handlers
         plain = handlers.dispatch
         jstate = self.jstate
@@ -84,6 +86,13 @@ class DurableMaster(Master):
             if type(msg) not in MUTATING:
                 return reply
             ticket = jstate.flush(oplog)
+            if not ticket and getattr(msg, "rid", None) is not None:
+                # This thread changed nothing: a retry answered from the dedup table (its
+                # first try's records may still be on their way to the log: a try that timed
+                # out on the master call deadline is re-sent while they are) or a no-op. Its
+                # reply waits for everything logged so far, so it never acknowledges ahead
+                # of the log (at once when the log is idle).
+                ticket = oplog.appended
             return Durable(oplog, ticket, reply) if ticket else reply
 
         handlers.dispatch = dispatch  # type: ignore[method-assign,assignment]
@@ -91,12 +100,15 @@ class DurableMaster(Master):
             oplog.source = lambda: jstate.flush(oplog)
 
     def start(self) -> None:
-        # The replayed clients' grace period starts now, not when the state was built: a slow
-        # take-over must not expire every storage node before it could heartbeat us.
+        # The replayed clients' grace period starts now, not when the state was built (a slow
+        # take-over must not expire every storage node before it could heartbeat us), and is
+        # longer than a client TTL: a client's call may be stuck on the old leader until its
+        # deadline, then it must find us (liveness.inherited_grace_s).
+        grace = inherited_grace_s(self.cfg.client_ttl_s, self.failover_s)
         with self.jstate.lock:
-            now = self.jstate.clock()
+            seen = self.jstate.clock() + grace - self.cfg.client_ttl_s
             for info in self.jstate.clients.values():
-                info.last_seen = now
+                info.last_seen = seen
         super().start()
 
     def stop(self) -> None:

@@ -1,10 +1,16 @@
 """Leader election through an etcd lease.
 
 The leader key ``/kvcake/<cluster>/leader`` is created, only if absent, with a lease of
-``ttl_s``; its ``create_revision`` names the term (the log fences on it). The leader refreshes
-the lease every ``ttl_s / 4``; if no refresh succeeded for ``ttl_s`` (etcd unreachable: the
-lease may be gone), or etcd says the lease expired, the term is over: ``lost`` is set and the
-leader must stop acknowledging. A standby polls the key and campaigns when it is absent.
+``ttl_s``; its ``create_revision`` names the term (the log fences on it, replies carry it). The
+leader refreshes the lease every ``ttl_s / 4``. It holds the lease until a deadline counted
+from the moment its last successful refresh was *sent* (etcd restarts the lease's TTL when it
+processes the refresh, which is later), less a margin, on ``CLOCK_BOOTTIME``: that clock runs
+while the process is stopped (SIGSTOP) and while the host is suspended, so a paused leader
+finds the deadline passed the moment it wakes, before it could answer from a state a standby
+has since changed. :meth:`Election.held` is asked right before every reply; once the deadline
+passed, or etcd says the lease expired, the term is over: ``lost`` is set and the leader steps
+down. A standby polls the key and campaigns when it is absent (the lease expired in etcd, which
+is no earlier than our deadline).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import msgspec
 
@@ -38,13 +45,30 @@ def leader_key(cluster: str) -> bytes:
 
 
 def read_leader(etcd: Etcd, cluster: str) -> LeaderInfo | None:
+    got = read_leader_term(etcd, cluster)
+    return None if got is None else got[0]
+
+
+def read_leader_term(etcd: Etcd, cluster: str) -> tuple[LeaderInfo, int] | None:
+    """The leader key's value and its term (create revision), or None."""
     got = etcd.get(leader_key(cluster))
     if got is None:
         return None
     try:
-        return _DEC.decode(got[0])
+        return _DEC.decode(got[0]), got[1]
     except msgspec.DecodeError:
         return None
+
+
+def boottime() -> float:
+    """Seconds on ``CLOCK_BOOTTIME`` (counts time stopped and suspended too)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def lease_margin(ttl_s: float) -> float:
+    """Held this much less than the TTL: for the rate difference of two hosts' clocks and
+    etcd's own timer resolution (a lease expires no earlier than its TTL)."""
+    return max(0.2, ttl_s * 0.1)
 
 
 class Election:
@@ -57,7 +81,33 @@ class Election:
         self.lease = 0
         self.revision = 0
         self.lost = threading.Event()
+        self.margin = lease_margin(ttl_s)
+        self.deadline = 0.0  # boottime() until which the lease surely holds; 0 = not held
+        self.clock: Callable[[], float] = boottime
         self._keeper: threading.Thread | None = None
+
+    @property
+    def term(self) -> int:
+        return self.revision
+
+    def held(self) -> bool:
+        """The lease surely holds now. Asked right before each reply: when its deadline has
+        passed the term ends here, at once (``lost``: the master steps down)."""
+        if self.clock() < self.deadline and not self.lost.is_set():
+            return True
+        self._end("its lease deadline passed (paused, or cut off from etcd)")
+        return False
+
+    def _end(self, why: str) -> None:
+        self.deadline = 0.0
+        if not self.lost.is_set():
+            log.error("ha: %s ends term %d: %s", self.name, self.revision, why)
+            self.lost.set()
+
+    def _extend(self, sent: float, ttl_s: float) -> None:
+        """A grant or refresh sent at ``sent`` succeeded with ``ttl_s``."""
+        if not self.lost.is_set():
+            self.deadline = max(self.deadline, sent + min(ttl_s, self.ttl_s) - self.margin)
 
     def campaign(self, stop: threading.Event) -> bool:
         """Block until this node leads (True) or ``stop`` is set (False)."""
@@ -73,6 +123,7 @@ class Election:
         return False
 
     def _try(self) -> bool:
+        sent = self.clock()
         lease = self.etcd.grant(self.ttl_s)
         value = _ENC.encode(LeaderInfo(self.name))
         ok, data = self.etcd.txn([cmp_create(self.key, 0)], [op_put(self.key, value, lease)])
@@ -82,6 +133,8 @@ class Election:
         self.lease = lease
         self.revision = int(data["header"]["revision"])
         self.lost.clear()
+        self.deadline = 0.0
+        self._extend(sent, self.ttl_s)
         self._keeper = threading.Thread(target=self._keep, name="ha-lease", daemon=True)
         self._keeper.start()
         log.warning("ha: %s is the leader (term %d)", self.name, self.revision)
@@ -94,27 +147,28 @@ class Election:
         return ok
 
     def _keep(self) -> None:
-        last_ok = time.monotonic()
         while not self.lost.is_set():
+            sent = self.clock()
+            # Never wait on etcd past the deadline: the term must end then, request or not.
+            wait = min(self.ttl_s / 2, self.deadline - sent)
             try:
-                ttl = self.etcd.keepalive(self.lease, timeout_s=self.ttl_s / 2)
+                ttl = self.etcd.keepalive(self.lease, timeout_s=max(0.05, wait))
                 if ttl <= 0:
-                    log.error("ha: %s lost its lease (expired)", self.name)
-                    self.lost.set()
+                    self._end("etcd says its lease expired")
                     return
-                last_ok = time.monotonic()
+                self._extend(sent, ttl)
             except EtcdError as exc:
                 log.warning("ha: lease refresh failed: %s", exc)
-            if time.monotonic() - last_ok >= self.ttl_s * 0.8:
-                log.error(
-                    "ha: %s cut off from etcd for %.1fs: stepping down", self.name, self.ttl_s
-                )
-                self.lost.set()
+            left = self.deadline - self.clock()
+            if left <= 0:
+                self._end("no lease refresh succeeded in time (cut off from etcd?)")
                 return
-            self.lost.wait(self.ttl_s / 4)
+            # Wake at the deadline at the latest: the term ends then even with no request.
+            self.lost.wait(min(self.ttl_s / 4, left))
 
     def resign(self) -> None:
         """End the term now (clean stop): the lease and so the leader key go at once."""
+        self.deadline = 0.0
         self.lost.set()
         if self.lease:
             try:

@@ -2,9 +2,11 @@
 
 HA: every master campaigns; the winner replays the log from etcd into a fresh state, starts
 serving on its configured ports and publishes its address in the leader key; the others wait.
-When the term ends (lease lost, etcd unreachable for the lease TTL, a fenced log write) the
-leader stops serving at once, drops its state and campaigns again as a standby, so a master
-cut off from etcd neither acknowledges nor serves stale reads. SIGTERM resigns (revokes the
+Every reply is sent only while the leader's lease surely holds (``Election.held``, checked
+right before the send) and carries the term. When the term ends (the lease's deadline passed,
+e.g. after a SIGSTOP; etcd says it expired; a fenced log write) the leader stops serving at
+once, drops its state and campaigns again as a standby, so a master cut off from etcd or paused
+neither acknowledges nor serves stale reads. SIGTERM resigns (revokes the
 lease) so a standby takes over without waiting for the TTL.
 """
 
@@ -73,8 +75,11 @@ class HaMaster:
                 continue
             if self.on_leader is not None:
                 self.on_leader(self.master, self.election.revision)
-            while not (stop.is_set() or self.election.lost.is_set() or self._term_over.is_set()):
-                stop.wait(0.05)
+            # Woken the moment the term ends (a reply found the lease gone, the keeper's refresh
+            # failed, the log was fenced); ``stop`` is looked at every 50 ms.
+            while not (stop.is_set() or self._term_over.is_set()):
+                if self.election.lost.wait(0.05):
+                    break
             log.warning("ha: %s ends its term", self.name)
             self.step_down()
         self.etcd.close()
@@ -103,6 +108,8 @@ class HaMaster:
         oplog.on_failure = lambda exc: self._term_over.set()
         view = oplog.load()
         master = DurableMaster(self.cfg, view, oplog, self.ha.cluster)
+        master.leadership = self.election  # every reply checks the lease, carries the term
+        master.failover_s = self.ha.ha_lease_ttl_s  # the inherited clients' grace includes it
         try:
             master.start()
             info = LeaderInfo(self.name, master.rpc_address, master.http_address)

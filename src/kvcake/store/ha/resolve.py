@@ -8,23 +8,45 @@ tries the new leader, for up to ``failover_s``. Retried mutations carry the same
 (the master RPC's deduplication); a new leader has no record of them, so a retried ``PutEnd``
 whose first attempt did become durable answers ``ObjectNotFound``: the put was then not
 acknowledged, which is allowed, and the object is readable.
+
+Terms: every connection of this process to one pool shares a :class:`~kvcake.store.rpc.Terms`
+(the highest leader term seen, from replies and from the leader key itself), so once any of
+them has met the new leader, a late reply of the deposed one is dropped on all of them and the
+call goes to the leader again. Each try of a call has the master call deadline
+(``timeout_s``): a leader frozen with our request in its socket costs that long, not 30 s.
 """
 
 from __future__ import annotations
 
 import socket
+import threading
 import time
+from collections import OrderedDict
 
 import msgspec
 
 from kvcake.core.auth import Authenticator
 from kvcake.store import protocol as P
 from kvcake.store.errors import RpcFailed, Unauthorized
-from kvcake.store.ha.election import read_leader
+from kvcake.store.ha.election import read_leader_term
 from kvcake.store.ha.etcd import Etcd, EtcdError
-from kvcake.store.rpc import MasterConnection
+from kvcake.store.rpc import MasterConnection, Terms
 
 SCHEME = "etcd://"
+_TERMS: OrderedDict[str, Terms] = OrderedDict()  # per pool address, the most recent 64
+_TERMS_LOCK = threading.Lock()
+
+
+def terms_of(address: str) -> Terms:
+    """The term tracker every connection of this process to ``address`` shares."""
+    with _TERMS_LOCK:
+        terms = _TERMS.get(address)
+        if terms is None:
+            terms = _TERMS[address] = Terms()
+            while len(_TERMS) > 64:
+                _TERMS.popitem(last=False)
+        _TERMS.move_to_end(address)
+        return terms
 
 
 def is_etcd(address: str) -> bool:
@@ -42,13 +64,17 @@ def parse_etcd_address(address: str) -> tuple[str, str]:
     return endpoints, cluster or "kvcake"
 
 
-def leader_rpc(etcd: Etcd, cluster: str) -> str:
+def leader_rpc(etcd: Etcd, cluster: str, terms: Terms | None = None) -> str:
+    """The leader's RPC address; ``terms`` learns its term (etcd's word over any reply's)."""
     try:
-        info = read_leader(etcd, cluster)
+        got = read_leader_term(etcd, cluster)
     except EtcdError as exc:
         raise RpcFailed(f"cannot ask etcd for the leader: {exc}") from exc
-    if info is None or not info.rpc:
+    if got is None or not got[0].rpc:
         raise RpcFailed(f"no store master leads cluster {cluster!r} yet")
+    info, term = got
+    if terms is not None and not terms.accept(term):
+        terms.reset(term)  # etcd was wiped: the count starts again
     return info.rpc
 
 
@@ -63,15 +89,15 @@ class FailoverConnection(MasterConnection):
         auth: Authenticator | None = None,
     ):
         endpoints, self.cluster = parse_etcd_address(address)
-        self.etcd = Etcd(endpoints, timeout_s=2.0)
+        self.etcd = Etcd(endpoints, timeout_s=min(2.0, max(0.5, timeout_s)))
         self.target = address
         self.failover_s = failover_s
-        super().__init__("", timeout_s, busy_poll_us, retries, auth)
+        super().__init__("", timeout_s, busy_poll_us, retries, auth, terms_of(address))
 
     def _connect(self) -> socket.socket:
         # Every (re)connect asks etcd: a connection is only re-made after one failed, and the
         # old address may be a leader cut off by a partition, where a connect just hangs.
-        self.address = leader_rpc(self.etcd, self.cluster)
+        self.address = leader_rpc(self.etcd, self.cluster, self.terms)
         try:
             return super()._connect()
         except RpcFailed:
