@@ -20,6 +20,7 @@ after it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import defaultdict
@@ -198,16 +199,26 @@ def lost_objects(
 
 
 # --- (c) ----------------------------------------------------------------------------------------
-def outages(ops: list[Op], faults: list[Fault], end: float) -> list[float | None]:
-    """Per fault: seconds from injection to the completion of the first answered call (ok or
-    refused) invoked at or after it; None when none came before ``end``."""
-    answered = sorted(
-        (o.invoke, o.complete) for o in ops if o.outcome in ("ok", "fail") and o.complete <= end
-    )
-    out: list[float | None] = []
-    for f in faults:
-        best = min((c for i, c in answered if i >= f.start), default=None)
-        out.append(None if best is None else best - f.start)
+@dataclass(frozen=True)
+class Outage:
+    first: float | None  # injection -> first answer to a call invoked after it (None: none)
+    gap: float  # the longest time without any answer between the injection and the next fault
+
+
+def outages(ops: list[Op], faults: list[Fault], end: float) -> list[Outage]:
+    """Per fault: how long calls went unanswered. An answer is an ok or refused (``fail``)
+    completion. ``first`` ignores calls already waiting at the injection; ``gap`` counts every
+    answer and also covers a fault whose effect comes late (a leader that steps down ~1.6 s
+    into an etcd pause)."""
+    answered = sorted((o.complete, o.invoke) for o in ops if o.outcome in ("ok", "fail"))
+    done = [c for c, _ in answered]
+    out = []
+    for n, f in enumerate(faults):
+        until = faults[n + 1].start if n + 1 < len(faults) else end
+        first = min((c for c, i in answered if i >= f.start and c <= end), default=None)
+        marks = [f.start, *(c for c in done if f.start <= c <= until), until]
+        gap = max(b - a for a, b in itertools.pairwise(marks))
+        out.append(Outage(None if first is None else first - f.start, gap))
     return out
 
 

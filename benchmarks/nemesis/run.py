@@ -94,8 +94,8 @@ def evaluate(run: Path, s: Settings, faults: list[Fault], final: dict[str, Any],
         "counts": dict(sorted(counts.items())), "keys_final": len(final),
         "wrong_reads": len(wrong), "lost_objects": len(lost), "excused_losses": excused,
         "evicted": evicted,
-        "faults": [{**asdict(f), "outage_s": None if o is None else round(o, 3)}
-                   for f, o in zip(faults, outs, strict=True)],
+        "faults": [{**asdict(f), "first_answer_s": None if o.first is None else round(o.first, 3),
+                    "outage_s": round(o.gap, 3)} for f, o in zip(faults, outs, strict=True)],
         "problems": [p.as_dict() for p in (wrong + lost)[:200]],
     }  # fmt: skip
     (run / "result.json").write_text(json.dumps(res, indent=1))

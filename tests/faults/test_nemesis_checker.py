@@ -119,8 +119,9 @@ def test_outage_is_injection_to_first_answer_after_it() -> None:
            Op("w", "put", ("k",), 10.5, 13.0, "fail"), Op("w", "get", ("k",), 11, 12.5, "ok")]  # fmt: skip
     faults = [Fault("pause-leader", "m0", 10.0, 12.0), Fault("kill-leader", "m1", 20.0, 21.0)]
     got = outages(ops, faults, end=40)
-    assert got[0] is not None and abs(got[0] - 2.5) < 1e-9
-    assert got[1] is None
+    assert got[0].first is not None and abs(got[0].first - 2.5) < 1e-9
+    assert abs(got[0].gap - 7.0) < 1e-9  # 13.0 -> 20.0 (the next fault) without an answer
+    assert got[1].first is None and abs(got[1].gap - 20.0) < 1e-9
 
 
 def test_history_files_round_trip_and_an_unfinished_call_is_unknown(tmp_path: Path) -> None:
