@@ -103,6 +103,9 @@ def test_signing_client_streams_and_empty_bodies(masters: tuple[Master, Master])
         assert http.put("/metadata?key=empty", content=b"").status_code == 200
         assert http.delete("/metadata", params={"key": "empty"}).status_code == 200
         assert http.get("/metadata?key=streamed").content == b"part-1/part-2"
+        odd = "sp ace/ü?&=%"  # percent-encoded on the wire: signed as sent
+        assert http.put("/metadata", params={"key": odd}, content=b"o").status_code == 200
+        assert a.metadata_kv.get(odd) == b"o"
 
 
 def test_a_full_nonce_cache_refuses_new_requests() -> None:
