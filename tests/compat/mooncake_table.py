@@ -372,6 +372,8 @@ def run_cases(store_mod: Any, master: str, metadata: str) -> dict[str, Any]:
     case("replica_clear.miss", lambda: st.batch_replica_clear(["t.missing"]))
     case("copy_task.bad_target", lambda: st.create_copy_task("t.k", ["nowhere"])[1])
     case("move_task.bad", lambda: st.create_move_task("t.k", "nowhere", "nowhere2")[1])
+    me = st.get_hostname()
+    case("move_task.same", lambda: st.create_move_task("t.k", me, me)[1])
     case("copy_task.miss", lambda: st.create_copy_task("t.missing", [st.get_hostname()])[1])
     case("query_task.unknown", lambda: st.query_task((1, 2))[1])
 

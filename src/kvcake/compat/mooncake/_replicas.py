@@ -154,6 +154,9 @@ class ReplicaMethods(StoreBase):
         return self._start_task(key, targets, TaskType.REPLICA_COPY, run)
 
     def create_move_task(self, key: str, source: str, target: str) -> tuple[tuple[int, int], int]:
+        if source == target and self._client is not None:
+            return NO_TASK, E.INVALID_PARAMS  # as the wheel: a move onto its own source
+
         def run() -> None:
             self._c.move_replica(key, self._segment(source), self._segment(target))
 
