@@ -71,7 +71,7 @@ def latency(engine: VllmEngine, prompt: list[int]) -> float:
 def wait_pooled(master: str, model_key: str, prompt: list[int], timeout_s: float = 60) -> None:
     from kvcake.store.client import Client
 
-    keys = BlockNamer(model_key, "float32", BS).keys(prompt)
+    keys = BlockNamer(model_key, "float32", BS).objects(prompt)
     with Client(master=master) as c:
         deadline = time.monotonic() + timeout_s
         while not all(c.batch_is_exist(keys)):

@@ -24,6 +24,7 @@ from kvcake.core.ids import BlockHash, ObjectKey
 #: Parent hash of the first block. Non-zero so an empty prefix never collides with a real block.
 ROOT_HASH = BlockHash(0x6B7663616B650001)  # "kvcake" + 1
 _MAX_TOKEN = 2**32 - 1
+_HEX = frozenset("0123456789abcdef")
 
 
 def hash_block(parent: BlockHash, tokens: Sequence[int] | np.ndarray) -> BlockHash:
@@ -74,6 +75,32 @@ def block_hashes(
 def block_key(model: str, dtype: str, block_tokens: int, h: BlockHash) -> ObjectKey:
     """Store object key of one KV block (all layers): ``{model}/{dtype}/{block_tokens}/{hash}``."""
     return ObjectKey(f"{model}/{dtype}/{block_tokens}/{int(h):016x}")
+
+
+def rank_key(block: str, rank: int, size: int) -> ObjectKey:
+    """Store key of tensor-parallel rank ``rank``'s share (of ``size`` ranks) of a block:
+    ``{block_key}/tp{rank}of{size}``. Each rank holds its own heads, so each rank's share is
+    its own object and no rank can read another's (nor one of another TP size)."""
+    if not 0 <= rank < size:
+        raise ValueError(f"tensor-parallel rank {rank} outside [0, {size})")
+    return ObjectKey(f"{block}/tp{rank}of{size}")
+
+
+def parse_block_key(key: str) -> tuple[BlockHash, int, int] | None:
+    """``(block hash, rank, TP size)`` of a :func:`block_key` (rank 0 of 1) or a
+    :func:`rank_key`; None for any other key. Events and indexes name a block by the hash
+    alone, once, whatever the number of ranks."""
+    head, _, last = key.rpartition("/")
+    rank, size = 0, 1
+    if last.startswith("tp") and "of" in last:
+        r, _, n = last[2:].partition("of")
+        if not (r.isdigit() and n.isdigit() and int(r) < int(n)):
+            return None
+        rank, size = int(r), int(n)
+        last = head.rpartition("/")[2]
+    if len(last) != 16 or not all(c in _HEX for c in last):
+        return None
+    return BlockHash(int(last, 16)), rank, size
 
 
 def common_prefix_blocks(a: Iterable[BlockHash], b: Iterable[BlockHash]) -> int:

@@ -2,8 +2,10 @@
 
 :class:`PoolEvents` subscribes to the master's zmq PUB, keeps a :class:`~kvcake.core.api.
 PoolView` of the pool's readable keys and mirrors the block keys among them
-(``core.hashing.block_key`` names) into a :class:`~kvcake.core.api.KVIndex` under the holder
-:data:`~kvcake.serve.events.POOL`. A sequence gap, a new publisher (master restart) or a tick
+(``core.hashing.block_key`` names, and the vLLM connector's per-rank ``rank_key`` names) into a
+:class:`~kvcake.core.api.KVIndex` under the holder :data:`~kvcake.serve.events.POOL`. The
+index names a block once, by its hash: a block saved by N tensor-parallel ranks is N objects
+and enters the index when all N are in the pool, and leaves it when the first one leaves. A sequence gap, a new publisher (master restart) or a tick
 announcing events it did not see makes it reload a snapshot (``KvSnapshot`` RPC). So the index
 shrinks when the pool evicts, and never drifts for longer than one resync.
 
@@ -20,6 +22,7 @@ from typing import Any
 import msgspec
 
 from kvcake.core.api import STORE_EVENTS_TOPIC, KVIndex, PoolView
+from kvcake.core.hashing import parse_block_key
 from kvcake.core.ids import BlockHash, InstanceId
 from kvcake.serve.events import POOL
 
@@ -27,14 +30,42 @@ log = logging.getLogger(__name__)
 
 
 def block_of(key: str) -> BlockHash | None:
-    """The block hash of a ``{model}/{dtype}/{block_tokens}/{hash:016x}`` key, else None."""
-    last = key.rpartition("/")[2]
-    if len(last) != 16:
-        return None
-    try:
-        return BlockHash(int(last, 16))
-    except ValueError:
-        return None
+    """The block hash of a ``{model}/{dtype}/{block_tokens}/{hash:016x}`` key, or of one rank's
+    object of it (``.../tp{rank}of{size}``), else None."""
+    parsed = parse_block_key(key)
+    return parsed[0] if parsed is not None else None
+
+
+class RankCount:
+    """Which blocks have every rank's object in the pool, per TP size (a block may be pooled
+    by engines of several TP sizes). Bounded by the keys in the pool (one entry per block,
+    gone with its last object)."""
+
+    def __init__(self) -> None:
+        self._ranks: dict[BlockHash, dict[int, set[int]]] = {}  # block -> size -> ranks in
+
+    def _whole(self, block: BlockHash) -> bool:
+        return any(len(r) == n for n, r in self._ranks.get(block, {}).items())
+
+    def change(self, key: str, present: bool) -> tuple[BlockHash | None, bool | None]:
+        """Apply one object entering or leaving; returns its block and, when that changed
+        whether the block is whole, the new answer (else None)."""
+        parsed = parse_block_key(key)
+        if parsed is None:
+            return None, None
+        block, rank, size = parsed
+        before = self._whole(block)
+        sizes = self._ranks.setdefault(block, {})
+        if present:
+            sizes.setdefault(size, set()).add(rank)
+        else:
+            sizes.get(size, set()).discard(rank)
+            if not sizes.get(size, True):
+                del sizes[size]
+            if not sizes:
+                del self._ranks[block]
+        after = self._whole(block)
+        return block, (after if after != before else None)
 
 
 class PoolEvents:
@@ -43,6 +74,7 @@ class PoolEvents:
         self.master = master  # host:port of the master RPC, or etcd://...
         self.holder = holder
         self.view = PoolView()
+        self.ranks = RankCount()
         self.resyncs = 0
         self.applied = 0
         self._conn: Any = None
@@ -69,8 +101,14 @@ class PoolEvents:
     # --- applying -----------------------------------------------------------------------------
 
     def _mirror(self, entered: list[str], left: list[str]) -> None:
-        add = [b for b in map(block_of, entered) if b is not None]
-        gone = [b for b in map(block_of, left) if b is not None]
+        now: dict[BlockHash, bool] = {}  # block -> whole after this change (the last wins)
+        for keys, present in ((left, False), (entered, True)):
+            for key in keys:
+                block, whole = self.ranks.change(key, present)
+                if block is not None and whole is not None:
+                    now[block] = whole
+        add = [b for b, whole in now.items() if whole]
+        gone = [b for b, whole in now.items() if not whole]
         if add:
             self.index.add(self.holder, add)
         if gone:

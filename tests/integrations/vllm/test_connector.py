@@ -31,7 +31,7 @@ def tokens(seed: int, n: int) -> list[int]:
 def wait_pooled(c: Cluster, prompt: list[int], timeout_s: float = 30) -> None:
     """Block until every full block of ``prompt`` is in the pool (A saves in the background)."""
     model = f"{c.a.spec.model_dir.rstrip('/').rsplit('/', 1)[-1]}@vllm"
-    keys = BlockNamer(model, "float32", BS).keys(prompt)
+    keys = BlockNamer(model, "float32", BS).objects(prompt)  # every rank's object
     with Client(master=c.master_addr) as client:
         deadline = time.monotonic() + timeout_s
         while not all(client.batch_is_exist(keys)):

@@ -40,11 +40,14 @@ class FakeClient:
         self.calls = 0
         self.hold: dict[int, threading.Event] = {}
         self.missing: set[str] = set()
+        self.raises: dict[int, BaseException] = {}  # the n-th call raises this
 
     def batch_get_into_ranges(self, keys: list[str], ranges: list[Any], guard: Any) -> list[Any]:
         n, self.calls = self.calls, self.calls + 1
         if n in self.hold:
             self.hold[n].wait(30)
+        if n in self.raises:
+            raise self.raises[n]
         out: list[Any] = []
         for key, rs in zip(keys, ranges, strict=True):
             if key in self.missing:
@@ -163,3 +166,26 @@ def test_config_refuses_zero_layer_groups() -> None:
 
     with pytest.raises(ConfigError, match="load_layer_groups"):
         ConnectorConfig.from_extra({"master": "127.0.0.1:1", "load_layer_groups": 0})
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("exc", [RuntimeError("bug"), OSError("connection reset"), ValueError()])
+def test_any_exception_of_a_load_is_a_recompute_never_the_forwards(
+    groups: int, exc: Exception
+) -> None:
+    paged, client, pool, loader = setup(groups=groups)
+    client.raises[groups - 1] = exc  # the last group's read raises
+    load = loader.start(paged, RUNS)
+    for layer in LAYERS:
+        load.wait_layer(layer)  # what vLLM's attention calls: must not raise
+    assert load.finish() == {3, 5, 1}
+    assert load.failed_requests({5}) == {"r1"} and pool.failures
+    assert loader.counters.take()["load_error_blocks"] == 3
+
+
+def test_a_load_that_cannot_start_fails_every_block() -> None:
+    paged, _, pool, loader = setup(groups=2)
+    bad = [BlockRun("r", ["k1"], [NUM_BLOCKS + 5])]  # a block id vLLM's tensors do not have
+    load = loader.start(paged, bad)
+    load.wait_layer(LAYERS[0])
+    assert load.finish() == {NUM_BLOCKS + 5} and "out of range" in pool.failures[0]

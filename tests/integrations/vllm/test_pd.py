@@ -61,7 +61,7 @@ def wait_metric(engine: Any, name: str, above: float, timeout_s: float = 20) -> 
 def pooled(c: Cluster, prompt: list[int]) -> list[bool]:
     model = f"{c.a.spec.model_dir.rstrip('/').rsplit('/', 1)[-1]}@vllm"
     with Client(master=c.master_addr) as client:
-        return list(client.batch_is_exist(BlockNamer(model, "float32", BS).keys(prompt)))
+        return list(client.batch_is_exist(BlockNamer(model, "float32", BS).objects(prompt)))
 
 
 def engine_processes(engine: Any) -> list[psutil.Process]:

@@ -20,7 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from kvcake.core.errors import KvcakeError
+from kvcake.core.errors import ConfigError, KvcakeError
 from kvcake.integrations.vllm.config import ConnectorConfig
 from kvcake.integrations.vllm.keys import BlockNamer
 from kvcake.integrations.vllm.loads import Loader, PendingLoad
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = log_for("connector")
+NO_SAVE_MAX = 4096  # requests remembered as "load failed: save nothing" (far above a batch)
 
 
 @dataclass
@@ -52,11 +53,16 @@ class KvcakeMetadata(KVConnectorMetadata):
 
 
 def namer_for(vllm_config: VllmConfig, cfg: ConnectorConfig) -> BlockNamer:
-    """Keys carry the model, the KV dtype and vLLM's block size (= the pool's block size)."""
+    """Keys carry the model, the KV dtype, vLLM's block size (= the pool's block size) and,
+    per object, the tensor-parallel rank and size (keys.py)."""
     mc, cc = vllm_config.model_config, vllm_config.cache_config
+    pc = vllm_config.parallel_config
+    if pc.pipeline_parallel_size > 1:  # each stage would save its own layers under one key
+        raise ConfigError("KvcakeConnector: pipeline parallelism is not supported (keys carry "
+                          "the tensor-parallel rank only)")  # fmt: skip
     model = cfg.model_key or f"{os.path.basename(str(mc.model).rstrip('/'))}@vllm"
     dtype = str(mc.dtype).removeprefix("torch.") if cc.cache_dtype == "auto" else cc.cache_dtype
-    return BlockNamer(model, dtype, cc.block_size, cfg.tenant)
+    return BlockNamer(model, dtype, cc.block_size, cfg.tenant, pc.tensor_parallel_size)
 
 
 def tp_rank() -> int:
@@ -111,7 +117,12 @@ class KvcakeConnector(KVConnectorBase_V1):
             self.saver = Saver(self.pool, self.counters, self.cfg.max_pending_saves)
             self.loader = Loader(self.pool, self.counters, self.cfg)
             self.paged: PagedKV | None = None
+            self.rank = 0  # this worker's tensor-parallel rank (register_kv_caches)
             self._load_errors: set[int] = set()
+            # Requests whose load failed on this worker: none of their blocks is saved any more
+            # (the step that found the failure computed on top of the failed blocks). Bounded;
+            # entries leave when vLLM reports the request finished (get_finished).
+            self._no_save: dict[str, None] = {}
             self._load: PendingLoad | None = None  # this step's, until the forward ends
             self.pdw = PdWorker(
                 self.pool, self.counters, self.cfg, self.engine_id, 0, log,
@@ -129,6 +140,19 @@ class KvcakeConnector(KVConnectorBase_V1):
         except KvcakeError as exc:
             self.pool.failed("lookup", exc)
             return [False] * len(keys)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        """The workers' step output: blocks whose load failed make their requests local misses
+        from now on (vLLM recomputes them; a new lookup must not load them again)."""
+        bad = set(getattr(connector_output, "invalid_block_ids", None) or ())
+        if bad:
+            failed = self.planner.load_failed(bad)
+            if failed:
+                log.warning(
+                    "kvcake: %d pooled block(s) failed to load for %d request(s); vLLM "
+                    "recomputes them and these requests do not look the pool up again",
+                    len(bad), len(failed),
+                )  # fmt: skip
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -225,24 +249,32 @@ class KvcakeConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self.paged = PagedKV(kv_caches, self.num_blocks)
-        self.pdw.rank = tp_rank()
+        self.rank = self.pdw.rank = tp_rank()
         self.pdw.attach(self.paged)
         log.info(
-            "kvcake: %d KV planes, %d blocks of %d B, keys %s/%s/%d/...",
+            "kvcake: %d KV planes, %d blocks of %d B, keys %s/%s/%d/<hash>/tp%dof%d",
             len(self.paged.planes),
             self.num_blocks,
             self.paged.block_bytes,
             self.namer.model,
             self.namer.dtype,
             self.namer.block_tokens,
+            self.rank,
+            self.namer.tp_size,
         )
+
+    def _mine(self, runs: list[BlockRun]) -> list[BlockRun]:
+        """The scheduler plans with block keys; this worker reads and writes its rank's objects."""
+        name = self.namer.for_rank
+        return [BlockRun(r.req_id, [name(k, self.rank) for k in r.keys], r.block_ids)
+                for r in runs]  # fmt: skip
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvcakeMetadata)
         self._finish_load()  # (a step that ended without wait_for_save)
         if meta.loads and self.paged is not None:
-            self._load = self.loader.start(self.paged, meta.loads)
+            self._load = self.loader.start(self.paged, self._mine(meta.loads))
             if not self._load.group_of:  # a whole load: done before the forward
                 self._finish_load()
         if meta.pd.pulls or meta.pd.frees:
@@ -252,16 +284,23 @@ class KvcakeConnector(KVConnectorBase_V1):
         self.pdw.idle = getattr(forward_context, "attn_metadata", True) is None
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        for rid in finished_req_ids:
+            self._no_save.pop(rid, None)
         return self.pdw.poll(finished_req_ids)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._load is not None:
-            self._load.wait_layer(layer_name)
+            self._load.wait_layer(layer_name)  # never raises: a failure is recomputed
 
     def _finish_load(self) -> None:
         if self._load is not None:
             load, self._load = self._load, None
-            self._load_errors |= load.finish()
+            failed = load.finish()
+            self._load_errors |= failed
+            for rid in load.failed_requests(failed):
+                self._no_save[rid] = None
+            while len(self._no_save) > NO_SAVE_MAX:  # oldest first: a lost finish notice
+                del self._no_save[next(iter(self._no_save))]
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
@@ -274,7 +313,10 @@ class KvcakeConnector(KVConnectorBase_V1):
             return
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvcakeMetadata)
-        for run in meta.saves:
+        for run in self._mine(meta.saves):
+            if run.req_id in self._no_save:
+                self.counters.add(save_dropped_blocks=len(run.keys))
+                continue
             rows = self.paged.empty(len(run.block_ids))
             self.paged.gather(run.block_ids, rows)  # vLLM may reuse the blocks after this step
             self.saver.submit(run.keys, rows)

@@ -13,6 +13,10 @@ forward waits for it, bounded by ``load_timeout_s`` (one deadline for the whole 
 
 On an error or the deadline the guard is cancelled (no byte lands in vLLM's blocks any more),
 the groups not started are dropped, and every block of the load is reported for recompute.
+*Any* exception of a load (a store error, a broken connection, a bug) ends there: it never
+reaches vLLM's forward, it only turns the load's blocks into recomputed ones. A block whose
+read failed (a missing object, a checksum mismatch: the store verifies each chunk a read
+covers before it reports success) is reported with the rest of its request's run.
 Invariant: :meth:`PendingLoad.finish` runs before vLLM asks for the step's load errors; a group
 the forward never waited for (an attention backend without vLLM's per-layer hook) may have been
 read half-loaded, so then every block is reported too and the loader goes back to whole loads.
@@ -91,7 +95,7 @@ class PendingLoad:
         except cf.TimeoutError:
             self._give_up(TimeoutError(f"deadline {self.loader.cfg.load_timeout_s} s"))
             self.loader.counters.add(load_deadline_misses=1)
-        except KvcakeError as exc:
+        except Exception as exc:  # whatever it is, vLLM recomputes; the forward never sees it
             self._give_up(exc)
         finally:
             self.wait_s += time.perf_counter() - t
@@ -104,6 +108,17 @@ class PendingLoad:
             f.cancel()
         self.error = exc
         self.loader.pool.failed("load", exc)
+
+    def _good(self, got: Any) -> bool:
+        """A key's result is usable: bytes read, and for a staged (whole) read all of them
+        (an object of another size is not this block)."""
+        if isinstance(got, StoreError) or not isinstance(got, int):
+            return False
+        return self.after is None or got == self.loader.block_bytes
+
+    def failed_requests(self, failed: set[int]) -> set[str]:
+        """The requests of this load with a block in ``failed``."""
+        return {r.req_id for r in self.runs if not failed.isdisjoint(r.block_ids)}
 
     def finish(self) -> set[int]:
         """Join what is left; return the block ids vLLM must recompute."""
@@ -119,20 +134,22 @@ class PendingLoad:
             self.loader.unhooked(len(self.futures) - len(self.waited))
             self.loader.counters.add(load_error_blocks=n, load_wait_seconds=self.wait_s)
             return set(self.ids)
-        bad = [any(isinstance(r[0][i], StoreError) for r in self.results.values())
-               for i in range(n)]  # fmt: skip
+        bad = [any(not self._good(r[0][i]) for r in self.results.values()) for i in range(n)]
         failed = failed_blocks(self.runs, bad)
         if failed:
-            first = next(
-                x for r in self.results.values() for x in r[0] if isinstance(x, StoreError)
-            )
+            first = next(x for r in self.results.values() for x in r[0] if not self._good(x))
             self.loader.pool.log.warning(
                 "kvcake: %d of %d pooled blocks could not be loaded (%s); vLLM recomputes them",
                 len(failed), n, first,
             )  # fmt: skip
         ok = [b not in failed for b in self.ids]
         if self.after is not None:
-            self.after(ok)
+            try:
+                self.after(ok)
+            except Exception as exc:
+                self._give_up(exc)
+                self.loader.counters.add(load_error_blocks=n, load_wait_seconds=self.wait_s)
+                return set(self.ids)
         loaded = sum(ok)
         self.loader.counters.add(
             load_blocks=loaded,
@@ -156,6 +173,16 @@ class Loader:
         self._inflight: list[cf.Future[Any]] = []  # the last load's (cancelled ones are done)
 
     def start(self, paged: PagedKV, runs: Sequence[BlockRun]) -> PendingLoad:
+        """Start one step's load; never raises (a load that cannot start fails every block)."""
+        try:
+            return self._start(paged, runs)
+        except Exception as exc:
+            load = PendingLoad(runs, [], {}, ReadGuard(), time.monotonic(), time.perf_counter(),
+                               self, error=exc)  # fmt: skip
+            self.pool.failed("load", exc)
+            return load
+
+    def _start(self, paged: PagedKV, runs: Sequence[BlockRun]) -> PendingLoad:
         keys = [k for r in runs for k in r.keys]
         ids = [b for r in runs for b in r.block_ids]
         self.block_bytes = paged.block_bytes

@@ -6,8 +6,12 @@ The scheduler connector calls :meth:`Planner.match` from ``get_num_new_matched_t
 ``build_connector_meta``; the resulting :class:`StepPlan` travels to the worker.
 
 Invariants: a load covers only whole blocks in ``[local hit, pooled prefix)`` and never the
-prompt's last token (vLLM must compute at least one); a block is planned for saving at most once
-per request, and only in the step after which its KV is complete.
+prompt's last token (vLLM must compute at least one); a block counts as pooled only when every
+tensor-parallel rank's object of it exists; a block is planned for saving at most once per
+request, and only in the step after which its KV is complete (a worker whose load for a
+request failed saves none of that request's blocks: they may have been computed on top of the
+failed ones). After a failed load, every later lookup for that request is a miss (vLLM issue 55297: a
+connector that finds the same blocks again loads them again, forever).
 """
 
 from __future__ import annotations
@@ -59,7 +63,9 @@ class Planner:
         self.block_tokens = namer.block_tokens
         self.save = save
         self._tracks: dict[str, _Track] = {}
-        self._loads: dict[str, BlockRun] = {}
+        self._loads: dict[str, BlockRun] = {}  # planned, not yet sent to the workers
+        self._sent: dict[str, list[int]] = {}  # the block ids of each request's sent load
+        self._failed: set[str] = set()  # requests whose load failed: no pool lookup any more
 
     def match(
         self,
@@ -73,16 +79,12 @@ class Planner:
 
         ``exists`` is None when the pool is unavailable: nothing is loaded, nothing saved.
         ``save=False``: this request's blocks are not saved (a P/D prefill sending directly)."""
+        self._sent.pop(req_id, None)  # a new lookup: the old load's block ids are not its own
         if exists is None:
             self._tracks.pop(req_id, None)
             return 0
         keys = self.namer.keys(prompt)
-        pooled = 0
-        if keys:
-            for found in exists(keys):
-                if not found:
-                    break
-                pooled += 1
+        pooled = self._pooled(keys, exists) if req_id not in self._failed else 0
         local = local_tokens // self.block_tokens
         self._tracks[req_id] = _Track(keys, pooled, local, saved=pooled if save else len(keys))
         limit = (len(prompt) - 1) // self.block_tokens  # leave >= 1 token to compute
@@ -105,6 +107,7 @@ class Planner:
         """One engine step. ``scheduled``: (req_id, new block ids or None, block ids replace the
         old ones (new or resumed request), tokens computed once this step ran)."""
         plan = StepPlan(loads=list(self._loads.values()))
+        self._sent.update((r, run.block_ids) for r, run in self._loads.items())
         self._loads.clear()
         for req_id, new_ids, replace, done_tokens in scheduled:
             track = self._tracks.get(req_id)
@@ -126,9 +129,31 @@ class Planner:
                 track.saved = ready
         return plan
 
+    def _pooled(self, keys: list[str], exists: Exists) -> int:
+        """Leading blocks of ``keys`` whose every rank's object is in the pool."""
+        if not keys:
+            return 0
+        n = self.namer.tp_size
+        found = exists([o for k in keys for o in self.namer.all_ranks(k)])
+        pooled = 0
+        while pooled < len(keys) and all(found[pooled * n : (pooled + 1) * n]):
+            pooled += 1
+        return pooled
+
+    def load_failed(self, block_ids: set[int]) -> list[str]:
+        """vLLM reported ``block_ids`` as failed loads: the requests whose sent load they were
+        part of never look the pool up again. Returns those requests."""
+        hit = [r for r, ids in self._sent.items() if not block_ids.isdisjoint(ids)]
+        self._failed.update(hit)
+        for req_id in hit:
+            del self._sent[req_id]
+        return hit
+
     def finished(self, req_id: str) -> None:
         self._tracks.pop(req_id, None)
         self._loads.pop(req_id, None)
+        self._sent.pop(req_id, None)
+        self._failed.discard(req_id)
 
     def __len__(self) -> int:
         return len(self._tracks)
