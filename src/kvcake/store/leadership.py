@@ -37,6 +37,8 @@ class Sole:
 
 
 SOLE = Sole()
+# What a request gets without the lease, before its reply is sealed (then refused in full).
+NOT_HELD = P.ErrorReply(RPC_FAIL, "not the leader")
 
 
 def seal(reply: msgspec.Struct, lead: Leadership) -> tuple[msgspec.Struct, bool]:

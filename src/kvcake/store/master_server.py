@@ -28,7 +28,7 @@ from kvcake.store.dedup import StaleRequest
 from kvcake.store.deferred_reply import DeferredReply, ReplySender
 from kvcake.store.disk import close_gracefully
 from kvcake.store.errors import INTERNAL_ERROR, INVALID_PARAMS
-from kvcake.store.leadership import SOLE, Leadership, seal
+from kvcake.store.leadership import NOT_HELD, SOLE, Leadership, seal
 from kvcake.store.liveness import PauseWatch
 from kvcake.store.master_state import MasterState
 from kvcake.store.metadata import Tier
@@ -308,7 +308,9 @@ class MasterRpcServer(ThreadedServer):
         sender = None  # only a deferred reply needs one (not every request's path)
         t0 = time.perf_counter()
         try:
-            out: msgspec.Struct | DeferredReply = self.handlers.dispatch(msg)
+            # Not even applied without the lease (a standby may lead: no event, no change).
+            lead = self.leadership.held()
+            out: msgspec.Struct | DeferredReply = self.handlers.dispatch(msg) if lead else NOT_HELD
             if isinstance(out, DeferredReply):
                 sender = ReplySender(conn, rid, self.leadership)
                 out = out.resolve(sender)
