@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -64,7 +65,13 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def interrupt(*_: object) -> None:
+    raise KeyboardInterrupt  # unwinds through every Cluster's cleanup
+
+
 def main() -> int:
+    for sig in (signal.SIGINT, signal.SIGTERM):  # also when started with SIGINT ignored (&)
+        signal.signal(sig, interrupt)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--duration", type=float, default=120, help="seconds of faults per schedule")
@@ -91,7 +98,7 @@ def main() -> int:
         results.append(r)
         say(f"  seed {seed}: {r['ops']} calls in {time.monotonic() - t:.0f} s, wrong reads "
             f"{r['wrong_reads']}, lost {r['lost_objects']} (excused {r['excused_losses']}), "
-            f"evicted {r['evicted']}")  # fmt: skip
+            f"evicted {r['evicted']} ({r['eviction_scrapes']} reads of the counters)")  # fmt: skip
         for p in r["problems"][:5]:
             say(f"    {p['kind']} {p['key']}: {p['detail']}")
     lines = summary(results)
@@ -103,4 +110,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        say("interrupted: every process and namespace of the run was stopped")
+        sys.exit(130)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -151,6 +152,8 @@ class Cluster:
         self.procs: dict[str, Proc] = {}
         self.etcd_url = ""
         self.evicted: dict[str, int] = {}  # master log -> its highest evicted_objects seen
+        self.scrapes = 0  # successful reads of a master's /metrics
+        self._http_auth: object = None
 
     # --- start / stop ---------------------------------------------------------------------------
     def __enter__(self) -> Cluster:
@@ -291,6 +294,19 @@ class Cluster:
                         best, who = int(hit["term"]), (p if log == p.log else None)
         return who if who is not None and who.alive() else None
 
+    def http_auth(self) -> Any:
+        """Signed requests for the masters' HTTP (non-loopback binds need the secret)."""
+        if self.hosts.net is None:
+            return None
+        if self._http_auth is None:
+            from kvcake.core.auth import load_auth
+            from kvcake.core.http_auth import MASTER_HTTP
+            from kvcake.store.httpserve import client_auth
+
+            auth = load_auth(env={"KVCAKE_AUTH_SECRET": self.secret})
+            self._http_auth = client_auth(auth, MASTER_HTTP)
+        return self._http_auth
+
     def scrape_evictions(self) -> None:
         """Record each live master's ``evicted_objects`` counter (an eviction fails a run)."""
         for m in self.masters:
@@ -302,10 +318,12 @@ class Cluster:
                 continue
             try:
                 with self.hosts.inside(m):
-                    text = httpx.get(f"http://{hits[-1]['http']}/metrics", timeout=2).text
+                    r = httpx.get(f"http://{hits[-1]['http']}/metrics", timeout=2,
+                                  auth=self.http_auth())  # fmt: skip
             except httpx.HTTPError:
                 continue
-            got = re.search(r"^kvcake_store_evicted_objects(?:_total)?\S* (\S+)", text, re.M)
-            if got:
+            got = re.search(r"^kvcake_store_evicted_objects(?:_total)?\S* (\S+)", r.text, re.M)
+            if r.status_code == 200 and got:
+                self.scrapes += 1
                 key = str(p.log)
                 self.evicted[key] = max(self.evicted.get(key, 0), int(float(got[1])))

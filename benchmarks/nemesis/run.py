@@ -75,12 +75,12 @@ def run_schedule(s: Settings, run: Path, duration_s: float, netns: bool, max_hol
         t_end = time.monotonic()
         final = final_read(cl, say)
         cl.scrape_evictions()
-        evicted = sum(cl.evicted.values())
+        evicted = {"evicted": sum(cl.evicted.values()), "eviction_scrapes": cl.scrapes}
     return evaluate(run, s, faults, final, t_end - t_start, t_end, evicted, netns)
 
 
 def evaluate(run: Path, s: Settings, faults: list[Fault], final: dict[str, Any],
-             seconds: float, t_end: float, evicted: int, netns: bool) -> dict[str, Any]:  # fmt: skip
+             seconds: float, t_end: float, evicted: dict[str, int], netns: bool) -> dict[str, Any]:  # fmt: skip
     ops = checker.load_history(sorted(run.glob("hist-*.jsonl")))
     wrong = checker.wrong_reads(ops)
     stores = [f"s{i}" for i in range(s.stores)]
@@ -93,7 +93,7 @@ def evaluate(run: Path, s: Settings, faults: list[Fault], final: dict[str, Any],
         "seed": s.seed, "seconds": round(seconds, 1), "netns": netns, "ops": len(ops),
         "counts": dict(sorted(counts.items())), "keys_final": len(final),
         "wrong_reads": len(wrong), "lost_objects": len(lost), "excused_losses": excused,
-        "evicted": evicted,
+        **evicted,
         "faults": [{**asdict(f), "first_answer_s": None if o.first is None else round(o.first, 3),
                     "outage_s": round(o.gap, 3)} for f, o in zip(faults, outs, strict=True)],
         "problems": [p.as_dict() for p in (wrong + lost)[:200]],
