@@ -42,7 +42,7 @@ def log(tmp_path: Path) -> Path:
             "computed_tokens": 4, "miss_reasons": {"last_block": 4}}  # fmt: skip
     w.write(rec(6, prefill="prefill-1", kv=pool))
     w.write(rec(7, outcome="rejected", prefill=None, decode=None, ttft_s=None, kv=None,
-                tenant="acme"))  # fmt: skip
+                tenant="acme", error="ttft_slo"))  # fmt: skip
     w.close()
     return path
 
@@ -90,6 +90,18 @@ def test_table_output(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["logs", "--file", str(log), "--instance", "prefill-1"]) == 0
     out = capsys.readouterr().out
     assert "req-6" in out and "store-0:64" in out and "req-5" not in out
+    assert "error" not in out  # no failed request shown: no error column
+
+
+def test_errors_show_their_reason(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    w = RequestLog(log)
+    w.write(rec(8, outcome="error", prefill="prefill-0", decode=None, ttft_s=None, kv=None,
+                error="prefill-0: unknown segment 'kv/decode-0'"))  # fmt: skip
+    w.close()
+    assert main(["logs", "--file", str(log), "--outcome", "error,rejected"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the reason may wrap
+    assert "req-7" in out and "ttft_slo" in out
+    assert "req-8" in out and "unknown segment" in out and "kv/decode-0" in out
 
 
 @pytest.mark.parametrize(

@@ -82,8 +82,14 @@ def test_workloads_probes_resources_and_wiring(tmp_path: Path) -> None:
         if o["kind"] in ("StatefulSet", "Deployment"):
             (c,) = o["spec"]["template"]["spec"]["containers"]
             assert c["image"] == "reg.example/kvcake:1.2"
-            assert c["readinessProbe"]["httpGet"]["path"] == "/health"
-            assert c["livenessProbe"]["httpGet"]["path"] in ("/health", "/v1/models")
+            ready, live = (
+                ("/health/ready", "/health/live")
+                if c["name"] == "proxy"
+                else ("/health", "/health")
+            )  # the proxy tells them apart (serve/health.py)
+            assert c["readinessProbe"]["httpGet"]["path"] == ready
+            assert c["livenessProbe"]["httpGet"]["path"] == live
+            assert c["startupProbe"]["httpGet"]["path"] == live
             assert {"cpu", "memory"} <= set(c["resources"]["requests"])
     store = by(objs, "StatefulSet", "kvcake-store")["spec"]["template"]["spec"]["containers"][0]
     assert store["resources"]["requests"]["memory"] == f"{(10**9 >> 20) + 1 + 256}Mi"

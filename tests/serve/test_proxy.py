@@ -19,7 +19,8 @@ def post(c: Cluster, path: str, body: object, **kw: object) -> httpx.Response:
 
 def test_models_health_metrics(emulated_cluster: Cluster) -> None:
     c = emulated_cluster
-    assert httpx.get(c.url + "/health").json() == {"status": "ok"}
+    health = httpx.get(c.url + "/health").json()  # = /health/ready (tests/serve/test_health.py)
+    assert health["status"] == "ok" and health["ready"] and not health["failed"]
     models = httpx.get(c.url + "/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["object"] == "model"
     post(c, "/v1/completions", {"prompt": PROMPT[:40], "max_tokens": 2, "temperature": 0})

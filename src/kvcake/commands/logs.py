@@ -197,17 +197,22 @@ def table(records: list[dict[str, Any]]) -> Any:
     for col in ("time", "request", "outcome", "prefill", "decode", "prompt", "out", "TTFT s",
                 "local", "pool", "ssd", "computed", "miss reasons"):  # fmt: skip
         t.add_column(col, justify="right" if col in ("prompt", "out", "TTFT s") else "left")
+    # Why a request failed or was refused: the one thing to read in an error's row.
+    errors = any(r.get("error") for r in records)
+    if errors:
+        t.add_column("error", overflow="fold", min_width=24)
     for r in records:
         kv = r.get("kv") or {}
         pool = ", ".join(f"{k}:{v}" for k, v in (kv.get("pool_dram_tokens") or {}).items())
         reasons = ", ".join(f"{k}:{v}" for k, v in (kv.get("miss_reasons") or {}).items())
         ts = datetime.fromtimestamp(float(r.get("timestamp", 0))).strftime("%H:%M:%S")
-        t.add_row(
+        cells = [
             ts, _fmt(r.get("request_id")), _fmt(r.get("outcome")), _fmt(r.get("prefill")),
             _fmt(r.get("decode")), _fmt(r.get("prompt_tokens")), _fmt(r.get("output_tokens")),
             _fmt(r.get("ttft_s"), ".3f"), _fmt(kv.get("local_tokens")), pool or "-",
             _fmt(kv.get("ssd_tokens")), _fmt(kv.get("computed_tokens")), reasons or "-",
-        )  # fmt: skip
+        ]  # fmt: skip
+        t.add_row(*cells, *([_fmt(r.get("error") or None)] if errors else []))
     return t
 
 

@@ -43,8 +43,10 @@ def tcp_probe(port: int, period: int = 10, fails: int = 3) -> dict[str, Any]:
 def container(
     component: str, args: list[str], ports: dict[str, int], health_port: int,
     resources: dict[str, str], image: str, live_path: str = "/health",
+    ready_path: str = "/health",
 ) -> dict[str, Any]:  # fmt: skip
-    """A ``kvcake <args>`` container with the config mounted and probes on ``/health``."""
+    """A ``kvcake <args>`` container with the config mounted and HTTP probes (``/health``
+    unless the process tells liveness and readiness apart)."""
     return {
         "name": component,
         "image": image,
@@ -54,8 +56,8 @@ def container(
         "ports": [{"name": n, "containerPort": p} for n, p in ports.items()],
         "resources": {"requests": resources, "limits": {"memory": resources["memory"]}},
         # A model load can take minutes: the startup probe holds off the other two until then.
-        "startupProbe": probe(health_port, period=5, fails=120),
-        "readinessProbe": probe(health_port, period=5),
+        "startupProbe": probe(health_port, live_path, period=5, fails=120),
+        "readinessProbe": probe(health_port, ready_path, period=5),
         "livenessProbe": probe(health_port, live_path, fails=6),
         "volumeMounts": [{"name": "config", "mountPath": CONF_DIR, "readOnly": True}],
     }

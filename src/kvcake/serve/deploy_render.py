@@ -195,11 +195,10 @@ def _proxy_objects(conf: ServeFile, image: str, ns: str) -> list[dict[str, Any]]
     args = ["proxy", "--config", f"{CONF_DIR}/proxy.toml", "--backend", conf.instance.backend]
     if conf.cluster.colocated:
         args.append("--colocated")
-    # /health is 503 while no prefill+decode pair answers: right for readiness, wrong for
-    # liveness (restarting the proxy would not bring instances back), so liveness asks
-    # /v1/models, which answers whenever the process serves.
+    # Readiness (/health/ready) fails while a peer is missing; liveness (/health/live) never
+    # depends on a peer: restarting the proxy would not bring an instance back (serve/health.py).
     ctr = container("proxy", args, {"http": port}, port, {"cpu": "500m", "memory": "512Mi"},
-                     image, live_path="/v1/models")  # fmt: skip
+                     image, live_path="/health/live", ready_path="/health/ready")  # fmt: skip
     svc = service("proxy", {"http": port}, ns, headless=False)
     return [svc, workload("Deployment", "proxy", 1, pod_spec(ctr), ns)]
 

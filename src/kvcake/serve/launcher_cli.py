@@ -185,7 +185,9 @@ def _status(args: argparse.Namespace) -> int:
     except httpx.HTTPError as exc:
         print(f"proxy not answering: {exc!r}")
         return 1
-    print(f"ready: {view['ready']}   indexed KV blocks: {view.get('indexed_blocks', 0)}")
+    from kvcake.serve.health import summary
+
+    print(f"{summary(view.get('health'))}   indexed KV blocks: {view.get('indexed_blocks', 0)}")
     for i in view["instances"]:
         print(f"  {i['id']:<12} {i['role']:<8} {'up' if i['alive'] else 'DOWN':<5} "
               f"queued {i['queued']:<3} running {i['running']:<3} "

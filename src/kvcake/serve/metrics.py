@@ -119,6 +119,16 @@ class ProxyMetrics:
         self.instance_up = Gauge(
             "kvcake:instance_up", "1 while the instance answers", ["instance", "role"], registry=r
         )
+        # serve/health.py: readiness from active checks (1 = ready), and per check which fail
+        self.cluster_ready = Gauge("kvcake:cluster_ready", "1 while every readiness check passes",
+                                   registry=r)  # fmt: skip
+        self.health_check = Gauge("kvcake:health_check_ok", "1 while a readiness check passes",
+                                  ["check"], registry=r)  # fmt: skip
+        self.failure_ratio = Gauge(
+            "kvcake:recent_request_failure_ratio",
+            "Failed share of the requests of the last minute (shown, not a readiness input)",
+            registry=r,
+        )
         self.prefix_queries = bound(Counter(
             "kvcake:prefix_cache_queries", "Prompt tokens looked up in the KV cache", M,
             registry=r,

@@ -89,5 +89,43 @@ def model_card(name: str, root: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "kvcake", "root": root}
 
 
-def error(message: str, kind: str, code: int) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "code": code}}
+# Kinds that are OpenAI's generic categories carry no more specific code (``code`` null, as
+# OpenAI answers a malformed body); every other kind is its own code (``model_not_found``,
+# ``ttft_slo``...), a string as OpenAI's SDKs expect.
+_GENERIC = {"invalid_request_error", "not_found_error", "server_error"}
+_STATUS_KIND = {400: "invalid_request_error", 404: "not_found_error",
+                405: "invalid_request_error", 422: "invalid_request_error"}  # fmt: skip
+
+
+def error(message: str, kind: str, status: int = 0, param: str | None = None,
+          code: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """OpenAI's error body: ``message``, ``type``, ``param``, ``code`` (a string or null).
+    ``status`` is the HTTP status it goes with (the body does not repeat it)."""
+    del status
+    if code is None and kind not in _GENERIC:
+        code = kind
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def install_error_handlers(app: Any) -> None:
+    """Every error the framework itself answers (unknown path 404, wrong method 405, ...)
+    in the same shape, never FastAPI's ``{"detail": ...}``."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
+    async def http_error(_: Any, exc: Any) -> Any:
+        status = int(exc.status_code)
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        kind = _STATUS_KIND.get(
+            status, "server_error" if status >= 500 else "invalid_request_error"
+        )
+        code = {404: "not_found", 405: "method_not_allowed"}.get(status)
+        body = error(detail, kind, status, code=code)
+        return JSONResponse(body, status_code=status, headers=getattr(exc, "headers", None))
+
+    async def invalid(_: Any, exc: Any) -> Any:
+        return JSONResponse(error(str(exc), "invalid_request_error", 400), status_code=400)
+
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, invalid)

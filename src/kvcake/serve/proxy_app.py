@@ -1,11 +1,13 @@
 """The OpenAI-compatible proxy (``kvcake proxy``): FastAPI app holding the conductor.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE when ``stream``),
-``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` (503 until a prefill and a decode
-instance answer), ``GET /metrics``, ``GET /v1/cluster`` (the live view, for ``kvcake status``),
+``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health/live`` (the process answers),
+``GET /health/ready`` = ``GET /health`` (503 naming every failed check, :mod:`.health`),
+``GET /metrics``, ``GET /v1/cluster`` (the live view, for ``kvcake status``),
 ``/dashboard`` (the web dashboard and its JSON/SSE endpoints, :mod:`kvcake.serve.dashboard`).
-Errors are JSON ``{"error": {"message", "type", "code"}}``: 400 bad request, 404 unknown model,
-413 body too large, 429 SLO rejection, 503 not ready. Body decoding, validation and tokenization
+Errors are OpenAI's JSON ``{"error": {"message", "type", "param", "code"}}`` (``code`` a string
+or null): 400 bad request, 404 unknown model or path, 405 wrong method, 413 body too large, 429
+SLO rejection, 503 not ready. Body decoding, validation and tokenization
 run on a small thread pool, so a huge prompt never stalls other requests or ``/health``.
 """
 
@@ -37,6 +39,7 @@ from kvcake.serve.client import RemoteInstance
 from kvcake.serve.dashboard import Dashboard
 from kvcake.serve.dashboard.snapshot import recent_row
 from kvcake.serve.detok import Detokenizer
+from kvcake.serve.health import Health
 from kvcake.serve.httpbody import BodyTooLarge, decode_json, read_limited
 from kvcake.serve.metrics import ProxyMetrics
 from kvcake.serve.router import NotReady, Outcome, Rejected, Router
@@ -74,8 +77,15 @@ class ProxyState:
     prep_pool: ThreadPoolExecutor = field(default_factory=lambda: started_pool(2, "kvcake-prep"))
     prep_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(_PREP_INFLIGHT))
 
-    def ready(self) -> bool:
+    health: Any = None  # serve.health.Health (set by build_app)
+
+    def serving(self) -> bool:
+        """Can a request be placed at all (a live prefill and decode instance)?"""
         return self.cluster is not None and self.cluster.alive_any()
+
+    def ready(self) -> bool:
+        """Readiness from the active checks (serve/health.py)."""
+        return bool(self.health.report()["ready"]) if self.health is not None else self.serving()
 
 
 async def _connect_all(st: ProxyState) -> None:
@@ -117,35 +127,46 @@ async def _connect_all(st: ProxyState) -> None:
     await cluster.run(st.poll_interval_s, st.stop)
 
 
-def _err(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse(shapes.error(message, kind, status), status_code=status)
+def _err(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(shapes.error(message, kind, status, param), status_code=status)
 
 
 def build_app(st: ProxyState) -> FastAPI:
     dash = Dashboard(st, st.run_state)
+    st.health = Health(st)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(_connect_all(st))
         sampler = asyncio.create_task(dash.run(st.stop))
+        checker = asyncio.create_task(st.health.run(st.stop))
         yield
         st.stop.set()
         task.cancel()
         await sampler
+        await checker
         st.prep_pool.shutdown(wait=False, cancel_futures=True)
         if st.cluster:
             await asyncio.gather(*(i.close() for i in st.cluster.instances.values()))
 
     app = FastAPI(title="kvcake proxy", lifespan=lifespan)
+    shapes.install_error_handlers(app)  # 404 / 405 in OpenAI's shape too
     if st.api_keys is not None:  # OpenAI-style keys on /v1/ (serve/auth.py)
         app.add_middleware(proxy_auth.RequireApiKey, keys=st.api_keys)
     app.include_router(dash.router())  # /dashboard (serve/dashboard)
 
+    @app.get("/health/live")
+    async def live() -> Response:  # this process answers; never depends on a peer
+        return JSONResponse({"status": "alive"})
+
+    @app.get("/health/ready")
     @app.get("/health")
-    async def health() -> Response:
-        if not st.ready():
-            return _err(503, "no healthy prefill and decode instances yet", "unavailable")
-        return JSONResponse({"status": "ok"})
+    async def ready() -> Response:
+        rep = st.health.report()
+        if rep["ready"]:
+            return JSONResponse({"status": "ok", **rep})
+        body = shapes.error("not ready: " + "; ".join(rep["reasons"]), "unavailable", 503)
+        return JSONResponse({**body, "status": "unavailable", **rep}, status_code=503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -160,7 +181,7 @@ def build_app(st: ProxyState) -> FastAPI:
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> Response:
         if model_id not in st.models:
-            return _err(404, str(openai.ModelNotFound(model_id)), "model_not_found")
+            return _err(404, str(openai.ModelNotFound(model_id)), "model_not_found", "model")
         return JSONResponse(shapes.model_card(model_id, st.models[0]))
 
     @app.get("/v1/cluster")
@@ -179,6 +200,8 @@ def build_app(st: ProxyState) -> FastAPI:
 
 
 def _refresh_gauges(st: ProxyState) -> None:
+    if st.health is not None:
+        st.health.export(st.metrics)
     if st.cluster is None:
         return
     for inst in st.cluster.instances.values():
@@ -192,7 +215,8 @@ def _refresh_gauges(st: ProxyState) -> None:
 
 def _cluster_view(st: ProxyState) -> dict[str, Any]:
     if st.cluster is None:
-        return {"ready": False, "instances": []}
+        return {"ready": False, "health": st.health.report() if st.health else None,
+                "instances": []}  # fmt: skip
     rows = []
     for i in st.cluster.instances.values():
         rep = i.load_report()
@@ -204,7 +228,8 @@ def _cluster_view(st: ProxyState) -> dict[str, Any]:
         )  # fmt: skip
     cfg = getattr(getattr(st.router, "conductor", None), "config", None)
     conf = asdict(cfg) if is_dataclass(cfg) and not isinstance(cfg, type) else {}  # [conductor]
-    return {"ready": st.ready(), "indexed_blocks": len(st.cluster.kv_index), "instances": rows,
+    return {"ready": st.ready(), "health": st.health.report() if st.health else None,
+            "indexed_blocks": len(st.cluster.kv_index), "instances": rows,
             "conductor": conf}  # fmt: skip
 
 
@@ -257,7 +282,7 @@ async def _parse_request(st: ProxyState, request: Request, chat: bool) -> Prepar
     except BodyTooLarge as exc:
         return _err(413, str(exc), "invalid_request_error")
     except openai.ModelNotFound as exc:
-        return _err(404, str(exc), "model_not_found")
+        return _err(404, str(exc), "model_not_found", "model")
     except BadRequest as exc:
         return _err(400, str(exc), "invalid_request_error")
 
@@ -268,7 +293,7 @@ async def _generate(st: ProxyState, request: Request, chat: bool) -> Response:
         tenant = proxy_auth.tenant_for(st.api_keys, request.headers)
     except proxy_auth.AuthFailure as exc:
         return JSONResponse(exc.body(), status_code=exc.status)
-    if not st.ready() or st.router is None or st.codec is None:
+    if not st.serving() or st.router is None or st.codec is None:
         return _err(503, "the cluster is not ready (no healthy instances)", "unavailable")
     prep = await _parse_request(st, request, chat)
     if isinstance(prep, Response):

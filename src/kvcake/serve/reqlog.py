@@ -140,6 +140,15 @@ def on_end(st: Any, out: Any, outcome: str | None = None, error: str | None = No
     """A request ended: normally (``proxy_app._record``: vLLM's per-request histograms and the
     request-log line) or before its first token (``outcome`` "rejected" / "error": the line
     only)."""
+    health = getattr(st, "health", None)
+    if health is not None:  # the failure rate health shows (a reason, not an input)
+        health.record(outcome is None and not out.error)
+    if outcome is not None and getattr(st, "recent", None) is not None:
+        from kvcake.serve.dashboard.snapshot import recent_row  # (it imports the router)
+
+        row = recent_row(out)  # the dashboard lists failed and rejected requests too
+        row.update(finish=outcome, error=error if error is not None else out.error)
+        st.recent.append(row)
     m = st.metrics
     if outcome is None:
         ttft, times = out.ttft, out.token_times

@@ -76,6 +76,8 @@ class LiveCluster:
     # Per decode instance: recent waits for its KV reservation (inside the prefill gate).
     decode_wait: dict[InstanceId, RecentWait] = field(default_factory=dict)
     polls: int = 0
+    # time.monotonic() of each instance's last answered poll (serve/health.py: `peers`)
+    last_answer: dict[InstanceId, float] = field(default_factory=dict)
 
     def alive(self, role: Role) -> list[RemoteInstance]:
         return [i for i in self.instances.values() if i.alive and i.role in (role, Role.BOTH)]
@@ -102,7 +104,9 @@ class LiveCluster:
             st = await inst.fetch_state(since)
         except InstanceError as exc:
             self.mark_dead(iid, str(exc))
+            self.last_answer.setdefault(iid, 0.0)
             return
+        self.last_answer[iid] = time.monotonic()
         if not inst.alive:
             log.warning("instance %s is back", iid)
             inst.alive = True

@@ -135,8 +135,11 @@ def _pool(s: Snapshot) -> Table:
 
 def render(s: Snapshot, prev: Snapshot | None = None) -> Group:
     stamp = time.strftime("%H:%M:%S", time.localtime(s.at))
-    ready = s.cluster.get("ready")
-    head = Text(f"kvcake top  {stamp}  ready={ready}", style="bold")
+    from kvcake.serve.health import summary
+
+    state = summary(s.cluster.get("health"))
+    style = "bold" if s.cluster.get("ready") else "bold red"
+    head = Text(f"kvcake top  {stamp}  {state}", style=style)
     parts: list[Any] = [head, _instances(s), _traffic(s, prev)]
     if s.master:
         parts.append(_pool(s))

@@ -26,6 +26,7 @@ import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from kvcake.serve import openai_shapes as shapes
 from kvcake.serve.dashboard import snapshot
 from kvcake.serve.dashboard.history import History, sample, series_of
 from kvcake.serve.dashboard.sources import PoolReport, RunRecord, read_pool, read_run_record
@@ -71,8 +72,7 @@ MAX_EVENTS = Range(1, 3600, 600)
 
 
 def _bad(exc: BadParam) -> JSONResponse:
-    doc = {"error": {"message": str(exc), "type": "invalid_request_error", "code": 400}}
-    return JSONResponse(doc, status_code=400)
+    return JSONResponse(shapes.error(str(exc), "invalid_request_error", 400), status_code=400)
 
 
 class Dashboard:
@@ -171,8 +171,9 @@ class Dashboard:
             except BadParam as exc:
                 return _bad(exc)
             if self.streams >= MAX_STREAMS:
-                doc = {"error": {"message": f"at most {MAX_STREAMS} dashboard streams at once",
-                                 "type": "too_many_streams", "code": 429}}  # fmt: skip
+                doc = shapes.error(
+                    f"at most {MAX_STREAMS} dashboard streams at once", "too_many_streams", 429
+                )
                 return JSONResponse(doc, status_code=429, headers={"Retry-After": "5"})
             body = self._events(interval, n, int(n_recent), int(n_hot))
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -184,7 +185,7 @@ class Dashboard:
 def _static(name: str) -> Response:
     kind = _STATIC.get(name)
     if kind is None:
-        return JSONResponse({"error": {"message": f"no dashboard file {name!r}",
-                                       "type": "not_found", "code": 404}}, status_code=404)  # fmt: skip
+        doc = shapes.error(f"no dashboard file {name!r}", "not_found_error", 404)
+        return JSONResponse(doc, status_code=404)
     data = (resources.files("kvcake.serve.dashboard") / "static" / name).read_bytes()
     return Response(data, media_type=kind, headers={"Cache-Control": "no-cache"})

@@ -44,6 +44,8 @@ class ProxySide(Protocol):
     metrics: ProxyMetrics
     recent: deque[dict[str, Any]]  # recent_row() of the last finished requests
 
+    health: Any  # serve.health.Health
+
     def ready(self) -> bool: ...
 
 
@@ -126,7 +128,7 @@ def recent_row(o: Outcome) -> dict[str, Any]:
             "computed_tokens": max(0, o.prompt_tokens - o.cached_tokens),
             "ttft_s": o.ttft, "tbt_s": sum(gaps) / len(gaps) if gaps else None,
             "output_tokens": len(o.token_times), "finish": o.finish_reason or "",
-            "kv": kv_sources(o)}  # fmt: skip
+            "error": o.error, "kv": kv_sources(o)}  # fmt: skip
 
 
 def recent(rows: deque[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -160,6 +162,7 @@ def build(
         "version": VERSION,
         "at": time.time(),
         "ready": side.ready(),
+        "health": side.health.report() if side.health is not None else None,
         "instances": instances(side, run),
         "processes": processes(run),
         "requests": requests(s),

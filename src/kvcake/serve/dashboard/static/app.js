@@ -175,7 +175,8 @@ function renderTimeline(snap) {
     tr.append(cell("id", r.id, "text", "mono"), cell("placement", `${r.prefill} → ${r.decode}`),
       cell("prompt_tokens", r.prompt_tokens, "int"), kv, cell("ttft_s", r.ttft_s, "ms"),
       cell("tbt_s", r.tbt_s, "ms"), cell("output_tokens", r.output_tokens, "int"),
-      cell("finish", r.finish));
+      cell("finish", r.finish, "text", r.error ? "bad" : ""), cell("error", r.error));
+    if (r.error) tr.className = "failed";  // failed and rejected requests, with their reason
     return tr;
   }));
 }
