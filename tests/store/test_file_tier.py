@@ -18,7 +18,7 @@ from kvcake.store import protocol as P
 from kvcake.store.client import Client
 from kvcake.store.config import ClientConfig, MasterConfig, StoreServerConfig
 from kvcake.store.disk import HEAD
-from kvcake.store.errors import InvalidParams, TransferFailed
+from kvcake.store.errors import IntegrityError, InvalidParams, ObjectNotFound, TransferFailed
 from kvcake.store.filetier import FILE_SEGMENT
 from kvcake.store.master_server import Master
 from kvcake.store.server import StoreServer
@@ -124,12 +124,14 @@ def test_missing_or_corrupt_file_is_a_typed_error(live: tuple[Master, StoreServe
         other = Path(next(r.endpoint for r in c.get_replica_desc("other").replicas
                           if r.tier == "file"))  # fmt: skip
         os.replace(other, paths["swapped"])  # a valid file, of another key
-        reasons = {"missing": "missing", "flipped": "checksum", "truncated": "corrupt",
-                   "swapped": "another key"}  # fmt: skip
-        for k, why in reasons.items():
-            with pytest.raises(TransferFailed, match=why):
+        with pytest.raises(TransferFailed, match="missing"):
+            c.get("missing")
+        assert isinstance(c.batch_get(["missing"])[0], TransferFailed)
+        reasons = {"flipped": "checksum", "truncated": "corrupt", "swapped": "another key"}
+        for k, why in reasons.items():  # refused, and the corrupt (last) replica dropped
+            with pytest.raises(IntegrityError, match=why):
                 c.get(k)
-            assert isinstance(c.batch_get([k])[0], TransferFailed)
+            assert isinstance(c.batch_get([k])[0], ObjectNotFound)
         m.state.check()
 
 

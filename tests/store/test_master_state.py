@@ -268,8 +268,9 @@ def test_offload_then_serve_from_disk_then_promote() -> None:
 def test_disk_mount_adopts_verified_copies() -> None:
     st, _ = make()
     put(st, "k", 100)
-    rejected = st.mount(
-        A, "host0", SegmentName("d"), 1000, Tier.DISK, "h:1", [("new", 50), ("k", 99), ("k2", 0)]
-    )
-    assert rejected == ["k", "k2"]  # size mismatch; invalid size
+    copies = [("new", 50), ("k", 99), ("k2", 0), ("old", 50), ("bad", 50)]
+    sums = [[1], [2], [], [], [1, 2]]  # "old": a copy written before checksums; "bad": 2 for 50 B
+    rejected = st.mount(A, "host0", SegmentName("d"), 1000, Tier.DISK, "h:1", copies, sums)
+    assert rejected == ["k", "k2", "old", "bad"]  # size mismatch; invalid size; no/bad sums
     assert st.get_replicas(W, "new")[1][0].tier == "disk"
+    assert st.lookup(W, "new")[2] == [1]  # the copy's checksums are the object's

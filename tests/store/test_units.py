@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvcake.core import framing
+from kvcake.core.integrity import checksums
 from kvcake.core.ids import ClientId, SegmentName
 from kvcake.store.config import MasterConfig
 from kvcake.store.disk import REP, DiskService, DiskTier, read_remote
@@ -56,7 +57,7 @@ def test_disk_quota_limits_offload() -> None:
 
 def test_disk_tier_files(tmp_path: Path) -> None:
     tier = DiskTier(tmp_path)
-    tier.write("k", memoryview(b"hello world"))
+    tier.write("k", memoryview(b"hello world"), checksums("k", b"hello world"))
     out = bytearray(11)
     assert tier.read_into("k", memoryview(out)) == 11 and out == b"hello world"
     with pytest.raises(ObjectNotFound):
@@ -68,18 +69,18 @@ def test_disk_tier_files(tmp_path: Path) -> None:
     with pytest.raises(ChecksumMismatch):
         tier.read_into("k", memoryview(out))
     assert not path.exists()  # a corrupt copy is dropped at once
-    tier.write("a", memoryview(b"x" * 100))
-    tier.write("b", memoryview(b"y" * 100))
+    tier.write("a", memoryview(b"x" * 100), checksums("a", b"x" * 100))
+    tier.write("b", memoryview(b"y" * 100), checksums("b", b"y" * 100))
     tier.path("b").write_bytes(tier.path("b").read_bytes()[:-1])  # torn write
     (tmp_path / "stray.tmp123").write_bytes(b"junk")
     fresh = DiskTier(tmp_path)
-    assert fresh.scan() == [("a", 100)]
+    assert fresh.scan() == [("a", 100, checksums("a", b"x" * 100))]
     assert sorted(p.name for p in tmp_path.iterdir()) == [tier.path("a").name]
 
 
 def test_disk_service_bad_input(tmp_path: Path) -> None:
     tier = DiskTier(tmp_path)
-    tier.write("k", memoryview(b"v" * 1000))
+    tier.write("k", memoryview(b"v" * 1000), checksums("k", b"v" * 1000))
     svc = DiskService(tier, "127.0.0.1")
     svc.start()
     try:

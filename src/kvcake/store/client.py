@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from kvcake.core import auth as _auth
+from kvcake.core import integrity
 from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.store import protocol as P
 from kvcake.store.config import ClientConfig
@@ -86,6 +87,7 @@ class Client(ReadPath):
         )
         self.id = self.engine.owner
         self.host = self.cfg.hostname
+        self.verify_reads = self.cfg.verify
         self.segments: dict[str, memoryview] = {}
         self.remount_hooks: list[Callable[[], None]] = [self._remount]
         self._writer: FileWriter | None = None  # the file tier's (store/filewriter.py), lazily
@@ -179,19 +181,38 @@ class Client(ReadPath):
 
     # --- writes -------------------------------------------------------------------------------
 
-    def put(self, key: str, value: Any, options: P.PutOptions | None = None) -> None:
+    def put(
+        self,
+        key: str,
+        value: Any,
+        options: P.PutOptions | None = None,
+        checksums: Sequence[int] | None = None,
+    ) -> None:
         """Store ``value`` under ``key``. Raises ObjectAlreadyExists if it exists (put never
-        overwrites), NoSpace, InvalidParams, TransferFailed."""
-        _raise(self.batch_put([key], [value], options)[0])
+        overwrites), NoSpace, InvalidParams, TransferFailed. ``checksums``: the value's
+        ``core.integrity.checksums(key, value)`` if the caller has them already (else they
+        are computed here, once)."""
+        sums = None if checksums is None else [checksums]
+        _raise(self.batch_put([key], [value], options, checksums=sums)[0])
 
-    def upsert(self, key: str, value: Any, options: P.PutOptions | None = None) -> None:
+    def upsert(
+        self,
+        key: str,
+        value: Any,
+        options: P.PutOptions | None = None,
+        checksums: Sequence[int] | None = None,
+    ) -> None:
         """Insert or overwrite (in place when the size matches)."""
-        _raise(self._put_many([key], [value], options, upsert=True)[0])
+        sums = None if checksums is None else [checksums]
+        _raise(self._put_many([key], [value], options, upsert=True, checksums=sums)[0])
 
-    def put_from(self, key: str, buffer: Any, size: int | None = None) -> None:
+    def put_from(
+        self, key: str, buffer: Any, size: int | None = None,
+        checksums: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
         """Put the first ``size`` bytes of ``buffer`` (zero copy on the caller's side)."""
         view = byte_view(buffer)
-        self.put(key, view if size is None else view[:size])
+        self.put(key, view if size is None else view[:size], checksums=checksums)
 
     def batch_put(
         self,
@@ -199,13 +220,39 @@ class Client(ReadPath):
         values: Sequence[Any],
         options: P.PutOptions | None = None,
         tenant: str | None = None,
+        checksums: Sequence[Sequence[int]] | None = None,
     ) -> list[Result]:
         """``tenant``: charged for these puts instead of ``config.tenant`` (a serving
-        instance puts blocks of many tenants' requests)."""
-        return self._put_many(keys, values, options, upsert=False, tenant=tenant)
+        instance puts blocks of many tenants' requests). ``checksums``: per value, its
+        ``core.integrity.checksums`` if the caller computed them already (the vLLM connector,
+        the Mooncake shim); malformed ones raise InvalidParams."""
+        return self._put_many(keys, values, options, upsert=False, tenant=tenant,
+                              checksums=checksums)  # fmt: skip
 
-    def batch_upsert(self, keys: Sequence[str], values: Sequence[Any]) -> list[Result]:
-        return self._put_many(keys, values, None, upsert=True)
+    def batch_upsert(
+        self, keys: Sequence[str], values: Sequence[Any],
+        checksums: Sequence[Sequence[int]] | None = None,
+    ) -> list[Result]:  # fmt: skip
+        return self._put_many(keys, values, None, upsert=True, checksums=checksums)
+
+    def _sums(
+        self, keys: Sequence[str], values: Sequence[Any], given: Sequence[Sequence[int]] | None
+    ) -> list[list[int]]:
+        """Each value's checksums: the caller's (checked for shape), else computed once here
+        (the only place a put computes them: re-puts and copies carry them)."""
+        if len(keys) != len(values):
+            raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
+        if given is not None:
+            if len(given) != len(keys):
+                raise InvalidParams(f"{len(keys)} keys but {len(given)} checksum lists")
+            views = [byte_view(v) for v in values]
+            for key, view, sums in zip(keys, views, given, strict=True):
+                if not integrity.well_formed(view.nbytes, sums):
+                    raise InvalidParams(f"{key!r}: checksums malformed for {view.nbytes} bytes")
+            return [list(g) for g in given]
+        if not self.cfg.verify:
+            return [[] for _ in keys]
+        return [integrity.checksums(k, byte_view(v)) for k, v in zip(keys, values, strict=True)]
 
     def _put_many(
         self,
@@ -214,10 +261,12 @@ class Client(ReadPath):
         options: P.PutOptions | None,
         upsert: bool,
         tenant: str | None = None,
+        checksums: Sequence[Sequence[int]] | None = None,
     ) -> list[Result]:
         """One put attempt, then re-puts of the keys the master answered SpacePending (memory
         full while offloads to disk are in flight) until ``space_wait_s`` has passed."""
-        results = self._put_once(keys, values, options, upsert, tenant)
+        sums = self._sums(keys, values, checksums)
+        results = self._put_once(keys, values, options, upsert, tenant, sums)
         deadline = time.monotonic() + self.cfg.space_wait_s
         pause = 0.005
         while True:
@@ -231,8 +280,9 @@ class Client(ReadPath):
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
             again = self._put_once(
-                [keys[i] for i in waiting], [values[i] for i in waiting], options, upsert, tenant
-            )
+                [keys[i] for i in waiting], [values[i] for i in waiting], options, upsert, tenant,
+                [sums[i] for i in waiting],
+            )  # fmt: skip
             for i, r in zip(waiting, again, strict=True):
                 results[i] = r
 
@@ -242,7 +292,8 @@ class Client(ReadPath):
         values: Sequence[Any],
         options: P.PutOptions | None,
         upsert: bool,
-        tenant: str | None = None,
+        tenant: str | None,
+        sums: list[list[int]],
     ) -> list[Result]:
         if len(keys) != len(values):
             raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
@@ -268,7 +319,7 @@ class Client(ReadPath):
             raise
         started = [k for k, r in zip(keys, reply.results, strict=True) if r.code == 0]
         try:
-            return self._finish_puts(keys, views, reply, started)
+            return self._finish_puts(keys, views, reply, started, sums)
         except BaseException:
             self._revoke(started)  # e.g. PutEnd lost, or interrupted mid-copy: undo half a put
             raise
@@ -279,8 +330,14 @@ class Client(ReadPath):
                 self.conn.call(P.PutRevoke(self.id, keys), retries)
 
     def _finish_puts(
-        self, keys: Sequence[str], views: list[memoryview], reply: P.Reply, started: list[str]
+        self,
+        keys: Sequence[str],
+        views: list[memoryview],
+        reply: P.Reply,
+        started: list[str],
+        sums: list[list[int]],
     ) -> list[Result]:
+        by_key = dict(zip(keys, sums, strict=True))
         errors: dict[str, Exception] = {}
         writes: list[tuple[str, memoryview, P.ReplicaDesc]] = []
         files: list[tuple[str, memoryview, P.ReplicaDesc]] = []
@@ -306,7 +363,8 @@ class Client(ReadPath):
         if failed:
             self._revoke(failed)
         if done:
-            end = self.conn.call(P.PutEnd(self.id, done))
+            done_sums = [by_key[k] for k in done] if any(sums) else []
+            end = self.conn.call(P.PutEnd(self.id, done, sums=done_sums))
             codes = dict(zip(done, end.results, strict=True))
             results = [
                 error_for(codes[k].code, codes[k].message) if k in codes and codes[k].code else r
@@ -316,7 +374,7 @@ class Client(ReadPath):
             ok = {k for k, r in zip(keys, results, strict=True) if r is None}
             for key, view, rep in files:
                 if key in ok:
-                    self._file_writer().submit(key, view, rep)
+                    self._file_writer().submit(key, view, rep, by_key[key])
         return results
 
     def _file_writer(self) -> FileWriter:

@@ -122,6 +122,10 @@ class ClientConfig:
     # File tier (master.root_fs_dir): bytes of finished puts queued for the background writer;
     # a put waits while the queue is fuller than this.
     file_queue_bytes: int = size_field("256MiB")
+    # Integrity (docs/store.md, "Integrity"): puts compute the values' checksums, reads verify
+    # every chunk they cover. False exists ONLY for the cost benchmark (verification on vs
+    # off): puts then send no checksums, and no verifying reader accepts those objects.
+    verify: bool = True
 
     def __post_init__(self) -> None:
         require(":" in self.master, f"client.master must be host:port, got {self.master!r}")

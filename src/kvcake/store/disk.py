@@ -1,10 +1,15 @@
 """The SSD tier of a storage node: one file per object, verified on every read and at start-up,
 and a small TCP service that streams verified copies to readers.
 
-File layout (little endian): ``b"KVCD"`` | version u8 | pad 3 | key_len u32 | size u64 |
-crc32 u32 | pad 4 | key (utf-8) | value. Files are written to a temporary name and renamed, so a
-crash leaves either the old state or a temp file (removed at start-up). A restarted node keeps
-only files whose header, length and CRC check out; it trusts nothing it cannot verify.
+File layout (little endian, version 2): ``b"KVCD"`` | version u8 | pad 3 | key_len u32 |
+size u64 | n_sums u32 | pad 4 | key (utf-8) | n_sums x u64 checksums | value. The checksums are
+the object's own (core/integrity.py: XXH3-64 per 1 MiB chunk, seeded by the key), carried from
+the writer through the master, never recomputed from the bytes being stored. Files are written
+to a temporary name and renamed, so a crash leaves either the old state or a temp file (removed
+at start-up). A restarted node keeps only files whose header, length and checksums check out;
+it trusts nothing it cannot verify. Version 1 files (a CRC32, no per-key checksums, written
+before checksums existed) are discarded at start-up and refused on read: a cache loses them,
+it never serves bytes it cannot bind to their key.
 """
 
 from __future__ import annotations
@@ -16,13 +21,13 @@ import os
 import socket
 import struct
 import threading
-import zlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
 
 from kvcake.core import auth as _auth
-from kvcake.core import framing
+from kvcake.core import framing, integrity
 from kvcake.core.errors import FramingError
 from kvcake.store.errors import (
     CHECKSUM_MISMATCH,
@@ -40,10 +45,8 @@ from kvcake.transfer.netserver import ThreadedServer
 log = logging.getLogger(__name__)
 HEAD = struct.Struct("<4sB3xIQI4x")
 MAGIC = b"KVCD"
-
-
-def _crc(data: memoryview | bytes) -> int:
-    return zlib.crc32(data) & 0xFFFFFFFF
+VERSION = 2
+SUMS = struct.Struct("<Q")
 
 
 class DiskTier:
@@ -54,51 +57,61 @@ class DiskTier:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self.index: dict[str, int] = {}  # key -> size of verified files
+        self.sums: dict[str, list[int]] = {}  # key -> the checksums its file carries
 
     def path(self, key: str) -> Path:
         return self.root / f"{hashlib.blake2b(key.encode(), digest_size=16).hexdigest()}.obj"
 
-    def scan(self) -> list[tuple[str, int]]:
-        """Verify every file; delete the ones that fail. Returns the (key, size) kept."""
+    def scan(self) -> list[tuple[str, int, list[int]]]:
+        """Verify every file; delete the ones that fail (older formats included). Returns the
+        (key, size, checksums) kept."""
         kept = []
         for p in sorted(self.root.iterdir()):
             try:
-                key, size = self._verify_file(p)
-            except (OSError, ValueError, ChecksumMismatch) as exc:
+                key, size, sums = self._verify_file(p)
+            except (OSError, ValueError, UnicodeDecodeError, ChecksumMismatch) as exc:
                 log.warning("disk tier: dropping %s (%s)", p.name, exc)
                 with contextlib.suppress(OSError):
                     p.unlink()
                 continue
-            kept.append((key, size))
+            kept.append((key, size, sums))
             self.index[key] = size
+            self.sums[key] = sums
         return kept
 
-    def _verify_file(self, p: Path) -> tuple[str, int]:
+    def _verify_file(self, p: Path) -> tuple[str, int, list[int]]:
         if p.suffix != ".obj":
             raise ValueError("not an object file")
         with p.open("rb") as fh:
             raw = fh.read()
-        key, size, crc, start = _parse(raw)
+        key, size, sums, start = _parse(raw)
         if p != self.path(key):
             raise ValueError("file name does not match its key")
-        if _crc(memoryview(raw)[start:]) != crc:
+        if integrity.verify_whole(key, sums, memoryview(raw)[start:]):
             raise ChecksumMismatch("checksum mismatch")
-        return key, size
+        return key, size, sums
 
-    def write(self, key: str, data: memoryview) -> None:
-        write_object_file(self.path(key), key, data)
+    def write(self, key: str, data: memoryview, sums: Sequence[int]) -> None:
+        """Store ``data`` with the object's checksums ``sums`` (carried, not recomputed): a
+        copy that does not verify against them is refused (ChecksumMismatch), never stored."""
+        bad = integrity.verify_whole(key, sums, data)
+        if bad:
+            raise ChecksumMismatch(f"{key!r}: the source fails its checksums (chunks {bad[:4]})")
+        write_object_file(self.path(key), key, data, sums)
         with self._lock:
             self.index[key] = data.nbytes
+            self.sums[key] = list(sums)
 
-    def read_into(self, key: str, out: memoryview) -> int:
-        """Copy the verified value of ``key`` into ``out``; ChecksumMismatch drops the file."""
+    def read_into(self, key: str, out: memoryview, sums: Sequence[int] | None = None) -> int:
+        """Copy the verified value of ``key`` into ``out``; ChecksumMismatch drops the file.
+        ``sums``: the master's checksums of the object, which the file's must equal."""
         p = self.path(key)
         try:
             raw = p.read_bytes()
         except FileNotFoundError as exc:
             raise ObjectNotFound(f"{key!r} is not on disk") from exc
         try:
-            body = verified_value(raw, key)
+            body = verified_value(raw, key, sums)
         except ChecksumMismatch:
             self.delete(key)
             raise
@@ -111,6 +124,7 @@ class DiskTier:
     def delete(self, key: str) -> None:
         with self._lock:
             self.index.pop(key, None)
+            self.sums.pop(key, None)
         with contextlib.suppress(FileNotFoundError):
             self.path(key).unlink()
 
@@ -119,15 +133,18 @@ class DiskTier:
             return sum(self.index.values())
 
 
-def write_object_file(final: Path, key: str, data: memoryview) -> None:
-    """Write ``key``'s value as one object file (the layout above): a temporary name in the
-    same directory, then an atomic rename, so readers see the old file or the whole new one."""
+def write_object_file(final: Path, key: str, data: memoryview, sums: Sequence[int]) -> None:
+    """Write ``key``'s value with its checksums as one object file (the layout above): a
+    temporary name in the same directory, then an atomic rename, so readers see the old file
+    or the whole new one."""
+    if not integrity.well_formed(data.nbytes, sums):
+        raise ChecksumMismatch(f"{key!r}: {len(sums)} checksums for {data.nbytes} bytes")
     kb = key.encode()
-    head = HEAD.pack(MAGIC, 1, len(kb), data.nbytes, _crc(data))
+    head = HEAD.pack(MAGIC, VERSION, len(kb), data.nbytes, len(sums))
     tmp = final.with_name(f"{final.name}.tmp{os.getpid()}.{threading.get_ident()}")
     try:
         with tmp.open("wb") as fh:
-            fh.write(head + kb)
+            fh.write(head + kb + b"".join(SUMS.pack(x) for x in sums))
             fh.write(data)
         os.replace(tmp, final)
     except BaseException:
@@ -136,31 +153,39 @@ def write_object_file(final: Path, key: str, data: memoryview) -> None:
         raise
 
 
-def verified_value(raw: bytes, key: str) -> memoryview:
+def verified_value(raw: bytes, key: str, sums: Sequence[int] | None = None) -> memoryview:
     """The value in an object file's bytes ``raw``, after checking its header, length, key and
-    CRC; ChecksumMismatch (with the reason) when any of them fails."""
+    checksums (and, with ``sums``, that they are the object's: a file of an older version of
+    the key is refused); ChecksumMismatch (with the reason) when any of them fails."""
     try:
-        got, _size, crc, start = _parse(raw)
+        got, _size, stored, start = _parse(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ChecksumMismatch(f"{key!r}: corrupt file header ({exc})") from exc
+        raise ChecksumMismatch(f"{key!r}: corrupt or old-format file header ({exc})") from exc
     body = memoryview(raw)[start:]
     if got != key:
         raise ChecksumMismatch(f"{key!r}: the file holds another key")
-    if _crc(body) != crc:
-        raise ChecksumMismatch(f"{key!r}: checksum mismatch in the file")
+    if sums is not None and list(sums) != stored:
+        raise ChecksumMismatch(f"{key!r}: the file's checksums are not the object's")
+    bad = integrity.verify_whole(key, stored, body)
+    if bad:
+        raise ChecksumMismatch(f"{key!r}: checksum mismatch in the file (chunks {bad[:4]})")
     return body
 
 
-def _parse(raw: bytes) -> tuple[str, int, int, int]:
+def _parse(raw: bytes) -> tuple[str, int, list[int], int]:
     if len(raw) < HEAD.size:
         raise ValueError("file shorter than its header")
-    magic, version, klen, size, crc = HEAD.unpack_from(raw)
-    if magic != MAGIC or version != 1:
-        raise ValueError("bad magic or version")
-    start = HEAD.size + klen
-    if len(raw) != start + size:
-        raise ValueError(f"length {len(raw)} != header + key + {size}")
-    return raw[HEAD.size : start].decode(), size, crc, start
+    magic, version, klen, size, nsums = HEAD.unpack_from(raw)
+    if magic != MAGIC:
+        raise ValueError("bad magic")
+    if version != VERSION:
+        raise ValueError(f"format version {version} (before checksums): not trusted")
+    sums_at = HEAD.size + klen
+    start = sums_at + nsums * SUMS.size
+    if len(raw) != start + size or nsums != integrity.chunk_count(size):
+        raise ValueError(f"length {len(raw)} != header + key + sums + {size}")
+    sums = [SUMS.unpack_from(raw, sums_at + i * SUMS.size)[0] for i in range(nsums)]
+    return raw[HEAD.size : sums_at].decode(), size, sums, start
 
 
 # --- serving disk copies to readers ------------------------------------------------------------

@@ -90,6 +90,11 @@ class ChecksumMismatch(InternalError):
     default_code = CHECKSUM_MISMATCH
 
 
+class IntegrityError(ChecksumMismatch):
+    """No replica of an object verified against its checksums (core/integrity.py): every copy
+    the reader tried was corrupt, another key's bytes or unverifiable. Mooncake's -801."""
+
+
 class RpcFailed(InternalError):
     """The master (or a storage node) could not be reached or answered garbage."""
 

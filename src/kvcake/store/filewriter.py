@@ -35,17 +35,19 @@ def read_file_ranges(
     size: int,
     ranges: Sequence[tuple[int, memoryview]],
     guard: ReadGuard | None = None,
+    sums: Sequence[int] | None = None,
 ) -> None:
     """Fill each ``(offset, out)`` from the verified file of a file-tier replica. A missing
-    file is ObjectNotFound, a corrupt one (header, key, length or CRC) ChecksumMismatch: never
-    bytes that were not written for ``key``."""
+    file is ObjectNotFound, a corrupt one (header, key, length, checksums, or checksums that
+    are not ``sums``, the object's) ChecksumMismatch: never bytes that were not written for
+    this version of ``key``. ``sums=None``: the file's own checksums only."""
     try:
         raw = Path(rep.endpoint).read_bytes()
     except FileNotFoundError as exc:
         raise ObjectNotFound(f"{key!r}: its file {rep.endpoint} is missing") from exc
     except OSError as exc:
         raise TransferFailed(f"{key!r}: cannot read {rep.endpoint}: {exc}") from exc
-    body = verified_value(raw, key)
+    body = verified_value(raw, key, sums)
     if body.nbytes != size:
         raise ChecksumMismatch(f"{key!r}: its file holds {body.nbytes} bytes, not {size}")
     with commit_under(guard):
@@ -62,22 +64,23 @@ class FileWriter:
         self.written = 0
         self.failed = 0
         self._cv = threading.Condition()
-        self._queue: deque[tuple[str, bytes, str, int]] = deque()
+        self._queue: deque[tuple[str, bytes, str, int, list[int]]] = deque()
         self._bytes = 0  # queued plus the one being written
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="kvcake-file-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, key: str, value: memoryview, rep: P.ReplicaDesc) -> None:
-        """Queue ``value`` (copied: the caller may reuse its buffer) for ``rep``'s file; waits
-        while the queue holds more than ``max_bytes``."""
+    def submit(self, key: str, value: memoryview, rep: P.ReplicaDesc, sums: Sequence[int]) -> None:
+        """Queue ``value`` (copied: the caller may reuse its buffer) for ``rep``'s file, with
+        the checksums its put computed (carried into the file); waits while the queue holds
+        more than ``max_bytes``."""
         data = bytes(value)
         with self._cv:
             while self._bytes and self._bytes + len(data) > self.max_bytes and not self._closed:
                 self._cv.wait()
             if self._closed:
                 raise TransferFailed(f"{key!r}: the file writer is closed")
-            self._queue.append((key, data, rep.endpoint, rep.offset))
+            self._queue.append((key, data, rep.endpoint, rep.offset, list(sums)))
             self._bytes += len(data)
             self._cv.notify_all()
 
@@ -88,22 +91,22 @@ class FileWriter:
                     self._cv.wait()
                 if not self._queue:
                     return
-                key, data, path, offset = self._queue.popleft()
-            ok = self._write(key, data, Path(path))
+                key, data, path, offset, sums = self._queue.popleft()
+            ok = self._write(key, data, Path(path), sums)
             with contextlib.suppress(KvcakeError):  # unreported: the master gives up on it
                 self.report(key, offset, ok)
             with self._cv:
                 self._bytes -= len(data)
                 self._cv.notify_all()
 
-    def _write(self, key: str, data: bytes, path: Path) -> bool:
+    def _write(self, key: str, data: bytes, path: Path, sums: list[int]) -> bool:
         try:
             try:
-                write_object_file(path, key, memoryview(data))
+                write_object_file(path, key, memoryview(data), sums)
             except FileNotFoundError:  # its directory is gone (or not created here yet)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                write_object_file(path, key, memoryview(data))
-        except OSError as exc:
+                write_object_file(path, key, memoryview(data), sums)
+        except (OSError, ChecksumMismatch) as exc:  # (no sums: a put with client.verify off)
             log.warning("file tier: writing %r to %s failed: %s", key, path, exc)
             self.failed += 1
             return False

@@ -97,6 +97,7 @@ class MasterHandlers:
             P.ReplicaCopyStart: self.copy_start,
             P.ReplicaCopyEnd: self.copy_end,
             P.ReplicaDrop: self.drop_replica,
+            P.ReplicaBad: self.replica_bad,
         }
 
     def dispatch(self, msg: msgspec.Struct) -> P.Reply:
@@ -156,6 +157,7 @@ class MasterHandlers:
             Tier(m.tier),
             m.endpoint,
             m.existing,
+            m.existing_sums,
         )
         return P.Reply(rejected=rejected, client_ttl_ms=int(self.state.cfg.client_ttl_s * 1000))
 
@@ -180,7 +182,13 @@ class MasterHandlers:
 
     def put_end(self, m: P.PutEnd) -> P.Reply:
         cid = ClientId(m.client)
-        return _ok_per_key(m.keys, self.state.put_end, cid)
+        if not m.sums:
+            return _ok_per_key(m.keys, self.state.put_end, cid)
+        if len(m.sums) != len(m.keys):
+            return P.Reply(code=INVALID_PARAMS, message="keys and checksum lists differ in length")
+        sums = dict(zip(m.keys, m.sums, strict=True))
+        end = self.state.put_end
+        return _ok_per_key(m.keys, lambda k: end(cid, k, sums[k]))
 
     def put_revoke(self, m: P.PutRevoke) -> P.Reply:
         cid = ClientId(m.client)
@@ -188,12 +196,12 @@ class MasterHandlers:
 
     def get_replicas(self, m: P.GetReplicas) -> P.Reply:
         cid = ClientId(m.client)
-        get = self.state.get_replicas
+        get = self.state.lookup
         results = []
         for key in m.keys:
             try:
-                size, reps = get(cid, key)
-                results.append(P.KeyResult(0, size, reps))
+                size, reps, sums = get(cid, key)
+                results.append(P.KeyResult(0, size, reps, sums=sums))
             except StoreError as exc:
                 results.append(P.KeyResult(exc.code, message=str(exc)))
         return P.Reply(results=results, lease_ms=int(self.state.cfg.lease_ttl_s * 1000))
@@ -212,7 +220,10 @@ class MasterHandlers:
     def take_tasks(self, m: P.TakeTasks) -> P.Reply:
         self.state.touch(ClientId(m.client), "")
         tasks = self.state.take_tasks(ClientId(m.client))
-        return P.Reply(tasks=[(t.kind, t.key, t.size, t.mem_offset) for t in tasks])
+        return P.Reply(
+            tasks=[(t.kind, t.key, t.size, t.mem_offset) for t in tasks],
+            task_sums=[list(t.sums) for t in tasks],
+        )
 
     def kv_snapshot(self, m: P.KvSnapshot) -> P.Reply:
         return P.Reply(snapshot=self.state.kv_snapshot(), events=self.events())
@@ -232,6 +243,9 @@ class MasterHandlers:
     def drop_replica(self, m: P.ReplicaDrop) -> P.Reply:
         self.state.drop_replica(ClientId(m.client), m.key, m.segment)
         return P.Reply()
+
+    def replica_bad(self, m: P.ReplicaBad) -> P.Reply:
+        return P.Reply(count=int(self.state.replica_bad(m.key, m.segment, m.offset, m.sums)))
 
 
 class MasterRpcServer(ThreadedServer):

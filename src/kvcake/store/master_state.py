@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from kvcake.core import integrity
 from kvcake.core.api import StoreEventKind, StoreSnapshot
 from kvcake.core.ids import ClientId, ObjectKey, SegmentName
 from kvcake.store.admin import AdminMixin
@@ -151,9 +152,11 @@ class MasterState(TieringMixin, FileTierMixin, AdminMixin, ReplicaOpsMixin):
         tier: Tier = Tier.MEMORY,
         endpoint: str = "",
         existing: list[tuple[str, int]] | None = None,
+        existing_sums: list[list[int]] | None = None,
     ) -> list[str]:
-        """Mount a segment; for a disk tier adopt the verified copies in ``existing`` and return
-        those the node must delete (unknown size mismatch or no room)."""
+        """Mount a segment; for a disk tier adopt the verified copies in ``existing`` (with
+        their checksums, ``existing_sums``, in order) and return those the node must delete:
+        size or checksums unlike the object's, no checksums, no room."""
         if not name or name == FILE_SEGMENT:
             raise InvalidParams(f"segment name {name!r} is empty or reserved")
         if capacity <= 0 or capacity > 1 << 50:
@@ -176,7 +179,12 @@ class MasterState(TieringMixin, FileTierMixin, AdminMixin, ReplicaOpsMixin):
             self.segments[name] = seg
             self._mem_segments = None
             self.clients[client].segments.add(name)
-            rejected = [k for k, size in (existing or []) if not self._adopt(seg, k, size)]
+            sums = existing_sums or []
+            rejected = [
+                k
+                for i, (k, size) in enumerate(existing or [])
+                if not self._adopt(seg, k, size, sums[i] if i < len(sums) else [])
+            ]
             if existing:
                 bad = set(rejected)
                 adopted = [k for k, _ in existing if k not in bad]
@@ -193,9 +201,15 @@ class MasterState(TieringMixin, FileTierMixin, AdminMixin, ReplicaOpsMixin):
             info = self.clients.get(client)
             return info is not None and info.last_seen < self.clock() - self.cfg.client_ttl_s
 
-    def _adopt(self, seg: Segment, key: str, size: int) -> bool:
+    def _adopt(self, seg: Segment, key: str, size: int, sums: list[int]) -> bool:
+        """A verified disk copy joins the pool only with well-formed checksums that are the
+        object's own (a copy of an older version of the key never does)."""
         obj = self.objects.get(ObjectKey(key))
-        if size <= 0 or (obj is not None and (obj.size != size or obj.status is Status.PROCESSING)):
+        if size <= 0 or not sums or not integrity.well_formed(size, sums):
+            return False
+        if obj is not None and (
+            obj.size != size or obj.status is Status.PROCESSING or obj.sums != sums
+        ):
             return False
         off = seg.allocator.allocate(size)
         if off is None:
@@ -203,6 +217,7 @@ class MasterState(TieringMixin, FileTierMixin, AdminMixin, ReplicaOpsMixin):
         rep = Replica(seg.name, off, size, Tier.DISK, complete=True)
         if obj is None:
             obj = ObjectMeta(ObjectKey(key), size, Status.COMPLETE, seg.client, self.clock())
+            obj.sums = list(sums)
             self.objects[obj.key] = obj
             self.objects.move_to_end(obj.key, last=False)  # restored copies are coldest
         obj.replicas.append(rep)
@@ -462,9 +477,18 @@ class MasterState(TieringMixin, FileTierMixin, AdminMixin, ReplicaOpsMixin):
                 reps.append(Replica(seg.name, off, size, MEMORY, complete=True))
         return reps
 
-    def put_end(self, client: ClientId, key: str) -> None:
+    def put_end(self, client: ClientId, key: str, sums: list[int] | None = None) -> None:
+        """``sums``: the writer's checksums of the value (None or [] = none); malformed ones
+        (count, range) fail the put with InvalidParams and free its space."""
         with self.lock:
             obj = self._writing(client, key)
+            if sums and not integrity.well_formed(obj.size, sums):
+                self._drop_object(obj)
+                raise InvalidParams(
+                    f"{key!r}: {len(sums)} checksums for {obj.size} bytes, or one out of range "
+                    f"(want {integrity.chunk_count(obj.size)} unsigned 64-bit values)"
+                )
+            obj.sums = list(sums) if sums else []
             obj.status = _COMPLETE
             self.processing.pop(obj.key, None)
             if self.file_tier is not None:
@@ -487,6 +511,11 @@ class MasterState(TieringMixin, FileTierMixin, AdminMixin, ReplicaOpsMixin):
 
     def get_replicas(self, client: ClientId, key: str) -> tuple[int, list[ReplicaDesc]]:
         """Readable replicas of ``key`` and a fresh read lease on it."""
+        size, reps, _ = self.lookup(client, key)
+        return size, reps
+
+    def lookup(self, client: ClientId, key: str) -> tuple[int, list[ReplicaDesc], list[int]]:
+        """:meth:`get_replicas` plus the object's checksums."""
         okey = check_key(key)
         with self.lock:
             obj = self.objects.get(okey)
@@ -502,7 +531,7 @@ class MasterState(TieringMixin, FileTierMixin, AdminMixin, ReplicaOpsMixin):
                 obj.disk_hits += 1
                 if obj.disk_hits >= self.cfg.promote_after_hits:
                     self._start_promotion(obj)
-            return obj.size, [self.describe(r) for r in reps]
+            return obj.size, [self.describe(r) for r in reps], obj.sums
 
     def exist(self, client: ClientId, key: str) -> bool:
         try:

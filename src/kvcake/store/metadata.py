@@ -64,6 +64,9 @@ class ObjectMeta:
     disk_hits: int = 0
     copying: bool = False  # an offload/promotion task is in flight
     tenant: str = ""  # charged with ``size`` (store/tenants.py); "" = no tenant
+    # The writer's checksums (core/integrity.py), carried by every copy; [] = none (a reader
+    # that verifies never accepts such an object)
+    sums: list[int] = field(default_factory=list)
 
     def readable(self) -> list[Replica]:
         if self.status is not Status.COMPLETE:
@@ -101,3 +104,4 @@ class NodeTask:
     key: ObjectKey
     size: int
     mem_offset: int
+    sums: tuple[int, ...] = ()  # offload/promote: the object's checksums the node verifies

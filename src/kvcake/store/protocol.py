@@ -65,6 +65,7 @@ class Mount(msgspec.Struct, tag=True):
     # disk tier: (key, size) of copies the node verified on disk at start-up
     existing: list[tuple[str, int]] = []
     rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
+    existing_sums: list[list[int]] = []  # the checksums of each ``existing`` copy, in order
 
 
 class Unmount(msgspec.Struct, tag=True):
@@ -85,9 +86,13 @@ class PutStart(msgspec.Struct, tag=True):
 
 
 class PutEnd(msgspec.Struct, tag=True):
+    """``sums``: per key, the writer's checksums of the value (core/integrity.py), one list per
+    key in ``keys`` order; empty = no sums (an object no verifying reader will accept)."""
+
     client: str
     keys: list[str]
     rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
+    sums: list[list[int]] = []
 
 
 class PutRevoke(msgspec.Struct, tag=True):
@@ -167,6 +172,19 @@ class ReplicaDrop(msgspec.Struct, tag=True):
     rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
 
 
+class ReplicaBad(msgspec.Struct, tag=True):
+    """A reader found the replica of ``key`` at ``segment``/``offset`` failing ``sums`` (the
+    checksums it verified against): the master drops exactly that replica if the object still
+    has it with those sums (the last one too: then the object is gone)."""
+
+    client: str
+    key: str
+    segment: str
+    offset: int
+    sums: list[int]
+    rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
+
+
 # Requests that change the master's state: each carries a ``rid`` and is applied at most once.
 MUTATING: frozenset[str] = frozenset(
     (
@@ -182,6 +200,7 @@ MUTATING: frozenset[str] = frozenset(
         "ReplicaCopyStart",
         "ReplicaCopyEnd",
         "ReplicaDrop",
+        "ReplicaBad",
     )
 )
 
@@ -202,6 +221,7 @@ Request = (
     | ReplicaCopyStart
     | ReplicaCopyEnd
     | ReplicaDrop
+    | ReplicaBad
 )
 
 # --- replies ---------------------------------------------------------------------------------
@@ -212,6 +232,7 @@ class KeyResult(msgspec.Struct, frozen=True):
     size: int = 0
     replicas: list[ReplicaDesc] = []
     message: str = ""
+    sums: list[int] = []  # GetReplicas: the object's checksums (core/integrity.py)
 
 
 class Reply(msgspec.Struct, tag=True):
@@ -224,6 +245,7 @@ class Reply(msgspec.Struct, tag=True):
     lease_ms: int = 0
     client_ttl_ms: int = 0
     tasks: list[tuple[str, str, int, int]] = []  # (kind, key, size, mem_offset)
+    task_sums: list[list[int]] = []  # per task: the object's checksums, carried to the copy
     rejected: list[str] = []  # mount(disk): copies the node must delete
     directory: str = ""  # heartbeat: the Transfer Engine directory the master hosts
     events: str = ""  # heartbeat: the zmq PUB endpoint of the master's KV events ("" = none)

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import ctypes
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvcake.core.errors import KvcakeError, StoreError
+from kvcake.core.integrity import CHUNK
 from kvcake.store import protocol as P
 from kvcake.store.disk import read_remote
 from kvcake.store.errors import (
+    ChecksumMismatch,
+    IntegrityError,
     InternalError,
     InvalidParams,
     LeaseExpired,
@@ -22,6 +25,13 @@ from kvcake.store.filewriter import read_file_ranges
 from kvcake.store.readguard import ReadGuard, commit_under
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
+from kvcake.store.verify import (
+    copy_from_view,
+    fetch_verified,
+    integrity_failed,
+    report_bad,
+    spans,
+)
 
 _NEW_BYTEARRAY = ctypes.pythonapi.PyByteArray_FromStringAndSize
 _NEW_BYTEARRAY.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
@@ -65,6 +75,7 @@ class ReadPath:
     staging: Staging
     disk_reads = 0  # values read from a node's disk tier over its disk service (a stat)
     file_reads = 0  # values read from the file tier (store/filewriter.py; a stat)
+    verify_reads = True  # client.verify: off only for the cost benchmark (docs/store.md)
 
     # --- reads ---------------------------------------------------------------------------------
 
@@ -97,35 +108,121 @@ class ReadPath:
         guard: ReadGuard | None = None,
     ) -> P.ReplicaDesc:
         """Fill each ``(offset, out)`` with ``value[offset : offset + len(out)]`` from the best
-        readable replica (all ranges from one replica); returns that replica. With ``guard``,
-        bytes reach ``out`` only inside ``guard.commit()`` (see :class:`ReadGuard`)."""
-        errors = []
+        readable replica that verifies against the object's checksums (all ranges from one
+        replica); returns that replica. A replica that fails is reported (the master drops
+        it) and the next one tried; IntegrityError when none verifies. With ``guard``, bytes
+        reach ``out`` only inside ``guard.commit()``, and only verified ones."""
+        errors, corrupt = [], []
         for rep in self._order(res.replicas):
+            path = self._path_of(rep)
             try:
-                own = self.segments.get(rep.segment)
-                if rep.tier == "file":  # a shared filesystem path: read it here
-                    read_file_ranges(rep, key, res.size, ranges, guard)
-                    self.file_reads += 1
-                elif own is not None:
-                    with commit_under(guard):
-                        for off, out in ranges:
-                            out[:] = own[rep.offset + off : rep.offset + off + out.nbytes]
-                elif guard is None and len(ranges) == 1 and rep.tier != "disk":
-                    # A plain get: straight in, whatever the transport (no extra lookup).
-                    self._read_remote_memory(rep, ranges[0][0], ranges[0][1])
-                elif rep.tier != "disk" and self.engine.reads_by_mapping(rep.segment):
-                    with commit_under(guard):  # memory copies: nothing can hang in here
-                        for off, out in ranges:
-                            self._read_remote_memory(rep, off, out)
+                if self.verify_reads:
+                    self._read_verified(key, res, rep, ranges, guard)
                 else:
-                    self._read_bounced(key, rep, res.size, ranges, guard)
+                    self._read_unverified(key, res, rep, ranges, guard)
+            except ChecksumMismatch as exc:
+                integrity_failed(path, key, rep.segment, rep.offset)
+                report_bad(self.conn, self.id, key, rep.segment, rep.offset, res.sums)
+                corrupt.append(f"{rep.segment}@{rep.offset}: {exc}")
+                continue
             except KvcakeError as exc:
                 errors.append(f"{rep.segment}: {exc}")
                 continue
             if time.monotonic() - t0 > lease_s:
                 raise LeaseExpired(f"{key!r}: read outlived its lease; bytes may be stale")
             return rep
+        if corrupt:
+            raise IntegrityError(f"{key!r}: no replica verifies ({'; '.join(corrupt + errors)})")
         raise TransferFailed(f"{key!r}: no replica readable ({'; '.join(errors)})")
+
+    def _path_of(self, rep: P.ReplicaDesc) -> str:
+        """The integrity counter's ``path`` label of a read from ``rep``."""
+        if rep.tier != "memory":
+            return rep.tier
+        if rep.segment in self.segments:
+            return "own"
+        return (
+            "shm" if rep.host == self.host and self.engine.reads_by_mapping(rep.segment) else "tcp"
+        )
+
+    def _read_verified(
+        self,
+        key: str,
+        res: P.KeyResult,
+        rep: P.ReplicaDesc,
+        ranges: Sequence[tuple[int, memoryview]],
+        guard: ReadGuard | None,
+    ) -> None:
+        """One replica: fetch every chunk the ranges touch, verify, then hand the bytes over
+        (straight into the caller's buffer for a whole-value read without a guard)."""
+        size = res.size
+        if rep.tier == "file":  # a shared filesystem path: read and verify it here
+            read_file_ranges(rep, key, size, ranges, guard, res.sums)
+            self.file_reads += 1
+            return
+        whole = len(ranges) == 1 and ranges[0][0] == 0 and ranges[0][1].nbytes == size
+        if whole and guard is None:
+            self._fetch(key, res, rep, 0, ranges[0][1])
+            return
+        fetched = []
+        for lo, hi in spans(size, ranges):
+            buf = memoryview(uninitialized_bytearray(hi - lo))
+            self._fetch(key, res, rep, lo, buf)
+            fetched.append((lo, hi, buf))
+        with commit_under(guard):
+            for off, out in ranges:
+                if out.nbytes:
+                    lo, _, buf = next(f for f in fetched if f[0] <= off < f[1])
+                    out[:] = buf[off - lo : off - lo + out.nbytes]
+
+    def _fetch(
+        self, key: str, res: P.KeyResult, rep: P.ReplicaDesc, off: int, out: memoryview
+    ) -> None:
+        """Bytes ``[off, off + len(out))`` of the value (chunk aligned) from ``rep``, verified."""
+        size, sums = res.size, res.sums
+        if rep.tier == "disk":  # the disk service sends whole values
+            whole = out if off == 0 and out.nbytes == size else memoryview(
+                uninitialized_bytearray(size))  # fmt: skip
+            read_remote(rep.endpoint, key, whole, self.engine.auth)
+            self.disk_reads += 1
+            fetch_verified(key, sums, size, 0, whole, lambda o, v: None, chunked=False)
+            if whole is not out:
+                out[:] = whole[off : off + out.nbytes]
+            return
+        own = self.segments.get(rep.segment)
+        if own is not None:
+            src = own[rep.offset + off : rep.offset + off + out.nbytes]
+            copy_from_view(key, sums, size, off, out, src)
+            return
+        chunked = out.nbytes > CHUNK and self.engine.reads_by_mapping(rep.segment)
+        read = lambda o, v: self._read_remote_memory(rep, o, v)  # noqa: E731
+        fetch_verified(key, sums, size, off, out, read, chunked)
+
+    def _read_unverified(
+        self,
+        key: str,
+        res: P.KeyResult,
+        rep: P.ReplicaDesc,
+        ranges: Sequence[tuple[int, memoryview]],
+        guard: ReadGuard | None,
+    ) -> None:
+        """``client.verify = False`` (the cost benchmark only): the reads without checksums."""
+        own = self.segments.get(rep.segment)
+        if rep.tier == "file":
+            read_file_ranges(rep, key, res.size, ranges, guard, None)
+            self.file_reads += 1
+        elif own is not None:
+            with commit_under(guard):
+                for off, out in ranges:
+                    out[:] = own[rep.offset + off : rep.offset + off + out.nbytes]
+        elif guard is None and len(ranges) == 1 and rep.tier != "disk":
+            self._read_remote_memory(rep, ranges[0][0], ranges[0][1])
+        elif rep.tier != "disk" and self.engine.reads_by_mapping(rep.segment):
+            with commit_under(guard):
+                for off, out in ranges:
+                    self._read_remote_memory(rep, off, out)
+        else:
+            self._read_bounced(key, rep, res.size, ranges, guard)
 
     def _read_bounced(
         self,
@@ -135,14 +232,8 @@ class ReadPath:
         ranges: Sequence[tuple[int, memoryview]],
         guard: ReadGuard | None,
     ) -> None:
-        """A network read (a peer's memory over TCP, a disk copy from its node's disk service):
-        into a private buffer first, so a read that outlives a cancel lands nowhere, then the
-        ranges are copied out under the guard."""
-        whole = len(ranges) == 1 and ranges[0][0] == 0 and ranges[0][1].nbytes == size
-        if whole and guard is None and rep.tier == "disk":
-            read_remote(rep.endpoint, key, ranges[0][1], self.engine.auth)
-            self.disk_reads += 1
-            return
+        """A network read without verification: into a private buffer first, so a read that
+        outlives a cancel lands nowhere, then the ranges are copied out under the guard."""
         lo = 0 if rep.tier == "disk" else min(off for off, _ in ranges)
         hi = size if rep.tier == "disk" else max(off + out.nbytes for off, out in ranges)
         buf = memoryview(uninitialized_bytearray(hi - lo))
@@ -214,7 +305,8 @@ class ReadPath:
         if self.staging.fits(sizes) and self.staging.lock.acquire(blocking=False):
             try:
                 got = self.staging.read(
-                    [(n, r.segment, r.offset) for n, (_, r) in zip(sizes, fast, strict=True)]
+                    [(n, r.segment, r.offset) for n, (_, r) in zip(sizes, fast, strict=True)],
+                    self._staged_taker(keys, results, fast),
                 )
             finally:
                 self.staging.lock.release()
@@ -227,6 +319,25 @@ class ReadPath:
                 out[i] = LeaseExpired(f"{keys[i]!r}: read outlived its lease")
             else:
                 out[i] = self._get_one(keys[i], results[i], t0, lease_s)
+
+    def _staged_taker(
+        self, keys: Sequence[str], results: list[P.KeyResult], fast: list[tuple[int, P.ReplicaDesc]]
+    ) -> Callable[[int, memoryview], bytearray | Exception] | None:
+        """Copies item ``j`` out of the staging buffer, verifying it on the way (a failure is
+        retried by :meth:`_get_one`, which reports the replica)."""
+        if not self.verify_reads:
+            return None
+
+        def take(j: int, view: memoryview) -> bytearray | Exception:
+            i = fast[j][0]
+            out = uninitialized_bytearray(view.nbytes)
+            try:
+                copy_from_view(keys[i], results[i].sums, view.nbytes, 0, memoryview(out), view)
+            except ChecksumMismatch as exc:
+                return exc
+            return out
+
+        return take
 
     def _get_one(
         self, key: str, res: P.KeyResult, t0: float, lease_s: float

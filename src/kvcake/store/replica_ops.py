@@ -13,6 +13,7 @@ older than ``put_start_discard_s``, or when its client has expired.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from kvcake.store.events import EventLog
 from kvcake.store.metadata import NodeTask, ObjectMeta, Replica, Segment, Status, Tier
 from kvcake.store.protocol import ReplicaDesc
 
+log = logging.getLogger(__name__)
 MAX_COPIES = 65_536  # copies in flight at once (a bound on the table)
 
 
@@ -37,11 +39,17 @@ class ReplicaOpsMixin:
     events: EventLog
     copies: dict[ObjectKey, tuple[ClientId, float]]  # key -> (copying client, started at)
     discarded: list[tuple[float, SegmentName, int]]  # (free at, segment, offset)
+    replicas_bad = 0  # replicas dropped because a reader found them failing their checksums
 
     def _free(self, rep: Replica) -> None:
         raise NotImplementedError
 
     def _queue_task(self, segment: SegmentName, task: NodeTask) -> None:
+        raise NotImplementedError
+
+    def _drop_object(
+        self, obj: ObjectMeta, event: StoreEventKind | None = StoreEventKind.REMOVED
+    ) -> None:
         raise NotImplementedError
 
     def describe(self, rep: Replica) -> ReplicaDesc:
@@ -123,6 +131,36 @@ class ReplicaOpsMixin:
             if len(obj.readable()) < 2:
                 raise InvalidParams(f"{key!r} has no other replica: remove the key instead")
             self._drop_replica(obj, rep)
+
+    def replica_bad(self, key: str, segment: str, offset: int, sums: list[int]) -> bool:
+        """A reader found the replica at ``segment``/``offset`` failing ``sums``: drop exactly
+        that replica if ``key`` still has it and still has those sums (a report about an older
+        version, or a range reused since, changes nothing). The last readable replica takes
+        the object with it: corrupt bytes are worse than a miss. Returns whether it dropped."""
+        with self.lock:
+            obj = self.objects.get(ObjectKey(key))
+            if obj is None or obj.status is not Status.COMPLETE or obj.sums != sums:
+                return False
+            # offset -1: the node of a disk tier names its copy by key (one per disk segment)
+            rep = next(
+                (
+                    r
+                    for r in obj.replicas
+                    if r.segment == segment
+                    and (r.offset == offset or (offset == -1 and r.tier is Tier.DISK))
+                ),
+                None,
+            )
+            if rep is None or not rep.complete:
+                return False
+            self.replicas_bad += 1
+            log.warning("replica of %r on %s at %d failed its checksums: dropped",
+                        key, segment, offset)  # fmt: skip
+            if len(obj.readable()) < 2:
+                self._drop_object(obj)
+            else:
+                self._drop_replica(obj, rep)
+            return True
 
     def _drop_replica(self, obj: ObjectMeta, rep: Replica, publish: bool = True) -> None:
         """Forget one replica of ``obj`` (another readable one remains); ``publish``: emit the

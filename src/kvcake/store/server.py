@@ -19,8 +19,10 @@ from kvcake.store import protocol as P
 from kvcake.store.client import Client
 from kvcake.store.config import ClientConfig, StoreServerConfig
 from kvcake.store.disk import DiskService, DiskTier
+from kvcake.store.errors import ChecksumMismatch
 from kvcake.store.httpserve import HttpThread
 from kvcake.store.server_http import NodeMetrics, build_app
+from kvcake.store.verify import integrity_failed, report_bad
 
 log = logging.getLogger(__name__)
 POLL_S = 0.02
@@ -70,9 +72,7 @@ class StoreServer:
         self.client = Client(ccfg, segment_name=self.segment_name, auth=self.auth or _auth.DISABLED)
         if self.disk is not None:
             self._mount_disk(self.disk.scan())
-            self.client.remount_hooks.append(
-                lambda: self._mount_disk(list(self.disk.index.items()) if self.disk else [])
-            )
+            self.client.remount_hooks.append(lambda: self._mount_disk(self._disk_copies()))
             self._poller.start()
         if self.cfg.http_port >= 0:
             self.http = HttpThread(
@@ -84,7 +84,13 @@ class StoreServer:
             )
             self.http.start()
 
-    def _mount_disk(self, existing: list[tuple[str, int]]) -> None:
+    def _disk_copies(self) -> list[tuple[str, int, list[int]]]:
+        if self.disk is None:
+            return []
+        sums = dict(self.disk.sums)
+        return [(k, n, sums.get(k, [])) for k, n in list(self.disk.index.items())]
+
+    def _mount_disk(self, existing: list[tuple[str, int, list[int]]]) -> None:
         assert self.client is not None and self.disk is not None
         reply = self.client.conn.call(
             P.Mount(
@@ -94,7 +100,8 @@ class StoreServer:
                 self.cfg.ssd_quota,
                 "disk",
                 self.disk_endpoint,
-                existing,
+                [(k, n) for k, n, _ in existing],
+                existing_sums=[sums for _, _, sums in existing],
             )
         )
         for key in reply.rejected:
@@ -104,25 +111,40 @@ class StoreServer:
         assert self.client is not None
         while not self._stop.wait(POLL_S):
             try:
-                tasks = self.client.conn.call(P.TakeTasks(self.client.id)).tasks
+                reply = self.client.conn.call(P.TakeTasks(self.client.id))
             except KvcakeError as exc:
                 log.debug("task poll failed: %s", exc)
                 continue
-            for kind, key, size, offset in tasks:
-                ok = self._run(kind, key, size, offset)
+            sums = reply.task_sums or [[] for _ in reply.tasks]
+            for (kind, key, size, offset), task_sums in zip(reply.tasks, sums, strict=True):
+                ok = self._run(kind, key, size, offset, task_sums)
                 self.metrics.tasks.labels(kind, str(ok).lower()).inc()
                 if kind != "delete":
                     with contextlib.suppress(KvcakeError):
                         self.client.conn.call(P.TaskDone(self.client.id, kind, key, ok))
 
-    def _run(self, kind: str, key: str, size: int, offset: int) -> bool:
+    def _run(self, kind: str, key: str, size: int, offset: int, sums: list[int]) -> bool:
+        """Offload and promotion verify their source against the object's checksums from
+        the master (``sums``) and carry them; a source that fails is never copied (a corrupt
+        memory copy is reported and dropped, a corrupt disk file deleted)."""
         assert self.client is not None and self.disk is not None
         mem = self.client.segments[self.segment_name]
         try:
             if kind == "offload":
-                self.disk.write(key, mem[offset : offset + size])
+                try:
+                    self.disk.write(key, mem[offset : offset + size], sums)
+                except ChecksumMismatch:
+                    integrity_failed("offload", key, self.segment_name, offset)
+                    report_bad(self.client.conn, self.client.id, key, self.segment_name,
+                               offset, sums)  # fmt: skip
+                    raise
             elif kind == "promote":
-                self.disk.read_into(key, mem[offset : offset + size])
+                try:
+                    self.disk.read_into(key, mem[offset : offset + size], sums)
+                except ChecksumMismatch:  # the file is deleted: its replica must go too
+                    integrity_failed("disk", key, self.disk_segment, -1)
+                    report_bad(self.client.conn, self.client.id, key, self.disk_segment, -1, sums)
+                    raise
             elif kind == "delete":
                 self.disk.delete(key)
             return True

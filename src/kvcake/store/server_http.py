@@ -13,6 +13,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvcake.store.verify import FAILURES
+
 if TYPE_CHECKING:
     from kvcake.store.server import StoreServer
 
@@ -45,6 +47,7 @@ class NodeMetrics:
             registry=self.registry,
         )
         self.registry.register(_NodeCollector(node))
+        self.registry.register(FAILURES)  # integrity failures of its tier copies and reads
 
 
 def build_app(node: StoreServer, metrics: NodeMetrics) -> FastAPI:

@@ -8,6 +8,7 @@ finds it busy or too small falls back to per-value copies, so it never blocks co
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from kvcake.core.ids import SegmentName
@@ -52,16 +53,27 @@ class Staging:
             )
         return self._run(reqs)
 
-    def read(self, items: list[tuple[int, str, int]]) -> list[bytearray | Exception]:
-        """Fetch each (size, target segment, target offset) into a new bytearray."""
+    def read(
+        self,
+        items: list[tuple[int, str, int]],
+        take: Callable[[int, memoryview], bytearray | Exception] | None = None,
+    ) -> list[bytearray | Exception]:
+        """Fetch each (size, target segment, target offset) into a new bytearray; ``take(j,
+        view)`` makes item ``j``'s result from its staged bytes (the reader verifies them
+        there, while copying them out)."""
         offs = self._layout([n for n, _, _ in items])
         reqs = [
             TransferRequest(Op.READ, self.name, off, SegmentName(seg), toff, n)
             for (n, seg, toff), off in zip(items, offs, strict=True)
         ]
         out: list[bytearray | Exception] = []
-        for (n, _, _), off, err in zip(items, offs, self._run(reqs), strict=True):
-            out.append(err if err is not None else bytearray(self.view[off : off + n]))
+        for j, ((n, _, _), off, err) in enumerate(zip(items, offs, self._run(reqs), strict=True)):
+            if err is not None:
+                out.append(err)
+            elif take is not None:
+                out.append(take(j, self.view[off : off + n]))
+            else:
+                out.append(bytearray(self.view[off : off + n]))
         return out
 
     def _run(self, reqs: list[TransferRequest]) -> list[Exception | None]:

@@ -189,7 +189,9 @@ class TieringMixin:
         obj.replicas.append(Replica(disk.name, off, obj.size, Tier.DISK, complete=False))
         obj.copying = True
         self.offloading[obj.key] = sum(r.size for r in obj.memory())
-        self.tasks.setdefault(owner, []).append(NodeTask("offload", obj.key, obj.size, src.offset))
+        self.tasks.setdefault(owner, []).append(
+            NodeTask("offload", obj.key, obj.size, src.offset, tuple(obj.sums))
+        )
         self.offloads += 1
         return True
 
@@ -233,7 +235,9 @@ class TieringMixin:
             return
         obj.replicas.append(Replica(mem.name, off, obj.size, Tier.MEMORY, complete=False))
         obj.copying = True
-        self.tasks.setdefault(owner, []).append(NodeTask("promote", obj.key, obj.size, off))
+        self.tasks.setdefault(owner, []).append(
+            NodeTask("promote", obj.key, obj.size, off, tuple(obj.sums))
+        )
         self.promotions += 1
 
     def take_tasks(self, client: ClientId) -> list[NodeTask]:

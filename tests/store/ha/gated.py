@@ -35,4 +35,4 @@ class GatedLog(GroupCommitLog):
 
 
 def rec(i: int) -> ObjRec:
-    return ObjRec(f"k{i}", 100, False, [("seg", i * 128, "memory")])
+    return ObjRec(f"k{i}", 100, False, [("seg", i * 128, "memory")], sums=[i])

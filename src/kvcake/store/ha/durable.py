@@ -41,6 +41,7 @@ MUTATING: frozenset[type] = frozenset(
         P.TaskDone,
         P.ReplicaCopyEnd,
         P.ReplicaDrop,
+        P.ReplicaBad,
     )
 )
 

@@ -68,7 +68,9 @@ class JournaledState(MasterState):
         if obj is None or obj.status is not Status.COMPLETE:
             return ObjGone(key)
         reps = [(r.segment, r.offset, r.tier.value) for r in obj.replicas if r.complete]
-        return ObjRec(key, obj.size, obj.hard_pin, reps, obj.tenant) if reps else ObjGone(key)
+        if not reps:
+            return ObjGone(key)
+        return ObjRec(key, obj.size, obj.hard_pin, reps, obj.tenant, obj.sums)
 
     def flush(self, log: OpLog) -> int:
         """Log what changed; return the ticket covering everything this thread touched."""
@@ -110,9 +112,9 @@ class JournaledState(MasterState):
             super().mount_file_tier(*args, **kw)
             self._mark("s", FILE_SEGMENT)
 
-    def _adopt(self, seg: Segment, key: str, size: int) -> bool:
+    def _adopt(self, seg: Segment, key: str, *args: Any) -> bool:
         self._mark("o", key)
-        return super()._adopt(seg, key, size)
+        return super()._adopt(seg, key, *args)
 
     # Overrides pass their arguments through untouched (*args): only the first ones, which
     # name what changed, are read here.

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from kvcake.core import integrity
 from kvcake.core.ids import ClientId, ObjectKey, SegmentName
 from kvcake.store.allocator import RangeAllocator, aligned
 from kvcake.store.config import MasterConfig
@@ -47,7 +48,12 @@ def restore_allocator(capacity: int, ranges: Iterable[tuple[int, int]]) -> Range
 def _valid(view: View) -> tuple[list[ObjRec], dict[str, list[tuple[int, int]]]]:
     """Objects whose replicas all fit their segments without overlaps, and per segment the
     ranges they hold."""
-    bad: set[str] = set()
+    # Logged before objects carried checksums (or put without them): no reader could verify
+    # them, so they are discarded -- a cache misses them, it never serves them unverified.
+    bad = {o.key for o in view.objects.values() if not integrity.well_formed(o.size, o.sums)}
+    if bad:
+        log.warning("replay: %d objects without valid checksums discarded", len(bad))
+    unsummed = len(bad)
     per_seg: dict[str, list[tuple[int, int, str]]] = {name: [] for name in view.segments}
     for obj in view.objects.values():
         for seg_name, offset, _tier in obj.replicas:
@@ -66,8 +72,9 @@ def _valid(view: View) -> tuple[list[ObjRec], dict[str, list[tuple[int, int]]]]:
                 bad.add(key)
                 continue
             end = offset + size
-    if bad:
-        log.warning("replay: %d objects dropped (replicas outside or overlapping)", len(bad))
+    if len(bad) > unsummed:
+        log.warning("replay: %d objects dropped (replicas outside or overlapping)",
+                    len(bad) - unsummed)  # fmt: skip
     good = [o for o in view.objects.values() if o.key not in bad]
     live = {n: [(o, s) for o, s, k in r if k not in bad] for n, r in per_seg.items()}
     return good, live
@@ -102,6 +109,7 @@ def build_state(
         meta = ObjectMeta(key, obj.size, Status.COMPLETE, ClientId(""), now, reps)
         meta.hard_pin = obj.hard_pin
         meta.tenant = obj.tenant  # its quota charge survives the failover
+        meta.sums = list(obj.sums)
         state.tenants.charge(obj.tenant, obj.size)
         state.objects[key] = meta
     state.check()

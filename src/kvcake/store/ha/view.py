@@ -31,6 +31,7 @@ class ObjRec(msgspec.Struct, tag="obj", array_like=True, frozen=True):
     hard_pin: bool
     replicas: list[tuple[str, int, str]]  # (segment, offset, tier); the size is the object's
     tenant: str = ""  # charged with the size (store/tenants.py); older records: none
+    sums: list[int] = []  # the object's checksums (core/integrity.py); older records: none
 
 
 class ObjGone(msgspec.Struct, tag="del", array_like=True, frozen=True):

@@ -1,0 +1,102 @@
+"""Checking bytes against an object's checksums on the store's read and copy paths, and what a
+failure does: a counter by path, a log line naming the key and the replica, and a report to the
+master that drops exactly that replica (``ReplicaBad``). The checksum itself is defined once,
+in :mod:`kvcake.core.integrity`.
+
+Fetching for verification: a chunk is the unit of verification, so a read that covers part of
+a chunk fetches the whole chunk (into a scratch buffer) and verifies it before any byte of it
+is handed over. Copies are verified chunk by chunk while the chunk is still in the cache
+(``copy_verified`` for local memory; a read of one chunk then its sum for a mapped peer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+
+from prometheus_client import Counter
+
+from kvcake.core import integrity
+from kvcake.core.errors import StoreError
+from kvcake.store import protocol as P
+from kvcake.store.errors import ChecksumMismatch
+
+log = logging.getLogger(__name__)
+
+# Paths: own (this process's segment), shm (a same-host peer's mapping), tcp (a remote peer),
+# disk (a node's SSD tier), file (the shared file tier), offload (a node's memory copy
+# offloaded to disk). Registered in the process's default registry; a storage node also
+# exposes it on its own /metrics.
+FAILURES = Counter(
+    "kvcake_store_integrity_failures",
+    "replica reads and tier copies whose bytes failed the object's checksums",
+    ["path"],
+)
+
+ReadFn = Callable[[int, memoryview], None]  # (offset in the value, out) -> fill out
+
+
+def integrity_failed(path: str, key: str, segment: str, offset: int) -> None:
+    FAILURES.labels(path).inc()
+    log.warning(
+        "integrity: %r failed its checksums on replica %s@%d (path %s)", key, segment, offset, path
+    )
+
+
+def report_bad(
+    conn: object, client: str, key: str, segment: str, offset: int, sums: Sequence[int]
+) -> None:
+    """Ask the master to drop that one replica (best effort: a reader that cannot reach it
+    still refuses the bytes; the next reader reports again)."""
+    with contextlib.suppress(StoreError):
+        conn.call(P.ReplicaBad(client, key, segment, offset, list(sums)))  # type: ignore[attr-defined]
+
+
+def spans(size: int, ranges: Sequence[tuple[int, memoryview]]) -> list[tuple[int, int]]:
+    """The chunk-aligned ``[start, end)`` spans of the value that cover ``ranges``, merged."""
+    out: list[tuple[int, int]] = []
+    for off, view in sorted(ranges, key=lambda r: r[0]):
+        idx = integrity.covering(size, off, view.nbytes)
+        if not idx:
+            continue
+        start = integrity.chunk_span(size, idx[0])[0]
+        end = integrity.chunk_span(size, idx[-1])[1]
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def fetch_verified(
+    key: str, sums: Sequence[int], size: int, off: int, out: memoryview, read: ReadFn,
+    chunked: bool,
+) -> None:  # fmt: skip
+    """Fill ``out`` with the value's bytes from ``off`` (chunk aligned at both ends or the
+    value's end) through ``read`` and verify them; ``chunked``: one chunk per read, summed
+    while hot (a mapped peer), else one read then the sums (a network read).
+    ChecksumMismatch names the bad chunks."""
+    if not chunked or out.nbytes <= integrity.CHUNK:
+        read(off, out)
+        bad = integrity.bad_chunks(key, size, sums, [(off, out)])
+    else:
+        bad = []
+        done = 0
+        while done < out.nbytes:
+            take = min(integrity.CHUNK, out.nbytes - done)
+            piece = out[done : done + take]
+            read(off + done, piece)
+            bad += integrity.bad_chunks(key, size, sums, [(off + done, piece)])
+            done += take
+    if bad or len(sums) != integrity.chunk_count(size):
+        raise ChecksumMismatch(f"{key!r}: chunks {bad[:4] or 'all'} fail their checksums")
+
+
+def copy_from_view(
+    key: str, sums: Sequence[int], size: int, off: int, out: memoryview, src: memoryview
+) -> None:
+    """:func:`fetch_verified` from memory this process holds: copy and sum in one pass."""
+    bad = integrity.copy_verified(key, sums, size, off, out, src)
+    if bad or len(sums) != integrity.chunk_count(size):
+        raise ChecksumMismatch(f"{key!r}: chunks {bad[:4] or 'all'} fail their checksums")
