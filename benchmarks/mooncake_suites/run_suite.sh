@@ -9,6 +9,7 @@
 #   KVCAKE_VENV      kvcake's venv (default: the repository's .venv)
 #   MASTER_EXTRA     more master flags, e.g. "--enable_offload=true --root_fs_dir=/tmp/fs"
 # The master gets Mooncake's flags (HTTP metadata server, 1 s lease) on free loopback ports.
+# conformance.py (beside this script) runs whole suites on both sides and compares them.
 set -u
 side=$1; suite=$2; shift 2
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -25,7 +26,9 @@ if [ "$side" = wheel ]; then
 else
   shim=$dir/shim
   [ -d "$shim" ] || "$kv/bin/kvcake" mooncake-shim --target "$shim" install >/dev/null
-  "$kv/bin/kvcake" master $flags >"$dir/master_$side.log" 2>&1 & mp=$!
+  # the stand-in mooncake_master the switch installs, with the same command line (issue 36)
+  "$shim/bin/mooncake_master" $flags --http_metadata_server_host=127.0.0.1 --metrics_port="$(fp)" \
+    >"$dir/master_$side.log" 2>&1 & mp=$!
   py=$kv/bin/python; pp=$shim
 fi
 trap 'kill $mp 2>/dev/null; wait $mp 2>/dev/null' EXIT
