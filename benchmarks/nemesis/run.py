@@ -89,6 +89,10 @@ def evaluate(run: Path, s: Settings, faults: list[Fault], final: dict[str, Any],
     counts: dict[str, int] = {}
     for o in ops:
         counts[f"{o.f}:{o.outcome}"] = counts.get(f"{o.f}:{o.outcome}", 0) + 1
+        # reads a checksum stopped (issue 30 §1): an error, never bytes, but worth counting
+        errs = [o.err, *(r for r in o.reads if isinstance(r, str))]
+        if any("IntegrityError" in e or "ChecksumMismatch" in e for e in errs):
+            counts["integrity_errors"] = counts.get("integrity_errors", 0) + 1
     res = {
         "seed": s.seed, "seconds": round(seconds, 1), "netns": netns, "ops": len(ops),
         "counts": dict(sorted(counts.items())), "keys_final": len(final),
