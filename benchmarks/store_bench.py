@@ -138,9 +138,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="client keeps glibc's default malloc thresholds (see kvcake.store.memtune)",
     )
+    ap.add_argument(
+        "--integrity",
+        action="store_true",
+        help="the cost of checksums: the same cells with client.verify on and off, alternating "
+        "per round (one client each, same master and node); prints on/off ratios",
+    )
     peer.add_mooncake_flag(ap, "store")
     args = ap.parse_args(argv)
     from kvcake.store.client import Client
+
+    if args.integrity:
+        return integrity_cost(args)
 
     mc_python, why = peer.probe(args.mooncake)
     if mc_python is None:
@@ -178,6 +187,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         except RuntimeError as exc:
             print(f"Mooncake live peer failed, ratios use the recorded figures: {exc}")
     print_table(rows, args, live)
+    return 0
+
+
+def integrity_cost(args: argparse.Namespace) -> int:
+    """Verification on vs off (docs/store.md, "Integrity"): per cell, rounds alternate between
+    the two clients so drift on this shared machine hits both; ratio = median on / median off."""
+    from kvcake.store.client import Client
+
+    master, minfo = spawn(["master", "--port", "0", "--http-port", "-1"], "master")
+    node, _ = spawn(
+        ["store-server", "--master", minfo["rpc"], "--segment-size", args.segment], "store-server"
+    )
+    peer.SERVER_PIDS[:] = [master.pid, node.pid]
+    kw = {"master": minfo["rpc"], "protocol": args.protocol}
+    clients = {v: Client(verify=v, **kw) for v in (True, False)}  # type: ignore[arg-type]
+    print(f"integrity cost, protocol={args.protocol}, {args.repeats} rounds per mode")
+    print("| size | batch | put on/off | get on/off | put op/s on | get op/s on |")
+    print("|---|---|---|---|---|---|")
+    try:
+        for label in args.sizes.split(","):
+            size = SIZES[label]
+            for batch in (1, BATCH):
+                rates: dict[bool, tuple[list[float], list[float]]] = {
+                    True: ([], []),
+                    False: ([], []),
+                }
+                for r in range(args.repeats):
+                    for v in (True, False) if r % 2 == 0 else (False, True):
+                        tag = f"{label}-{'on' if v else 'off'}-{r}"
+                        put, get = bench_cell(clients[v], tag, size, batch, 1)
+                        rates[v][0].append(put.ops_per_s)
+                        rates[v][1].append(get.ops_per_s)
+                med = {v: [statistics.median(x) for x in rates[v]] for v in rates}
+                print(
+                    f"| {label} | {batch} | {med[True][0] / med[False][0]:.2f}x "
+                    f"| {med[True][1] / med[False][1]:.2f}x | {med[True][0]:,.0f} "
+                    f"| {med[True][1]:,.0f} |",
+                    flush=True,
+                )
+    finally:
+        for c in clients.values():
+            c.close()
+        for p in (node, master):
+            p.terminate()
+            p.wait(10)
     return 0
 
 

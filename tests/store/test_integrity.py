@@ -216,3 +216,21 @@ def _raw_putend_with_a_huge_sum(rpc: str) -> None:
             framing.recv_exact_into(s, memoryview(body))
             reply = P.REPLY_CODEC.decode(body)
             assert reply.code != 0
+
+
+@pytest.mark.parametrize("protocol", ["auto", "tcp"])
+def test_ranges_across_chunks_read_exactly(pool2: str, protocol: str) -> None:
+    """Ranges that start and end mid-chunk and straddle chunk boundaries: every covered chunk
+    is fetched whole and verified, and exactly the asked-for bytes reach each buffer."""
+    size = 2 * CHUNK + 12345
+    key = f"ranges/{protocol}"
+    v = value(key, size)
+    cuts = [(5, 100), (CHUNK - 10, 20), (CHUNK + 7, CHUNK), (size - 3, 3)]
+    with Client(ClientConfig(master=pool2, protocol=protocol)) as c:
+        c.put(key, v)
+        for guard in (None, ReadGuard()):
+            bufs = [bytearray(n) for _, n in cuts]
+            asked = [(o, b) for (o, _), b in zip(cuts, bufs, strict=True)]
+            got = c.batch_get_into_ranges([key], [asked], guard)
+            assert got == [sum(n for _, n in cuts)]
+            assert [bytes(b) for b in bufs] == [v[o : o + n] for o, n in cuts]

@@ -30,6 +30,7 @@ from kvcake.store.verify import (
     fetch_verified,
     integrity_failed,
     report_bad,
+    scatter,
     spans,
 )
 
@@ -164,16 +165,21 @@ class ReadPath:
         if whole and guard is None:
             self._fetch(key, res, rep, 0, ranges[0][1])
             return
-        fetched = []
+        if rep.tier == "disk":  # the disk service sends whole values: one fetch, verified
+            value = memoryview(uninitialized_bytearray(size))
+            self._fetch(key, res, rep, 0, value)
+            with commit_under(guard):
+                scatter(ranges, 0, value)
+            return
+        # Chunk by chunk through one scratch buffer: fetched, verified while hot, then handed
+        # over (under the guard) before the next one is fetched.
+        scratch = memoryview(uninitialized_bytearray(min(CHUNK, size)))
         for lo, hi in spans(size, ranges):
-            buf = memoryview(uninitialized_bytearray(hi - lo))
-            self._fetch(key, res, rep, lo, buf)
-            fetched.append((lo, hi, buf))
-        with commit_under(guard):
-            for off, out in ranges:
-                if out.nbytes:
-                    lo, _, buf = next(f for f in fetched if f[0] <= off < f[1])
-                    out[:] = buf[off - lo : off - lo + out.nbytes]
+            for start in range(lo, hi, CHUNK):
+                buf = scratch[: min(CHUNK, hi - start)]
+                self._fetch(key, res, rep, start, buf)
+                with commit_under(guard):
+                    scatter(ranges, start, buf)
 
     def _fetch(
         self, key: str, res: P.KeyResult, rep: P.ReplicaDesc, off: int, out: memoryview

@@ -15,6 +15,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
+import xxhash
 from prometheus_client import Counter
 
 from kvcake.core import integrity
@@ -69,6 +70,16 @@ def spans(size: int, ranges: Sequence[tuple[int, memoryview]]) -> list[tuple[int
     return out
 
 
+def scatter(ranges: Sequence[tuple[int, memoryview]], at: int, buf: memoryview) -> None:
+    """Copy the value's bytes ``[at, at + len(buf))``, held in ``buf``, into the parts of
+    ``ranges`` (``(offset in the value, out)``) they overlap."""
+    end = at + buf.nbytes
+    for off, out in ranges:
+        a, b = max(off, at), min(off + out.nbytes, end)
+        if a < b:
+            out[a - off : b - off] = buf[a - at : b - at]
+
+
 def fetch_verified(
     key: str, sums: Sequence[int], size: int, off: int, out: memoryview, read: ReadFn,
     chunked: bool,
@@ -77,9 +88,10 @@ def fetch_verified(
     value's end) through ``read`` and verify them; ``chunked``: one chunk per read, summed
     while hot (a mapped peer), else one read then the sums (a network read).
     ChecksumMismatch names the bad chunks."""
+    seed = integrity.key_seed(key)
     if not chunked or out.nbytes <= integrity.CHUNK:
         read(off, out)
-        bad = integrity.bad_chunks(key, size, sums, [(off, out)])
+        bad = _bad_aligned(seed, sums, off, out)
     else:
         bad = []
         done = 0
@@ -87,10 +99,23 @@ def fetch_verified(
             take = min(integrity.CHUNK, out.nbytes - done)
             piece = out[done : done + take]
             read(off + done, piece)
-            bad += integrity.bad_chunks(key, size, sums, [(off + done, piece)])
+            bad += _bad_aligned(seed, sums, off + done, piece)
             done += take
     if bad or len(sums) != integrity.chunk_count(size):
         raise ChecksumMismatch(f"{key!r}: chunks {bad[:4] or 'all'} fail their checksums")
+
+
+def _bad_aligned(seed: int, sums: Sequence[int], off: int, view: memoryview) -> list[int]:
+    """Bad chunk indexes of ``view``, the value's whole chunks from ``off`` (chunk aligned; the
+    last one may end at the value's end): one digest call per chunk, no streaming state."""
+    bad = []
+    for done in range(0, view.nbytes, integrity.CHUNK):
+        index = (off + done) // integrity.CHUNK
+        part = view[done : done + integrity.CHUNK]
+        digest = xxhash.xxh3_64_intdigest(part, seed=integrity.chunk_seed(seed, index))
+        if index >= len(sums) or digest != sums[index]:
+            bad.append(index)
+    return bad
 
 
 def copy_from_view(
