@@ -3,19 +3,23 @@ of them between caller buffers and the replicas, then end the session.
 
 A put session is kvcake's two-phase put split open: ``batch_put_session_start`` is PutStart
 (space reserved, the object invisible), range writes go straight into every replica,
-``batch_put_session_end`` is PutEnd, ``..._revoke`` PutRevoke. A get session caches the replica
-list and lease of each key; ranges are read from the cached replica (the lease still guards
-them: a read after it ran out fails with -707 instead of returning possibly stale bytes)."""
+``batch_put_session_end`` is PutEnd, ``..._revoke`` PutRevoke. The session computes the value's
+checksums as it writes (``_range_sums``) and hands them over with PutEnd, as every writer does
+(core/integrity.py). A get session caches the replica list, checksums and lease of each key;
+ranges are read through the store's verified read (every chunk a range touches is checked
+before any byte is handed over; a corrupt replica is dropped and the next one tried; none
+verifies: -801, and the buffer gets none of the bad bytes). The lease still guards them: a read
+after it ran out fails with -707 instead of returning possibly stale bytes."""
 
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
 
 from kvcake.compat.mooncake._base import StoreBase, options, returns, view
+from kvcake.compat.mooncake._range_sums import RangeSums, ReadBack
 from kvcake.compat.mooncake._types import ReplicateConfig
-from kvcake.core.errors import KvcakeError
+from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.store import errors as E
 from kvcake.store import protocol as P
 
@@ -30,6 +34,8 @@ class _Open:
     lease_s: float = 0.0
     written: set[tuple[int, int]] = field(default_factory=set)
     file: P.ReplicaDesc | None = None  # the file tier's replica: written after PutEnd
+    sums: RangeSums | None = None  # put: the checksums of what was written
+    res: P.KeyResult | None = None  # get: the lookup's answer (replicas, checksums)
 
 
 class SessionMethods(StoreBase):
@@ -65,7 +71,8 @@ class SessionMethods(StoreBase):
                 if res.code == 0:
                     reps = [r for r in res.replicas if r.tier != "file"]
                     files = [r for r in res.replicas if r.tier == "file"]
-                    opened[key] = _Open(size, reps, file=files[0] if files else None)
+                    opened[key] = _Open(size, reps, file=files[0] if files else None,
+                                        sums=RangeSums(key, size))  # fmt: skip
         return out
 
     @returns([])
@@ -107,25 +114,63 @@ class SessionMethods(StoreBase):
                         c.engine.write(rep.segment, rep.offset + off, data)
                 except KvcakeError:
                     return E.TRANSFER_FAIL
+            if sess.sums is not None:
+                sess.sums.feed(off, data)
             total += n
         return total
+
+    def _read_back(self, sess: _Open) -> ReadBack:
+        """Reads the value's bytes back from the first replica the session wrote."""
+        c = self._c
+        if not sess.replicas:
+            raise E.TransferFailed("the session has no memory replica")
+        rep = sess.replicas[0]
+
+        def read(off: int, out: memoryview) -> None:
+            own = c.segments.get(rep.segment)
+            if own is not None:
+                out[:] = own[rep.offset + off : rep.offset + off + out.nbytes]
+            else:
+                c.engine.read_into(rep.segment, rep.offset + off, out)
+
+        return read
 
     def _finish(self, keys: list[str], msg: type[P.PutEnd] | type[P.PutRevoke]) -> list[int]:
         opened = self._sessions("put")
         known = [k for k in dict.fromkeys(keys) if k in opened]
         codes = {k: E.INVALID_PARAMS for k in keys}
-        if known:
-            c = self._c
-            reply = c.conn.call(msg(c.id, known))
-            results = reply.results or [P.KeyResult(0)] * len(known)
-            for k, res in zip(known, results, strict=True):
-                codes[k] = res.code
-                sess = opened.pop(k)
-                if sess.file is not None and res.code == 0 and msg is P.PutEnd:
-                    self._persist(k, sess.file)
+        if known and msg is P.PutEnd:
+            sums: dict[str, list[int]] = {}
+            for k in known:
+                sess = opened[k]
+                with contextlib.suppress(KvcakeError):
+                    if sess.sums is not None:
+                        sums[k] = sess.sums.sums(self._read_back(sess))
+            lost = [k for k in known if k not in sums]
+            if lost:  # its bytes cannot be summed: never published without checksums
+                self._end(lost, P.PutRevoke, opened, codes, [])
+                codes.update(dict.fromkeys(lost, E.TRANSFER_FAIL))
+            known = [k for k in known if k in sums]
+            self._end(known, msg, opened, codes, [sums[k] for k in known])
+        elif known:
+            self._end(known, msg, opened, codes, [])
         return [codes[k] for k in keys]
 
-    def _persist(self, key: str, rep: P.ReplicaDesc) -> None:
+    def _end(self, known: list[str], msg: type[P.PutEnd] | type[P.PutRevoke],
+             opened: dict[str, _Open], codes: dict[str, int], sums: list[list[int]]) -> None:  # fmt: skip
+        if not known:
+            return
+        c = self._c
+        call = P.PutEnd(c.id, known, sums=sums) if msg is P.PutEnd else P.PutRevoke(c.id, known)
+        reply = c.conn.call(call)
+        results = reply.results or [P.KeyResult(0)] * len(known)
+        for i, (k, res) in enumerate(zip(known, results, strict=True)):
+            codes[k] = res.code
+            sess = opened.pop(k)
+            if sess.file is not None and res.code == 0 and msg is P.PutEnd:
+                self._persist(k, sess.file, sums[i])
+
+    def _persist(self, key: str, rep: P.ReplicaDesc, sums: list[int]) -> None:
         """The value written in ranges goes to the file tier as a whole (store/filewriter.py)."""
         c = self._c
         try:
@@ -134,7 +179,7 @@ class SessionMethods(StoreBase):
             with contextlib.suppress(KvcakeError):  # the master drops the file replica
                 c._file_writer().report(key, rep.offset, False)
             return
-        c._file_writer().submit(key, memoryview(value), rep)
+        c._file_writer().submit(key, memoryview(value), rep, sums)
 
     @returns([])
     def batch_put_session_end(self, keys: list[str]) -> list[int]:
@@ -158,7 +203,7 @@ class SessionMethods(StoreBase):
         for key, res in zip(keys, reply.results, strict=True):
             out.append(res.code)
             if res.code == 0:
-                opened[key] = _Open(res.size, self._c._order(list(res.replicas)), t0, lease_s)
+                opened[key] = _Open(res.size, list(res.replicas), t0, lease_s, res=res)
         return out
 
     @returns([])
@@ -186,29 +231,19 @@ class SessionMethods(StoreBase):
     def _read_ranges(
         self, key: str, sess: _Open, ptrs: list[int], sizes: list[int], offs: list[int]
     ) -> int:
-        c = self._c
-        total = 0
-        whole: bytearray | None = None
+        ranges = []
         for p, n, off in zip(ptrs, sizes, offs, strict=True):
             if n <= 0 or off < 0 or off + n > sess.size:
                 return E.INVALID_PARAMS
-            dst = view(p, n)
-            rep = sess.replicas[0]
-            try:
-                own = c.segments.get(rep.segment)
-                if own is not None:
-                    dst[:] = own[rep.offset + off : rep.offset + off + n]
-                elif rep.tier == "memory":
-                    c.engine.read_into(rep.segment, rep.offset + off, dst)
-                else:
-                    whole = whole if whole is not None else c.get(key)
-                    dst[:] = whole[off : off + n]
-            except KvcakeError:
-                return E.TRANSFER_FAIL
-            total += n
-        if time.monotonic() - sess.t0 > sess.lease_s:
-            return E.LEASE_EXPIRED
-        return total
+            ranges.append((off, view(p, n)))
+        assert sess.res is not None
+        try:  # verified, replica by replica; LeaseExpired (-707) past the session's lease
+            self._c._read_ranges(key, sess.res, ranges, sess.t0, sess.lease_s)
+        except StoreError as exc:
+            return exc.code  # IntegrityError: -801 (no replica verifies)
+        except KvcakeError:
+            return E.TRANSFER_FAIL
+        return sum(v.nbytes for _, v in ranges)
 
     @returns(int)
     def batch_get_session_end(self, keys: list[str]) -> int:
