@@ -127,6 +127,33 @@ def test_prefill_on_a_decode_on_b_through_the_pool(cluster: Cluster) -> None:
     assert out["choices"][0]["token_ids"] == complete(cluster.a, p)
 
 
+def test_a_corrupted_pooled_block_is_recomputed_never_used(cluster: Cluster) -> None:
+    """Issue 30 §1: one byte of a pooled block changed in the store-server's memory (a bit
+    flip, a stray write, a range reused under a stale master). B's layer-wise load verifies
+    each group before its layers are released; the block fails, it and the rest of its run
+    are recomputed, and the answer is the cold one."""
+    p = tokens(10, 330)
+    oracle = complete(cluster.a, p)  # A's cold answer; A pools the blocks
+    wait_pooled(cluster, p)
+    model = f"{cluster.a.spec.model_dir.rstrip('/').rsplit('/', 1)[-1]}@vllm"
+    victim = BlockNamer(model, "float32", BS).objects(p)[4]
+    errors = metric(cluster.b, "kvcake_connector_load_error_blocks_total")
+    logged = cluster.b.log_text().count("no replica verifies")
+    with Client(master=cluster.master_addr) as client:
+        rep = client.get_replica_desc(victim).replicas[0]
+        b = bytearray(1)
+        client.engine.read_into(rep.segment, rep.offset + 1000, b)
+        b[0] ^= 0xFF
+        client.engine.write(rep.segment, rep.offset + 1000, b)
+    assert complete(cluster.b, p) == oracle
+    assert wait_log(cluster.b, "no replica verifies", logged + 1, 10)  # the store's error
+    deadline = time.monotonic() + 20
+    while metric(cluster.b, "kvcake_connector_load_error_blocks_total") - errors < 6:
+        assert time.monotonic() < deadline  # block 4 and the 5 after it in the run
+        complete(cluster.b, [9, 9, 9, 9], max_tokens=2)  # a step flushes the worker's stats
+    time.sleep(1.5)  # let B's pool back-off (1 s) end
+
+
 def test_slow_store_past_deadline_recomputes(cluster: Cluster) -> None:
     p = tokens(7, 330)
     oracle = complete(cluster.a, p)
