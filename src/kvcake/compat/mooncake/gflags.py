@@ -34,7 +34,11 @@ class GFlagsExit(Exception):
         self.code, self.message, self.to_stdout = code, message, to_stdout
 
     def exit(self) -> int:
-        print(self.message, file=sys.stdout if self.to_stdout else sys.stderr, flush=True)
+        out = sys.stdout if self.to_stdout else sys.stderr
+        try:
+            print(self.message, file=out, flush=True)
+        except BrokenPipeError:  # `--help | head`: the reader left; silence the final flush
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
         return self.code
 
 
