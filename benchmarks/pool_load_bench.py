@@ -15,6 +15,7 @@ Run: ``python benchmarks/pool_load_bench.py [--blocks 56] [--repeats 3] [--proto
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -47,13 +48,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--protocol", default="auto", choices=("auto", "tcp"))
+    ap.add_argument(
+        "--integrity",
+        action="store_true",
+        help="compare the direct load with verification on and off (client.verify; "
+        "docs/store.md, Integrity) instead of staged vs direct",
+    )
     a = ap.parse_args(argv)
+    plain: Client | None = None  # --integrity: the same reads with verification off
     master = spawn_kvcake("master", "--port", "0", "--http-port", "-1")
     store = spawn_kvcake("store-server", "--master", master.info["rpc"], "--segment-size", "512MiB")
     try:
         caches = {f"l{i}": torch.zeros(NUM_BLOCKS, *SHAPE) for i in range(LAYERS)}
         paged = PagedKV(caches, NUM_BLOCKS)
         cfg = ClientConfig(master=master.info["rpc"], protocol=a.protocol, tune_malloc=False)
+        modes = ("direct", "unverified") if a.integrity else ("staged", "direct")
+        if a.integrity:
+            plain = Client(dataclasses.replace(cfg, verify=False))
         with Client(cfg) as c:
             src = paged.empty(a.blocks).normal_(generator=torch.Generator().manual_seed(0))
             keys = [f"block-{i}" for i in range(a.blocks)]
@@ -63,11 +74,12 @@ def main(argv: list[str] | None = None) -> int:
             mb = paged.block_bytes * a.blocks / 1e6
             rows = []
             for r in range(a.repeats):
-                for mode in ("staged", "direct"):
+                for mode in modes:
                     ts = []
+                    reader = plain if mode == "unverified" and plain is not None else c
                     for _ in range(a.iters):
                         t0 = time.perf_counter()
-                        load(mode, c, paged, keys, ids)
+                        load(mode, reader, paged, keys, ids)
                         ts.append(time.perf_counter() - t0)
                     out = paged.empty(a.blocks)
                     paged.gather(ids, out)
@@ -80,8 +92,13 @@ def main(argv: list[str] | None = None) -> int:
             ratios = [
                 s["median_ms"] / d["median_ms"] for s, d in zip(rows[::2], rows[1::2], strict=True)
             ]
-            print(json.dumps({"staged_over_direct": [round(x, 2) for x in ratios]}))
+            # staged/direct times; with --integrity the inverse of direct/unverified times:
+            # the speed with verification over the speed without
+            name = "verified_over_unverified_speed" if a.integrity else "staged_over_direct"
+            print(json.dumps({name: [round(x if not a.integrity else 1 / x, 2) for x in ratios]}))
     finally:
+        if plain is not None:
+            plain.close()
         store.stop()
         master.stop()
     return 0

@@ -204,3 +204,28 @@ def test_slow_take_over_does_not_expire_replayed_nodes(tmp_path: pytest.TempPath
         assert "seg-a" in master.state.segments and len(master.state.objects) == 5
     finally:
         master.stop()
+
+
+def test_a_replica_reported_bad_is_logged_gone() -> None:
+    """ReplicaBad drops exactly the named replica (same segment, offset and sums), and the
+    change is in the next records an HA master logs."""
+    from kvcake.core.ids import SegmentName
+    from kvcake.store.ha.journal import JournaledState
+    from kvcake.store.protocol import PutOptions
+
+    st = JournaledState(MasterConfig(http_port=-1))
+    w = ClientId("w")
+    for i in range(2):
+        st.mount(ClientId(f"n{i}"), "h", SegmentName(f"s{i}"), 1 << 20)
+    reps = st.put_start(w, "h", "k", 100, PutOptions(replica_num=2))
+    st.put_end(w, "k", [42])
+    st.records()
+    bad = reps[0]
+    assert not st.replica_bad("k", bad.segment, bad.offset, [41])  # other sums: a stale report
+    assert not st.replica_bad("k", bad.segment, bad.offset + 64, [42])  # no replica there
+    assert st.replica_bad("k", bad.segment, bad.offset, [42])
+    (rec,) = st.records()
+    assert isinstance(rec, ObjRec) and [r[0] for r in rec.replicas] == [reps[1].segment]
+    assert st.replica_bad("k", reps[1].segment, reps[1].offset, [42])  # the last: object gone
+    assert st.records() == [ObjGone("k")]
+    st.check()
