@@ -202,5 +202,13 @@ def test_a_load_failing_inside_vllm_is_recomputed_and_never_looked_up_again(
         engine.add("r2", prompt)
         out = engine.schedule()
         assert [len(r.block_ids) for r in loads(out)] == [3]
+        (save,) = out.kv_connector_metadata.saves  # blocks 3 and 4, computed by r2
+        engine.kv[save.block_ids] = 0.5  # (this test plays the forward: it writes their KV)
         assert engine.run(out) == set()
-        assert engine.worker.counters.take().get("load_blocks") == 3
+        engine.worker.saver.drain()
+        stats = engine.worker.counters.take()
+        assert stats.get("load_blocks") == 3 and stats.get("save_blocks") == 2
+        # the connector's checksums went with the put: the verified read accepts the bytes
+        for key, block in zip(save.keys, save.block_ids, strict=True):
+            got = client.get(engine.namer.for_rank(key, 0))
+            assert bytes(got) == engine.kv[block].numpy().tobytes()

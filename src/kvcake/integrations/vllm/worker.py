@@ -1,7 +1,9 @@
 """Worker side of the connector: the counters vLLM reports, and saves of new blocks.
 
 Saves copy the blocks out of the paged tensors at once (vLLM may reuse them after the step)
-and put them into the pool from a bounded background queue. Loads are in :mod:`.loads`.
+and put them into the pool from a bounded background queue; the writer computes each object's
+checksums once, from the rows it copied out (``core.integrity``), and hands them to the put.
+Loads are in :mod:`.loads`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 
 import torch
 
+from kvcake.core import integrity
 from kvcake.core.errors import KvcakeError
 from kvcake.integrations.vllm.pool import PoolHandle
 from kvcake.store.errors import NoSpace, ObjectAlreadyExists
@@ -86,8 +89,11 @@ class Saver:
             self.counters.add(save_dropped_blocks=len(keys))
             return
         t0 = time.perf_counter()
+        # Host rows as bytes (a uint8 view: numpy has no bfloat16); the puts read these views.
+        values = [memoryview(r.view(torch.uint8).numpy()) for r in rows]
+        sums = [integrity.checksums(k, v) for k, v in zip(keys, values, strict=True)]
         try:
-            results = client.batch_put(keys, list(rows))
+            results = client.batch_put(keys, values, checksums=sums)
         except KvcakeError as exc:
             self.pool.failed("save", exc)
             self.counters.add(save_error_blocks=len(keys))
