@@ -49,7 +49,8 @@ def test_forms_of_a_flag(tmp_path: Path) -> None:
     env = {"FLAGS_rpc_port": "9"}
     assert parse("--fromenv=rpc_port", env=env).values["rpc_port"] == "9"
     assert "rpc_port" not in parse("--tryfromenv=rpc_port").values
-    assert parse("--undefok=newer_flag", "--newer_flag=1", "--nonewer_flag").values
+    lenient = parse("--undefok=newer_flag", "--newer_flag=1", "--nonewer_flag", "--v=1")
+    assert lenient.values == {"undefok": "newer_flag", "v": "1"}  # accepted, not kept
 
 
 def test_gflags_errors() -> None:
