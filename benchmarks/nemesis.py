@@ -21,6 +21,7 @@ status 1 when any schedule had a wrong read, a lost object or an eviction. docs/
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import signal
 import sys
@@ -57,7 +58,12 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
              f"{sum(r['evicted'] for r in results)}",
              f"{'fault':22s} {'n':>3s} {'outage p50':>10s} {'p95':>6s} {'max':>6s}   "
              f"{'first answer p50':>16s} {'max':>6s}"]  # fmt: skip
+    leader = [g for k, v in gaps.items() if "leader" in k for g in v]
+    gaps["(all leader faults)"] = leader
+    firsts["(all leader faults)"] = [g for k, v in firsts.items() if "leader" in k for g in v]
     for kind in sorted(gaps):
+        if not gaps[kind]:
+            continue
         g = [checker.percentile(gaps[kind], q) for q in (0.5, 0.95, 1.0)]
         f = [checker.percentile(firsts[kind], q) for q in (0.5, 1.0)]
         lines.append(f"{kind:22s} {len(gaps[kind]):3d} {g[0]:10.2f} {g[1]:6.2f} {g[2]:6.2f}   "
@@ -82,7 +88,20 @@ def main() -> int:
     ap.add_argument("--client-ttl-s", type=float, default=10.0)
     ap.add_argument("--max-hold-s", type=float, default=30.0, help="longest pause/partition")
     ap.add_argument("--loopback", action="store_true", help="no namespaces, no partitions")
+    ap.add_argument(
+        "--report",
+        nargs="+",
+        metavar="DIR",
+        help="no run: the summary of the result.json files under these directories",
+    )
     args = ap.parse_args()
+    if args.report:
+        found = sorted(p for d in args.report for p in Path(d).rglob("result.json"))
+        results = [json.loads(p.read_text()) for p in found]
+        say(f"seeds {sorted(r['seed'] for r in results)}")
+        for line in summary(results):
+            say(line)
+        return 0
     why = "--loopback" if args.loopback else netns_unavailable()
     if why:
         say(f"partitions skipped, everything on 127.0.0.1: {why}")
