@@ -88,6 +88,7 @@ def main() -> int:
     ap.add_argument("--client-ttl-s", type=float, default=10.0)
     ap.add_argument("--max-hold-s", type=float, default=30.0, help="longest pause/partition")
     ap.add_argument("--loopback", action="store_true", help="no namespaces, no partitions")
+    ap.add_argument("--faults", default="", help="only these kinds (comma-separated)")
     ap.add_argument(
         "--report",
         nargs="+",
@@ -113,7 +114,8 @@ def main() -> int:
         run = Path(args.out) / f"seed-{seed}"
         say(f"schedule {i + 1}/{args.schedules} seed {seed} -> {run}")
         t = time.monotonic()
-        r = run_schedule(s, run, args.duration, not why, args.max_hold_s, say)
+        kinds = [k for k in args.faults.split(",") if k]
+        r = run_schedule(s, run, args.duration, not why, args.max_hold_s, say, kinds)
         results.append(r)
         say(f"  seed {seed}: {r['ops']} calls in {time.monotonic() - t:.0f} s, wrong reads "
             f"{r['wrong_reads']}, lost {r['lost_objects']} (excused {r['excused_losses']}), "

@@ -58,9 +58,13 @@ def final_read(cl: Cluster, say: Callable[[str], None]) -> dict[str, Any]:
 
 
 def run_schedule(s: Settings, run: Path, duration_s: float, netns: bool, max_hold_s: float,
-                 say: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+                 say: Callable[[str], None], only: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """``only``: the fault kinds to draw from (default: all that can run here)."""
     check_sizing(s)
-    kinds = [k for k in KINDS if netns or k not in PARTITIONS]
+    unknown = set(only or ()) - set(KINDS)
+    if unknown:
+        raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {sorted(KINDS)}")
+    kinds = [k for k in (only or KINDS) if netns or k not in PARTITIONS]
     t0 = time.monotonic()
     with Cluster(s, run, netns) as cl:
         t_start = time.monotonic()
