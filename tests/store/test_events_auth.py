@@ -6,6 +6,8 @@ events. The bind rules of both streams, and the refusal without CURVE support.""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,14 +16,19 @@ import pytest
 import zmq
 
 from kvcake.core import auth, zmq_curve
-from kvcake.core.api import STORE_EVENTS_TOPIC
+from kvcake.core.api import STORE_EVENTS_TOPIC, KVIndex
 from kvcake.core.errors import ConfigError
+from kvcake.core.hashing import block_key
+from kvcake.core.ids import BlockHash
+from kvcake.serve.events import POOL
+from kvcake.serve.pool_events import PoolEvents
 from kvcake.store.client import Client
 from kvcake.store.config import MasterConfig, StoreServerConfig
 from kvcake.store.events import BATCH_DECODER, TICK_TOPIC, EventLog, EventPublisher
 from kvcake.store.events_policy import ecosystem_events_host, own_events_host
 from kvcake.store.master_server import Master
 from kvcake.store.server import StoreServer
+from tests.store.test_events import wait_until
 
 SECRET = b"events-curve-test-secret-0123456789"
 GOOD = auth.Authenticator(SECRET)
@@ -104,6 +111,34 @@ def test_only_holders_of_the_secret_receive_events(cluster: Master) -> None:
         for sock in [right, *others.values()]:
             sock.close(0)
         ctx.term()
+
+
+def test_the_proxys_pool_index_subscribes_with_the_secret(
+    cluster: Master, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``PoolEvents`` (the proxy's pool index) takes the process's secret: the index follows
+    the pool through the encrypted stream (events applied, not only the first snapshot)."""
+    monkeypatch.setenv("KVCAKE_AUTH_SECRET", SECRET.decode())
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    index, stop = KVIndex(), asyncio.Event()
+    pe = PoolEvents(index, cluster.rpc_address)
+    fut = asyncio.run_coroutine_threadsafe(pe.run(stop), loop)
+    try:
+        wait_until(lambda: pe.resyncs >= 1)
+        time.sleep(0.2)  # the subscription is through (the resync came after it)
+        block = BlockHash(0xC0FFEE)
+        with Client(master=cluster.rpc_address, protocol="tcp", auth=GOOD) as c:
+            c.put(str(block_key("m", "f32", 32, block)), b"kv" * 512)
+        wait_until(lambda: POOL in index.holders(block))
+        assert pe.applied >= 1 and pe.resyncs == 1
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        fut.result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        loop.close()
 
 
 def test_bind_rules_of_both_streams() -> None:
