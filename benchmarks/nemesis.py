@@ -32,7 +32,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.nemesis import checker
-from benchmarks.nemesis.cluster import Settings, netns_unavailable
+from benchmarks.nemesis.cluster import Settings
+from benchmarks.nemesis.hosts import netns_unavailable
 from benchmarks.nemesis.run import run_schedule
 
 

@@ -1,11 +1,6 @@
-"""The processes of a nemesis run and the hosts they live on.
-
-Hosts are network namespaces (:class:`kvcake.serve.netns.Network`, root only): ``etcd``,
-``m0``-``m2`` (masters), ``s0``, ``s1``... (storage nodes), ``c0``... (client processes), on
-one bridge; partitions are per-pair ``drop`` rules in an nftables ``bridge`` table of the
-switch namespace, so a leader can be cut off from etcd and nothing else. Without namespaces
-(not root, or no ``nft``) every process runs on 127.0.0.1 and partitions are skipped.
-"""
+"""The processes of one nemesis run: etcd, the HA masters (``m0``-``m2``), the storage nodes
+(``s0``...), the client processes (``c0``...), each on its own host (:mod:`.hosts`); starting,
+restarting (a new incarnation, a new log), who leads, and the masters' eviction counters."""
 
 from __future__ import annotations
 
@@ -18,87 +13,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+from benchmarks.nemesis.hosts import Hosts
 
 from kvcake.core.ports import free_port
 from kvcake.serve.ha_pool import LEADER, etcd_alive
-from kvcake.serve.netns import Network, sh, unavailable
 from kvcake.serve.supervisor import die_with_parent
 
-ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = "nemesis"
-
-
-def netns_unavailable() -> str:
-    """Why partitions cannot run here ("" = they can)."""
-    why = unavailable()
-    if not why and shutil.which("nft") is None:
-        why = "nft is not installed (apt-get install nftables)"
-    return why
-
-
-class Hosts:
-    """Where processes run: namespaces with per-pair partitions, or plain loopback."""
-
-    def __init__(self, roles: list[str], netns: bool):
-        self.net = Network(roles) if netns else None
-        self.cuts: set[tuple[str, str]] = set()
-
-    def __enter__(self) -> Hosts:
-        if self.net is not None:
-            self.net.create()
-            self._nft("add table bridge nemesis")
-            self._nft("add chain bridge nemesis cut "
-                      "{ type filter hook forward priority 0 ; policy accept ; }")  # fmt: skip
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.net is not None:
-            self.net.close()
-
-    def addr(self, role: str) -> str:
-        return self.net[role].addr if self.net is not None else "127.0.0.1"
-
-    def command(self, role: str, argv: list[str]) -> list[str]:
-        return self.net.command(role, argv) if self.net is not None else argv
-
-    def env(self, secret: str) -> dict[str, str]:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        if self.net is not None:  # non-loopback binds need the shared secret
-            env.update(self.net.env(), KVCAKE_AUTH_SECRET=secret)
-        return env
-
-    @contextlib.contextmanager
-    def inside(self, role: str) -> Iterator[None]:
-        if self.net is None:
-            yield
-        else:
-            with self.net.inside(role):
-                yield
-
-    def _nft(self, rule: str) -> None:
-        assert self.net is not None
-        sh("ip", "netns", "exec", self.net.switch, "nft", rule)
-
-    def cut(self, a: str, b: str) -> None:
-        """Drop every packet between hosts ``a`` and ``b`` (both ways, silently)."""
-        if self.net is None:
-            raise RuntimeError("partitions need network namespaces")
-        for x, y in ((a, b), (b, a)):
-            self._nft(f"add rule bridge nemesis cut ip saddr {self.addr(x)} "
-                      f"ip daddr {self.addr(y)} drop")  # fmt: skip
-        self.cuts.add((a, b))
-
-    def heal(self) -> None:
-        if self.net is not None and self.cuts:
-            self._nft("flush chain bridge nemesis cut")
-        self.cuts.clear()
 
 
 @dataclass

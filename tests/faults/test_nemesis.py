@@ -11,7 +11,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from benchmarks.nemesis.cluster import Settings, netns_unavailable
+from benchmarks.nemesis.cluster import Settings
+from benchmarks.nemesis.hosts import netns_unavailable
 from benchmarks.nemesis.run import run_schedule
 
 SEED = 11
