@@ -79,6 +79,10 @@ def test_time_window_and_other_services(masters: tuple[Master, Master]) -> None:
     _refused(httpx.get(url, headers=wrong.http_headers("GET", url, MASTER_HTTP)), "signature")
     _refused(httpx.get(url), "no valid")
     _refused(httpx.get(url, headers={HEADER: "v=2,t=1,n=zz,aud=x,b=,mac=00"}), "no valid")
+    huge = f"v=2,t={'9' * 5000},n={'0' * 32},aud=master-http@h:{'1' * 5000},b=,mac=00"
+    _refused(httpx.get(url, headers={HEADER: huge}), "no valid")  # a typed refusal, not a 500
+    huge = f"v=2,t={int(now)},n={'0' * 32},aud=master-http@h:{'1' * 5000},b=,mac=00"
+    _refused(httpx.get(url, headers={HEADER: huge}), "signed for")
     _refused(httpx.get(url, headers={"Authorization": "Bearer not-the-secret"}), "bearer")
     ok = httpx.get(url, headers={"Authorization": f"Bearer {SECRET.decode()}"})
     assert ok.status_code == 200  # the private-network form

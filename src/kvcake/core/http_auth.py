@@ -160,6 +160,11 @@ def _fields(value: str) -> dict[str, str]:
     return dict(p.split("=", 1) for p in value.split(",") if "=" in p)
 
 
+def _number(text: str, digits: int) -> bool:
+    """ASCII digits only, and few: ``int()`` of a 5,000-digit string raises, never a 500."""
+    return 0 < len(text) <= digits and text.isascii() and text.isdigit()
+
+
 def _split(name: str) -> tuple[str, int | None]:
     """``host``, ``host:port``, ``[v6]:port`` or a bare IPv6 address."""
     head, sep, port = name.rpartition(":")
@@ -201,7 +206,7 @@ class HttpVerifier:
         now = time.time() if now is None else now
         f = _fields(headers.get(HEADER, ""))
         t, nonce, aud, digest = f.get("t", ""), f.get("n", ""), f.get("aud", ""), f.get("b", "")
-        if f.get("v") != VERSION or not t.isdigit() or len(nonce) != 32 or "@" not in aud:
+        if f.get("v") != VERSION or not _number(t, 12) or len(nonce) != 32 or "@" not in aud:
             raise HttpRefused(f"unauthorized: no valid {HEADER} (v={VERSION}) header")
         if not now - self.policy.window_s <= int(t) <= now + self.policy.max_skew_s:
             raise HttpRefused(
@@ -210,7 +215,7 @@ class HttpVerifier:
             )
         service, _, authority = aud.partition("@")
         host, _, port = authority.rpartition(":")
-        if service != self.service or not host or not port.isdigit():
+        if service != self.service or not host or not _number(port, 5):
             raise HttpRefused(f"unauthorized: signed for {aud!r}, this is {self.service!r}")
         want = self.auth.mac_of(_message(service, authority, t, nonce, method, target, digest))
         if not hmac.compare_digest(want.hex().encode(), f.get("mac", "").encode()):
