@@ -38,8 +38,10 @@ def master_proc(procs: Factory) -> Proc:
 def pool() -> Iterator[tuple[Proc, Proc]]:
     """A master and one 64 MB store-server shared by a module's tests."""
     start, started = _factory()
-    master = start("master", "--port", "0", "--http-port", "0", "--client-ttl-s", "1")
-    node = start("store-server", "--master", master.info["rpc"], "--segment-size", "64MiB")
-    yield master, node
-    for p in reversed(started):
-        p.stop()
+    try:  # a node that fails to start must not leave the master running
+        master = start("master", "--port", "0", "--http-port", "0", "--client-ttl-s", "1")
+        node = start("store-server", "--master", master.info["rpc"], "--segment-size", "64MiB")
+        yield master, node
+    finally:
+        for p in reversed(started):
+            p.stop()

@@ -28,14 +28,16 @@ SEED = 30
 def pool2() -> Iterator[str]:
     """A master and two 32 MiB store-servers shared by the module; yields the master's RPC."""
     start, started = _factory()
-    master = start("master", "--port", "0", "--http-port", "-1", "--client-ttl-s", "2")
-    rpc = master.info["rpc"]
-    for name in ("na", "nb"):
-        start("store-server", "--master", rpc, "--segment-size", "32MiB", "--name", name,
-              "--http-port", "-1")  # fmt: skip
-    yield rpc
-    for p in reversed(started):
-        p.stop()
+    try:  # a node that fails to start must not leave the master running
+        master = start("master", "--port", "0", "--http-port", "-1", "--client-ttl-s", "2")
+        rpc = master.info["rpc"]
+        for name in ("na", "nb"):
+            start("store-server", "--master", rpc, "--segment-size", "32MiB", "--name", name,
+                  "--http-port", "-1")  # fmt: skip
+        yield rpc
+    finally:
+        for p in reversed(started):
+            p.stop()
 
 
 def value(key: str, size: int) -> bytes:

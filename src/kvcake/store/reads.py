@@ -26,6 +26,7 @@ from kvcake.store.readguard import ReadGuard, commit_under
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
 from kvcake.store.verify import (
+    PIECE,
     copy_from_view,
     fetch_verified,
     integrity_failed,
@@ -115,14 +116,13 @@ class ReadPath:
         reach ``out`` only inside ``guard.commit()``, and only verified ones."""
         errors, corrupt = [], []
         for rep in self._order(res.replicas):
-            path = self._path_of(rep)
             try:
                 if self.verify_reads:
                     self._read_verified(key, res, rep, ranges, guard)
                 else:
                     self._read_unverified(key, res, rep, ranges, guard)
             except ChecksumMismatch as exc:
-                integrity_failed(path, key, rep.segment, rep.offset)
+                integrity_failed(self._path_of(rep), key, rep.segment, rep.offset)
                 report_bad(self.conn, self.id, key, rep.segment, rep.offset, res.sums)
                 corrupt.append(f"{rep.segment}@{rep.offset}: {exc}")
                 continue
@@ -200,7 +200,7 @@ class ReadPath:
             src = own[rep.offset + off : rep.offset + off + out.nbytes]
             copy_from_view(key, sums, size, off, out, src)
             return
-        chunked = out.nbytes > CHUNK and self.engine.reads_by_mapping(rep.segment)
+        chunked = out.nbytes > PIECE and self.engine.reads_by_mapping(rep.segment)
         read = lambda o, v: self._read_remote_memory(rep, o, v)  # noqa: E731
         fetch_verified(key, sums, size, off, out, read, chunked)
 

@@ -35,7 +35,10 @@ FAILURES = Counter(
     ["path"],
 )
 
-ReadFn = Callable[[int, memoryview], None]  # (offset in the value, out) -> fill out
+ReadFn = Callable[[int, memoryview], None]
+PIECE = (
+    256 * 1024
+)  # a mapped read is summed in pieces this big, while they are in the cache  # (offset in the value, out) -> fill out
 
 
 def integrity_failed(path: str, key: str, segment: str, offset: int) -> None:
@@ -85,24 +88,34 @@ def fetch_verified(
     chunked: bool,
 ) -> None:  # fmt: skip
     """Fill ``out`` with the value's bytes from ``off`` (chunk aligned at both ends or the
-    value's end) through ``read`` and verify them; ``chunked``: one chunk per read, summed
-    while hot (a mapped peer), else one read then the sums (a network read).
-    ChecksumMismatch names the bad chunks."""
+    value's end) through ``read`` and verify them; ``chunked`` (a mapped peer, where a read is
+    a memory copy): read :data:`PIECE` bytes at a time and sum each piece while it is in the
+    cache; else (a network read) one read, then the sums. ChecksumMismatch names bad chunks."""
     seed = integrity.key_seed(key)
-    if not chunked or out.nbytes <= integrity.CHUNK:
+    if chunked and out.nbytes > PIECE:
+        bad = _read_summing(seed, sums, off, out, read)
+    else:
         read(off, out)
         bad = _bad_aligned(seed, sums, off, out)
-    else:
-        bad = []
-        done = 0
-        while done < out.nbytes:
-            take = min(integrity.CHUNK, out.nbytes - done)
-            piece = out[done : done + take]
-            read(off + done, piece)
-            bad += _bad_aligned(seed, sums, off + done, piece)
-            done += take
     if bad or len(sums) != integrity.chunk_count(size):
         raise ChecksumMismatch(f"{key!r}: chunks {bad[:4] or 'all'} fail their checksums")
+
+
+def _read_summing(
+    seed: int, sums: Sequence[int], off: int, out: memoryview, read: ReadFn
+) -> list[int]:
+    bad = []
+    for start in range(0, out.nbytes, integrity.CHUNK):
+        index = (off + start) // integrity.CHUNK
+        hasher = xxhash.xxh3_64(seed=integrity.chunk_seed(seed, index))
+        end = min(start + integrity.CHUNK, out.nbytes)
+        for at in range(start, end, PIECE):
+            piece = out[at : min(at + PIECE, end)]
+            read(off + at, piece)
+            hasher.update(piece)
+        if index >= len(sums) or hasher.intdigest() != sums[index]:
+            bad.append(index)
+    return bad
 
 
 def _bad_aligned(seed: int, sums: Sequence[int], off: int, view: memoryview) -> list[int]:
