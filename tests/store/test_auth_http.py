@@ -5,6 +5,7 @@ nonce cache refuses new requests (503) without evicting a live nonce."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
@@ -141,6 +142,19 @@ def test_verifier_rules_at_given_times() -> None:
     v.check_header(h, "GET", b"/x", now=998.0)  # within the skew
     v.nonces.admit("f" * 32, now=2000.0)  # the old nonce expired: purged on the way
     assert len(v.nonces) == 1
+    # Names the server is reached by behind NAT / a load balancer ([auth] http_names).
+    named = HttpVerifier(GOOD, MASTER_HTTP, HttpPolicy(names=("gw.example:8080", "lb")))
+
+    def audience(url: str) -> None:
+        h = GOOD.http_headers("GET", url, MASTER_HTTP, now=1000.0)
+        claim = named.check_header(h, "GET", b"/x", now=1000.0)
+        asyncio.run(named.check_audience(claim, ("10.1.2.3", 9003)))
+
+    audience("http://gw.example:8080/x")
+    audience("http://lb:1234/x")
+    for url in ("http://gw.example:8081/x", "http://10.9.9.9:9003/x"):  # no DNS lookup
+        with pytest.raises(HttpRefused, match="another server"):
+            audience(url)
     with pytest.raises(ConfigError, match="http_window_s"):
         HttpPolicy(window_s=31)
     with pytest.raises(ConfigError, match="http_max_skew_s"):
