@@ -20,6 +20,10 @@ The secret comes from ``[auth]`` in a TOML file, ``KVCAKE_AUTH_SECRET`` /
 ``KVCAKE_AUTH_SECRET_FILE`` or ``--auth-secret-file`` (:func:`load_auth`). A process that was
 given no :class:`Authenticator` explicitly uses the environment's (:func:`resolve`).
 Binding anything but loopback without a secret is refused (:func:`check_bind`).
+
+HTTP has no connection handshake: each request is signed instead (:mod:`kvcake.core.http_auth`,
+:meth:`Authenticator.http_headers`), and the KV-event stream uses CURVE keys derived from the
+secret (:meth:`Authenticator.derive`, :mod:`kvcake.core.zmq_curve`).
 """
 
 from __future__ import annotations
