@@ -51,6 +51,15 @@ def test_a_remount_that_raises_does_not_end_the_heartbeat() -> None:
         hb.stop()
 
 
+def test_a_failed_round_is_retried_soon_then_backs_off() -> None:
+    hb = Heartbeater(ForgetfulMaster(), "c1", "127.0.0.1", 3.0, [])  # type: ignore[arg-type]
+    waits = []
+    for failed in range(6):
+        hb._failed = failed
+        waits.append(hb._pause())
+    assert waits == [1.0, 0.2, 0.4, 0.8, 1.0, 1.0]  # the interval is ttl/3 = 1 s
+
+
 def test_a_paused_master_keeps_its_clients(procs: Factory) -> None:
     master = procs("master", "--port", "0", "--http-port", "-1", "--client-ttl-s", "3")
     rpc = master.info["rpc"]

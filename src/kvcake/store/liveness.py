@@ -4,7 +4,8 @@ Client side: a thread that pings the master every ``client_ttl / 3`` on its own 
 when the master answers "unknown client" (it expired us, e.g. after a pause) the
 ``on_remount`` callbacks re-mount our segments. Every master call has a deadline well under
 the TTL (:func:`call_deadline_s`), so a heartbeat never waits on a frozen master's socket for
-long; after a failed round the next one comes soon (``RETRY_S``), not an interval later.
+long; after a failed round the next one comes soon (``RETRY_S``, doubling while they fail),
+not an interval later.
 
 Master side: how long a client may stay silent. A new leader gives the clients it inherits
 :func:`inherited_grace_s`; a master measures its own pauses (:class:`PauseWatch`) and does not
@@ -97,28 +98,40 @@ class Heartbeater:
         self.interval = max(0.02, ttl_s / 3)
         self.on_remount = on_remount
         self.master_ok = True
+        self._failed = 0  # rounds failed in a row
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="store-heartbeat", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    def _pause(self) -> float:
+        """An interval after a good round; after a failed one the next comes soon (its try
+        already cost up to the call deadline, and a failover wants us at the new leader),
+        backing off to the interval while they keep failing (no leader elected yet)."""
+        if not self._failed:
+            return self.interval
+        return min(self.interval, RETRY_S * 2 ** min(self._failed - 1, 8))
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval if self.master_ok else min(RETRY_S, self.interval)):
+        while not self._stop.wait(self._pause()):
             try:
                 reply = self.conn.call(P.Heartbeat(self.client, self.host))
                 self.master_ok = True
+                self._failed = 0
                 if reply.count == 1:
                     log.warning("store client %s: master forgot us; remounting", self.client)
                     for fn in self.on_remount:
                         fn()
             except KvcakeError as exc:
                 self.master_ok = False
+                self._failed += 1
                 log.debug("heartbeat failed: %s", exc)
             except Exception:  # e.g. an OSError of a remount's directory publish
                 # This thread is the client's only way back into a master that forgot it: it
                 # must outlive any failure of one round (the next heartbeat tries again).
                 self.master_ok = False
+                self._failed += 1
                 log.warning("store client %s: heartbeat round failed", self.client, exc_info=True)
 
     def stop(self) -> None:

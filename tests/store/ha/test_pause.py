@@ -13,11 +13,13 @@ the election lease 2 s, so the master call deadline is 1 s.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -40,15 +42,23 @@ def pool(etcd: EtcdServer, cluster: str, node: bool) -> Iterator[tuple[str, Etcd
     every process is stopped after (and woken first if it was left stopped)."""
     ectl = Etcd(etcd.url)
     started = [spawn_master(etcd.url, cluster)]
+    addr = f"etcd://{etcd.hostport}/{cluster}"
     try:
         a = leader_proc(ectl, cluster, started)
-        started.append(spawn_master(etcd.url, cluster))  # B: a standby (A leads already)
-        addr = f"etcd://{etcd.hostport}/{cluster}"
-        if node:
-            started.append(
-                spawn("store-server", "--master", addr, "--segment-size", "16MiB",
-                      "--name", f"{cluster}-node", ready="store-server")
-            )  # fmt: skip
+        # B (a standby: A leads already) and the node start side by side (a start is seconds
+        # of imports on a busy host).
+        with ThreadPoolExecutor(2) as ex:
+            jobs = [ex.submit(spawn_master, etcd.url, cluster)]
+            if node:
+                jobs.append(ex.submit(
+                    spawn, "store-server", "--master", addr, "--segment-size", "16MiB",
+                    "--name", f"{cluster}-node", ready="store-server",
+                ))  # fmt: skip
+            for job in jobs:
+                with contextlib.suppress(Exception):  # (the failing one is raised below)
+                    started.append(job.result())
+            for job in jobs:
+                job.result()
         yield addr, ectl, a, started[1]
     finally:
         for p in reversed(started):
