@@ -143,11 +143,12 @@ def test_cli_flag_and_refusal(tmp_path: Path) -> None:
 
 def test_disk_service_needs_the_secret(tmp_path: Path) -> None:
     """A storage node's SSD tier is read over its disk service: authenticated like the rest."""
+    from kvcake.core.integrity import checksums
     from kvcake.store.disk import REQ, DiskRead, DiskService, DiskTier, read_remote
 
     tier = DiskTier(tmp_path)
     secret_bytes = b"S" * 3000 + b"ecret payload"
-    tier.write("k", memoryview(secret_bytes))
+    tier.write("k", memoryview(secret_bytes), checksums("k", secret_bytes))
     svc = DiskService(tier, "127.0.0.1", auth=GOOD)
     svc.start()
     try:
