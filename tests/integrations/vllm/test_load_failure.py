@@ -6,8 +6,8 @@ vLLM's real ``Scheduler`` (which builds the scheduler-side ``KvcakeConnector`` i
 worker-side ``KvcakeConnector`` over small CPU KV tensors run in this process against a real
 master and store-server; this test plays the model runner's part between them (bind the
 metadata, load, save, hand ``get_block_ids_with_load_errors`` back in the step's output). The
-failure is real: the pool objects are removed between the scheduler's lookup and the worker's
-load. The engine-level runs (a real forward, the answer against the cold one) are in
+failure is real: between the scheduler's lookup and the worker's load the pool objects are
+removed, or one byte of one of them is changed in the store-server's memory. The engine-level runs (a real forward, the answer against the cold one) are in
 test_connector.py.
 """
 
@@ -156,34 +156,52 @@ def loads(out: Any) -> list[Any]:
     return list(out.kv_connector_metadata.loads)
 
 
+def flip_a_byte(client: Any, key: str) -> None:
+    """One byte of ``key``'s replica changed in the store-server's memory."""
+    rep = client.get_replica_desc(key).replicas[0]
+    b = bytearray(1)
+    client.engine.read_into(rep.segment, rep.offset + 100, b)
+    b[0] ^= 0xFF
+    client.engine.write(rep.segment, rep.offset + 100, b)
+
+
+@pytest.mark.parametrize("how", ["removed", "corrupted"])
 def test_a_load_failing_inside_vllm_is_recomputed_and_never_looked_up_again(
-    engine: Engine, pool: str
+    engine: Engine, pool: str, how: str
 ) -> None:
+    """``removed``: the objects vanish between lookup and load; ``corrupted``: block 1's bytes
+    change in the store (the verified read refuses it; block 0 loads, blocks 1-2 recompute)."""
     from kvcake.store.client import Client
 
-    prompt = np.random.default_rng(30).integers(100, 30000, 5 * BS + 3).tolist()
+    r1, r2 = f"{how}-1", f"{how}-2"
+    first_bad = 0 if how == "removed" else 1
+    prompt = np.random.default_rng(len(how)).integers(100, 30000, 5 * BS + 3).tolist()
     objects = engine.namer.objects(prompt)[:3]  # 3 of its 5 full blocks are pooled
     assert objects[0].endswith("/tp0of1")
     row = engine.worker.paged.block_bytes  # type: ignore[union-attr]
     with Client(master=pool) as client:
         client.batch_put(objects, [np.full(row, i + 1, np.uint8) for i in range(len(objects))])
-        req = engine.add("r1", prompt)
+        req = engine.add(r1, prompt)
         out = engine.schedule()  # the lookup: 3 blocks pooled, 2 computed (and to be saved)
         (run,) = loads(out)
-        assert len(run.block_ids) == 3 and out.num_scheduled_tokens["r1"] == 5 * BS + 3 - 48
+        assert len(run.block_ids) == 3 and out.num_scheduled_tokens[r1] == 5 * BS + 3 - 48
         assert [len(r.block_ids) for r in out.kv_connector_metadata.saves] == [2]
-        # the failure: the objects go between the lookup and the load
-        bad = engine.run(out, between=lambda: client.batch_remove(objects, force=True))
-        assert bad == set(run.block_ids)
+        # the failure, between the lookup and the load
+        if how == "removed":
+            bad = engine.run(out, between=lambda: client.batch_remove(objects, force=True))
+        else:
+            bad = engine.run(out, between=lambda: flip_a_byte(client, objects[1]))
+        assert bad == set(run.block_ids[first_bad:])  # the bad block and the rest of the run
         stats = engine.worker.counters.take()
-        assert stats.get("load_error_blocks") == 3 and not stats.get("load_blocks")
+        assert stats.get("load_error_blocks") == 3 - first_bad
+        assert stats.get("load_blocks", 0) == first_bad
         # blocks 3 and 4 were computed on top of the failed ones: not saved
         assert stats.get("save_dropped_blocks") == 2 and not stats.get("save_blocks")
         # vLLM took the report: the request recomputes from its first failed block
-        assert req.num_computed_tokens == 0
-        assert engine.conn.planner._failed == {"r1"}
-        out = engine.schedule()  # the recompute: the whole prompt, no load
-        assert loads(out) == [] and out.num_scheduled_tokens["r1"] == len(prompt)
+        assert req.num_computed_tokens == first_bad * BS
+        assert engine.conn.planner._failed == {r1}
+        out = engine.schedule()  # the recompute, no load
+        assert loads(out) == [] and out.num_scheduled_tokens[r1] == len(prompt) - first_bad * BS
         engine.run(out)
         # The blocks are back in the pool. A preemption, with vLLM's own prefix cache gone,
         # makes vLLM look the request up again: a local miss, not a second load.
@@ -192,14 +210,14 @@ def test_a_load_failing_inside_vllm_is_recomputed_and_never_looked_up_again(
         engine.sched._preempt_request(req, time.monotonic())
         assert engine.sched.kv_cache_manager.reset_prefix_cache()
         out = engine.schedule()
-        assert loads(out) == [] and out.num_scheduled_tokens["r1"] == req.num_tokens  # all
+        assert loads(out) == [] and out.num_scheduled_tokens[r1] == req.num_tokens  # all
         engine.run(out)
         # not vacuous: another request of the same prompt does load the pooled blocks
         from vllm.v1.request import RequestStatus
 
-        engine.sched.finish_requests("r1", RequestStatus.FINISHED_ABORTED)
+        engine.sched.finish_requests(r1, RequestStatus.FINISHED_ABORTED)
         assert engine.sched.kv_cache_manager.reset_prefix_cache()
-        engine.add("r2", prompt)
+        engine.add(r2, prompt)
         out = engine.schedule()
         assert [len(r.block_ids) for r in loads(out)] == [3]
         (save,) = out.kv_connector_metadata.saves  # blocks 3 and 4, computed by r2
@@ -212,3 +230,4 @@ def test_a_load_failing_inside_vllm_is_recomputed_and_never_looked_up_again(
         for key, block in zip(save.keys, save.block_ids, strict=True):
             got = client.get(engine.namer.for_rank(key, 0))
             assert bytes(got) == engine.kv[block].numpy().tobytes()
+        engine.sched.finish_requests(r2, RequestStatus.FINISHED_ABORTED)
