@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.nemesis import checker
 from benchmarks.nemesis.cluster import Settings
 from benchmarks.nemesis.hosts import netns_unavailable
-from benchmarks.nemesis.run import run_schedule
+from benchmarks.nemesis.run import recheck, run_schedule
 
 
 def say(line: str) -> None:
@@ -55,7 +55,8 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
              f"{sum(r['ops'] for r in results)} calls; wrong reads "
              f"{sum(r['wrong_reads'] for r in results)}, lost objects "
              f"{sum(r['lost_objects'] for r in results)} (excused by dead nodes "
-             f"{sum(r['excused_losses'] for r in results)}), evicted "
+             f"{sum(r['excused_losses'] for r in results)}), reads that found an acknowledged "
+             f"object gone {sum(r.get('vanished_reads', 0) for r in results)}, evicted "
              f"{sum(r['evicted'] for r in results)}",
              f"{'fault':22s} {'n':>3s} {'outage p50':>10s} {'p95':>6s} {'max':>6s}   "
              f"{'first answer p50':>16s} {'max':>6s}"]  # fmt: skip
@@ -96,10 +97,15 @@ def main() -> int:
         metavar="DIR",
         help="no run: the summary of the result.json files under these directories",
     )
+    ap.add_argument("--recheck", action="store_true",
+                    help="with --report: run the checker again over the stored histories")  # fmt: skip
     args = ap.parse_args()
     if args.report:
         found = sorted(p for d in args.report for p in Path(d).rglob("result.json"))
-        results = [json.loads(p.read_text()) for p in found]
+        if args.recheck:
+            results = [recheck(p.parent) for p in found]
+        else:
+            results = [json.loads(p.read_text()) for p in found]
         say(f"seeds {sorted(r['seed'] for r in results)}")
         for line in summary(results):
             say(line)
@@ -120,6 +126,7 @@ def main() -> int:
         results.append(r)
         say(f"  seed {seed}: {r['ops']} calls in {time.monotonic() - t:.0f} s, wrong reads "
             f"{r['wrong_reads']}, lost {r['lost_objects']} (excused {r['excused_losses']}), "
+            f"vanished {r['vanished_reads']}, "
             f"evicted {r['evicted']} ({r['eviction_scrapes']} reads of the counters)")  # fmt: skip
         for p in r["problems"][:5]:
             say(f"    {p['kind']} {p['key']}: {p['detail']}")
@@ -127,7 +134,8 @@ def main() -> int:
     for line in lines:
         say(line)
     (Path(args.out) / "summary.txt").write_text("\n".join(lines) + "\n")
-    bad = any(r["wrong_reads"] or r["lost_objects"] or r["evicted"] for r in results)
+    bad = any(r["wrong_reads"] or r["lost_objects"] or r["vanished_reads"] or r["evicted"]
+              for r in results)  # fmt: skip
     return 1 if bad else 0
 
 

@@ -149,6 +149,41 @@ def _check_read(
     return None
 
 
+# --- (b) during the run ---------------------------------------------------------------------------
+def vanished_reads(ops: list[Op], faults: list[Fault], nodes: list[str]) -> list[Problem]:
+    """Reads that found no object although one was acknowledged before they began and nothing
+    could have removed it meanwhile: no remove or upsert (ok or unknown) that may fall after
+    that write, and not every node holding it dead since. Either a stale answer or a lost
+    object; a lost object later rewritten would escape the final check."""
+    muts = by_key(ops)
+    problems = []
+    for op in ops:
+        if op.f not in READS or op.outcome != "ok":
+            continue
+        for key, got in zip(op.keys, op.reads, strict=False):
+            if got is None and not _absent_possible(op, muts.get(key, []), faults, nodes):
+                problems.append(Problem(
+                    "vanished", key, f"{op.f} by {op.proc} [{op.invoke:.3f}, {op.complete:.3f}] "
+                    "found nothing; an acknowledged write was there and nothing removed it",
+                ))  # fmt: skip
+    return problems
+
+
+def _absent_possible(op: Op, muts: list[Op], faults: list[Fault], nodes: list[str]) -> bool:
+    done = [m for m in muts if m.outcome == "ok" and m.complete < op.invoke]
+    if not done:
+        return True
+    last = max(done, key=lambda m: m.complete)
+    if last.f == "remove":
+        return True
+    for m in muts:
+        if m is last or m.f == "put" or m.outcome == "fail" or m.invoke > op.complete:
+            continue
+        if m.complete >= last.invoke:  # may fall after the last acknowledged write
+            return True
+    return _excused(last, faults, nodes)
+
+
 # --- (b) ----------------------------------------------------------------------------------------
 def possible_finals(muts: list[Op]) -> tuple[set[str], Op | None]:
     """The states a key may end in (versions; ABSENT) and its last acknowledged mutation."""

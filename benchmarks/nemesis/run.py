@@ -89,6 +89,7 @@ def evaluate(run: Path, s: Settings, faults: list[Fault], final: dict[str, Any],
     wrong = checker.wrong_reads(ops)
     stores = [f"s{i}" for i in range(s.stores)]
     lost, excused = checker.lost_objects(ops, final, faults, stores)
+    vanished = checker.vanished_reads(ops, faults, stores)
     outs = checker.outages(ops, faults, t_end)
     counts: dict[str, int] = {}
     for o in ops:
@@ -98,13 +99,32 @@ def evaluate(run: Path, s: Settings, faults: list[Fault], final: dict[str, Any],
         if any("IntegrityError" in e or "ChecksumMismatch" in e for e in errs):
             counts["integrity_errors"] = counts.get("integrity_errors", 0) + 1
     res = {
-        "seed": s.seed, "seconds": round(seconds, 1), "netns": netns, "ops": len(ops),
+        "seed": s.seed, "seconds": round(seconds, 1), "t_end": t_end, "netns": netns,
+        "ops": len(ops),
         "counts": dict(sorted(counts.items())), "keys_final": len(final),
         "wrong_reads": len(wrong), "lost_objects": len(lost), "excused_losses": excused,
+        "vanished_reads": len(vanished),
         **evicted,
         "faults": [{**asdict(f), "first_answer_s": None if o.first is None else round(o.first, 3),
                     "outage_s": round(o.gap, 3)} for f, o in zip(faults, outs, strict=True)],
-        "problems": [p.as_dict() for p in (wrong + lost)[:200]],
+        "problems": [p.as_dict() for p in (wrong + lost + vanished)[:200]],
     }  # fmt: skip
     (run / "result.json").write_text(json.dumps(res, indent=1))
     return res
+
+
+def recheck(run: Path) -> dict[str, Any]:
+    """Evaluate a stored run (``OUT/seed-N``) again with the current checker."""
+    old = json.loads((run / "result.json").read_text())
+    fields = ("kind", "target", "start", "end", "node_dead", "wall")
+    faults = [Fault(**{k: f[k] for k in fields if k in f}) for f in old["faults"]]
+    final: dict[str, Any] = {}
+    path = run / "final.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        rec = json.loads(line)
+        final[rec["k"]] = rec["read"]
+    ops = checker.load_history(sorted(run.glob("hist-*.jsonl")))
+    t_end = old.get("t_end") or max(o.complete for o in ops if o.complete < float("inf"))
+    evicted = {"evicted": old["evicted"], "eviction_scrapes": old.get("eviction_scrapes", 0)}
+    s = Settings(seed=old["seed"])
+    return evaluate(run, s, faults, final, old["seconds"], t_end, evicted, old["netns"])

@@ -12,6 +12,7 @@ from benchmarks.nemesis.checker import (
     load_history,
     lost_objects,
     outages,
+    vanished_reads,
     wrong_reads,
 )
 from benchmarks.nemesis.values import decode, encode
@@ -112,6 +113,21 @@ def test_a_loss_is_excused_only_when_every_replica_node_died_after_the_write() -
     assert [p.kind for p in lost_objects(later, {"k": None}, died, ["s0"])[0]] == ["lost"]
     unknown = [w("put", "k", "v1", 0, 1, place=None)]  # placement unknown: any death excuses
     assert lost_objects(unknown, {"k": None}, died, ["s0", "s1"]) == ([], 1)
+
+
+def test_a_read_that_finds_nothing_where_an_acked_object_must_be_is_flagged() -> None:
+    base = [w("put", "k", "v1", 0, 1, place=["s0"])]
+    assert [p.kind for p in vanished_reads([*base, rd("k", None, 2, 3)], [], ["s0"])] == [
+        "vanished"
+    ]
+    legal = [
+        rd("k", None, 0.5, 0.9),  # before the put was acknowledged
+        w("upsert", "k", "v2", 2.5, 4), rd("k", None, 3, 3.5),  # an upsert hides it meanwhile
+        w("remove", "k", "", 5, outcome="info"), rd("k", None, 6, 7),  # may have removed it
+    ]  # fmt: skip
+    assert vanished_reads([*base, *legal], [], ["s0"]) == []
+    died = [Fault("kill-store", "s0", 1.5, 1.8, node_dead="s0")]
+    assert vanished_reads([*base, rd("k", None, 2, 3)], died, ["s0"]) == []
 
 
 def test_outage_is_injection_to_first_answer_after_it() -> None:
