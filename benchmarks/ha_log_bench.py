@@ -48,7 +48,9 @@ def run_one(url: str, cluster: str, threads: int, seconds: float, depth: int) ->
     def worker(w: int) -> None:
         i = 0
         while time.monotonic() < stop:
-            rec = ObjRec(f"{w}-{i}", 100, False, [("seg", (w * 10**7 + i) * 128, "memory")])
+            rec = ObjRec(
+                f"{w}-{i}", 100, False, [("seg", (w * 10**7 + i) * 128, "memory")], sums=[i]
+            )
             log.wait(log.append([rec]))
             i += 1
         done[w] = i
