@@ -190,3 +190,35 @@ def test_durable_reply_is_sent_once_over_a_real_socket(
         assert isinstance(out, P.Reply) and out.code == -900 and failed.rest is None
     finally:
         log.close()
+
+
+def test_a_retry_is_not_acknowledged_before_its_first_try_is_durable() -> None:
+    """A try that ran out of its master call deadline while its records waited for the log is
+    re-sent with the same request id; the deduplication table answers it without changing
+    anything, and that answer must wait for the log too (it was sent at once before: a mount
+    or a put acknowledged that a failing log never got)."""
+    from kvcake.store.config import MasterConfig
+    from kvcake.store.errors import RpcFailed
+    from kvcake.store.ha.durable import DurableMaster
+    from kvcake.store.rpc import MasterConnection
+
+    log = GatedLog()
+    view = log.load()
+    master = DurableMaster(MasterConfig(port=0, http_port=-1, events_port=-1), view, log)
+    master.start()
+    conn = MasterConnection(master.rpc_address, timeout_s=0.5, retries=1)
+    try:
+        log.gate.clear()  # the log takes nothing durable now
+        with pytest.raises(RpcFailed):  # both tries (the second one: a dedup replay) wait
+            conn.call(P.Mount("c1", "h", "seg-1", 1 << 20))
+        assert not log.entries
+        log.gate.set()
+        conn.call(P.Heartbeat("c1", "h"))
+        deadline = time.monotonic() + 5
+        while not log.entries and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [r.name for _, recs in log.entries for r in recs] == ["seg-1"]  # type: ignore[attr-defined]
+    finally:
+        log.gate.set()
+        conn.close()
+        master.stop()

@@ -81,18 +81,20 @@ class DurableMaster(Master):
         handlers = self.rpc.handlers
         plain = handlers.dispatch
         jstate = self.jstate
+        dedup = jstate.dedup
 
         def dispatch(msg: msgspec.Struct) -> P.Reply | Durable:
+            replays = dedup.replays
             reply = plain(msg)
             if type(msg) not in MUTATING:
                 return reply
             ticket = jstate.flush(oplog)
-            if not ticket and getattr(msg, "rid", None) is not None:
-                # This thread changed nothing: a retry answered from the dedup table (its
-                # first try's records may still be on their way to the log: a try that timed
-                # out on the master call deadline is re-sent while they are) or a no-op. Its
-                # reply waits for everything logged so far, so it never acknowledges ahead
-                # of the log (at once when the log is idle).
+            if not ticket and dedup.replays != replays:
+                # Answered from the dedup table (or another request was, meanwhile: then the
+                # wait is needless, not wrong): a retry whose first try's records may still be on their
+                # way to the log (a try that timed out on the master call deadline is re-sent
+                # while they are). It waits for everything logged so far, so it never
+                # acknowledges ahead of the log (at once when the log is idle).
                 ticket = oplog.appended
             return Durable(oplog, ticket, reply) if ticket else reply
 
