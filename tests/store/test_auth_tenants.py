@@ -10,6 +10,7 @@ import pytest
 
 from kvcake.core.errors import ConfigError
 from kvcake.core.ids import ClientId, SegmentName
+from kvcake.core.integrity import chunk_count
 from kvcake.store.client import Client
 from kvcake.store.config import ClientConfig, MasterConfig, StoreServerConfig
 from kvcake.store.errors import InvalidParams, NoSpace, QuotaExceeded
@@ -30,7 +31,7 @@ def state(**kw: object) -> MasterState:
 
 def put(st: MasterState, key: str, size: int, tenant: str) -> None:
     st.put_start(W, "h", key, size, PutOptions(), tenant=tenant)
-    st.put_end(W, key)
+    st.put_end(W, key, [0] * chunk_count(size))  # well formed (a replay keeps only those)
 
 
 def test_quota_refuses_before_allocating_and_counts_every_exit() -> None:
