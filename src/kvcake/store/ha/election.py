@@ -15,6 +15,7 @@ is no earlier than our deadline).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -60,9 +61,9 @@ def read_leader_term(etcd: Etcd, cluster: str) -> tuple[LeaderInfo, int] | None:
         return None
 
 
-def boottime() -> float:
-    """Seconds on ``CLOCK_BOOTTIME`` (counts time stopped and suspended too)."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
+# Seconds on ``CLOCK_BOOTTIME`` (counts time stopped and suspended too); a partial of the
+# builtin: it is read before every reply.
+boottime: Callable[[], float] = functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)
 
 
 def lease_margin(ttl_s: float) -> float:
@@ -80,34 +81,37 @@ class Election:
         self.poll_s = poll_s
         self.lease = 0
         self.revision = 0
+        self.term = 0  # = revision while leading (what replies carry)
         self.lost = threading.Event()
         self.margin = lease_margin(ttl_s)
-        self.deadline = 0.0  # boottime() until which the lease surely holds; 0 = not held
+        # boottime() until which the lease surely holds; 0 whenever ``lost`` is set (both
+        # change under _lock, so held() reads one float)
+        self.deadline = 0.0
+        self._lock = threading.Lock()
         self.clock: Callable[[], float] = boottime
         self._keeper: threading.Thread | None = None
-
-    @property
-    def term(self) -> int:
-        return self.revision
 
     def held(self) -> bool:
         """The lease surely holds now. Asked right before each reply: when its deadline has
         passed the term ends here, at once (``lost``: the master steps down)."""
-        if self.clock() < self.deadline and not self.lost.is_set():
+        if self.clock() < self.deadline:
             return True
         self._end("its lease deadline passed (paused, or cut off from etcd)")
         return False
 
     def _end(self, why: str) -> None:
-        self.deadline = 0.0
-        if not self.lost.is_set():
-            log.error("ha: %s ends term %d: %s", self.name, self.revision, why)
+        with self._lock:
+            self.deadline = 0.0
+            if self.lost.is_set():
+                return
             self.lost.set()
+        log.error("ha: %s ends term %d: %s", self.name, self.revision, why)
 
     def _extend(self, sent: float, ttl_s: float) -> None:
         """A grant or refresh sent at ``sent`` succeeded with ``ttl_s``."""
-        if not self.lost.is_set():
-            self.deadline = max(self.deadline, sent + min(ttl_s, self.ttl_s) - self.margin)
+        with self._lock:
+            if not self.lost.is_set():
+                self.deadline = max(self.deadline, sent + min(ttl_s, self.ttl_s) - self.margin)
 
     def campaign(self, stop: threading.Event) -> bool:
         """Block until this node leads (True) or ``stop`` is set (False)."""
@@ -131,9 +135,10 @@ class Election:
             self.etcd.revoke(lease)
             return False
         self.lease = lease
-        self.revision = int(data["header"]["revision"])
-        self.lost.clear()
-        self.deadline = 0.0
+        self.revision = self.term = int(data["header"]["revision"])
+        with self._lock:
+            self.deadline = 0.0
+            self.lost.clear()
         self._extend(sent, self.ttl_s)
         self._keeper = threading.Thread(target=self._keep, name="ha-lease", daemon=True)
         self._keeper.start()
@@ -168,8 +173,9 @@ class Election:
 
     def resign(self) -> None:
         """End the term now (clean stop): the lease and so the leader key go at once."""
-        self.deadline = 0.0
-        self.lost.set()
+        with self._lock:
+            self.deadline = 0.0
+            self.lost.set()
         if self.lease:
             try:
                 self.etcd.revoke(self.lease)
