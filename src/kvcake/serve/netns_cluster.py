@@ -268,9 +268,14 @@ class NetnsCluster:
         raise NetnsClusterError(self._failure(p, "never became healthy"))
 
     # --- processes ----------------------------------------------------------------------------
-    def child_env(self) -> dict[str, str]:
-        return dict(os.environ, PYTHONUNBUFFERED="1", KVCAKE_AUTH_SECRET=self.secret,
-                    **self.net.env())  # fmt: skip
+    def child_env(self, role: str = "") -> dict[str, str]:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", KVCAKE_AUTH_SECRET=self.secret,
+                   **self.net.env())  # fmt: skip
+        if role and self.opts.delay_ms:
+            # Peers reach this host's HTTP through a relay on another port: signed requests
+            # name the relay's address, which the server accepts as its own ([auth] http_names).
+            env["KVCAKE_AUTH_HTTP_NAMES"] = self.net[role].addr
+        return env
 
     def spawn(
         self, name: str, role: str, args: list[str], ready: str | None, raw: bool = False
@@ -288,7 +293,7 @@ class NetnsCluster:
     def _popen(self, role: str, argv: list[str], log: Path, mode: str) -> subprocess.Popen[bytes]:
         with log.open(mode) as fh:
             return subprocess.Popen(self.net.command(role, argv), stdout=fh,
-                                    stderr=subprocess.STDOUT, env=self.child_env(),
+                                    stderr=subprocess.STDOUT, env=self.child_env(role),
                                     start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
 
     def _pin_config(self, path: Path, section: str, cfg: Any, port: int) -> None:
