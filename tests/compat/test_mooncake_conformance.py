@@ -19,7 +19,7 @@ SUITES = (
     "test_distributed_object_store.py", "test_put_get_tensor.py",
     "test_replicated_distributed_object_store.py", "test_upsert_api.py",
     "test_batch_replica_clear.py", "test_store_setup_lifecycle.py", "test_async_store.py",
-    "test_copy_move_api.py",
+    "test_copy_move_api.py", "test_safetensor_functions.py",
 )  # fmt: skip
 
 
