@@ -171,12 +171,15 @@ class ReadPath:
             with commit_under(guard):
                 scatter(ranges, 0, value)
             return
-        # Chunk by chunk through one scratch buffer: fetched, verified while hot, then handed
-        # over (under the guard) before the next one is fetched.
-        scratch = memoryview(uninitialized_bytearray(min(CHUNK, size)))
+        # A copy in this process's memory or a mapped peer's goes chunk by chunk through one
+        # scratch buffer (fetched, verified while hot, handed over under the guard before the
+        # next chunk); a network read takes each span of chunks in one round trip.
+        mapped = rep.segment in self.segments or self.engine.reads_by_mapping(rep.segment)
         for lo, hi in spans(size, ranges):
-            for start in range(lo, hi, CHUNK):
-                buf = scratch[: min(CHUNK, hi - start)]
+            step = CHUNK if mapped else hi - lo
+            scratch = memoryview(uninitialized_bytearray(min(step, hi - lo)))
+            for start in range(lo, hi, step):
+                buf = scratch[: min(step, hi - start)]
                 self._fetch(key, res, rep, start, buf)
                 with commit_under(guard):
                     scatter(ranges, start, buf)
