@@ -35,10 +35,8 @@ FAILURES = Counter(
     ["path"],
 )
 
-ReadFn = Callable[[int, memoryview], None]
-PIECE = (
-    256 * 1024
-)  # a mapped read is summed in pieces this big, while they are in the cache  # (offset in the value, out) -> fill out
+ReadFn = Callable[[int, memoryview], None]  # (offset in the value, out) -> fill out
+PIECE = 256 * 1024  # a mapped read is summed in pieces this big, while they are in the cache
 
 
 def integrity_failed(path: str, key: str, segment: str, offset: int) -> None:
