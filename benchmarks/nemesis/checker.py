@@ -5,7 +5,12 @@ system-wide monotonic clock, shared by every process here), its outcome and, for
 each key returned (:class:`values.Seen` as ``[key, version, intact]``, ``None`` = not found,
 a string = an error for that key). Outcomes, as in Jepsen: ``ok`` (acknowledged; a read
 answered), ``fail`` (definitely not applied: the master refused it), ``info`` (unknown: an
-error or a timeout, or the client died first; it may take effect at any time after its invoke).
+error or a timeout, or the client died first). One assumption beyond Jepsen's: an unknown call
+whose client saw it end (an error) took effect between its invoke and that end or not at all
+(the client sends no retry after it returns, and a master without its lease applies nothing),
+so only a call whose client died first may take effect at any later time. A remove answered
+"not found" is unknown, not refused: its first try may have been applied by a leader that
+died before replying, and the retry then finds the key gone (docs/store.md, "Clients").
 
 (a) :func:`wrong_reads`: every intact read of key k returned an ok or unknown write of k that
 was invoked before the read completed and not superseded: no ok mutation of k (put, upsert,
@@ -95,6 +100,8 @@ def load_history(paths: Iterable[Path]) -> list[Op]:
                     rec.get("place"),
                     rec.get("err", ""),
                 )
+                if op.f == "remove" and op.err.startswith("ObjectNotFound"):
+                    op.outcome = "info"  # maybe applied by a leader that died (docstring)
     return ops
 
 
@@ -191,7 +198,7 @@ def possible_finals(muts: list[Op]) -> tuple[set[str], Op | None]:
     last = max(oks, key=lambda m: m.complete) if oks else None
     finals = {ABSENT if last is None or last.f == "remove" else last.version}
     for m in muts:
-        if m.outcome == "info":  # may take effect at any time after its invoke
+        if m.outcome == "info" and (last is None or m.complete > last.invoke):  # may be last
             finals.add(ABSENT if m.f == "remove" else m.version)
             if m.f == "upsert":  # an upsert makes its key invisible while it rewrites
                 finals.add(ABSENT)

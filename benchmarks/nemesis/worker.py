@@ -103,7 +103,7 @@ def remove(c: Client, h: History, key: str) -> str:
     i = h.invoke("remove", [key])
     try:
         c.remove(key)
-    except ObjectNotFound as exc:  # not there: a no-op, nothing changed
+    except ObjectNotFound as exc:  # the checker counts it unknown (a retry after a failover)
         h.done(i, "fail", err=_err(exc))
         return "absent"
     except DEFINITE as exc:

@@ -87,6 +87,26 @@ def test_unknown_writes_may_show_at_any_time_after_their_invoke() -> None:
     assert kinds(ops) == []
 
 
+def test_an_unknown_call_that_ended_in_an_error_took_effect_before_that_or_never() -> None:
+    ops = [w("put", "k", "v1", 0, 1), w("upsert", "k", "v2", 2, 3, "info"),
+           w("upsert", "k", "v3", 4, 5), rd("k", ["k", "v2", True], 6, 7)]  # fmt: skip
+    assert kinds(ops) == ["stale"]  # v2 ended (error) at 3, v3 was acked after: v2 is gone
+    problems, _ = lost_objects(ops[:3], {"k": ["k", "v2", True]}, [], ["s0"])
+    assert [p.kind for p in problems] == ["lost"]
+
+
+def test_a_remove_answered_not_found_is_unknown(tmp_path: Path) -> None:
+    path = tmp_path / "hist-c0.jsonl"
+    with path.open("w") as fh:
+        h = History(fh, "c0.1")
+        h.done(h.invoke("put", ["k"], "v1"), "ok")
+        h.done(h.invoke("remove", ["k"]), "fail", err="ObjectNotFound: 'k' not found")
+        h.done(h.invoke("upsert", ["k"], "v2"), "fail", err="ObjectHasLease: 'k' is being read")
+    ops = load_history([path])
+    assert [o.outcome for o in ops] == ["ok", "info", "fail"]
+    assert lost_objects(ops, {"k": None}, [], ["s0"]) == ([], 0)  # the remove may have run
+
+
 def test_final_state_lost_write_and_lost_update_are_flagged() -> None:
     ops = [w("put", "a", "a1", 0, 1), w("put", "b", "b1", 0, 1), w("upsert", "b", "b2", 2, 3),
            w("put", "c", "c1", 0, 1), w("remove", "c", "", 2, 3),
