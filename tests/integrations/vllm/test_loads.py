@@ -189,3 +189,20 @@ def test_a_load_that_cannot_start_fails_every_block() -> None:
     load = loader.start(paged, bad)
     load.wait_layer(LAYERS[0])
     assert load.finish() == {NUM_BLOCKS + 5} and "out of range" in pool.failures[0]
+
+
+def test_the_load_reads_this_ranks_objects_and_a_failing_name_is_a_recompute() -> None:
+    paged, _, pool, loader = setup(groups=2)
+    rank1 = lambda k: f"{k}/tp1of2"  # noqa: E731
+    load = loader.start(paged, RUNS, rank1)
+    for layer in LAYERS:
+        load.wait_layer(layer)
+    assert load.finish() == set()
+    assert block_bytes(paged, 5) == value("k2/tp1of2", paged.block_bytes)
+
+    def broken(key: str) -> str:
+        raise KeyError(key)
+
+    load = loader.start(paged, RUNS, broken)
+    load.wait_layer(LAYERS[0])
+    assert load.finish() == {3, 5, 1} and pool.failures

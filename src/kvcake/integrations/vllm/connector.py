@@ -263,18 +263,16 @@ class KvcakeConnector(KVConnectorBase_V1):
             self.namer.tp_size,
         )
 
-    def _mine(self, runs: list[BlockRun]) -> list[BlockRun]:
+    def _mine(self, key: str) -> str:
         """The scheduler plans with block keys; this worker reads and writes its rank's objects."""
-        name = self.namer.for_rank
-        return [BlockRun(r.req_id, [name(k, self.rank) for k in r.keys], r.block_ids)
-                for r in runs]  # fmt: skip
+        return self.namer.for_rank(key, self.rank)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvcakeMetadata)
         self._finish_load()  # (a step that ended without wait_for_save)
         if meta.loads and self.paged is not None:
-            self._load = self.loader.start(self.paged, self._mine(meta.loads))
+            self._load = self.loader.start(self.paged, meta.loads, self._mine)
             if not self._load.group_of:  # a whole load: done before the forward
                 self._finish_load()
         if meta.pd.pulls or meta.pd.frees:
@@ -313,13 +311,13 @@ class KvcakeConnector(KVConnectorBase_V1):
             return
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvcakeMetadata)
-        for run in self._mine(meta.saves):
+        for run in meta.saves:
             if run.req_id in self._no_save:
                 self.counters.add(save_dropped_blocks=len(run.keys))
                 continue
             rows = self.paged.empty(len(run.block_ids))
             self.paged.gather(run.block_ids, rows)  # vLLM may reuse the blocks after this step
-            self.saver.submit(run.keys, rows)
+            self.saver.submit([self._mine(k) for k in run.keys], rows)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         self._finish_load()

@@ -172,18 +172,24 @@ class Loader:
         self._exec = started_pool(1, "kvcake-load")
         self._inflight: list[cf.Future[Any]] = []  # the last load's (cancelled ones are done)
 
-    def start(self, paged: PagedKV, runs: Sequence[BlockRun]) -> PendingLoad:
-        """Start one step's load; never raises (a load that cannot start fails every block)."""
+    def start(
+        self, paged: PagedKV, runs: Sequence[BlockRun], name: Callable[[str], str] = str
+    ) -> PendingLoad:
+        """Start one step's load of ``runs`` (the pool object of planned key ``k`` is
+        ``name(k)``: this worker's rank's); never raises (a load that cannot start fails every
+        block)."""
         try:
-            return self._start(paged, runs)
+            return self._start(paged, runs, name)
         except Exception as exc:
             load = PendingLoad(runs, [], {}, ReadGuard(), time.monotonic(), time.perf_counter(),
                                self, error=exc)  # fmt: skip
             self.pool.failed("load", exc)
             return load
 
-    def _start(self, paged: PagedKV, runs: Sequence[BlockRun]) -> PendingLoad:
-        keys = [k for r in runs for k in r.keys]
+    def _start(
+        self, paged: PagedKV, runs: Sequence[BlockRun], name: Callable[[str], str]
+    ) -> PendingLoad:
+        keys = [name(k) for r in runs for k in r.keys]
         ids = [b for r in runs for b in r.block_ids]
         self.block_bytes = paged.block_bytes
         t0 = time.perf_counter()
