@@ -82,8 +82,11 @@ class Tail:
             self.answered.append((t, rec["t"]))
 
     def first_answer(self, after: float) -> float | None:
+        """Faults come one after another: answers to calls sent before ``after`` are
+        forgotten (the list stays as short as one fault's calls)."""
         self.poll()
-        return min((c for i, c in self.answered if i >= after), default=None)
+        self.answered = [(i, c) for i, c in self.answered if i >= after]
+        return min((c for _, c in self.answered), default=None)
 
 
 def _sleep(s: float, tick: Callable[[], None]) -> None:
