@@ -18,7 +18,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -104,22 +104,29 @@ class EventPublisher:
         host: str = "127.0.0.1",
         port: int = 0,
         auth: Authenticator | None = None,
+        sinks: Iterable[Callable[[list[StoreEvent]], None]] = (),
     ):
         import zmq
 
         self.events = events
-        self._curve = CurveServer(auth) if auth is not None else None
+        # Other consumers of every batch (the vLLM-format stream, store/vllm_events.py): one
+        # event model, several wire formats. port < 0: sinks only, no socket of its own.
+        self.sinks = list(sinks)
+        self._own = port >= 0
+        self._curve = CurveServer(auth) if auth is not None and self._own else None
         if self._curve is not None:
             self._sock = self._curve.socket(zmq.PUB)
         else:
             self._sock = zmq.Context.instance().socket(zmq.PUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 10_000)  # messages; beyond, zmq drops -> a gap
-        if port:
+        if not self._own:
+            self._sock.bind("inproc://kvcake-events-" + events.publisher)  # nothing listens
+        elif port:
             self._sock.bind(f"tcp://{host}:{port}")
         else:
             self._sock.bind_to_random_port(f"tcp://{host}")
-        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT) if self._own else ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="master-events", daemon=True)
         self.sent = 0
@@ -138,6 +145,8 @@ class EventPublisher:
                     self._sock.send_multipart([TICK_TOPIC, tick])
                 continue
             last = time.monotonic()
+            for sink in self.sinks:
+                sink(batch)
             try:
                 self._sock.send_multipart([STORE_EVENTS_TOPIC, ENCODER.encode(batch)])
                 self.sent += len(batch)

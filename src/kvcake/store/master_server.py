@@ -35,6 +35,7 @@ from kvcake.store.metadata import Tier
 from kvcake.store.metrics import MasterMetrics
 from kvcake.store.owners import ReleasingBackend, process_gone, process_of
 from kvcake.store.rpc import BufferedFrames, send_msg
+from kvcake.store.vllm_events import BlockTable
 from kvcake.transfer.netserver import ThreadedServer
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,10 @@ class MasterHandlers:
         state: MasterState,
         directory: Callable[[], str],
         events: Callable[[], str] = lambda: "",
+        blocks: BlockTable | None = None,
     ):
         self.state = state
+        self.blocks = blocks  # writers' block lineage for the vLLM-format events (or None)
         self.directory = directory
         self.events = events
         self.table: dict[type, Callable[[Any], P.Reply]] = {
@@ -94,6 +97,7 @@ class MasterHandlers:
             P.TakeTasks: self.take_tasks,
             P.TaskDone: self.task_done,
             P.KvSnapshot: self.kv_snapshot,
+            P.BlockInfo: self.block_info,
             P.ReplicaCopyStart: self.copy_start,
             P.ReplicaCopyEnd: self.copy_end,
             P.ReplicaDrop: self.drop_replica,
@@ -224,6 +228,16 @@ class MasterHandlers:
             tasks=[(t.kind, t.key, t.size, t.mem_offset) for t in tasks],
             task_sums=[list(t.sums) for t in tasks],
         )
+
+    def block_info(self, m: P.BlockInfo) -> P.Reply:
+        if self.blocks is None:  # no vLLM-format stream: nothing to learn
+            return P.Reply()
+        try:
+            for b in m.blocks:
+                self.blocks.learn(b.hash, b.parent, b.tokens)
+        except ValueError as exc:
+            return P.Reply(code=INVALID_PARAMS, message=f"BlockInfo: {exc}")
+        return P.Reply()
 
     def kv_snapshot(self, m: P.KvSnapshot) -> P.Reply:
         return P.Reply(snapshot=self.state.kv_snapshot(), events=self.events())
@@ -371,10 +385,18 @@ class Master:
             self.directory = DirectoryService(
                 config.host, config.directory_port, backend, auth or _auth.DISABLED
             )
+        # The vLLM-format stream's block lineage (store/vllm_events.py), when that stream is on.
+        self.blocks = BlockTable() if config.ecosystem_events_port >= 0 else None
+        self.vllm_events: Any = None
         self.rpc = MasterRpcServer(
             config.host,
             config.port,
-            MasterHandlers(self.state, lambda: self.directory_address, lambda: self.events_address),
+            MasterHandlers(
+                self.state,
+                lambda: self.directory_address,
+                lambda: self.events_address,
+                self.blocks,
+            ),
             self.metrics,
             config.busy_poll_us,
             config.max_connections,
@@ -387,7 +409,7 @@ class Master:
         self.metadata_kv = MetadataKV(self.directory.backend if self.directory else None)
         self.extra_routers: list[Any] = []  # FastAPI APIRouters added to the HTTP app
         self.publisher: Any = None
-        if config.events_port < 0:
+        if config.events_port < 0 and config.ecosystem_events_port < 0:
             self.state.events.enabled = False
         self._stop = threading.Event()
         self._housekeeper = threading.Thread(target=self._housekeep, name="master-housekeeping")
@@ -421,15 +443,23 @@ class Master:
         _auth.check_bind(self.cfg.host, self.auth, "the master")
         from kvcake.store.events_policy import ecosystem_events_host, own_events_host
 
-        ecosystem_events_host(self.cfg, self.auth)  # its rule, checked before anything binds
+        eco_host = ecosystem_events_host(self.cfg, self.auth)  # checked before anything binds
         if self.directory is not None:
             self.directory.start()
-        if self.cfg.events_port >= 0:
+        if eco_host is not None and self.blocks is not None:
+            from kvcake.store.vllm_events import VllmEventStream
+
+            self.vllm_events = VllmEventStream(
+                self.blocks, eco_host, self.cfg.ecosystem_events_port
+            )
+            self.vllm_events.start()
+        if self.cfg.events_port >= 0 or self.vllm_events is not None:
             from kvcake.store.events import EventPublisher
 
             host = own_events_host(self.cfg, self.auth)  # CURVE with a secret
+            sinks = [self.vllm_events.offer] if self.vllm_events is not None else []
             self.publisher = EventPublisher(
-                self.state.events, host, self.cfg.events_port, self.auth
+                self.state.events, host, self.cfg.events_port, self.auth, sinks
             )
             self.publisher.start()
         self.rpc.start()
@@ -499,6 +529,8 @@ class Master:
             self.directory.stop()
         if self.publisher is not None:
             self.publisher.stop()
+        if self.vllm_events is not None:
+            self.vllm_events.stop()
 
 
 def mount_file_tier(state: MasterState, cfg: MasterConfig, cluster: str) -> None:

@@ -137,6 +137,25 @@ class KvSnapshot(msgspec.Struct, tag=True):
     client: str
 
 
+class BlockMeta(msgspec.Struct, frozen=True, array_like=True):
+    """A KV block's lineage, as its writer knows it: the block hash (the one in its key,
+    ``core.hashing.block_key``), the parent block's hash (None for a prompt's first block) and
+    its token ids. Only what routers' KV events need (store/vllm_events.py)."""
+
+    hash: int
+    parent: int | None
+    tokens: list[int]
+
+
+class BlockInfo(msgspec.Struct, tag=True):
+    """Optional, before or with a put: the lineage of the blocks being written, so the
+    master's vLLM-format KV events can carry token ids and parents. Not mutating (a hint: lost
+    or unknown, the blocks are just not published in that format)."""
+
+    client: str
+    blocks: list[BlockMeta]
+
+
 class TaskDone(msgspec.Struct, tag=True):
     """A node's tier copy (``offload``/``promote``) or a client's file-tier write (``persist``,
     ``offset`` naming the file replica) finished."""
@@ -218,6 +237,7 @@ Request = (
     | TakeTasks
     | TaskDone
     | KvSnapshot
+    | BlockInfo
     | ReplicaCopyStart
     | ReplicaCopyEnd
     | ReplicaDrop
