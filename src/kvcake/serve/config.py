@@ -93,6 +93,9 @@ class ProxyConfig:
     max_prompt_tokens: int = 8192
     max_body_bytes: int = size_field("8MiB")  # larger request bodies get 413 before parsing
     master: str = ""  # store master RPC host:port: its KV events keep the pool index ("" = off)
+    # The instances' Transfer Engine directory: readiness checks that it lists every
+    # instance's KV segment ("" = the one the master hosts; `kvcake up` sets it).
+    directory: str = ""
     # JSON-lines request log (serve.reqlog; `kvcake logs` reads it; "" = off), rotated to
     # .1 .. .N when it passes request_log_max_bytes.
     request_log: str = ""

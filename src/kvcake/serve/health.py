@@ -69,11 +69,13 @@ class Health:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), pause)
         self._close()
+        if self._directory is not None:
+            self._directory.close()
 
     async def check_once(self) -> None:
         checks = {"instances": self._instances(), "peers": self._peers()}
-        if self.st.master:
-            checks.update(await asyncio.to_thread(self._store_checks))
+        if self.st.master or self.st.directory:
+            checks.update(await asyncio.to_thread(self._remote_checks))
         self.checks = checks
         self.checked_at = time.monotonic()
 
@@ -98,7 +100,23 @@ class Health:
             return False, "no answer from " + ", ".join(late)
         return True, f"all answered within {PEER_FRESH_S:.0f} s"
 
-    def _store_checks(self) -> dict[str, tuple[bool, str]]:
+    def _remote_checks(self) -> dict[str, tuple[bool, str]]:
+        """``master`` and ``directory`` (the instances' directory: the proxy's ``directory``
+        setting, else the one the master hosts)."""
+        out: dict[str, tuple[bool, str]] = {}
+        directory = self.st.directory
+        if self.st.master:
+            ok, detail, hosted = self._master()
+            out["master"] = (ok, detail)
+            directory = directory or hosted
+            if not ok and not directory:
+                out["directory"] = (False, "unknown (no master)")
+        if directory:
+            out["directory"] = self._directory_check(directory)
+        return out
+
+    def _master(self) -> tuple[bool, str, str]:
+        """(answers?, detail, the directory it hosts)."""
         from kvcake.store import protocol as P
 
         try:
@@ -108,19 +126,17 @@ class Health:
                 self._conn = connect(self.st.master, timeout_s=2.0)
             hello = self._conn.call(P.Heartbeat("", "proxy-health"))
         except Exception as exc:
-            self._close()
-            why = f"master {self.st.master} unreachable: {exc}"
-            return {"master": (False, why), "directory": (False, "unknown (no master)")}
-        return {"master": (True, f"{self.st.master} answers"),
-                "directory": self._directory_check(str(hello.directory))}  # fmt: skip
+            self._close()  # the next round connects afresh
+            return False, f"master {self.st.master} unreachable: {exc}", ""
+        return True, f"{self.st.master} answers", str(hello.directory or "")
 
     def _directory_check(self, address: str) -> tuple[bool, str]:
         from kvcake.transfer.errors import TransferError
         from kvcake.transfer.metadata import DirectoryClient
 
         cluster = self.st.cluster
-        if not address or cluster is None:
-            return True, "no directory" if not address else "no instance yet"
+        if cluster is None:
+            return True, "no instance yet"
         if self._directory is None or self._directory.address != address:
             if self._directory is not None:
                 self._directory.close()
@@ -136,11 +152,10 @@ class Health:
         return True, f"lists all {len(cluster.instances)} KV segments"
 
     def _close(self) -> None:
-        for part in (self._conn, self._directory):
-            if part is not None:
-                with contextlib.suppress(Exception):
-                    part.close()
-        self._conn = self._directory = None
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        self._conn = None
 
     def export(self, metrics: Any) -> None:
         """Set the gauges (serve/metrics.py) from :meth:`report`."""

@@ -132,6 +132,7 @@ class Cluster:
         c = self.conf.cluster
         directory, master = self._start_pool()
         self.master_rpc = master  # the proxy follows the pool through its KV events
+        self.directory = directory  # ... and checks that this lists every KV segment
         roles = ["colocated"] * c.prefill if c.colocated else ["prefill"] * c.prefill
         roles += [] if c.colocated else ["decode"] * c.decode
         counts: dict[str, int] = {}
@@ -207,7 +208,8 @@ class Cluster:
         pre = tuple(u for n, u in urls if not n.startswith("decode"))
         dec = tuple(u for n, u in urls if n.startswith("decode"))
         proxy = replace(p, host=c.host, port=c.proxy_port, prefill=pre, decode=dec,
-                        master=getattr(self, "master_rpc", ""))  # fmt: skip
+                        master=getattr(self, "master_rpc", ""),
+                        directory=p.directory or getattr(self, "directory", ""))  # fmt: skip
         # Every run logs its requests (`kvcake logs` reads the latest run's).
         log = p.request_log or str((self.run_dir / "requests.jsonl").resolve())
         proxy = replace(proxy, request_log=log)
@@ -261,17 +263,20 @@ class Cluster:
 
     def _wait_health(self, ch: Child) -> None:
         deadline = time.monotonic() + self.conf.cluster.startup_timeout_s
+        why = ""
         while time.monotonic() < deadline:
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                r = httpx.get(self.url + "/health", timeout=2)
+                if r.status_code == 200:
                     return
-            except httpx.HTTPError:
-                pass
+                why = r.text[:500]
+            except httpx.HTTPError as exc:
+                why = repr(exc)
             assert ch.proc is not None
             if ch.proc.poll() is not None:
                 raise ClusterStartError(self._failure(ch, "exited"))
             time.sleep(0.1)
-        raise ClusterStartError(self._failure(ch, "never became healthy"))
+        raise ClusterStartError(self._failure(ch, f"never became ready ({why})"))
 
     def _failure(self, ch: Child, what: str) -> str:
         tail = ch.log.read_text(errors="replace").strip().splitlines()[-8:]

@@ -62,6 +62,7 @@ class ProxyState:
     max_prompt_tokens: int  # the context: prompt + answer (also capped by the instances')
     max_body_bytes: int = 8 << 20
     master: str = ""  # store master RPC host:port; "" = no store events (pool_events)
+    directory: str = ""  # the instances' TE directory (serve/health.py; "" = the master's)
     request_log: Any = None  # serve.reqlog.RequestLog: one JSON line per request (None = off)
     api_keys: Any = None  # serve.auth.ApiKeys: /v1/ needs one of them (None = open)
     run_state: str = ""  # the `kvcake up` run's cluster.json (dashboard: restarts, master HTTP)

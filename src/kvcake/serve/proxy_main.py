@@ -83,6 +83,7 @@ def run_proxy(
         max_prompt_tokens=cfg.max_prompt_tokens,
         max_body_bytes=cfg.max_body_bytes,
         master=cfg.master,
+        directory=cfg.directory,
         run_state=run_state,
         api_keys=ApiKeys.load(cfg.api_keys, cfg.api_keys_file),
         metrics=ProxyMetrics(

@@ -147,8 +147,14 @@ class Dashboard:
         r = APIRouter()
 
         @r.get("/dashboard")
-        async def page() -> Response:
-            return _static("index.html")
+        async def page(request: Request) -> Response:
+            # The first snapshot rides in the page: it renders before the load event, with no
+            # second round trip and whatever the live stream does (headless browsers included).
+            try:
+                n_recent = int(RECENT.parse(request, "recent"))
+            except BadParam:
+                n_recent = int(RECENT.default)  # the page's own script reports the bad value
+            return _page(await self.snapshot(n_recent, int(HOT.default)))
 
         @r.get("/dashboard/static/{name}")
         async def static(name: str) -> Response:
@@ -180,6 +186,15 @@ class Dashboard:
             return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
         return r
+
+
+def _page(first: dict[str, Any]) -> Response:
+    """index.html with ``first`` embedded as JSON (``<`` escaped: no ``</script>`` inside)."""
+    html = (resources.files("kvcake.serve.dashboard") / "static" / "index.html").read_text()
+    doc = json.dumps(first).replace("<", "\\u003c")
+    tag = f'<script id="first-snapshot" type="application/json">{doc}</script>\n'
+    html = html.replace("<script src=", tag + "<script src=", 1)
+    return Response(html, media_type=_STATIC["index.html"], headers={"Cache-Control": "no-cache"})
 
 
 def _static(name: str) -> Response:

@@ -18,6 +18,9 @@ const fmt = {
   ms: (v) => (v == null ? dash : (1000 * v).toFixed(1) + " ms"),
   s: (v) => (v == null ? dash : v.toFixed(3) + " s"),
   mib: (v) => (v == null ? dash : (v / 1048576).toFixed(1) + " MiB"),
+  // sizes: MiB below 1 GiB, GiB above (binary units, as the pool reports bytes)
+  bytes: (v) => (v == null ? dash : v >= 1073741824 ? (v / 1073741824).toFixed(2) + " GiB"
+    : (v / 1048576).toFixed(1) + " MiB"),
   text: (v) => (v == null ? dash : String(v)),
 };
 
@@ -81,6 +84,14 @@ function renderRequests(snap) {
   }) : [el("tr", {}, "")].map((tr) => { tr.append(el("td", { colspan: "2", class: "muted" }, "none")); return tr; }));
 }
 
+// An axis under a chart: labels spread from its left edge to its right edge (the SVGs
+// stretch to their box, so their own text would stretch too).
+function axis(id, labels) {
+  const box = document.getElementById(id);
+  box.replaceChildren(...labels.map((t) => el("span", {}, t)));
+  box.dataset.labels = labels.join("|");
+}
+
 function renderHitRate(snap) {
   const svg = document.getElementById("hitrate");
   const pts = snap.hit_rate.points;
@@ -97,6 +108,7 @@ function renderHitRate(snap) {
   legend.replaceChildren();
   if (pts.length < 1) { legend.append(el("span", { class: "muted" }, "collecting samples…")); return; }
   const t0 = pts[0].at, t1 = pts[pts.length - 1].at, span = Math.max(1e-9, t1 - t0);
+  axis("hitrate-x", [`−${Math.round(span)} s`, `−${Math.round(span / 2)} s`, "now"]);
   tiers.forEach((tier, k) => {
     const xy = [];
     let last = null;
@@ -124,7 +136,7 @@ function renderPool(snap) {
   fill("#pool", p.segments.map((s) => {
     const tr = el("tr", { "data-segment": s.name, "data-tier": s.tier });
     tr.append(cell("name", s.name), cell("host", s.host), cell("tier", s.tier),
-      cell("used", s.used, "mib"), cell("capacity", s.capacity, "mib"),
+      cell("used", s.used, "bytes"), cell("capacity", s.capacity, "bytes"),
       cell("use", s.capacity ? s.used / s.capacity : null, "pct"));
     return tr;
   }));
@@ -138,7 +150,7 @@ function renderHot(snap) {
   fill("#hot", snap.hot_blocks.map((b) => {
     const tr = el("tr", { "data-key": b.key });
     const reps = b.replicas.map((r) => `${r.segment} (${r.tier})`).join(", ");
-    tr.append(cell("block", b.block || b.key, "text", "mono"), cell("size", b.size, "int"),
+    tr.append(cell("block", b.block || b.key, "text", "mono"), cell("size", b.size, "bytes"),
       cell("replicas", reps || dash), cell("holders", b.holders.join(", ") || dash));
     tr.querySelector('[data-field="replicas"]').dataset.count = String(b.replicas.length);
     return tr;
@@ -153,6 +165,7 @@ function renderTimeline(snap) {
   const t0 = Math.min(...rows.map((r) => r.at));
   const t1 = Math.max(...rows.map((r) => r.at + r.e2e_s));
   const span = Math.max(1e-6, t1 - t0), lanes = Math.min(rows.length, 12), h = 120 / lanes;
+  axis("timeline-x", ["0 s", `${(span / 2).toFixed(1)} s`, `${span.toFixed(1)} s`]);
   rows.slice().reverse().forEach((r, i) => {
     const y = (i % lanes) * h + 1, x = (v) => 1000 * (v - t0) / span;
     const ttft = r.ttft_s || 0, total = Math.max(1, r.prompt_tokens);
@@ -183,9 +196,13 @@ function renderTimeline(snap) {
 
 function render(snap) {
   const st = document.getElementById("status");
+  const h = snap.health;  // serve/health.py: the same report as kvcake status / top
+  const failed = h ? h.failed : [];
   st.dataset.ready = String(snap.ready);
-  st.textContent = snap.ready ? "ready" : "not ready";
+  st.dataset.failed = failed.join(",");
+  st.textContent = snap.ready ? "ready" : "not ready" + (failed.length ? ": " + failed.join(", ") : "");
   st.className = "pill " + (snap.ready ? "ok" : "bad");
+  document.getElementById("reasons").textContent = h ? h.reasons.join(" · ") : "";
   document.getElementById("updated").textContent = new Date(snap.at * 1000).toLocaleTimeString();
   document.getElementById("errors").textContent = snap.errors.join(" · ");
   renderInstances(snap);
@@ -216,7 +233,26 @@ function follow() {
   es.onerror = () => offline("reconnecting…");
 }
 
-fetch(`/dashboard/api/snapshot?recent=${RECENT}`)
-  .then((r) => (r.ok ? r.json() : Promise.reject(new Error(`HTTP ${r.status}`))))
-  .then((snap) => { render(snap); if (LIVE) follow(); })
-  .catch((e) => { offline(`proxy unreachable (${e.message})`); if (LIVE) setTimeout(() => location.reload(), 3000); });
+// The first snapshot: embedded in the page by the proxy (rendered at once, before the load
+// event), else fetched; then the live stream.
+function embedded() {
+  try {
+    const tag = document.getElementById("first-snapshot");
+    const snap = tag ? JSON.parse(tag.textContent) : null;
+    return snap && snap.version ? snap : null;
+  } catch (e) {
+    return null;
+  }
+}
+
+const snap0 = embedded();
+if (snap0) {
+  render(snap0);
+  document.body.dataset.firstRenderMs = String(Math.round(performance.now()));
+  if (LIVE) follow();
+} else {
+  fetch(`/dashboard/api/snapshot?recent=${RECENT}`)
+    .then((r) => (r.ok ? r.json() : Promise.reject(new Error(`HTTP ${r.status}`))))
+    .then((snap) => { render(snap); if (LIVE) follow(); })
+    .catch((e) => { offline(`proxy unreachable (${e.message})`); if (LIVE) setTimeout(() => location.reload(), 3000); });
+}
