@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-vllm lint format test test-fast demo bench clean etcd chromium
+.PHONY: install install-vllm install-dynamo lint format test test-fast demo bench clean etcd chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,19 @@ $(VLLM_STAMP): $(STAMP)
 
 install-vllm: $(VLLM_STAMP)
 
+# NVIDIA Dynamo's runtime (its standalone KV indexer, python -m dynamo.indexer) for the router
+# test of the master's vLLM-format KV events (docs/integrations/routers.md): its own venv, no
+# torch, ~6 s from a warm cache.
+DYNAMO_VENV ?= .venv-dynamo
+DYNAMO_STAMP := $(DYNAMO_VENV)/.installed-dynamo
+$(DYNAMO_STAMP):
+	$(PYTHON) -m venv $(DYNAMO_VENV)
+	$(DYNAMO_VENV)/bin/python -m pip install -q ai-dynamo-runtime==1.6.1 2>&1 | grep -v "is ignored" ; test $${PIPESTATUS[0]} -eq 0
+	$(DYNAMO_VENV)/bin/python -c "import dynamo.llm"
+	touch $(DYNAMO_STAMP)
+
+install-dynamo: $(DYNAMO_STAMP)
+
 lint: install
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
@@ -63,7 +76,7 @@ format: install
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
-test: install install-vllm chromium lint
+test: install install-vllm install-dynamo chromium lint
 	$(BIN)/pytest -q
 
 test-fast: install
@@ -76,4 +89,4 @@ bench: install
 	$(BIN)/kvcake bench all
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache results
+	rm -rf $(VENV) $(DYNAMO_VENV) .pytest_cache .mypy_cache .ruff_cache results
