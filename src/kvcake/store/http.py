@@ -2,7 +2,8 @@
 Mooncake's: ``/metrics`` (Prometheus), ``/health``, ``/get_all_keys``, ``/query_key?key=``,
 ``/get_all_segments``, ``/hot_keys?limit=`` (kvcake's: the most recently used objects and
 their replicas, for the dashboard), and Mooncake's HTTP metadata protocol ``/metadata?key=``
-(:mod:`kvcake.store.metadata_http`). Everything reads the state through ``MasterState``
+(:mod:`kvcake.store.metadata_http`), and the routers' cache queries ``/batch_query_keys`` and
+``/query`` (:mod:`kvcake.store.router_queries`). Everything reads the state through ``MasterState``
 methods. More routers (e.g. the Mooncake compat layer's, issue 14) can be added with
 ``Master.extra_routers.append(router)`` before ``start``.
 """
@@ -19,6 +20,7 @@ from kvcake.core.http_auth import MASTER_HTTP
 from kvcake.store.httpserve import HttpThread
 from kvcake.store.metadata_http import metadata_router
 from kvcake.store.mooncake_metrics import MooncakeMasterCollector
+from kvcake.store.router_queries import router_queries
 
 if TYPE_CHECKING:
     from kvcake.store.master_server import Master
@@ -75,6 +77,7 @@ def build_app(master: Master) -> FastAPI:
         return state.hottest(int(limit))
 
     app.include_router(metadata_router(master.metadata_kv))
+    app.include_router(router_queries(master))  # /batch_query_keys, /query (routers)
     # Extension point: routers registered by other layers (compat's Mooncake admin API, ...).
     for router in master.extra_routers:
         app.include_router(router)
