@@ -236,3 +236,21 @@ def test_ranges_across_chunks_read_exactly(pool2: str, protocol: str) -> None:
             got = c.batch_get_into_ranges([key], [asked], guard)
             assert got == [sum(n for _, n in cuts)]
             assert [bytes(b) for b in bufs] == [v[o : o + n] for o, n in cuts]
+
+
+@pytest.mark.parametrize("where", ["shm", "tcp", "own"])
+def test_large_puts_sum_while_copying_and_get_the_same_sums(pool2: str, where: str) -> None:
+    """Values over one piece are summed as they are copied (own segment, a mapped peer) or in
+    a pass of their own (TCP): the master gets exactly core.integrity's sums either way."""
+    protocol = "tcp" if where == "tcp" else "auto"
+    seg = 8 << 20 if where == "own" else 0
+    with Client(ClientConfig(master=pool2, protocol=protocol, segment_size=seg)) as c:
+        opts = P.PutOptions(preferred_segments=list(c.segments)) if where == "own" else None
+        for size in (300 * 1024, 2 * CHUNK + 4097):
+            key = f"fused/{where}/{size}"
+            v = value(key, size)
+            c.put(key, v, opts)
+            desc = c.get_replica_desc(key)
+            assert desc.sums == checksums(key, v)
+            assert (desc.replicas[0].segment in c.segments) == (where == "own")
+            assert c.get(key) == v

@@ -14,6 +14,7 @@ Threading: a Client may be shared by threads (its master connection is locked pe
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ from kvcake.store.memtune import tune_malloc
 from kvcake.store.reads import ReadPath, byte_view
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
+from kvcake.store.verify import PIECE, write_summing
 from kvcake.transfer.errors import DirectoryUnreachable
 
 _T = TypeVar("_T")
@@ -237,7 +239,7 @@ class Client(ReadPath):
 
     def _sums(
         self, keys: Sequence[str], values: Sequence[Any], given: Sequence[Sequence[int]] | None
-    ) -> list[list[int]]:
+    ) -> list[list[int] | None]:
         """Each value's checksums: the caller's (checked for shape), else computed once here
         (the only place a put computes them: re-puts and copies carry them)."""
         if len(keys) != len(values):
@@ -252,7 +254,12 @@ class Client(ReadPath):
             return [list(g) for g in given]
         if not self.cfg.verify:
             return [[] for _ in keys]
-        return [integrity.checksums(k, byte_view(v)) for k, v in zip(keys, values, strict=True)]
+        # Large values: None, summed piece by piece while they are copied (_write_all)
+        views = [byte_view(v) for v in values]
+        return [
+            integrity.checksums(k, v) if v.nbytes <= PIECE else None
+            for k, v in zip(keys, views, strict=True)
+        ]
 
     def _put_many(
         self,
@@ -293,7 +300,7 @@ class Client(ReadPath):
         options: P.PutOptions | None,
         upsert: bool,
         tenant: str | None,
-        sums: list[list[int]],
+        sums: list[list[int] | None],
     ) -> list[Result]:
         if len(keys) != len(values):
             raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
@@ -335,9 +342,9 @@ class Client(ReadPath):
         views: list[memoryview],
         reply: P.Reply,
         started: list[str],
-        sums: list[list[int]],
+        sums: list[list[int] | None],
     ) -> list[Result]:
-        by_key = dict(zip(keys, sums, strict=True))
+        by_key: dict[str, list[int] | None] = dict(zip(keys, sums, strict=True))
         errors: dict[str, Exception] = {}
         writes: list[tuple[str, memoryview, P.ReplicaDesc]] = []
         files: list[tuple[str, memoryview, P.ReplicaDesc]] = []
@@ -349,12 +356,12 @@ class Client(ReadPath):
                 files.append((key, view, reps[-1]))
                 reps = reps[:-1]
             writes += [(key, view, rep) for rep in reps]
-        failed_writes = self._write_all(writes)
+        failed_writes = self._write_all(writes, by_key)
         if failed_writes:  # stale cached locations (a node restarted under its name): retry once
             again = [w for w in writes if w[0] in failed_writes]
             for seg in {rep.segment for _, _, rep in again}:
                 self.engine.registry.forget(seg)
-            failed_writes = self._write_all(again)
+            failed_writes = self._write_all(again, by_key)
         for key, exc in failed_writes.items():
             errors[key] = TransferFailed(f"{key!r}: {exc}")
         failed = [k for k in started if k in errors]
@@ -362,8 +369,11 @@ class Client(ReadPath):
         results: list[Result] = [errors.get(k) for k in keys]  # type: ignore[misc]
         if failed:
             self._revoke(failed)
+        for key, view in zip(keys, views, strict=True):  # not summed while written (e.g. TCP)
+            if by_key[key] is None:
+                by_key[key] = integrity.checksums(key, view)
         if done:
-            done_sums = [by_key[k] for k in done] if any(sums) else []
+            done_sums = [by_key[k] or [] for k in done] if any(by_key.values()) else []
             end = self.conn.call(P.PutEnd(self.id, done, sums=done_sums))
             codes = dict(zip(done, end.results, strict=True))
             results = [
@@ -374,7 +384,7 @@ class Client(ReadPath):
             ok = {k for k, r in zip(keys, results, strict=True) if r is None}
             for key, view, rep in files:
                 if key in ok:
-                    self._file_writer().submit(key, view, rep, by_key[key])
+                    self._file_writer().submit(key, view, rep, by_key[key] or [])
         return results
 
     def _file_writer(self) -> FileWriter:
@@ -390,14 +400,21 @@ class Client(ReadPath):
         return self._writer
 
     def _write_all(
-        self, writes: list[tuple[str, memoryview, P.ReplicaDesc]]
+        self,
+        writes: list[tuple[str, memoryview, P.ReplicaDesc]],
+        sums: dict[str, list[int] | None] | None = None,
     ) -> dict[str, Exception]:
-        """Copy every (key, value, replica); returns the keys that failed."""
+        """Copy every (key, value, replica); returns the keys that failed. ``sums[key]`` None:
+        the value's checksums are computed while it is copied into memory this process maps
+        (each piece summed right after its copy, while in the cache), and stored there."""
         failed: dict[str, Exception] = {}
         remote = []
         for key, view, rep in writes:
             own = self.segments.get(rep.segment)
-            if own is not None:  # our own segment: a plain memcpy
+            if own is not None and sums is not None and sums.get(key, []) is None:
+                dst = own[rep.offset : rep.offset + view.nbytes]
+                sums[key] = write_summing(key, view, functools.partial(_put_at, dst))
+            elif own is not None:  # our own segment: a plain memcpy
                 own[rep.offset : rep.offset + view.nbytes] = view
             else:
                 remote.append((key, view, rep))
@@ -412,10 +429,20 @@ class Client(ReadPath):
             return failed
         for key, view, rep in remote:
             try:
-                self.engine.write(rep.segment, rep.offset, view)
+                if (
+                    sums is not None
+                    and sums.get(key, []) is None
+                    and self.engine.reads_by_mapping(rep.segment)
+                ):  # a same-host peer: the write is a memory copy, sum each piece after it
+                    sums[key] = write_summing(key, view, functools.partial(self._write_at, rep))
+                else:
+                    self.engine.write(rep.segment, rep.offset, view)
             except KvcakeError as exc:
                 failed[key] = exc
         return failed
+
+    def _write_at(self, rep: P.ReplicaDesc, at: int, piece: memoryview) -> None:
+        self.engine.write(rep.segment, rep.offset + at, piece)
 
     # --- replicas -----------------------------------------------------------------------------
 
@@ -498,6 +525,10 @@ def _connection(address: str, *args: Any, **kw: Any) -> MasterConnection:
 
         return FailoverConnection(address, *args, **kw)
     return MasterConnection(address, *args, **kw)
+
+
+def _put_at(dst: memoryview, at: int, piece: memoryview) -> None:
+    dst[at : at + piece.nbytes] = piece
 
 
 def _raise(result: Result) -> None:

@@ -121,6 +121,23 @@ def _read_summing(
     return bad
 
 
+def write_summing(key: str, value: memoryview, write: ReadFn) -> list[int]:
+    """Copy ``value`` out through ``write(offset, piece)`` :data:`PIECE` bytes at a time and
+    return its checksums (core/integrity.py), each piece summed right after its copy, while it
+    is in the cache: a put's one computation of its sums, fused with its copy."""
+    seed = integrity.key_seed(key)
+    sums = []
+    for start in range(0, value.nbytes, integrity.CHUNK):
+        hasher = xxhash.xxh3_64(seed=integrity.chunk_seed(seed, start // integrity.CHUNK))
+        end = min(start + integrity.CHUNK, value.nbytes)
+        for at in range(start, end, PIECE):
+            piece = value[at : min(at + PIECE, end)]
+            write(at, piece)
+            hasher.update(piece)
+        sums.append(hasher.intdigest())
+    return sums
+
+
 def _bad_aligned(seed: int, sums: Sequence[int], off: int, view: memoryview) -> list[int]:
     """Bad chunk indexes of ``view``, the value's whole chunks from ``off`` (chunk aligned; the
     last one may end at the value's end): one digest call per chunk, no streaming state."""
