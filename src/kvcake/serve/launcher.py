@@ -75,7 +75,8 @@ class Cluster:
 
     # --- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> Cluster:
-        self.start()
+        if not self.children:  # `cluster.start()` then `with cluster:` starts it once
+            self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:

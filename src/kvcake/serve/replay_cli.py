@@ -134,14 +134,29 @@ def _conductor(cluster_config: str | None) -> Any:
     return load_conductor_config(cluster_config) if cluster_config else ConductorConfig()
 
 
+# The unit of each summary figure (ReplaySummary): shown in its own column.
+_UNITS = {"requests": "requests", "completed": "requests", "rejected": "requests (429)",
+          "errors": "requests", "dropped": "requests (never sent)", "duration_s": "s",
+          "ttft_p50": "s", "ttft_p90": "s", "ttft_p99": "s", "tbt_p50": "s", "tbt_p99": "s",
+          "output_tokens_per_s": "tokens/s", "requests_per_s": "requests/s",
+          "prefix_hit_rate": "% of prompt tokens from KV cache",
+          "effective_capacity": "% of sent requests meeting both SLOs"}  # fmt: skip
+_PERCENT = {"prefix_hit_rate", "effective_capacity"}
+
+
 def print_summary(console: Any, d: dict[str, Any], title: str) -> None:
     from rich.table import Table
 
     t = Table(title=title)
     t.add_column("metric")
     t.add_column("value", justify="right")
+    t.add_column("unit")
     for k, v in d.items():
-        t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
+        if k in _PERCENT and isinstance(v, float):
+            shown = f"{100 * v:.1f}"
+        else:
+            shown = f"{v:.3f}" if isinstance(v, float) else str(v)
+        t.add_row(k, shown, _UNITS.get(k, ""))
     console.print(t)
 
 
