@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from kvcake.core.errors import ConfigError, KvcakeError
 from kvcake.integrations.vllm.config import ConnectorConfig
+from kvcake.integrations.vllm.events import SchedulerEvents
 from kvcake.integrations.vllm.keys import BlockNamer
 from kvcake.integrations.vllm.loads import Loader, PendingLoad
 from kvcake.integrations.vllm.paged import PagedKV
@@ -106,6 +108,7 @@ class KvcakeConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             self.pool = PoolHandle(self.cfg, "vLLM scheduler", self.cfg.lookup_timeout_s, log)
             self.planner = Planner(self.namer, save=self.saves_enabled)
+            self.kv_events = SchedulerEvents()
             self._awaiting: dict[str, float] = {}  # P/D consumers waiting for the producer
             self.pd = PdScheduler(
                 self.engine_id, self.num_blocks, self.namer.block_tokens, self.cfg.pd_lease_s,
@@ -144,6 +147,7 @@ class KvcakeConnector(KVConnectorBase_V1):
     def update_connector_output(self, connector_output: Any) -> None:
         """The workers' step output: blocks whose load failed make their requests local misses
         from now on (vLLM recomputes them; a new lookup must not load them again)."""
+        self.kv_events.add(connector_output)  # the saved blocks, for take_events
         bad = set(getattr(connector_output, "invalid_block_ids", None) or ())
         if bad:
             failed = self.planner.load_failed(bad)
@@ -317,12 +321,21 @@ class KvcakeConnector(KVConnectorBase_V1):
                 continue
             rows = self.paged.empty(len(run.block_ids))
             self.paged.gather(run.block_ids, rows)  # vLLM may reuse the blocks after this step
-            self.saver.submit([self._mine(k) for k in run.keys], rows)
+            self.saver.submit([self._mine(k) for k in run.keys], rows, run.lineage)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         self._finish_load()
         errors, self._load_errors = self._load_errors, set()
         return errors | self.pdw.load_errors()
+
+    def get_kv_connector_kv_cache_events(self) -> Any:
+        """BlockStored of the blocks this worker saved since the last step (events.py)."""
+        return self.saver.events.take() if self.role == KVConnectorRole.WORKER else None
+
+    def take_events(self) -> Iterator[Any]:
+        """The workers' BlockStored events, for vLLM's KV-event publisher (scheduler side)."""
+        if self.role == KVConnectorRole.SCHEDULER:
+            yield from self.kv_events.take()
 
     def get_kv_connector_stats(self) -> Any:
         if self.role != KVConnectorRole.WORKER:

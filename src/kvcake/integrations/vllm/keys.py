@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvcake.core.hashing import block_hashes, block_key, rank_key, salted_root
+from kvcake.core.hashing import block_hashes, block_key, parse_block_key, rank_key, salted_root
 from kvcake.core.ids import BlockHash
+from kvcake.store.protocol import BlockMeta
 
 
 def tenant_root(tenant: str) -> BlockHash:
@@ -58,3 +59,20 @@ class BlockNamer:
     def objects(self, tokens: Sequence[int]) -> list[str]:
         """Every pool object of every full block of ``tokens`` (all ranks, block by block)."""
         return [o for k in self.keys(tokens) for o in self.all_ranks(k)]
+
+
+def lineage(
+    keys: Sequence[str], tokens: Sequence[int], start: int, stop: int, block: int
+) -> list[BlockMeta]:
+    """Blocks ``keys[start:stop]`` of a prompt (``keys``: all its block keys) with their parent
+    hash (None for the first block) and token ids: what routers' KV events need
+    (``integrations/vllm/events.py``, ``store/vllm_events.py``)."""
+    out = []
+    for i in range(start, min(stop, len(keys), len(tokens) // block)):
+        here = parse_block_key(keys[i])
+        before = parse_block_key(keys[i - 1]) if i else None
+        if here is None:
+            break
+        parent = int(before[0]) if before is not None else None
+        out.append(BlockMeta(int(here[0]), parent, list(tokens[i * block : (i + 1) * block])))
+    return out

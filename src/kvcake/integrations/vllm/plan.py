@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvcake.integrations.vllm.keys import BlockNamer
+from kvcake.integrations.vllm.keys import BlockNamer, lineage
+from kvcake.store.protocol import BlockMeta
 
 Exists = Callable[[list[str]], list[bool]]
 
@@ -31,6 +32,8 @@ class BlockRun:
     req_id: str
     keys: list[str]
     block_ids: list[int]
+    # saves: the blocks' parents and token ids (keys.lineage), for routers' KV events
+    lineage: list[BlockMeta] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.keys) != len(self.block_ids):
@@ -52,6 +55,7 @@ class _Track:
     local: int  # leading blocks vLLM had cached locally (block aligned)
     block_ids: list[int] = field(default_factory=list)
     saved: int = 0  # blocks [0, saved) are in the pool or queued to be
+    tokens: Sequence[int] = ()  # the prompt: the saved blocks' token ids
 
 
 class Planner:
@@ -86,7 +90,8 @@ class Planner:
         keys = self.namer.keys(prompt)
         pooled = self._pooled(keys, exists) if req_id not in self._failed else 0
         local = local_tokens // self.block_tokens
-        self._tracks[req_id] = _Track(keys, pooled, local, saved=pooled if save else len(keys))
+        saved = pooled if save else len(keys)
+        self._tracks[req_id] = _Track(keys, pooled, local, saved=saved, tokens=prompt)
         limit = (len(prompt) - 1) // self.block_tokens  # leave >= 1 token to compute
         hit = min(pooled, limit)
         return max(0, hit - local) * self.block_tokens
@@ -124,6 +129,7 @@ class Planner:
                         req_id,
                         track.keys[track.saved : ready],
                         track.block_ids[track.saved : ready],
+                        lineage(track.keys, track.tokens, track.saved, ready, self.block_tokens),
                     )
                 )
                 track.saved = ready

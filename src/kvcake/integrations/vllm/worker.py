@@ -13,13 +13,19 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Sequence
 
 import torch
 
 from kvcake.core import integrity
 from kvcake.core.errors import KvcakeError
+from kvcake.integrations.vllm.events import SavedBlocks
 from kvcake.integrations.vllm.pool import PoolHandle
 from kvcake.store.errors import NoSpace, ObjectAlreadyExists
+from kvcake.store.protocol import BlockMeta
+from kvcake.store.vllm_events import announce
+
+Job = tuple[list[str], torch.Tensor, Sequence[BlockMeta]]
 
 STAT_NAMES = (
     "load_blocks",
@@ -68,13 +74,16 @@ class Saver:
     def __init__(self, pool: PoolHandle, counters: Counters, max_jobs: int):
         self.pool = pool
         self.counters = counters
-        self._q: queue.Queue[tuple[list[str], torch.Tensor] | None] = queue.Queue(max_jobs)
+        self._q: queue.Queue[Job | None] = queue.Queue(max_jobs)
+        self.events = SavedBlocks()  # BlockStored of what was saved, for vLLM's KV events
         self._thread = threading.Thread(target=self._run, name="kvcake-save", daemon=True)
         self._thread.start()
 
-    def submit(self, keys: list[str], rows: torch.Tensor) -> None:
+    def submit(self, keys: list[str], rows: torch.Tensor, blocks: Sequence[BlockMeta] = ()) -> None:
+        """``blocks``: the lineage of ``keys``' blocks (same order), announced to the master
+        and published as KV events once saved; may be shorter (then those are not)."""
         try:
-            self._q.put_nowait((keys, rows))
+            self._q.put_nowait((keys, rows, blocks))
         except queue.Full:
             self.counters.add(save_dropped_blocks=len(keys))
 
@@ -83,11 +92,14 @@ class Saver:
             self._put(*job)
             self._q.task_done()
 
-    def _put(self, keys: list[str], rows: torch.Tensor) -> None:
+    def _put(self, keys: list[str], rows: torch.Tensor, blocks: Sequence[BlockMeta]) -> None:
         client = self.pool.client()
         if client is None:
             self.counters.add(save_dropped_blocks=len(keys))
             return
+        if blocks:
+            with contextlib.suppress(KvcakeError):  # a hint: the put does not depend on it
+                announce(client, list(blocks))
         t0 = time.perf_counter()
         # Host rows as bytes (a uint8 view: numpy has no bfloat16); the puts read these views.
         values = [memoryview(r.view(torch.uint8).numpy()) for r in rows]
@@ -99,6 +111,8 @@ class Saver:
             self.counters.add(save_error_blocks=len(keys))
             return
         ok = sum(r is None for r in results)
+        pooled = [r is None or isinstance(r, ObjectAlreadyExists) for r in results]
+        self.events.add([b for b, p in zip(blocks, pooled, strict=False) if p])
         existing = sum(isinstance(r, ObjectAlreadyExists) for r in results)
         errors = [r for r in results if r is not None and not isinstance(r, ObjectAlreadyExists)]
         if errors and not all(isinstance(e, NoSpace) for e in errors):
