@@ -34,6 +34,8 @@ def rec(i: int, **kw: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def log(tmp_path: Path) -> Path:
+    global NOW  # "now" of the records: at the test, not at import (--since is relative)
+    NOW = time.time()
     path = tmp_path / "requests.jsonl"
     w = RequestLog(path)
     for i in range(6):

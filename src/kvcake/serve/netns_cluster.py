@@ -251,7 +251,7 @@ class NetnsCluster:
         proxy = replace(self.conf.proxy, host=self.net["proxy"].addr, port=0,
                         prefill=tuple(u for n, u in urls.items() if n.startswith("prefill")),
                         decode=tuple(u for n, u in urls.items() if n.startswith("decode")),
-                        master=self.master)  # fmt: skip
+                        master=self.master, directory=self.directory)  # fmt: skip
         cfg = self.run_dir / "proxy.toml"
         cfg.write_text(toml_dump({"kv": self.conf.kv, "proxy": proxy}))
         argv = ["proxy", "--config", str(cfg), "--backend", self.conf.instance.backend]
