@@ -92,9 +92,15 @@ def _master(args: argparse.Namespace) -> int:
         "master",
         lambda: (
             f"master rpc={master.rpc_address} directory={master.directory_address} "
-            f"http={master.http_address} events={master.events_address}"
+            f"http={master.http_address} events={master.events_address}" + _vllm_events(master)
         ),
     )
+
+
+def _vllm_events(master: Any) -> str:
+    """The vLLM-format KV-event stream's PUB and replay addresses, when it is on."""
+    s = master.vllm_events
+    return f" vllm_events={s.address} vllm_replay={s.replay_address}" if s is not None else ""
 
 
 def _store_server(args: argparse.Namespace) -> int:
