@@ -41,8 +41,15 @@ def test_translate_only_announced_block_keys() -> None:
     assert [e.block_hashes[0] for e in out] == [blocks[1].hash, blocks[2].hash]
     assert out[0].parent_block_hash == blocks[0].hash and out[0].token_ids == TOKENS[16:32]
     assert translate([ev], table) == []  # already published in that medium
-    gone = StoreEvent(2, "p", StoreEventKind.REMOVED, tuple(keys))
-    assert [e.block_hashes for e in translate([gone], table)] == [[b.hash] for b in blocks[1:]]
+    disk = StoreEvent(2, "p", StoreEventKind.STORED, tuple(keys), "disk")  # offloaded
+    assert [e.medium for e in translate([disk], table)] == ["STORAGE", "STORAGE"]
+    evicted = StoreEvent(3, "p", StoreEventKind.EVICTED_MEMORY, tuple(keys[1:2]), "memory")
+    (ev_out,) = translate([evicted], table)
+    assert ev_out.block_hashes == [blocks[1].hash] and ev_out.medium == "CPU"
+    gone = StoreEvent(4, "p", StoreEventKind.REMOVED, tuple(keys))
+    out = [(e.block_hashes[0], e.medium) for e in translate([gone], table)]
+    b1, b2 = blocks[1].hash, blocks[2].hash
+    assert out == [(b1, "STORAGE"), (b2, "CPU"), (b2, "STORAGE")]
     with pytest.raises(ValueError, match="unsigned 64-bit"):
         table.learn(-5, None, [1])
 
