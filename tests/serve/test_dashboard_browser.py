@@ -126,10 +126,12 @@ def wait_idle(url: str) -> None:
 
 
 def size(v: float | None) -> str:
-    """The page's byte sizes: MiB below 1 GiB, GiB above."""
+    """The page's byte sizes: KiB below 1 MiB, MiB below 1 GiB, GiB above."""
     if v is None:
         return "–"
-    return f"{v / 2**30:.2f} GiB" if v >= 2**30 else f"{v / 2**20:.1f} MiB"
+    if v >= 2**30:
+        return f"{v / 2**30:.2f} GiB"
+    return f"{v / 2**20:.1f} MiB" if v >= 2**20 else f"{v / 2**10:.1f} KiB"
 
 
 def pct(v: float | None) -> str:

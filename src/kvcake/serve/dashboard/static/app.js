@@ -18,9 +18,9 @@ const fmt = {
   ms: (v) => (v == null ? dash : (1000 * v).toFixed(1) + " ms"),
   s: (v) => (v == null ? dash : v.toFixed(3) + " s"),
   mib: (v) => (v == null ? dash : (v / 1048576).toFixed(1) + " MiB"),
-  // sizes: MiB below 1 GiB, GiB above (binary units, as the pool reports bytes)
+  // sizes in binary units: KiB below 1 MiB (a block), MiB below 1 GiB, GiB above
   bytes: (v) => (v == null ? dash : v >= 1073741824 ? (v / 1073741824).toFixed(2) + " GiB"
-    : (v / 1048576).toFixed(1) + " MiB"),
+    : v >= 1048576 ? (v / 1048576).toFixed(1) + " MiB" : (v / 1024).toFixed(1) + " KiB"),
   text: (v) => (v == null ? dash : String(v)),
 };
 
