@@ -34,6 +34,7 @@ from kvcake.store.protocol import BlockMeta
 log = logging.getLogger(__name__)
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 MEDIUM = {"memory": "CPU", "disk": "STORAGE", "file": "STORAGE"}  # vLLM's medium names
+CLEAR_AFTER_S = 1.0  # a new publisher's AllBlocksCleared goes out at the latest after this
 MAX_TOKENS = 4096  # per block: a larger "block" is refused (bounds the table)
 
 
@@ -206,7 +207,11 @@ class VllmEventStream:
         self.dropped = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="master-vllm-events", daemon=True)
-        self._send([AllBlocksCleared()])  # a new publisher: forget what an older one said
+        # A new publisher makes consumers forget what an older one said: its first batch (seq 0)
+        # starts with AllBlocksCleared, sent with the first events or after CLEAR_AFTER_S idle,
+        # not at bind time, when reconnecting subscribers are not there yet to receive it.
+        self._cleared = False
+        self._born = time.monotonic()
 
     def start(self) -> None:
         self._thread.start()
@@ -230,13 +235,19 @@ class VllmEventStream:
             try:
                 batch = self._in.get(timeout=0.05)
             except queue.Empty:
-                continue
+                batch = []
             try:
                 events = translate(batch, self.table)
+                if not self._cleared and (events or self._idle_clear_due()):
+                    events.insert(0, AllBlocksCleared())
+                    self._cleared = True
                 if events:
                     self._send(events)
             except Exception:  # one bad batch must not stop the stream
                 log.exception("master: vLLM-format events: a batch failed")
+
+    def _idle_clear_due(self) -> bool:
+        return time.monotonic() - self._born >= CLEAR_AFTER_S
 
     def _serve_replay(self) -> None:
         frames = self._replay.recv_multipart()

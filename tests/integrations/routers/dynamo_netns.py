@@ -51,7 +51,9 @@ def poll(port: int, tokens: list[int], want: Any, timeout: float = 20.0) -> Any:
 
 
 def main(dynamo_python: str, http_port: int) -> None:
-    m = Master(MasterConfig(port=0, http_port=-1, events_port=-1, ecosystem_events_port=0))
+    # A fixed port (the namespace is private): a second master takes the first one's place.
+    cfg = MasterConfig(port=0, http_port=-1, events_port=-1, ecosystem_events_port=5557)
+    m = Master(cfg)
     m.start()
     node = StoreServer(StoreServerConfig(master=m.rpc_address, segment_size=4 << 20, http_port=-1))
     node.start()
@@ -73,6 +75,13 @@ def main(dynamo_python: str, http_port: int) -> None:
             out["stored"] = poll(http_port, TOKENS, lambda a: matched(a) == 64)
             c.remove(keys[2], force=True)
             out["after_remove"] = poll(http_port, TOKENS, lambda a: matched(a) == 32)
+        node.stop()
+        m.stop()
+        m = Master(cfg)  # a failover: the new publisher starts with AllBlocksCleared
+        m.start()
+        node = StoreServer(StoreServerConfig(master=m.rpc_address, http_port=-1))
+        node.start()
+        out["after_failover"] = poll(http_port, TOKENS, lambda a: not matched(a))
     finally:
         idx.terminate()
         idx.wait(5)

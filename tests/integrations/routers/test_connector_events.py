@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import msgspec
 import torch
 import zmq
-from vllm.distributed.kv_events import BlockStored, KVEventBatch
+from vllm.distributed.kv_events import AllBlocksCleared, BlockStored, KVEventBatch
 
 from kvcake.integrations.vllm.config import ConnectorConfig
 from kvcake.integrations.vllm.events import SchedulerEvents
@@ -72,8 +72,9 @@ def test_saved_blocks_become_vllm_events_on_both_streams() -> None:
         assert events[1].parent_block_hash == events[0].block_hashes[0]
         assert list(sched.take()) == []
         got: list = []
-        while len(got) < 3 and sub.poll(10_000):
+        while len(got) < 4 and sub.poll(10_000):
             got += msgspec.msgpack.decode(sub.recv_multipart()[2], type=KVEventBatch).events
+        assert got.pop(0) == AllBlocksCleared()  # the master's stream: a new publisher
         assert [(e.block_hashes, e.token_ids) for e in got] == [
             (e.block_hashes, e.token_ids) for e in events
         ]

@@ -15,6 +15,7 @@ import zmq
 
 from kvcake.core.api import StoreEvent, StoreEventKind
 from kvcake.core.hashing import block_key
+from kvcake.core.ports import free_port
 from kvcake.store.client import Client
 from kvcake.store.config import MasterConfig, StoreServerConfig
 from kvcake.store.master_server import Master
@@ -91,8 +92,9 @@ def test_master_stream_decoded_by_vllm(master: Master) -> None:
             assert all(r is None for r in c.batch_put(keys, [b"x" * 64] * 3))
             c.put("written-without-lineage", b"y" * 64)
             stored = _recv(sub)
-            while len(stored) < 3:
+            while len(stored) < 4:
                 stored += _recv(sub)
+            assert stored.pop(0) == kv_events.AllBlocksCleared()  # a new publisher's seq 0
             assert all(isinstance(e, kv_events.BlockStored) for e in stored)
             assert [e.block_hashes[0] for e in stored] == [b.hash for b in blocks]
             assert stored[0].parent_block_hash is None
@@ -123,7 +125,33 @@ def _check_replay(ctx: Any, address: str) -> None:
                 break
             seqs.append(n)
             first = first or DECODER.decode(payload).events
-        assert seqs == list(range(len(seqs))) and len(seqs) >= 3
-        assert first == [kv_events.AllBlocksCleared()]
+        assert seqs == list(range(len(seqs))) and len(seqs) >= 2  # stored, removed
+        assert first is not None and first[0] == kv_events.AllBlocksCleared()
     finally:
         req.close(0)
+
+
+def test_a_new_master_on_the_same_port_starts_with_all_blocks_cleared() -> None:
+    """A failover: the next master's stream restarts at seq 0 with AllBlocksCleared, received
+    by a subscriber that stayed connected (also when no event comes: after CLEAR_AFTER_S)."""
+    port = free_port()
+    cfg = MasterConfig(port=0, http_port=-1, events_port=-1, ecosystem_events_port=port)
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    seqs = []
+    try:
+        for _ in range(2):
+            m = Master(cfg)
+            m.start()
+            try:
+                assert sub.poll(10_000), "no batch from the new publisher"
+                _, seq, payload = sub.recv_multipart()
+                seqs.append(int.from_bytes(seq, "big"))
+                assert DECODER.decode(payload).events == [kv_events.AllBlocksCleared()]
+            finally:
+                m.stop()
+    finally:
+        sub.close(0)
+    assert seqs == [0, 0]
