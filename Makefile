@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-vllm install-dynamo install-lmcache lint format test test-fast demo bench clean etcd chromium
+.PHONY: install install-vllm install-dynamo install-lmcache install-sglang lint format test test-fast demo bench clean etcd chromium
 
 # pip's output goes to $(VENV)/install.log; the terminal gets one progress line per install
 # (packages collected, the current one), and the log's tail if pip fails.
@@ -99,6 +99,26 @@ $(LMC_STAMP): $(VLLM_STAMP)
 
 install-lmcache: $(LMC_STAMP)
 
+# SGLang 0.5.23 for its HiCache backend's tests (docs/integrations/sglang.md), in its own venv
+# layered on the vLLM venv like LMCache's (the project's CPU torch 2.13 serves SGLang's memory
+# pools; SGLang declares torch 2.14.1 + CUDA). Only SGLang itself (--no-deps) and the two
+# packages its mem_cache/storage modules import that the project lacks (orjson, IPython).
+# --no-compile: pip byte-compiling SGLang's 2,000 modules costs minutes; imports compile what
+# they use.
+SGL_VENV ?= .venv-sglang
+SGL_STAMP := $(SGL_VENV)/.installed-sglang
+$(SGL_STAMP): $(VLLM_STAMP)
+	$(PY) -m venv $(SGL_VENV)
+	echo '*' > $(SGL_VENV)/.gitignore  # a venv in the checkout is never committed
+	$(PY) -c "import site; print('import site; site.addsitedir(%r)' % site.getsitepackages()[0])" \
+	  > "$$($(SGL_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/_kvcake_layer.pth"
+	$(SGL_VENV)/bin/python -m pip install -q --no-compile --no-deps sglang==0.5.23 2>&1 | grep -v "is ignored" ; test $${PIPESTATUS[0]} -eq 0
+	$(SGL_VENV)/bin/python -m pip install -q --no-compile orjson IPython 2>&1 | grep -v -e "is ignored" -e "sglang 0.5.23 requires" -e "dependency conflicts" -e "resolver does not" ; test $${PIPESTATUS[0]} -eq 0
+	$(SGL_VENV)/bin/python -c "import torch, kvcake.integrations.sglang.keys, sglang.srt.mem_cache.hicache_storage; assert torch.__version__.startswith('2.13')"
+	touch $(SGL_STAMP)
+
+install-sglang: $(SGL_STAMP)
+
 lint: install
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
@@ -108,7 +128,7 @@ format: install
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
-test: install install-vllm install-dynamo install-lmcache chromium lint
+test: install install-vllm install-dynamo install-lmcache install-sglang chromium lint
 	$(BIN)/pytest -q
 
 test-fast: install
@@ -121,4 +141,4 @@ bench: install
 	$(BIN)/kvcake bench all
 
 clean:
-	rm -rf $(VENV) $(DYNAMO_VENV) $(LMC_VENV) .pytest_cache .mypy_cache .ruff_cache results
+	rm -rf $(VENV) $(DYNAMO_VENV) $(LMC_VENV) $(SGL_VENV) .pytest_cache .mypy_cache .ruff_cache results
