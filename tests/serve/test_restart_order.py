@@ -147,3 +147,6 @@ def test_restarts_in_every_order_heal(tmp_path: Path) -> None:
                 assert _pool_tokens(r) >= 64, (step, name, str(r.json()["usage"]["kvcake"]))
                 prefill_fresh = False
         print("seconds from restart to the first success:", [round(h, 1) for h in healed])
+    from kvcake.transfer import cleanup_stale
+
+    cleanup_stale()  # the SIGKILLed processes could not remove their /dev/shm segments
