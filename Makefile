@@ -12,7 +12,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # pip's output goes to $(VENV)/install.log; the terminal gets one progress line per install
 # (packages collected, the current one), and the log's tail if pip fails.
 INSTALL_LOG := $(VENV)/install.log
-PIP_PROGRESS = 2>&1 | tee -a $(INSTALL_LOG) | awk '/^Collecting / { n++; printf "\r    %3d packages collected: %-48.48s", n, $$2; fflush() } /^Installing collected/ { printf "\r    installing %d packages (log: $(INSTALL_LOG))%-30s", n, ""; fflush() } /^Successfully installed/ { printf "\r    done: %d packages%-60s\n", NF - 2, ""; fflush() }' ; test $${PIPESTATUS[0]} -eq 0 || { echo; echo "pip failed; the end of $(INSTALL_LOG):"; tail -25 $(INSTALL_LOG); exit 1; }
+PIP_PROGRESS = 2>&1 | tee -a $(INSTALL_LOG) | awk '/^Collecting / { n++; printf "\r    %3d packages collected: %-48.48s", n, $$2; fflush() } /^Installing collected/ { printf "\r    installing %d packages (log: $(INSTALL_LOG))%-30s", NF - 3, ""; fflush() } /^Successfully installed/ { printf "\r    done: %d packages%-60s\n", NF - 2, ""; fflush() }' ; test $${PIPESTATUS[0]} -eq 0 || { echo; echo "pip failed; the end of $(INSTALL_LOG):"; tail -25 $(INSTALL_LOG); exit 1; }
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
