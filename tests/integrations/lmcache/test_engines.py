@@ -1,0 +1,33 @@
+"""Two LMCache engines (separate processes) share chunks through kvcake as LMCache's remote
+storage (``remote_storage_plugins``), byte for byte; an engine expecting another layout gets
+misses with counted errors; a torn chunk is refused. Runs in the LMCache venv."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.integrations.lmcache.conftest import run_json
+from tests.store.procs import Proc
+
+os.environ.setdefault("PYTHONHASHSEED", "0")  # LMCache's chunk hashes must agree across processes
+
+
+def test_two_engines_share_chunks_through_kvcake(lmc_python: Path, pool: tuple[Proc, Proc]) -> None:
+    master = pool[0].info["rpc"]
+    wrote = run_json(lmc_python, "engine_proc.py", master, "store")
+    assert wrote["stored"] is True and wrote["chunks"] == 5, wrote  # 4 full chunks + 1 partial
+    read = run_json(lmc_python, "engine_proc.py", master, "load")
+    reader, other = read["reader"], read["other"]
+    assert isinstance(reader, dict) and isinstance(other, dict)
+    # The reader's L1 is empty (a new process): every token came from kvcake, bytes equal.
+    assert reader["tokens"] == 72 and reader["digest"] == wrote["digest"], reader
+    assert reader["errors"] == {"layout_mismatch": 0, "store_error": 0, "bad_put": 0}
+    # Same keys, one more layer: a miss with an error per chunk looked up, never a reshape.
+    assert other["tokens"] == 0, other
+    assert other["errors"]["layout_mismatch"] >= 1, other
+    # A chunk someone stored as float16 under a bfloat16 key: a counted miss.
+    assert reader["foreign_miss"] is True
+    # A MemoryObj whose buffer is shorter than its shape says: an error, nothing stored.
+    assert "its shapes/dtypes make" in str(reader["bad_put_error"])
+    assert reader["bad_put_stored"] is False
