@@ -62,11 +62,20 @@ def _install_stand_ins() -> None:
         sys.meta_path.insert(0, _InertFinder(absent))
 
 
-def pools(layout: str):  # type: ignore[no-untyped-def]
+def pools(layout: str, mla: bool = False):  # type: ignore[no-untyped-def]
     import torch
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
+    if mla:  # keys only: a latent of 16 + a rope part of 8 per token and layer
+        kv = MLATokenToKVPool(64, PAGE, torch.float32, 16, 8, LAYERS, "cpu", False)
+        host = MLATokenToKVPoolHost(
+            kv.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, layout, pin_memory=False,
+            device_capacity_tokens=kv.size, start_layer=kv.start_layer,
+            end_layer=kv.end_layer, target_layer_num=LAYERS,
+        )  # fmt: skip
+        return kv, host
     kv = MHATokenToKVPool(64, PAGE, torch.float32, HEADS, DIM, LAYERS, "cpu", False)
     host = MHATokenToKVPoolHost(
         kv.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, layout, pin_memory=False,
@@ -75,7 +84,7 @@ def pools(layout: str):  # type: ignore[no-untyped-def]
     return kv, host
 
 
-def backend(kind: str, master: str, host, rank: int = 0):  # type: ignore[no-untyped-def]
+def backend(kind: str, master: str, host, rank: int = 0, mla: bool = False):  # type: ignore[no-untyped-def]
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
@@ -83,7 +92,7 @@ def backend(kind: str, master: str, host, rank: int = 0):  # type: ignore[no-unt
              "class_name": "KvcakeHiCacheStorage", "interface_v1": 1, "master": master}  # fmt: skip
     cfg = HiCacheStorageConfig(
         tp_rank=rank, tp_size=2, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=False, enable_storage_metrics=False,
+        is_mla_model=mla, enable_storage_metrics=False,
         is_page_first_layout=host.layout.startswith("page_first"), model_name="org/smol",
         extra_config=extra if kind == "kvcake" else None,
     )  # fmt: skip
@@ -123,28 +132,30 @@ def page_bytes(host, idx) -> list[bytes]:  # type: ignore[no-untyped-def]
 
 
 def write(kind: str, master: str, layout: str, seed: int) -> dict:
-    _, host = pools(layout)
+    mla = kind.endswith("-mla")  # MLA: TP rank 0 writes the page every rank shares
+    _, host = pools(layout, mla)
     host.kv_buffer.copy_(page_data(host, seed))
-    store = backend(kind, master, host)
+    store = backend(kind.removesuffix("-mla"), master, host, 0, mla)
     idx = slots(1)
     ok = store.batch_set_v1(keys(seed), idx)
     digest = [b.hex()[:16] for b in page_bytes(host, idx)]
     print("written", flush=True)
     sys.stdin.readline()  # the reader is done
-    if kind == "kvcake":
+    if kind.startswith("kvcake"):
         store.close()
     return {"set": ok, "digest": digest}
 
 
 def read(kind: str, master: str, layout: str, seed: int) -> dict:
-    _, host = pools(layout)
+    mla = kind.endswith("-mla")  # MLA: TP rank 1 reads what rank 0 wrote
+    _, host = pools(layout, mla)
     host.kv_buffer.zero_()
-    store = backend(kind, master, host)
+    store = backend(kind.removesuffix("-mla"), master, host, int(mla), mla)
     idx = slots(3)  # other host slots than the writer's
     found = store.batch_exists(keys(seed) + keys(seed + 1))
     got = store.batch_get_v1(keys(seed), idx)
     missing = store.batch_get_v1(keys(seed + 1), idx)
-    _, ref = pools(layout)
+    _, ref = pools(layout, mla)
     ref.kv_buffer.copy_(page_data(ref, seed))
     equal = page_bytes(host, idx) == page_bytes(ref, slots(1))
     return {"exists": found, "get": got, "get_missing": missing, "equal": equal,

@@ -98,6 +98,15 @@ def test_kvcake_backend_two_workers_share_pages(master: str, layout: str) -> Non
     assert read["equal"] and read["nonzero"]
 
 
+def test_kvcake_backend_mla_pages_are_shared_by_tp_ranks(master: str) -> None:
+    """MLA (keys only): TP rank 0 writes, rank 1 of the same model reads the same objects."""
+    wrote, read = _pair("kvcake-mla", master, "page_first", 31, _env())
+    assert wrote["set"] == [True] * 4
+    assert read["exists"] == 4 and read["get"] == [True] * 4
+    assert read["get_missing"] == [False] * 4
+    assert read["equal"] and read["nonzero"]
+
+
 def test_kvcake_backend_refuses_bad_calls(master: str) -> None:
     run = subprocess.run([str(_python()), str(WORKER), "misuse", "kvcake", master, "page_first",
                           "5"], env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
