@@ -11,8 +11,8 @@ key that is not a kvcake block key) are not published in this format.
 Transport (vLLM's ``ZmqEventPublisher``): PUB frames ``[topic, seq (8 bytes big-endian),
 msgpack [ts, [events], dp_rank]]``; a ROUTER replay socket answers a start seq with the
 buffered ``(topic, seq, payload)`` from there on and ends with seq -1. A publisher (one master
-run, e.g. after a failover) starts at seq 0 with ``AllBlocksCleared``: consumers drop what an
-older master told them.
+run, e.g. after a failover) starts a new sequence (above any older one) with
+``AllBlocksCleared``: consumers drop what an older master told them.
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ from kvcake.store.protocol import BlockMeta
 log = logging.getLogger(__name__)
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 MEDIUM = {"memory": "CPU", "disk": "STORAGE", "file": "STORAGE"}  # vLLM's medium names
-CLEAR_AFTER_S = 1.0  # a new publisher's AllBlocksCleared goes out at the latest after this
+# A new publisher's first batch waits for its first subscriber, then this long for the others
+# (after a failover every router reconnects at once).
+FIRST_GRACE_S = 0.5
+MAX_HELD = 16384  # events held until then; beyond, the oldest are dropped
 MAX_TOKENS = 4096  # per block: a larger "block" is refused (bounds the table)
 
 
@@ -189,7 +192,7 @@ class VllmEventStream:
         self.table = table
         self._topic = topic.encode()
         ctx: Any = zmq.Context.instance()
-        self._pub = ctx.socket(zmq.PUB)
+        self._pub = ctx.socket(zmq.XPUB)  # XPUB: it tells when the first subscriber came
         self._replay = ctx.socket(zmq.ROUTER)
         for s in (self._pub, self._replay):
             s.setsockopt(zmq.LINGER, 0)
@@ -203,15 +206,20 @@ class VllmEventStream:
         self.replay_address = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self._in: queue.Queue[list[StoreEvent]] = queue.Queue(max_batches)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=replay_batches)
-        self.seq = -1  # last sent
+        # Last sent. A new publisher's sequence starts at the wall clock in microseconds, above
+        # any older publisher's (at most a few hundred batches a second): a consumer that saw an
+        # older master sees a forward gap, which it accepts (Dynamo does; a restart at 0 it took
+        # for old duplicates and dropped), not a step back.
+        self.seq = time.time_ns() // 1000 - 1
         self.dropped = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="master-vllm-events", daemon=True)
-        # A new publisher makes consumers forget what an older one said: its first batch (seq 0)
-        # starts with AllBlocksCleared, sent with the first events or after CLEAR_AFTER_S idle,
-        # not at bind time, when reconnecting subscribers are not there yet to receive it.
+        # A new publisher makes consumers forget what an older one said: its first batch
+        # starts with AllBlocksCleared. Sent at bind time it would reach no one (subscribers,
+        # reconnecting after a failover, are not there yet): it waits for a subscriber.
         self._cleared = False
-        self._born = time.monotonic()
+        self._first_sub: float | None = None
+        self._held: deque[_Event] = deque(maxlen=MAX_HELD)
 
     def start(self) -> None:
         self._thread.start()
@@ -232,22 +240,37 @@ class VllmEventStream:
         while not self._stop.is_set():
             if self._replay.poll(0):
                 self._serve_replay()
+            self._note_subscribers()
             try:
                 batch = self._in.get(timeout=0.05)
             except queue.Empty:
                 batch = []
             try:
                 events = translate(batch, self.table)
-                if not self._cleared and (events or self._idle_clear_due()):
-                    events.insert(0, AllBlocksCleared())
-                    self._cleared = True
+                if not self._cleared:
+                    events = self._hold_until_subscribed(events)
                 if events:
                     self._send(events)
             except Exception:  # one bad batch must not stop the stream
                 log.exception("master: vLLM-format events: a batch failed")
 
-    def _idle_clear_due(self) -> bool:
-        return time.monotonic() - self._born >= CLEAR_AFTER_S
+    def _note_subscribers(self) -> None:
+        while self._pub.poll(0):
+            msg = self._pub.recv()
+            if msg[:1] == b"\x01" and self._first_sub is None:
+                self._first_sub = time.monotonic()
+
+    def _hold_until_subscribed(self, events: list[_Event]) -> list[_Event]:
+        """Before the first batch: hold events (bounded) until a subscriber has been there
+        FIRST_GRACE_S; then everything held, after AllBlocksCleared."""
+        self._held.extend(events)
+        first = self._first_sub
+        if first is None or time.monotonic() - first < FIRST_GRACE_S:
+            return []
+        self._cleared = True
+        out: list[_Event] = [AllBlocksCleared(), *self._held]
+        self._held.clear()
+        return out
 
     def _serve_replay(self) -> None:
         frames = self._replay.recv_multipart()

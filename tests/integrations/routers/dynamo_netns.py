@@ -81,7 +81,9 @@ def main(dynamo_python: str, http_port: int) -> None:
         m.start()
         node = StoreServer(StoreServerConfig(master=m.rpc_address, http_port=-1))
         node.start()
+        t0 = time.monotonic()
         out["after_failover"] = poll(http_port, TOKENS, lambda a: not matched(a))
+        out["failover_s"] = round(time.monotonic() - t0, 2)
     finally:
         idx.terminate()
         idx.wait(5)

@@ -44,4 +44,7 @@ def test_dynamo_indexer_scores_the_pool_then_drops_a_removed_block() -> None:
     assert seen["put"] == [True] * 4
     assert seen["stored"]["instances"]["1"]["longest_matched"] == 64  # four blocks of 16
     assert seen["after_remove"]["instances"]["1"]["longest_matched"] == 32  # block 3 removed
-    assert not seen["after_failover"]["instances"].get("1", {}).get("longest_matched")
+    assert not seen["after_failover"]["instances"].get("1", {}).get("longest_matched"), (
+        seen,
+        proc.stderr[-3000:],
+    )
