@@ -131,19 +131,15 @@ def page_bytes(host, idx) -> list[bytes]:  # type: ignore[no-untyped-def]
             for i in range(PAGES)]  # fmt: skip
 
 
-def write(kind: str, master: str, layout: str, seed: int) -> dict:
+def write(kind: str, master: str, layout: str, seed: int, keep: list) -> dict:
     mla = kind.endswith("-mla")  # MLA: TP rank 0 writes the page every rank shares
     _, host = pools(layout, mla)
     host.kv_buffer.copy_(page_data(host, seed))
     store = backend(kind.removesuffix("-mla"), master, host, 0, mla)
     idx = slots(1)
     ok = store.batch_set_v1(keys(seed), idx)
-    digest = [b.hex()[:16] for b in page_bytes(host, idx)]
-    print("written", flush=True)
-    sys.stdin.readline()  # the reader is done
-    if kind.startswith("kvcake"):
-        store.close()
-    return {"set": ok, "digest": digest}
+    keep.append((kind, store, host))  # stays up until the reader is done
+    return {"set": ok}
 
 
 def read(kind: str, master: str, layout: str, seed: int) -> dict:
@@ -209,14 +205,26 @@ def misuse(master: str, seed: int) -> dict:
 
 
 def main() -> None:
-    role, kind, master, layout, seed = sys.argv[1:6]
+    """``ROLE KIND MASTER SEED CASES``: CASES is a comma list of host layouts (``+mla`` for an
+    MLA pool) and ``misuse``, run in this one process (SGLang's import costs ~10 s of CPU)."""
+    role, kind, master, seed, cases = sys.argv[1:6]
     _install_stand_ins()
+    res, keep = {}, []
+    for i, case in enumerate(cases.split(",")):
+        layout, _, flag = case.partition("+")
+        name = kind + ("-mla" if flag == "mla" else "")
+        if case == "misuse":
+            res[case] = misuse(master, int(seed) + i)
+        elif role == "write":
+            res[case] = write(name, master, layout, int(seed) + i, keep)
+        else:
+            res[case] = read(name, master, layout, int(seed) + i)
     if role == "write":
-        res = write(kind, master, layout, int(seed))
-    elif role == "read":
-        res = read(kind, master, layout, int(seed))
-    else:
-        res = misuse(master, int(seed))
+        print("written", flush=True)
+        sys.stdin.readline()  # the reader is done: a Mooncake client's pages live in its segment
+        for k, store, _ in keep:
+            if k.startswith("kvcake"):
+                store.close()
     print("RESULT " + json.dumps(res), flush=True)
 
 

@@ -61,10 +61,10 @@ def _result(out: str) -> dict:
     return dict(json.loads(lines[-1][len("RESULT ") :]))
 
 
-def _pair(kind: str, addr: str, layout: str, seed: int, env: dict[str, str]) -> tuple[dict, dict]:
-    """Worker A writes and stays up (a Mooncake client's pages live in its segment) until
-    worker B has read."""
-    args = [kind, addr, layout, str(seed)]
+def _pair(kind: str, addr: str, cases: str, env: dict[str, str]) -> tuple[dict, dict]:
+    """Worker A writes every case and stays up (a Mooncake client's pages live in its segment)
+    until worker B has read them."""
+    args = [kind, addr, "11", cases]
     writer = subprocess.Popen([str(_python()), str(WORKER), "write", *args], env=env,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -88,9 +88,14 @@ def _pair(kind: str, addr: str, layout: str, seed: int, env: dict[str, str]) -> 
     return _result("".join(seen) + rest), _result(reader.stdout + reader.stderr)
 
 
-@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-def test_kvcake_backend_two_workers_share_pages(master: str, layout: str) -> None:
-    wrote, read = _pair("kvcake", master, layout, 11 + len(layout), _env())
+@pytest.fixture(scope="module")
+def kvcake_runs(master: str) -> tuple[dict, dict]:
+    """kvcake's backend: MHA page_first, MHA layer_first, MLA page_first, and the bad calls
+    (in the reader), in one writer and one reader process."""
+    return _pair("kvcake", master, "page_first,layer_first,page_first+mla,misuse", _env())
+
+
+def _shared(wrote: dict, read: dict) -> None:
     assert wrote["set"] == [True] * 4
     assert read["exists"] == 4  # 4 pages of this prompt, none of the other
     assert read["get"] == [True] * 4
@@ -98,19 +103,20 @@ def test_kvcake_backend_two_workers_share_pages(master: str, layout: str) -> Non
     assert read["equal"] and read["nonzero"]
 
 
-def test_kvcake_backend_mla_pages_are_shared_by_tp_ranks(master: str) -> None:
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_kvcake_backend_two_workers_share_pages(
+    kvcake_runs: tuple[dict, dict], layout: str
+) -> None:
+    _shared(kvcake_runs[0][layout], kvcake_runs[1][layout])
+
+
+def test_kvcake_backend_mla_pages_are_shared_by_tp_ranks(kvcake_runs: tuple[dict, dict]) -> None:
     """MLA (keys only): TP rank 0 writes, rank 1 of the same model reads the same objects."""
-    wrote, read = _pair("kvcake-mla", master, "page_first", 31, _env())
-    assert wrote["set"] == [True] * 4
-    assert read["exists"] == 4 and read["get"] == [True] * 4
-    assert read["get_missing"] == [False] * 4
-    assert read["equal"] and read["nonzero"]
+    _shared(kvcake_runs[0]["page_first+mla"], kvcake_runs[1]["page_first+mla"])
 
 
-def test_kvcake_backend_refuses_bad_calls(master: str) -> None:
-    run = subprocess.run([str(_python()), str(WORKER), "misuse", "kvcake", master, "page_first",
-                          "5"], env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
-    res = _result(run.stdout + run.stderr)
+def test_kvcake_backend_refuses_bad_calls(kvcake_runs: tuple[dict, dict]) -> None:
+    res = kvcake_runs[1]["misuse"]
     for call in ("set_short", "get_short", "get_out_of_pool"):
         assert res[call] == [False] * 4, call
     assert res["untouched"]
@@ -129,12 +135,9 @@ def test_sglang_mooncake_store_over_the_shim(master: str, tmp_path: Path) -> Non
     assert got.returncode == 0, got.stderr
     env = _env({
         "PYTHONPATH": str(shim), "MOONCAKE_MASTER": master, "MOONCAKE_PROTOCOL": "tcp",
-        "MOONCAKE_TE_META_DATA_SERVER": "P2PHANDSHAKE", "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(32 << 20),
+        "MOONCAKE_TE_META_DATA_SERVER": "P2PHANDSHAKE",
+        "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(32 << 20),
         "LOCAL_HOSTNAME": "127.0.0.1", "SGLANG_HOST_IP": "127.0.0.1",
     })  # fmt: skip
-    wrote, read = _pair("mooncake", master, "page_first", 23, env)
-    assert wrote["set"] == [True] * 4
-    assert read["exists"] == 4
-    assert read["get"] == [True] * 4
-    assert read["get_missing"] == [False] * 4
-    assert read["equal"] and read["nonzero"]
+    wrote, read = _pair("mooncake", master, "page_first", env)
+    _shared(wrote["page_first"], read["page_first"])
