@@ -89,12 +89,14 @@ LMC_REQS := aiofile aiofiles blake3 aiohttp awscrt cryptography fastapi httpx 'h
   'setuptools_scm>=8' sortedcontainers torch 'transformers>=5.4' uvicorn httptools cachetools \
   google-api-core google-cloud-bigtable
 $(LMC_STAMP): $(VLLM_STAMP)
-	$(PY) -m venv $(LMC_VENV)
+	@# Without pip of its own (ensurepip takes long on a busy machine): $(VENV)'s pip installs
+	@# into it (pip --python).
+	$(PY) -m venv --without-pip $(LMC_VENV)
 	$(PY) -c "import site; print('import site; site.addsitedir(%r)' % site.getsitepackages()[0])" \
 	  > "$$($(LMC_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/_kvcake_layer.pth"
-	$(LMC_VENV)/bin/python -m pip install -q --no-deps lmcache==0.5.6 2>&1 | grep -v "is ignored" ; test $${PIPESTATUS[0]} -eq 0
-	$(LMC_VENV)/bin/python -m pip install -q $(LMC_REQS) 2>&1 | grep -v -e "is ignored" -e "outside environment" ; test $${PIPESTATUS[0]} -eq 0
-	$(LMC_VENV)/bin/python -c "import numpy, lmcache.v1.cache_engine, vllm, kvcake; assert numpy.__version__ <= '2.2.6'"
+	$(PY) -m pip --python $(LMC_VENV)/bin/python install -q --no-deps lmcache==0.5.6 2>&1 | grep -v "is ignored" ; test $${PIPESTATUS[0]} -eq 0
+	$(PY) -m pip --python $(LMC_VENV)/bin/python install -q $(LMC_REQS) 2>&1 | grep -v -e "is ignored" -e "outside environment" ; test $${PIPESTATUS[0]} -eq 0
+	$(LMC_VENV)/bin/python -c "import numpy, lmcache.v1.cache_engine, kvcake; assert numpy.__version__ <= '2.2.6'"
 	touch $(LMC_STAMP)
 
 install-lmcache: $(LMC_STAMP)

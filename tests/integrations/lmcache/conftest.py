@@ -6,6 +6,7 @@ in subprocesses of that venv's Python. Without the venv the tests fail and name 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -27,11 +28,15 @@ def lmc_python() -> Path:
     return LMC_PYTHON
 
 
-def run_json(python: Path, script: str, *args: str, timeout: float = 240) -> dict[str, object]:
+def run_json(
+    python: Path, script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 240
+) -> dict[str, object]:
     """Run ``script`` (in this directory) with the LMCache venv's Python; its last stdout line
-    is JSON. The log goes to the assertion message on failure."""
+    is JSON. The log goes to the assertion message on failure. PYTHONHASHSEED is fixed: LMCache
+    hashes chunks with Python's ``hash`` here, and the processes must agree on the keys."""
     proc = subprocess.run([str(python), str(HERE / script), *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)  # fmt: skip
+                          text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "PYTHONHASHSEED": "0", **(env or {})})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -1,16 +1,16 @@
 """Two LMCache engines (separate processes) share chunks through kvcake as LMCache's remote
 storage (``remote_storage_plugins``), byte for byte; an engine expecting another layout gets
-misses with counted errors; a torn chunk is refused. Runs in the LMCache venv."""
+misses with counted errors; a torn chunk is refused. And LMCache's own ``mooncakestore``
+connector over kvcake's Mooncake shim. The engines run in the LMCache venv."""
 
 from __future__ import annotations
 
-import os
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.integrations.lmcache.conftest import run_json
 from tests.store.procs import Proc
-
-os.environ.setdefault("PYTHONHASHSEED", "0")  # LMCache's chunk hashes must agree across processes
 
 
 def test_two_engines_share_chunks_through_kvcake(lmc_python: Path, pool: tuple[Proc, Proc]) -> None:
@@ -31,3 +31,21 @@ def test_two_engines_share_chunks_through_kvcake(lmc_python: Path, pool: tuple[P
     # A MemoryObj whose buffer is shorter than its shape says: an error, nothing stored.
     assert "its shapes/dtypes make" in str(reader["bad_put_error"])
     assert reader["bad_put_stored"] is False
+
+
+def test_lmcache_mooncakestore_connector_over_the_shim(
+    lmc_python: Path, pool: tuple[Proc, Proc], tmp_path: Path
+) -> None:
+    shim = tmp_path / "shim"
+    subprocess.run([sys.executable, "-m", "kvcake", "mooncake-shim", "install", "--target",
+                    str(shim)], check=True, capture_output=True, timeout=120)  # fmt: skip
+    env = {"BACKEND": "mooncakestore", "PYTHONPATH": str(shim)}
+    probe = subprocess.run([str(lmc_python), "-c", "import mooncake.store as s; print(s.__kvcake__)"],
+                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert probe.stdout.strip() == "True", probe  # LMCache's `import mooncake` finds the shim
+    master = pool[0].info["rpc"]
+    wrote = run_json(lmc_python, "engine_proc.py", master, "store", env=env)
+    assert wrote["stored"] is True and wrote["chunks"] == 5, wrote
+    reader = run_json(lmc_python, "engine_proc.py", master, "load", env=env)["reader"]
+    assert isinstance(reader, dict)
+    assert reader["tokens"] == 72 and reader["digest"] == wrote["digest"], reader
