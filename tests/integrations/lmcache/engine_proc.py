@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from typing import Any
 
 import torch
@@ -169,7 +170,9 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    finally:  # LMCache's non-daemon threads would keep a failed run alive
-        sys.stdout.flush()
+    except BaseException:
+        traceback.print_exc()
         sys.stderr.flush()
-        os._exit(1 if sys.exc_info()[0] else 0)
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)  # LMCache's non-daemon threads would keep the process alive

@@ -49,3 +49,17 @@ def test_lmcache_mooncakestore_connector_over_the_shim(
     reader = run_json(lmc_python, "engine_proc.py", master, "load", env=env)["reader"]
     assert isinstance(reader, dict)
     assert reader["tokens"] == 72 and reader["digest"] == wrote["digest"], reader
+
+
+def test_native_l2_plugin_under_lmcaches_mp_adapter(
+    lmc_python: Path, pool: tuple[Proc, Proc]
+) -> None:
+    """kvcake's ``native_plugin`` for ``lmcache server``, driven by LMCache's own
+    NativeConnectorL2Adapter: one adapter stores, another looks up and loads the same bytes;
+    a buffer of another size is a failed load, counted, and left untouched."""
+    got = run_json(lmc_python, "l2_proc.py", pool[0].info["rpc"])
+    assert got["stored"] is True, got
+    assert got["found"] == [True, True, False] and got["loaded"] == [True, True, False], got
+    assert got["equal"] == [True, True], got
+    assert got["misfit_loaded"] is False and got["misfit_untouched"] is True, got
+    assert got["errors"] == {"size_mismatch": 1, "store_error": 0}, got

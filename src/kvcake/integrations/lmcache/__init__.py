@@ -1,4 +1,5 @@
-"""kvcake as LMCache's remote storage (docs/integrations/lmcache.md).
+"""kvcake as LMCache's storage (docs/integrations/lmcache.md).
 
-``connector`` imports LMCache, so it is loaded only by LMCache itself (its plugin config names
-``kvcake.integrations.lmcache.connector``), in the LMCache venv; ``layout`` is pure Python."""
+``connector``: a ``RemoteConnector`` plugin for LMCache's in-process engine (imports LMCache, so
+it is loaded only by LMCache, in the LMCache venv). ``l2``: a ``native_plugin`` L2 for LMCache's
+multi-process server (plain Python). ``layout``: the layout header of chunks (pure Python)."""

@@ -1,0 +1,128 @@
+"""kvcake as an L2 of LMCache's multi-process server (``lmcache server``): a ``native_plugin``.
+
+LMCache wraps this object in its ``NativeConnectorL2Adapter``; configured as
+``{"type": "native_plugin", "module_path": "kvcake.integrations.lmcache.l2",
+"class_name": "KvcakeL2Client", "adapter_params": {"master": "127.0.0.1:50051"}}``.
+The interface: ``event_fd``, ``submit_batch_get/set/exists/delete`` (return a future id at
+once), ``drain_completions`` -> ``[(future_id, ok, error, per-key bools)]``, ``close``.
+
+This path hands over key strings and byte buffers only (no dtype/shape), so each object is
+``KVCAKEL2 || u64 length || bytes``; a get whose buffer length differs from what was stored
+fails for that key (logged, counted), and nothing is copied into the buffer. No LMCache import:
+the class is plain Python over kvcake's store client."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvcake.store.client import Client
+from kvcake.store.errors import ObjectAlreadyExists, ObjectNotFound, StoreError
+
+log = logging.getLogger(__name__)
+_HEAD = struct.Struct("<8sQ")
+MAGIC = b"KVCAKEL2"
+KEY_PREFIX = "lmcache-l2/"
+Completion = tuple[int, bool, str, list[bool] | None]
+
+
+class KvcakeL2Client:
+    def __init__(self, master: str, protocol: str = "auto", max_pending: int = 1024):
+        self.client = Client(master=master, protocol=protocol)
+        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._jobs: queue.Queue[tuple[int, Callable[[], list[bool]]] | None] = queue.Queue(
+            max_pending
+        )
+        self._done: list[Completion] = []
+        self._lock = threading.Lock()
+        self._next = 0
+        self.errors = {"size_mismatch": 0, "store_error": 0}
+        self._worker = threading.Thread(target=self._run, name="kvcake-l2", daemon=True)
+        self._worker.start()
+
+    def event_fd(self) -> int:
+        return self._efd
+
+    def _submit(self, job: Callable[[], list[bool]]) -> int:
+        with self._lock:
+            self._next += 1
+            fid = self._next
+        self._jobs.put((fid, job))  # blocks when max_pending jobs wait: bounded
+        return fid
+
+    def _run(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            fid, job = item
+            try:
+                done: Completion = (fid, True, "", job())
+            except StoreError as e:  # a whole-call failure (e.g. the master unreachable)
+                done = (fid, False, str(e), None)
+            with self._lock:
+                self._done.append(done)
+            os.eventfd_write(self._efd, 1)
+
+    def drain_completions(self) -> list[Completion]:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self._efd)
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def submit_batch_set(self, keys: Sequence[str], buffers: Sequence[Any]) -> int:
+        views = [memoryview(b).cast("B") for b in buffers]
+        if len(views) != len(keys):
+            raise ValueError(f"{len(keys)} keys, {len(views)} buffers")
+        return self._submit(lambda: [self._set(k, v) for k, v in zip(keys, views, strict=True)])
+
+    def _set(self, key: str, view: memoryview) -> bool:
+        with contextlib.suppress(ObjectAlreadyExists):  # content-addressed
+            self.client.put(KEY_PREFIX + key, _HEAD.pack(MAGIC, len(view)) + view)
+        return True
+
+    def submit_batch_get(self, keys: Sequence[str], buffers: Sequence[Any]) -> int:
+        views = [memoryview(b).cast("B") for b in buffers]
+        if len(views) != len(keys):
+            raise ValueError(f"{len(keys)} keys, {len(views)} buffers")
+        return self._submit(lambda: [self._get(k, v) for k, v in zip(keys, views, strict=True)])
+
+    def _get(self, key: str, view: memoryview) -> bool:
+        try:
+            blob = self.client.get(KEY_PREFIX + key)
+        except ObjectNotFound:
+            return False
+        except StoreError as e:
+            self.errors["store_error"] += 1
+            log.error("kvcake L2 get %s: %s", key, e)
+            return False
+        if (
+            len(blob) < _HEAD.size
+            or _HEAD.unpack_from(blob) != (MAGIC, len(view))
+            or len(blob) != _HEAD.size + len(view)
+        ):
+            self.errors["size_mismatch"] += 1
+            log.error(
+                "kvcake L2 get %s: stored object does not fit a %d-byte buffer", key, len(view)
+            )
+            return False
+        view[:] = memoryview(blob)[_HEAD.size :]
+        return True
+
+    def submit_batch_exists(self, keys: Sequence[str]) -> int:
+        return self._submit(lambda: self.client.batch_is_exist([KEY_PREFIX + k for k in keys]))
+
+    def submit_batch_delete(self, keys: Sequence[str]) -> int:
+        return self._submit(
+            lambda: [r is None for r in self.client.batch_remove([KEY_PREFIX + k for k in keys])]
+        )
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._worker.join(10)
+        self.client.close()
+        os.close(self._efd)
