@@ -51,6 +51,37 @@ def test_a_remount_that_raises_does_not_end_the_heartbeat() -> None:
         hb.stop()
 
 
+class MovedMaster:
+    """A new leader that knows us already (count 0) and hosts another directory."""
+
+    def call(self, msg: object) -> P.Reply:
+        return P.Reply(count=0, directory="127.0.0.1:2")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_leader_with_another_directory_is_followed_once() -> None:
+    """The nemesis found clients that kept a dead leader's directory: their first data call
+    registered them at the new leader, so no heartbeat ever said "remount"."""
+    using = ["127.0.0.1:1"]
+    remounts = []
+
+    def remount() -> None:
+        remounts.append(time.monotonic())
+        using[0] = "127.0.0.1:2"  # what Client._remount's directory follow does
+
+    hb = Heartbeater(MovedMaster(), "c1", "127.0.0.1", 0.06, [remount], lambda: using[0])  # type: ignore[arg-type]
+    hb.start()
+    try:
+        time.sleep(0.3)  # ~15 heartbeats
+    finally:
+        hb.stop()
+    assert len(remounts) == 1
+    no_directory = Heartbeater(MovedMaster(), "c1", "127.0.0.1", 1, [], lambda: "")  # type: ignore[arg-type]
+    assert not no_directory._directory_moved("127.0.0.1:2")  # an engine without one: nothing
+
+
 def test_a_failed_round_is_retried_soon_then_backs_off() -> None:
     hb = Heartbeater(ForgetfulMaster(), "c1", "127.0.0.1", 3.0, [])  # type: ignore[arg-type]
     waits = []

@@ -87,6 +87,8 @@ class Client(ReadPath):
             auth=auth,
             listen_port=transfer_port,
         )
+        if self.engine.directory is not None:
+            self.engine.directory.set_timeout(self._call_deadline(self.client_ttl_s))
         self.id = self.engine.owner
         self.host = self.cfg.hostname
         self.verify_reads = self.cfg.verify
@@ -116,7 +118,9 @@ class Client(ReadPath):
         deadline = self._call_deadline(self.client_ttl_s)
         hb_conn = _connection(self.cfg.master, deadline, retries=0, auth=auth)
         ttl_s = hello.client_ttl_ms / 1000
-        self.heartbeat = Heartbeater(hb_conn, self.id, self.host, ttl_s, self.remount_hooks)
+        self.heartbeat = Heartbeater(
+            hb_conn, self.id, self.host, ttl_s, self.remount_hooks, self._directory_in_use
+        )
         self.heartbeat.start()
         self._closed = False
 
@@ -163,6 +167,10 @@ class Client(ReadPath):
                 time.sleep(0.1)
                 self._follow_directory()
 
+    def _directory_in_use(self) -> str:
+        directory = self.engine.directory
+        return directory.address if directory is not None else ""
+
     def _directory_address(self) -> str:
         """The Transfer Engine directory of the master our connection reaches now."""
         return self.conn.call(P.Heartbeat("", self.host)).directory
@@ -176,7 +184,7 @@ class Client(ReadPath):
             from kvcake.transfer.metadata import DirectoryClient
 
             self.engine.directory = self.engine.registry.directory = DirectoryClient(
-                where, auth=self.auth
+                where, self._call_deadline(self.client_ttl_s), auth=self.auth
             )
             old.close()
         return where

@@ -233,6 +233,14 @@ class DirectoryClient:
         self._rid = 0
         self.boot = ""  # the boot id of the service's last reply ("" before the first)
 
+    def set_timeout(self, timeout_s: float) -> None:
+        """Each connect and reply waits at most this long (a frozen directory host must not
+        hold a caller for longer than its own deadline for the master)."""
+        with self._lock:
+            self._timeout = timeout_s
+            if self._sock is not None:
+                self._sock.settimeout(timeout_s)
+
     def _call(self, msg: msgspec.Struct) -> Reply:
         with self._lock:
             for attempt in (0, 1):
