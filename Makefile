@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-vllm install-dynamo install-lmcache install-sglang lint format test test-fast demo bench clean etcd chromium
+.PHONY: nftables install install-vllm install-dynamo install-lmcache install-sglang lint format test test-fast demo bench clean etcd chromium
 
 # pip's output goes to $(VENV)/install.log; the terminal gets one progress line per install
 # (packages collected, the current one), and the log's tail if pip fails.
@@ -37,6 +37,17 @@ etcd:
 	    apt-get install -y -q --no-install-recommends etcd-server >/dev/null 2>&1 || \
 	    { apt-get update -qq && apt-get install -y -q --no-install-recommends etcd-server >/dev/null; }; \
 	  else echo "etcd not installed (apt-get install etcd-server): HA tests will skip"; fi; }
+
+# nftables for the nemesis's network partitions (benchmarks/nemesis, tests/faults/test_nemesis.py):
+# per-pair drop rules between network namespaces. Without it the nemesis runs on loopback
+# without partitions and says so.
+nftables:
+	@command -v nft >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q --no-install-recommends nftables >/dev/null 2>&1 || \
+	    { apt-get update -qq && apt-get install -y -q --no-install-recommends nftables >/dev/null; }; \
+	  else echo "nftables not installed (apt-get install nftables): the nemesis runs without partitions"; fi; }
 
 # Chromium for the dashboard's browser test (tests/serve/test_dashboard_browser.py): Debian's
 # chromium, installed once as root (CI). The test is a required part of `make test`: without
@@ -130,7 +141,7 @@ format: install
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
-test: install install-vllm install-dynamo install-lmcache install-sglang chromium lint
+test: install install-vllm install-dynamo install-lmcache install-sglang chromium nftables lint
 	$(BIN)/pytest -q
 
 test-fast: install

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvcake.core import framing
-from kvcake.core.integrity import checksums
 from kvcake.core.ids import ClientId, SegmentName
+from kvcake.core.integrity import checksums
 from kvcake.store.config import MasterConfig
 from kvcake.store.disk import REP, DiskService, DiskTier, read_remote
 from kvcake.store.errors import ChecksumMismatch, InvalidParams, ObjectNotFound, RpcFailed
