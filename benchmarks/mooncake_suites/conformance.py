@@ -16,6 +16,7 @@ a Mooncake checkout (its ``mooncake-wheel/tests`` and ``scripts``) or a director
 
     python benchmarks/mooncake_suites/conformance.py --mooncake-src ~/Mooncake \\
         [--wheel-python /path/venv/bin/python] [--out DIR] [test_put_get_tensor.py ...]
+        [--env K=V ...] [--master-arg=--flag=value ...]   # what a suite's docstring asks for
 It exits 1 when a test passes on the wheel and not on kvcake (the goal is none); tests that
 pass on kvcake and fail on the wheel are listed but do not count against it.
 """
@@ -44,7 +45,10 @@ SUITE_TIMEOUT_S = 900
 # Suites that need no master (they start their own, or none).
 # The wheel's master listens on every interface by default: keep it on loopback.
 WHEEL_LOOPBACK = ["--rpc_address=127.0.0.1", "--metrics_host=127.0.0.1"]
-NO_MASTER = {"test_mooncake_config.py", "test_fast_copy.py", "test_cli.py"}
+NO_MASTER = {
+    "test_mooncake_config.py", "test_fast_copy.py", "test_cli.py",
+    "test_http_metadata_server.py", "test_http_metadata_server_startup.py",
+}  # fmt: skip
 
 
 def suites(src: Path, names: list[str]) -> list[Path]:
@@ -59,6 +63,12 @@ def suites(src: Path, names: list[str]) -> list[Path]:
             raise SystemExit(f"not found under {src}: {', '.join(missing)}")
         return [found[n] for n in names]
     return list(found.values())
+
+
+def per_side(values: list[str], side: str, out: Path) -> list[str]:
+    """``{side}`` and ``{out}`` in a --master-arg or --env value: e.g. a ``--root_fs_dir`` of
+    each side's own, so the wheel's offloaded files are not what kvcake's side reads."""
+    return [v.replace("{side}", side).replace("{out}", str(out)) for v in values]
 
 
 def master_flags(rpc: int, meta: int, metrics: int) -> list[str]:
@@ -119,6 +129,8 @@ def outcomes(xml: Path) -> dict[str, str]:
 
 def run_side(side: str, suite: Path, python: str, bin_dir: Path, env: dict[str, str],
              out: Path, extra: list[str]) -> dict[str, str]:  # fmt: skip
+    extra = per_side(extra, side, out)
+    env = dict(e.split("=", 1) for e in per_side([f"{k}={v}" for k, v in env.items()], side, out))
     xml = out / f"{suite.stem}.{side}.xml"
     log = out / f"{suite.stem}.{side}.log"
     cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
@@ -152,11 +164,16 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="logs and junit files (default: a temp dir)")
     ap.add_argument("--env", action="append", default=[], metavar="K=V",
                     help="more environment for both sides' suites (e.g. MC_LEGACY_RPC_PORT_BINDING=1)")  # fmt: skip
+    ap.add_argument("--master-arg", action="append", default=[], metavar="FLAG",
+                    help="one more flag for both sides' mooncake_master, as a suite's docstring "
+                    "asks (e.g. --master-arg=--enable_offload=true); {side} and {out} expand")  # fmt: skip
     a = ap.parse_args()
     if not a.mooncake_src:
         ap.error("give --mooncake-src or KVCAKE_MOONCAKE_SRC (a Mooncake checkout)")
     out = Path(a.out or tempfile.mkdtemp(prefix="mooncake-conformance-"))
     out.mkdir(parents=True, exist_ok=True)
+    if bad := [e for e in a.env if "=" not in e]:
+        ap.error(f"--env takes K=V: {bad}")
     extra_env = dict(e.split("=", 1) for e in a.env)
     scratch = out / "shim"
     kvcake = Path(a.kvcake_python).parent / "kvcake"
@@ -179,11 +196,11 @@ def compare(suite: Path, a: argparse.Namespace, scratch: Path, out: Path,
             extra_env: dict[str, str]) -> tuple[str, list[str]]:  # fmt: skip
     """One suite on both sides: its table row, and the tests only the wheel passes."""
     ours = run_side("kvcake", suite, a.kvcake_python, scratch / "bin",
-                    {**extra_env, "PYTHONPATH": str(scratch)}, out, [])  # fmt: skip
+                    {**extra_env, "PYTHONPATH": str(scratch)}, out, a.master_arg)  # fmt: skip
     theirs: dict[str, str] = {}
     if a.wheel_python:
         theirs = run_side("wheel", suite, a.wheel_python, Path(a.wheel_python).parent,
-                          extra_env, out, WHEEL_LOOPBACK)  # fmt: skip
+                          extra_env, out, [*WHEEL_LOOPBACK, *a.master_arg])  # fmt: skip
     diff = sorted(t for t in set(ours) | set(theirs) if a.wheel_python
                   and ours.get(t) != theirs.get(t))  # fmt: skip
     shown = "; ".join(f"{t}: wheel {theirs.get(t)}, kvcake {ours.get(t)}" for t in diff)

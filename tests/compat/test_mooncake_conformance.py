@@ -42,3 +42,18 @@ def test_every_test_the_wheel_passes_passes_on_kvcake(tmp_path: Path) -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     assert all(f"| {s} |" in run.stdout for s in present), run.stdout
+
+
+def test_master_args_and_env_expand_per_side(tmp_path: Path) -> None:
+    """``--master-arg`` / ``--env`` values name each side's own directory (pure logic)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mc_conformance", RUNNER)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    got = mod.per_side(
+        ["--root_fs_dir={out}/fs-{side}", "--promotion_on_hit=true"], "wheel", tmp_path
+    )
+    assert got == [f"--root_fs_dir={tmp_path}/fs-wheel", "--promotion_on_hit=true"]
+    assert mod.per_side(["P={out}/fs-{side}"], "kvcake", tmp_path) == [f"P={tmp_path}/fs-kvcake"]
