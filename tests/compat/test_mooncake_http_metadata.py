@@ -85,6 +85,38 @@ def test_handlers_called_directly_as_mooncake_suite_does() -> None:
     assert asyncio.run(run()) == [200, 400, 200]
 
 
+def test_route_handler_takes_an_aiohttp_style_request_as_the_wheels() -> None:
+    """``_handle_metadata(request)`` as the wheel's (Mooncake's newer suite calls it with an object
+    carrying ``method``, ``query``, ``read()``): keys stripped, blank refused, ``key in store``."""
+
+    class Req:
+        def __init__(self, method: str, key: str | None, body: bytes = b""):
+            self.method, self.body = method, body
+            self.query = {} if key is None else {"key": key}
+
+        async def read(self) -> bytes:
+            return self.body
+
+    async def run(srv: KVBootstrapServer) -> list[tuple[int, bytes, str]]:
+        calls = [
+            Req("PUT", "  k  ", b"v"),
+            Req("GET", "k"),
+            Req("PUT", "   ", b"v"),
+            Req("GET", None),
+        ]
+        return [
+            (r.status, r.body, r.content_type)
+            for r in [await srv._handle_metadata(c) for c in calls]
+        ]
+
+    srv = KVBootstrapServer(port=0)
+    got = asyncio.run(run(srv))
+    js = "application/json"  # the wheel's content type for every reply, errors too
+    assert got[:2] == [(200, b"metadata updated", js), (200, b"v", js)]
+    assert got[2:] == [(400, b"metadata key is required", js)] * 2
+    assert "k" in srv.store and "  k  " not in srv.store and "" not in srv.store
+
+
 def test_a_port_in_use_raises_instead_of_a_dead_server() -> None:
     import socket
 

@@ -39,6 +39,9 @@ class MetadataKV:
         with self._lock:
             return self._data.get(key)
 
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
+
     def _view(self, name: str) -> bytes | None:
         if self.directory is None:
             return None

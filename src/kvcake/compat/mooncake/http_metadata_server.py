@@ -98,10 +98,13 @@ class KVBootstrapServer:
                 return _reply(403, str(exc))
         return _reply(200, "metadata deleted")
 
-    async def _handle_metadata(self, method: str, key: str, request: Any) -> Reply:
-        key = key.strip()
+    async def _handle_metadata(self, request: Any) -> Reply:
+        """The route's handler, as the wheel's: ``request`` has aiohttp's ``.method``, ``.query``
+        and ``await .read()`` (Mooncake's newer suite calls it directly with such an object)."""
+        key = str(request.query.get("key", "")).strip()
         if not key:
             return _reply(400, "metadata key is required")
+        method = request.method
         if method == "GET":
             return await self._handle_get(key)
         if method == "PUT":
@@ -113,9 +116,11 @@ class KVBootstrapServer:
     def _app(self) -> Any:
         app = FastAPI()
 
-        class _Body:  # aiohttp's request.read() over Starlette's request
+        class _Request:  # aiohttp's request (method, query, read()) over Starlette's
             def __init__(self, request: Request):
                 self._request = request
+                self.method = request.method
+                self.query = request.query_params
 
             async def read(self) -> bytes:
                 return await self._request.body()
@@ -124,8 +129,7 @@ class KVBootstrapServer:
 
         @app.api_route("/metadata", methods=methods)
         async def metadata(request: Request) -> Response:
-            key = request.query_params.get("key", "")
-            r = await self._handle_metadata(request.method, key, _Body(request))
+            r = await self._handle_metadata(_Request(request))
             media = CONTENT_TYPE if r.content_type == "application/json" else r.content_type
             return Response(r.body, status_code=r.status, media_type=media)
 
