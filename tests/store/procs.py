@@ -9,7 +9,10 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from kvcake.core.ports import free_port
 
 
 @dataclass
@@ -58,3 +61,23 @@ def spawn(command: str, *flags: str, ready: str, timeout: float = 30) -> Proc:
         popen.wait(5)
         raise RuntimeError(f"{command} did not start:\n{''.join(proc.lines)}")
     return proc
+
+
+@contextlib.contextmanager
+def pool(segment: str = "64MiB", *master_flags: str) -> Iterator[str]:
+    """A master and one store-server with ``segment`` of memory, stopped on exit; yields the
+    master's ``host:port``."""
+    port = free_port()
+    addr = f"127.0.0.1:{port}"
+    procs: list[Proc] = []
+    try:
+        procs.append(
+            spawn("master", "--port", str(port), "--http-port", "-1", *master_flags, ready="master")
+        )
+        procs.append(
+            spawn("store-server", "--master", addr, "--segment-size", segment, ready="store-server")
+        )
+        yield addr
+    finally:
+        for p in reversed(procs):
+            p.stop()

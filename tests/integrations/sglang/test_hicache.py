@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcake.core.ports import free_port
-from tests.store.procs import Proc, spawn
+from tests.store import procs
 
 REPO = Path(__file__).resolve().parents[3]
 SGL_PY = REPO / ".venv-sglang" / "bin" / "python"
@@ -35,17 +34,8 @@ def _python() -> Path:
 
 @pytest.fixture(scope="module")
 def master() -> Iterator[str]:
-    port = free_port()
-    addr = f"127.0.0.1:{port}"
-    procs: list[Proc] = []
-    try:
-        procs.append(spawn("master", "--port", str(port), "--http-port", "-1", ready="master"))
-        procs.append(spawn("store-server", "--master", addr, "--segment-size", "64MiB",
-                           ready="store-server"))  # fmt: skip
+    with procs.pool("64MiB") as addr:
         yield addr
-    finally:
-        for p in reversed(procs):
-            p.stop()
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -21,8 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvcake.core.ports import free_port
-from tests.store.procs import Proc, spawn
+from tests.store import procs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 vllm = pytest.importorskip("vllm")
@@ -33,17 +32,8 @@ NUM_BLOCKS = 64
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[str]:
-    port = free_port()
-    addr = f"127.0.0.1:{port}"
-    procs: list[Proc] = []
-    try:
-        procs.append(spawn("master", "--port", str(port), "--http-port", "-1", ready="master"))
-        procs.append(spawn("store-server", "--master", addr, "--segment-size", "64MiB",
-                           ready="store-server"))  # fmt: skip
+    with procs.pool("64MiB") as addr:
         yield addr
-    finally:
-        for p in reversed(procs):
-            p.stop()
 
 
 class Engine:
