@@ -25,7 +25,7 @@ exec unshare -n bash -c '
   wait_port() { for _ in $(seq 150); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.2; done; return 1; }
   "$bin/mooncake_master" --rpc_port=50051 --default_kv_lease_ttl=500 \
     --enable_http_metadata_server=true --http_metadata_server_port=8080 >"$out/dummy.$side.master.log" 2>&1 & m=$!
-  trap "kill \$c \$m 2>/dev/null; wait" EXIT
+  trap "kill \$c 2>/dev/null; wait \$c; kill \$m 2>/dev/null; wait" EXIT  # the client first: it unpublishes from the master
   wait_port 50051 && wait_port 8080 || { echo "master did not start"; exit 2; }
   "$bin/mooncake_client" --master_server_address=127.0.0.1:50051 --global_segment_size=1GB \
     --port=50052 --host=127.0.0.1 --metadata_server=http://127.0.0.1:8080/metadata \

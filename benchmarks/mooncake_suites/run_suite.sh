@@ -36,8 +36,9 @@ for _ in $(seq 150); do
   (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null && (echo >/dev/tcp/127.0.0.1/$mport) 2>/dev/null && break
   sleep 0.2
 done
-# pytest-style suites (no unittest.main) run under pytest; the wheel's venv needs pytest then.
-runner=""; grep -q "unittest.main" "$dir/$suite" || runner="-m pytest -q -p no:cacheprovider"
+# A suite with a __main__ block runs as a script (as its users run it: unittest.main, or its own
+# argparse and TextTestRunner like test_tensor_api.py's --mode); one without runs under pytest.
+runner=""; grep -q "__main__" "$dir/$suite" || runner="-m pytest -q -p no:cacheprovider"
 cd "$dir" && PYTHONPATH=$pp MASTER_SERVER=127.0.0.1:$port MOONCAKE_MASTER=127.0.0.1:$port \
   MC_METADATA_SERVER=http://127.0.0.1:$mport/metadata DEFAULT_KV_LEASE_TTL=1000 PROTOCOL=tcp \
   DEVICE_NAME= timeout 900 "$py" $runner "$suite" "$@" 2>&1

@@ -71,6 +71,25 @@ def test_file_replica_is_readable_once_written_and_survives_eviction() -> None:
     st.check()
 
 
+def test_an_owner_with_an_ssd_tier_gets_its_evicted_objects_though_the_file_has_them() -> None:
+    """Mooncake's client offloads an evicted object to its local storage although root_fs_dir
+    has it too (LOCAL_DISK and DISK replicas; its promotion-on-hit starts from the former)."""
+    st, clock = make()
+    st.mount(NODE, "h", SegmentName("mem.ssd"), 4 * OBJ, Tier.DISK, "h:9")
+    for k in ("a", "b", "c"):
+        put(st, k)
+    clock.t += 2
+    while st.maybe_evict():
+        pass
+    offloads = [t.key for t in st.take_tasks(NODE) if t.kind == "offload"]
+    assert offloads, "no offload to the SSD tier"
+    assert tiers(st, offloads[0]) == ["file", "memory"]  # memory kept until the copy is done
+    for k in offloads:
+        st.task_done(NODE, "offload", k, True)
+    assert tiers(st, offloads[0]) == ["disk", "file"]
+    st.check()
+
+
 def test_remove_queues_the_unlink_and_holds_the_range_until_reaped() -> None:
     st, _ = make()
     off = put(st, "a")

@@ -141,12 +141,17 @@ class TieringMixin:
     def _evict_one(self, obj: ObjectMeta, offload: bool, evicted: list[str]) -> int:
         mem = obj.memory()
         freed = sum(r.size for r in mem)
-        if any(r.complete for r in obj.persistent()):
+        # A file-tier copy alone does not stop an offload to the owner's SSD tier: Mooncake's
+        # client offloads an evicted object to its local storage although root_fs_dir has it
+        # too (LOCAL_DISK and DISK replicas), and its promotion-on-hit works from the former.
+        if offload and not obj.disk() and self._start_offload(obj):
+            pass  # memory freed when the offload completes
+        elif any(r.complete for r in obj.persistent()):
             for rep in mem:
                 self._free(rep)
             obj.replicas = obj.persistent()
             evicted.append(obj.key)
-        elif not (offload and self._start_offload(obj)):
+        else:
             self._drop_object(obj, None)
             evicted.append(obj.key)
         self.evicted_objects += 1
