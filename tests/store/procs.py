@@ -11,7 +11,9 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
+from kvcake.core.errors import KvcakeError
 from kvcake.core.ports import free_port
 
 
@@ -81,3 +83,15 @@ def pool(segment: str = "64MiB", *master_flags: str) -> Iterator[str]:
     finally:
         for p in reversed(procs):
             p.stop()
+
+
+def unreadable(client: Any, values: dict[str, bytes]) -> list[str]:
+    """The keys of ``values`` that ``client`` cannot read back exactly, each with why."""
+    lost = []
+    for k, v in values.items():
+        try:
+            if bytes(client.get(k)) != v:
+                lost.append(f"{k}: wrong bytes")
+        except KvcakeError as exc:
+            lost.append(f"{k}: {type(exc).__name__}: {exc}")
+    return lost

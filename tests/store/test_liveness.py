@@ -11,11 +11,11 @@ import signal
 import threading
 import time
 
-from kvcake.core.errors import KvcakeError
 from kvcake.store import protocol as P
 from kvcake.store.client import Client
 from kvcake.store.liveness import Heartbeater
 from tests.store.conftest import Factory
+from tests.store.procs import unreadable
 
 
 class ForgetfulMaster:
@@ -105,14 +105,8 @@ def test_a_paused_master_keeps_its_clients(procs: Factory) -> None:
     finally:
         os.kill(master.popen.pid, signal.SIGCONT)
     time.sleep(1.5)  # the master's first housekeeping rounds after the wake
-    lost = []
     with Client(master=rpc) as client:
-        for k, v in values.items():
-            try:
-                if bytes(client.get(k)) != v:
-                    lost.append(f"{k}: wrong bytes")
-            except KvcakeError as exc:
-                lost.append(f"{k}: {type(exc).__name__}: {exc}")
+        lost = unreadable(client, values)
     assert not lost, f"{len(lost)} of {len(values)} keys lost: {lost[:3]}"
     assert not any("unmounted" in ln for ln in master.lines), "".join(master.lines)
     assert any("paused for" in ln for ln in master.lines), "".join(master.lines)

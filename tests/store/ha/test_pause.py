@@ -33,7 +33,7 @@ from kvcake.store.ha.election import read_leader
 from kvcake.store.ha.etcd import Etcd
 from kvcake.store.rpc import MasterConnection
 from tests.store.ha.conftest import EtcdServer, leader_proc, spawn_master
-from tests.store.procs import Proc, spawn
+from tests.store.procs import Proc, spawn, unreadable
 
 
 @contextmanager
@@ -167,13 +167,7 @@ def test_a_paused_leader_does_not_wipe_the_pool(etcd: EtcdServer) -> None:
             time.sleep(max(0.0, 7.0 - (time.monotonic() - t0)))
             os.kill(a.popen.pid, signal.SIGCONT)
             time.sleep(1.5)  # A wakes and steps down
-            lost = []
-            for k, v in values.items():
-                try:
-                    if bytes(client.get(k)) != v:
-                        lost.append(f"{k}: wrong bytes")
-                except KvcakeError as exc:
-                    lost.append(f"{k}: {type(exc).__name__}: {exc}")
+            lost = unreadable(client, values)
             assert not lost, f"{len(lost)} of {len(values)} acknowledged keys lost: {lost[:3]}"
             put.join(30)
             assert "error" not in put_out, put_out
