@@ -244,3 +244,25 @@ def test_sigkilled_node_restarts_under_its_name(procs: Factory) -> None:
         assert not c.is_exist("before")  # the dead node's objects went with its segment
         c.put("after", b"y" * 1000)
         assert c.get_replica_desc("after").replicas[0].segment == "node-a"
+
+
+def test_node_killed_before_it_rejoined_a_restarted_master(procs: Factory, tmp_path) -> None:
+    """A master restarted from its state dir knows node-a's segment but not yet where node-a
+    runs (node-a is paused, so it has not re-published). node-a is then SIGKILLed and restarted:
+    the master tells from the segment record's host and pid that the holder is gone, and the
+    new node mounts at once instead of being refused until the 30 s client TTL."""
+    state = ("--state-dir", str(tmp_path / "state"), "--client-ttl-s", "30")
+    master = procs("master", "--port", "0", "--http-port", "-1", *state)
+    rpc = master.info["rpc"]
+    node = procs("store-server", "--master", rpc, "--segment-size", "4MiB", "--name", "node-a")
+    node.popen.send_signal(signal.SIGSTOP)
+    master.stop(signal.SIGKILL)
+    port = rpc.rsplit(":", 1)[1]
+    procs("master", "--port", port, "--http-port", "-1", *state)
+    node.stop(signal.SIGKILL)
+    t0 = time.monotonic()
+    procs("store-server", "--master", rpc, "--segment-size", "4MiB", "--name", "node-a")
+    assert time.monotonic() - t0 < 15
+    with Client(master=rpc) as c:
+        c.put("after", b"y" * 1000)
+        assert c.get_replica_desc("after").replicas[0].segment == "node-a"

@@ -41,6 +41,7 @@ from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
 from kvcake.store.verify import PIECE, write_summing
 from kvcake.transfer.errors import DirectoryUnreachable
+from kvcake.transfer.registry import host_identity
 
 _T = TypeVar("_T")
 FAILOVER_S = 30.0  # as long as FailoverConnection waits for a new leader
@@ -133,7 +134,7 @@ class Client(ReadPath):
 
     def _mount(self, name: str) -> None:
         cap = self.segments[name].nbytes
-        self.conn.call(P.Mount(self.id, self.host, name, cap))
+        self.conn.call(P.Mount(self.id, self.host, name, cap, host_id=host_identity()))
 
     def _remount(self) -> None:
         """Publish our segments in the leader's directory, then mount them. A failover in

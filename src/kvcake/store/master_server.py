@@ -162,6 +162,7 @@ class MasterHandlers:
             m.endpoint,
             m.existing,
             m.existing_sums,
+            m.host_id,
         )
         return P.Reply(rejected=rejected, client_ttl_ms=int(self.state.cfg.client_ttl_s * 1000))
 
@@ -476,8 +477,12 @@ class Master:
         return process_gone(owner, host_id) or self.state.lease_expired(ClientId(owner))
 
     def _segment_owner_dead(self, client: ClientId, segment: SegmentName) -> bool:
+        """The segment's owner ran on this host and its pid is gone. Its host comes from the
+        directory or, before a restored owner re-published there, from the segment record."""
         host_id = self.directory.backend.host_of(client) if self.directory is not None else None
-        return host_id is not None and process_gone(client, host_id)
+        seg = self.state.segments.get(segment)
+        host_id = host_id or (seg.host_id if seg is not None else None)
+        return bool(host_id) and process_gone(client, host_id or "")
 
     def _client_gone(self, client: ClientId) -> None:
         if self.directory is None:

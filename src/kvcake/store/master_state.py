@@ -153,6 +153,7 @@ class MasterState(TieringMixin, FileTierMixin, AdminMixin, ReplicaOpsMixin):
         endpoint: str = "",
         existing: list[tuple[str, int]] | None = None,
         existing_sums: list[list[int]] | None = None,
+        host_id: str = "",
     ) -> list[str]:
         """Mount a segment; for a disk tier adopt the verified copies in ``existing`` (with
         their checksums, ``existing_sums``, in order) and return those the node must delete:
@@ -175,7 +176,7 @@ class MasterState(TieringMixin, FileTierMixin, AdminMixin, ReplicaOpsMixin):
                 )
             if seg is not None:
                 return []  # idempotent remount
-            seg = Segment(name, client, host, tier, RangeAllocator(capacity), endpoint)
+            seg = Segment(name, client, host, tier, RangeAllocator(capacity), endpoint, host_id)
             self.segments[name] = seg
             self._mem_segments = None
             self.clients[client].segments.add(name)

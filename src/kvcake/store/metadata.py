@@ -35,6 +35,7 @@ class Segment:
     tier: Tier
     allocator: RangeAllocator
     endpoint: str = ""  # disk tier: host:port of the node's disk service
+    host_id: str = ""  # the owner's transfer.registry.host_identity(): can its pid be checked here?
 
     def free_ratio(self) -> float:
         return self.allocator.free / self.allocator.capacity

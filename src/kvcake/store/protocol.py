@@ -66,6 +66,9 @@ class Mount(msgspec.Struct, tag=True):
     existing: list[tuple[str, int]] = []
     rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
     existing_sums: list[list[int]] = []  # the checksums of each ``existing`` copy, in order
+    # transfer.registry.host_identity() of the caller: a master on the same host tells a killed
+    # owner by its pid, also after the master itself restarted (the segment record keeps it)
+    host_id: str = ""
 
 
 class Unmount(msgspec.Struct, tag=True):

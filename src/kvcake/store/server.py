@@ -23,6 +23,7 @@ from kvcake.store.errors import ChecksumMismatch
 from kvcake.store.httpserve import HttpThread
 from kvcake.store.server_http import NodeMetrics, build_app
 from kvcake.store.verify import integrity_failed, report_bad
+from kvcake.transfer.registry import host_identity
 
 log = logging.getLogger(__name__)
 POLL_S = 0.02
@@ -102,6 +103,7 @@ class StoreServer:
                 self.disk_endpoint,
                 [(k, n) for k, n, _ in existing],
                 existing_sums=[sums for _, _, sums in existing],
+                host_id=host_identity(),
             )
         )
         for key in reply.rejected:

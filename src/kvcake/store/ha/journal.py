@@ -60,7 +60,13 @@ class JournaledState(MasterState):
         if seg is None:
             return SegGone(name)
         return SegRec(
-            seg.name, seg.client, seg.host, seg.tier.value, seg.allocator.capacity, seg.endpoint
+            seg.name,
+            seg.client,
+            seg.host,
+            seg.tier.value,
+            seg.allocator.capacity,
+            seg.endpoint,
+            seg.host_id,
         )
 
     def _obj_record(self, key: str) -> Record:

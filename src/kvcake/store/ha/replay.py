@@ -92,7 +92,9 @@ def build_state(
     for rec in view.segments.values():
         cid = ClientId(rec.client)
         alloc = restore_allocator(rec.capacity, live[rec.name])
-        seg = Segment(SegmentName(rec.name), cid, rec.host, Tier(rec.tier), alloc, rec.endpoint)
+        seg = Segment(
+            SegmentName(rec.name), cid, rec.host, Tier(rec.tier), alloc, rec.endpoint, rec.host_id
+        )
         state.segments[seg.name] = seg
         if seg.tier is Tier.FILE:  # the master's own (store/filetier.py): no client to expire
             continue

@@ -19,6 +19,7 @@ class SegRec(msgspec.Struct, tag="seg", array_like=True, frozen=True):
     tier: str
     capacity: int
     endpoint: str = ""
+    host_id: str = ""  # records before it was kept decode with ""
 
 
 class SegGone(msgspec.Struct, tag="unseg", array_like=True, frozen=True):
