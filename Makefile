@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: nftables install install-vllm install-dynamo install-lmcache install-sglang lint format test test-fast demo bench clean etcd chromium
+.PHONY: native nftables install install-vllm install-dynamo install-lmcache install-sglang lint format test test-fast demo bench clean etcd chromium
 
 # pip's output goes to $(VENV)/install.log; the terminal gets one progress line per install
 # (packages collected, the current one), and the log's tail if pip fails.
@@ -26,7 +26,23 @@ $(STAMP): pyproject.toml
 	@echo "==> installed (pip's full output: $(INSTALL_LOG))"
 	touch $(STAMP)
 
-install: $(STAMP) etcd
+install: $(STAMP) etcd native
+
+# kvcake.core.native: the fused copy-and-checksum (copysum.c), built for this machine's CPU with
+# Debian's libxxhash-dev (its xxhash.h, inlined). Without a compiler or the header the store
+# uses its pure-Python path (same sums, slower; docs/store.md, "Integrity") and this says so.
+NATIVE_DIR := src/kvcake/core/native
+native: $(NATIVE_DIR)/_copysum.so
+$(NATIVE_DIR)/_copysum.so: $(NATIVE_DIR)/copysum.c
+	@test -f /usr/include/xxhash.h || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q --no-install-recommends libxxhash-dev >/dev/null 2>&1 || \
+	    { apt-get update -qq && apt-get install -y -q --no-install-recommends libxxhash-dev >/dev/null; }; \
+	  fi; }
+	@if test -f /usr/include/xxhash.h && command -v cc >/dev/null; then \
+	  cc -O3 -march=native -shared -fPIC -Wall -Wextra -o $@ $< && echo "==> built $@"; \
+	else echo "kvcake.core.native not built (needs cc and libxxhash-dev): checksums use the pure-Python path"; fi
 
 # etcd for the store's HA tests (tests/store/ha): Debian's etcd-server, installed once as root
 # (CI); without root and without etcd the HA tests skip and say why.

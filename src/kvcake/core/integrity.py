@@ -22,7 +22,12 @@ from collections.abc import Sequence
 
 import xxhash
 
+from kvcake.core import native
+
 CHUNK = 1 << 20  # bytes per checksum; fixed: it is part of the on-disk and wire format
+# From here up a copy-and-sum goes through kvcake.core.native (when built): below it the
+# ctypes call costs more than the sums it saves (docs/store.md, "Integrity").
+NATIVE_MIN = 256 * 1024
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15  # spreads consecutive chunk indexes over the seed space
 
@@ -121,9 +126,24 @@ def copy_verified(
     """Copy ``src`` (the value's bytes from ``offset``, chunk aligned at both ends or the
     value's end) into ``dst`` one chunk at a time, summing each chunk while it is still in the
     cache; returns the bad chunk indexes. The copy and the check are one pass over memory."""
-    seed = key_seed(key)
-    bad: list[int] = []
     n = src.nbytes
+    if offset == 0 and n == size <= CHUNK:  # a one-chunk value (the small-value hot path)
+        part = dst[:n]
+        part[:] = src
+        digest = xxhash.xxh3_64_intdigest(part, seed=chunk_seed(key_seed(key), 0))
+        return [] if len(sums) == 1 and digest == sums[0] else [0]
+    seed = key_seed(key)
+    if (
+        native.AVAILABLE
+        and n >= NATIVE_MIN
+        and offset % CHUNK == 0
+        and (n % CHUNK == 0 or offset + n == size)
+    ):
+        first = offset // CHUNK
+        indexes = range(first, first + chunk_count(n))
+        got = native.copy_sum(dst[:n], src, CHUNK, [chunk_seed(seed, i) for i in indexes])
+        return [i for i, g in zip(indexes, got, strict=True) if i >= len(sums) or g != sums[i]]
+    bad: list[int] = []
     done = 0
     while done < n:
         index = (offset + done) // CHUNK

@@ -14,7 +14,6 @@ Threading: a Client may be shared by threads (its master connection is locked pe
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -422,7 +421,7 @@ class Client(ReadPath):
             own = self.segments.get(rep.segment)
             if own is not None and sums is not None and sums.get(key, []) is None:
                 dst = own[rep.offset : rep.offset + view.nbytes]
-                sums[key] = write_summing(key, view, functools.partial(_put_at, dst))
+                sums[key] = write_summing(key, view, dst)
             elif own is not None:  # our own segment: a plain memcpy
                 own[rep.offset : rep.offset + view.nbytes] = view
             else:
@@ -438,20 +437,18 @@ class Client(ReadPath):
             return failed
         for key, view, rep in remote:
             try:
-                if (
-                    sums is not None
-                    and sums.get(key, []) is None
-                    and self.engine.reads_by_mapping(rep.segment)
-                ):  # a same-host peer: the write is a memory copy, sum each piece after it
-                    sums[key] = write_summing(key, view, functools.partial(self._write_at, rep))
+                mapped = None
+                if sums is not None and sums.get(key, []) is None:
+                    mapped = self.engine.mapped_span(rep.segment, rep.offset, view.nbytes)
+                if mapped is not None and sums is not None:  # same host: a copy, summed as it goes
+                    span, check = mapped
+                    sums[key] = write_summing(key, view, span)
+                    check()
                 else:
                     self.engine.write(rep.segment, rep.offset, view)
             except KvcakeError as exc:
                 failed[key] = exc
         return failed
-
-    def _write_at(self, rep: P.ReplicaDesc, at: int, piece: memoryview) -> None:
-        self.engine.write(rep.segment, rep.offset + at, piece)
 
     # --- replicas -----------------------------------------------------------------------------
 
@@ -534,10 +531,6 @@ def _connection(address: str, *args: Any, **kw: Any) -> MasterConnection:
 
         return FailoverConnection(address, *args, **kw)
     return MasterConnection(address, *args, **kw)
-
-
-def _put_at(dst: memoryview, at: int, piece: memoryview) -> None:
-    dst[at : at + piece.nbytes] = piece
 
 
 def _raise(result: Result) -> None:

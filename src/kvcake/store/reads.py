@@ -26,7 +26,6 @@ from kvcake.store.readguard import ReadGuard, commit_under
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
 from kvcake.store.verify import (
-    PIECE,
     copy_from_view,
     fetch_verified,
     integrity_failed,
@@ -194,7 +193,7 @@ class ReadPath:
                 uninitialized_bytearray(size))  # fmt: skip
             read_remote(rep.endpoint, key, whole, self.engine.auth)
             self.disk_reads += 1
-            fetch_verified(key, sums, size, 0, whole, lambda o, v: None, chunked=False)
+            fetch_verified(key, sums, size, 0, whole, lambda o, v: None)
             if whole is not out:
                 out[:] = whole[off : off + out.nbytes]
             return
@@ -203,9 +202,27 @@ class ReadPath:
             src = own[rep.offset + off : rep.offset + off + out.nbytes]
             copy_from_view(key, sums, size, off, out, src)
             return
-        chunked = out.nbytes > PIECE and self.engine.reads_by_mapping(rep.segment)
+        mapped = self._mapped_span(rep, off, out.nbytes)
+        if mapped is not None:  # a same-host peer: one fused copy-and-sum out of its mapping
+            span, check = mapped
+            try:
+                copy_from_view(key, sums, size, off, out, span)
+            finally:
+                check()  # its owner died meanwhile: OwnerGone, not a checksum verdict
+            return
         read = lambda o, v: self._read_remote_memory(rep, o, v)  # noqa: E731
-        fetch_verified(key, sums, size, off, out, read, chunked)
+        fetch_verified(key, sums, size, off, out, read)
+
+    def _mapped_span(
+        self, rep: P.ReplicaDesc, off: int, n: int
+    ) -> tuple[memoryview, Callable[[], None]] | None:
+        """``rep``'s bytes ``[off, off + n)`` as a view of this process's mapping of a same-host
+        peer (None: not mapped here), looked up once per read however the value is cut."""
+        try:
+            return self.engine.mapped_span(rep.segment, rep.offset + off, n)
+        except KvcakeError:  # maybe a dead predecessor's location (see _read_remote_memory)
+            self.engine.registry.forget(rep.segment)
+            return self.engine.mapped_span(rep.segment, rep.offset + off, n)
 
     def _read_unverified(
         self,

@@ -5,8 +5,8 @@ in :mod:`kvcake.core.integrity`.
 
 Fetching for verification: a chunk is the unit of verification, so a read that covers part of
 a chunk fetches the whole chunk (into a scratch buffer) and verifies it before any byte of it
-is handed over. Copies are verified chunk by chunk while the chunk is still in the cache
-(``copy_verified`` for local memory; a read of one chunk then its sum for a mapped peer).
+is handed over. Copies out of memory this process maps (its own segments, a same-host peer's
+mapping) are verified chunk by chunk while the chunk is still in the cache (``copy_verified``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import xxhash
 from prometheus_client import Counter
 
-from kvcake.core import integrity
+from kvcake.core import integrity, native
 from kvcake.core.errors import StoreError
 from kvcake.store import protocol as P
 from kvcake.store.errors import ChecksumMismatch
@@ -36,7 +36,7 @@ FAILURES = Counter(
 )
 
 ReadFn = Callable[[int, memoryview], None]  # (offset in the value, out) -> fill out
-PIECE = 256 * 1024  # a mapped read is summed in pieces this big, while they are in the cache
+PIECE = 256 * 1024  # without kvcake.core.native, a put is summed in pieces this big, while hot
 
 
 def integrity_failed(path: str, key: str, segment: str, offset: int) -> None:
@@ -82,57 +82,40 @@ def scatter(ranges: Sequence[tuple[int, memoryview]], at: int, buf: memoryview) 
 
 
 def fetch_verified(
-    key: str, sums: Sequence[int], size: int, off: int, out: memoryview, read: ReadFn,
-    chunked: bool,
-) -> None:  # fmt: skip
+    key: str, sums: Sequence[int], size: int, off: int, out: memoryview, read: ReadFn
+) -> None:
     """Fill ``out`` with the value's bytes from ``off`` (chunk aligned at both ends or the
-    value's end) through ``read`` and verify them; ``chunked`` (a mapped peer, where a read is
-    a memory copy): read :data:`PIECE` bytes at a time and sum each piece while it is in the
-    cache; else (a network read) one read, then the sums. ChecksumMismatch names bad chunks."""
+    value's end) through one ``read`` (a network or disk read), then verify them.
+    ChecksumMismatch names the bad chunks. Memory this process maps is read with
+    :func:`copy_from_view` instead, which sums while it copies."""
     seed = integrity.key_seed(key)
-    if chunked and out.nbytes > PIECE:
-        bad = _read_summing(seed, sums, off, out, read)
-    elif out.nbytes == size and len(sums) == 1:  # a one-chunk value (the small-value hot path)
-        read(off, out)
+    read(off, out)
+    if out.nbytes == size and len(sums) == 1:  # a one-chunk value (the small-value hot path)
         if xxhash.xxh3_64_intdigest(out, seed=integrity.chunk_seed(seed, 0)) == sums[0]:
             return
         bad = [0]
     else:
-        read(off, out)
         bad = _bad_aligned(seed, sums, off, out)
     if bad or len(sums) != integrity.chunk_count(size):
         raise ChecksumMismatch(f"{key!r}: chunks {bad[:4] or 'all'} fail their checksums")
 
 
-def _read_summing(
-    seed: int, sums: Sequence[int], off: int, out: memoryview, read: ReadFn
-) -> list[int]:
-    bad = []
-    for start in range(0, out.nbytes, integrity.CHUNK):
-        index = (off + start) // integrity.CHUNK
-        hasher = xxhash.xxh3_64(seed=integrity.chunk_seed(seed, index))
-        end = min(start + integrity.CHUNK, out.nbytes)
-        for at in range(start, end, PIECE):
-            piece = out[at : min(at + PIECE, end)]
-            read(off + at, piece)
-            hasher.update(piece)
-        if index >= len(sums) or hasher.intdigest() != sums[index]:
-            bad.append(index)
-    return bad
-
-
-def write_summing(key: str, value: memoryview, write: ReadFn) -> list[int]:
-    """Copy ``value`` out through ``write(offset, piece)`` :data:`PIECE` bytes at a time and
-    return its checksums (core/integrity.py), each piece summed right after its copy, while it
-    is in the cache: a put's one computation of its sums, fused with its copy."""
+def write_summing(key: str, value: memoryview, dst: memoryview) -> list[int]:
+    """Copy ``value`` into ``dst`` (memory this process maps: its own segment, a same-host
+    peer's) and return its checksums (core/integrity.py), each piece summed right after its
+    copy, while it is in the cache: a put's one computation of its sums, fused with its copy."""
     seed = integrity.key_seed(key)
+    n = value.nbytes
+    if native.AVAILABLE and n >= integrity.NATIVE_MIN:
+        seeds = [integrity.chunk_seed(seed, i) for i in range(integrity.chunk_count(n))]
+        return native.copy_sum(dst[:n], value, integrity.CHUNK, seeds)
     sums = []
-    for start in range(0, value.nbytes, integrity.CHUNK):
+    for start in range(0, n, integrity.CHUNK):
         hasher = xxhash.xxh3_64(seed=integrity.chunk_seed(seed, start // integrity.CHUNK))
-        end = min(start + integrity.CHUNK, value.nbytes)
+        end = min(start + integrity.CHUNK, n)
         for at in range(start, end, PIECE):
-            piece = value[at : min(at + PIECE, end)]
-            write(at, piece)
+            piece = dst[at : min(at + PIECE, end)]
+            piece[:] = value[at : min(at + PIECE, end)]
             hasher.update(piece)
         sums.append(hasher.intdigest())
     return sums

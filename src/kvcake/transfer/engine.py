@@ -14,7 +14,7 @@ import itertools
 import logging
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvcake.core import auth as _auth
@@ -168,6 +168,21 @@ class TransferEngine:
             return isinstance(self._transport_for(self.registry.target(segment)), ShmTransport)
         except TransferError:
             return False
+
+    def mapped_span(
+        self, segment: str, offset: int, n: int
+    ) -> tuple[memoryview, Callable[[], None]] | None:
+        """Bytes ``[offset, offset + n)`` of a same-host segment as a view of this process's
+        mapping, to copy through directly (one lookup for a whole value, however it is cut),
+        and the check to call after the copy (raises OwnerGone if the owner died meanwhile).
+        None when ``segment`` is not reachable by mapping here."""
+        target = self.registry.target(segment)
+        check_range(segment, target.size, offset, n)
+        try:
+            transport = self._transport_for(target)
+        except TransferError:
+            return None
+        return transport.span(target, offset, n) if isinstance(transport, ShmTransport) else None
 
     def _plan(self, batch: Batch, requests: Sequence[TransferRequest]) -> list[Task]:
         """Validate each request (failing bad ones alone), coalesce, group per transport and

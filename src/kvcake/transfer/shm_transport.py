@@ -159,8 +159,12 @@ class ShmTransport(Transport):
             "its shared memory is no longer used"
         )
 
-    def _copy(self, op: Op, local: memoryview, target: SegmentInfo, offset: int) -> None:
-        n = local.nbytes
+    def span(
+        self, target: SegmentInfo, offset: int, n: int
+    ) -> tuple[memoryview, Callable[[], None]]:
+        """``target``'s bytes ``[offset, offset + n)`` as a view of this process's mapping, and
+        the check to call once done copying through it: it raises OwnerGone when the owner died
+        meanwhile (bytes read then must not be handed out; bytes written are lost)."""
         if target.owner == self._owner and target.name in self._segments:
             span = self._segments.get(target.name).view[offset : offset + n]
             live = None
@@ -170,13 +174,20 @@ class ShmTransport(Transport):
             live = pm.live
         if span.nbytes != n:
             raise shm.TransferError("target range beyond the mapped segment")
+
+        def check() -> None:
+            if live is not None and not live.alive():
+                raise self._gone(target)
+
+        return span, check
+
+    def _copy(self, op: Op, local: memoryview, target: SegmentInfo, offset: int) -> None:
+        span, check = self.span(target, offset, local.nbytes)
         if op is Op.WRITE:
             span[:] = local
         else:
             local[:] = span
-        # Checked after the copy: bytes read while (or after) the owner died are not handed out.
-        if live is not None and not live.alive():
-            raise self._gone(target)
+        check()  # after the copy: bytes read while (or after) the owner died are not handed out
 
     def tasks(self, batch: Batch, jobs: list[Job]) -> list[Task]:
         slices = [s for j in jobs for s in cut(j, max(j.length, 1))]
