@@ -307,7 +307,7 @@ class ReadPath:
             best = self._order(res.replicas)[0] if res.code == 0 else None
             if res.code != 0:
                 out.append(error_for(res.code, f"{key!r}: {res.message}"))
-            elif best is not None and best.tier == "memory" and best.segment not in self.segments:
+            elif best is not None and self._stages(best):
                 out.append(None)
                 fast.append((i, best))
             else:
@@ -315,6 +315,15 @@ class ReadPath:
         if fast:
             self._get_staged(keys, reply.results, fast, out, t0, lease_s)
         return [o if o is not None else InternalError("unreachable") for o in out]
+
+    def _stages(self, rep: P.ReplicaDesc) -> bool:
+        """A batch reads ``rep`` through the staging buffer (one engine batch for the network
+        reads); a copy this process maps (own, same-host peer) is read straight out instead."""
+        return (
+            rep.tier == "memory"
+            and rep.segment not in self.segments
+            and not self.engine.reads_by_mapping(rep.segment)
+        )
 
     def _get_staged(
         self,
