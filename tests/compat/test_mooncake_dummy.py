@@ -366,3 +366,46 @@ def test_a_request_cut_off_midway_is_dropped(bin_dir: Path, cluster: tuple[str, 
             assert _request(idle, W.Ping()).code == 0
     finally:
         client.stop()
+
+
+def test_bytes_changed_on_the_last_hop_are_refused(
+    cluster: tuple[str, Prog, str], dummy: MooncakeDistributedStore, monkeypatch
+) -> None:
+    """issue 30: the real client verified what it read from the pool; the dummy checks what
+    reached it through shared memory (and the reply frame) against the object's checksums, and
+    its puts carry sums of its own bytes, so a value changed on the way is never served."""
+    remote = dummy._client
+    real_rpc = remote._rpc
+    value = np.random.default_rng(5).bytes(6000)
+    assert dummy.put("hop", value) == 0 and dummy.get("hop") == value
+    ptr = dummy.alloc_from_mem_pool(MB)
+    assert dummy.register_buffer(ptr, MB) == 0
+
+    def corrupt_local_after(msg: object) -> tuple[W.Reply, bytes]:
+        reply, data = real_rpc(msg)
+        if isinstance(msg, W.Call) and msg.op in ("get", "get_into"):
+            remote._local_view(0, 1)[0] ^= 0xFF  # where a value lands in the local buffer
+            ctypes.memset(ptr, 0x55, 1)  # a registered destination, written in place
+        return reply, data
+
+    monkeypatch.setattr(remote, "_rpc", corrupt_local_after)
+    assert dummy.get("hop") == b""  # an error: Mooncake's get answers b""
+    assert dummy.get_into("hop", ptr, MB) == -801  # CHECKSUM_MISMATCH
+    monkeypatch.setattr(remote, "_rpc", real_rpc)
+    assert dummy.get("hop") == value  # the pool's copy was never bad
+
+    def corrupt_local_before(msg: object) -> tuple[W.Reply, bytes]:
+        if isinstance(msg, W.Call) and msg.op == "put":
+            remote._local_view(0, 1)[0] ^= 0xFF  # after the dummy summed and staged it
+        return real_rpc(msg)
+
+    monkeypatch.setattr(remote, "_rpc", corrupt_local_before)
+    assert dummy.put("hop2", value) == 0  # the master keeps the dummy's sums...
+    monkeypatch.setattr(remote, "_rpc", real_rpc)
+    assert dummy.get("hop2") == b""  # ...which the bytes that arrived do not match
+    normal = MooncakeDistributedStore()
+    assert normal.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 * MB, "tcp", "", cluster[0]) == 0
+    try:
+        assert normal.get("hop2") == b"" and normal.get("hop") == value
+    finally:
+        normal.close()

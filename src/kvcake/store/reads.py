@@ -299,8 +299,14 @@ class ReadPath:
             raise got
         return got
 
-    def batch_get(self, keys: Sequence[str]) -> list[bytearray | StoreError]:
+    def batch_get(
+        self, keys: Sequence[str], sums: list[list[int]] | None = None
+    ) -> list[bytearray | StoreError]:
+        """``sums`` (a list, filled in): each key's checksums as the master holds them, [] for
+        a miss (a relay hands them on, so its reader can check the last hop; see compat)."""
         reply, t0, lease_s = self._lookup(keys)
+        if sums is not None:
+            sums.extend(list(r.sums) if r.code == 0 else [] for r in reply.results)
         out: list[bytearray | StoreError | None] = []
         fast: list[tuple[int, P.ReplicaDesc]] = []  # (index, remote memory replica)
         for i, (key, res) in enumerate(zip(keys, reply.results, strict=True)):
@@ -395,13 +401,17 @@ class ReadPath:
     def batch_get_into(
         self, keys: Sequence[str], buffers: Sequence[Any],
         sources: list[P.ReplicaDesc | None] | None = None,
+        sums: list[list[int]] | None = None,
     ) -> list[int | StoreError]:  # fmt: skip
         """Read each key into its buffer: its size, or the error. With ``sources`` (a list, filled
-        in): the replica each key was read from (segment, tier), None where it failed."""
+        in): the replica each key was read from (segment, tier), None where it failed; with
+        ``sums``: as for :meth:`batch_get`."""
         if len(keys) != len(buffers):
             raise InvalidParams(f"{len(keys)} keys but {len(buffers)} buffers")
         views = [byte_view(b) for b in buffers]
         reply, t0, lease_s = self._lookup(keys)
+        if sums is not None:
+            sums.extend(list(r.sums) if r.code == 0 else [] for r in reply.results)
         out: list[int | StoreError] = []
         for key, view, res in zip(keys, views, reply.results, strict=True):
             if res.code != 0:

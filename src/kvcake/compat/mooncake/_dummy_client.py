@@ -23,9 +23,10 @@ import numpy as np
 from kvcake.compat.mooncake import _dummy_shm as shm
 from kvcake.compat.mooncake import _dummy_wire as W
 from kvcake.compat.mooncake._base import view
-from kvcake.core import framing
+from kvcake.core import framing, integrity
 from kvcake.core.errors import FramingError, StoreError
 from kvcake.store import errors as E
+from kvcake.store import verify
 from kvcake.store.protocol import PutOptions
 from kvcake.store.reads import byte_view
 from kvcake.store.rpc import split_address
@@ -161,17 +162,18 @@ class RemoteClient:
                         results[i] = E.InvalidParams(f"value of {v.nbytes} bytes > local buffer")
                         continue
                     if pos + v.nbytes > self.local_size:
-                        self._flush_puts(keys, batch, options, upsert, results)
+                        self._flush_puts(keys, views, batch, options, upsert, results)
                         batch, pos = [], 0
                     self._local_view(pos, v.nbytes)[:] = v
                     loc, pos = (W.LOCAL, pos, v.nbytes), pos + v.nbytes
                 batch.append((i, loc))
-            self._flush_puts(keys, batch, options, upsert, results)
+            self._flush_puts(keys, views, batch, options, upsert, results)
         return results
 
     def _flush_puts(
         self,
         keys: Sequence[str],
+        views: list[memoryview],
         batch: list[tuple[int, W.Loc]],
         options: PutOptions | None,
         upsert: bool,
@@ -180,7 +182,9 @@ class RemoteClient:
         if not batch:
             return
         op = "upsert" if upsert else "put"
-        call = W.Call(op, [keys[i] for i, _ in batch], [loc for _, loc in batch], options)
+        sums = [integrity.checksums(keys[i], views[i]) for i, _ in batch]
+        call = W.Call(op, [keys[i] for i, _ in batch], [loc for _, loc in batch], options,
+                      sums=sums)  # fmt: skip
         reply, _ = self._rpc(call)
         for (i, _), code in zip(batch, reply.codes, strict=True):
             results[i] = E.error_for(code, f"{keys[i]!r}: error {code}") if code else None
@@ -197,14 +201,16 @@ class RemoteClient:
         """Each value as ``bytes`` (one copy out of shared memory), or its error."""
         with self._lock:
             reply, data = self._rpc(W.Call("get", list(keys)))
+            sums = _sums_of(reply, len(keys))
             out: list[bytes | StoreError] = []
-            for key, code, (seg, off, n) in zip(keys, reply.codes, reply.locs, strict=True):
+            for i, (key, code, (seg, off, n)) in enumerate(
+                zip(keys, reply.codes, reply.locs, strict=True)
+            ):
                 if code:
                     out.append(E.error_for(code, f"{key!r}: error {code}"))
-                elif seg == W.LOCAL:
-                    out.append(bytes(self._local_view(off, n)))
-                else:
-                    out.append(data[off : off + n])
+                    continue
+                value = bytes(self._local_view(off, n)) if seg == W.LOCAL else data[off : off + n]
+                out.append(_checked(key, sums[i], memoryview(value)) or value)
             return out
 
     def get(self, key: str) -> bytearray:
@@ -250,8 +256,9 @@ class RemoteClient:
         data: bytes,
     ) -> list[int | StoreError]:
         out: list[int | StoreError] = []
-        for key, v, (seg0, _, _), code, n, (_, off, _) in zip(
-            keys, views, sent, reply.codes, reply.values, reply.locs, strict=True
+        sums = _sums_of(reply, len(keys))
+        for i, (key, v, (seg0, _, _), code, n, (_, off, _)) in enumerate(
+            zip(keys, views, sent, reply.codes, reply.values, reply.locs, strict=True)
         ):
             if code:
                 out.append(E.error_for(code, f"{key!r}: error {code}"))
@@ -260,7 +267,7 @@ class RemoteClient:
                 v[:n] = self._local_view(off, n)
             elif seg0 == W.INLINE:
                 v[:n] = data[off : off + n]
-            out.append(n)
+            out.append(_checked(key, sums[i], v[:n]) or n)  # in place: what the caller holds
         return out
 
     # --- metadata -----------------------------------------------------------------------------
@@ -289,6 +296,23 @@ class RemoteClient:
 
     def remove_by_regex(self, regex: str, force: bool = False) -> int:
         return self._rpc(W.Call("remove_regex", pattern=regex, force=force))[0].values[0]
+
+
+def _sums_of(reply: W.Reply, count: int) -> list[list[int]]:
+    if len(reply.sums) != count:
+        raise E.InternalError(f"the real client sent {len(reply.sums)} checksum lists for {count}")
+    return reply.sums
+
+
+def _checked(key: str, sums: list[int], value: memoryview) -> StoreError | None:
+    """The last hop's check: the bytes the dummy hands over, against the object's checksums
+    (the real client verified what it read from the pool; this covers shared memory and the
+    reply frame between the two)."""
+    bad = integrity.verify_whole(key, sums, value)
+    if not bad:
+        return None
+    verify.integrity_failed("dummy", key, "dummy-hop", -1)
+    return E.IntegrityError(f"{key!r}: chunks {bad[:4]} changed between the real client and here")
 
 
 def _raise(result: Result) -> None:

@@ -66,6 +66,9 @@ class Call(msgspec.Struct, tag=True):
     options: PutOptions | None = None
     force: bool = False
     pattern: str = ""
+    # puts: each value's checksums (core/integrity.py), computed by the dummy over its own
+    # bytes, so a corruption on the way through shared memory fails the next read
+    sums: list[list[int]] = []
 
 
 class Reply(msgspec.Struct, tag=True):
@@ -78,6 +81,9 @@ class Reply(msgspec.Struct, tag=True):
     codes: list[int] = []
     values: list[int] = []
     locs: list[Loc] = []
+    # gets: each value's checksums as the master holds them ([] for a failed key); the dummy
+    # verifies what it received through shared memory against them
+    sums: list[list[int]] = []
 
 
 REQUESTS: framing.Codec[msgspec.Struct] = framing.Codec(Attach, MapSeg, UnmapSeg, Ping, Call)

@@ -93,7 +93,9 @@ class Session:
         c, keys = self.client, msg.keys
         if msg.op in ("put", "upsert"):
             views = self._views(msg.locs, len(keys))
-            results = c._put_many(keys, views, msg.options, upsert=msg.op == "upsert")
+            results = c._put_many(
+                keys, views, msg.options, upsert=msg.op == "upsert", checksums=msg.sums or None
+            )
             return W.Reply(codes=[0 if r is None else r.code for r in results]), []
         if msg.op == "get":
             return self._get(keys)
@@ -119,17 +121,17 @@ class Session:
         """Values go into the dummy's local buffer while they fit, the rest inline. One key is
         read straight into the local buffer (no copy here) unless it does not fit."""
         local = self.segs.get(W.LOCAL)
+        sums: list[list[int]] = []
         if len(keys) == 1 and local is not None:
-            try:
-                n = self.client.get_into(keys[0], memoryview(local))
-                return W.Reply(codes=[0], locs=[(W.LOCAL, 0, n)]), []
-            except E.InvalidParams:
-                pass  # larger than the local buffer: inline, below
-            except StoreError as exc:
-                return W.Reply(codes=[exc.code], locs=[(W.INLINE, 0, 0)]), []
-        got = self.client.batch_get(keys)
+            one = self.client.batch_get_into(keys, [memoryview(local)], sums=sums)[0]
+            if not isinstance(one, StoreError):
+                return W.Reply(codes=[0], locs=[(W.LOCAL, 0, one)], sums=sums), []
+            if not isinstance(one, E.InvalidParams):  # InvalidParams: larger than the buffer
+                return W.Reply(codes=[one.code], locs=[(W.INLINE, 0, 0)], sums=[[]]), []
+            sums = []
+        got = self.client.batch_get(keys, sums=sums)
         room = len(local) if local is not None else 0
-        reply, pos, inline = W.Reply(), 0, 0
+        reply, pos, inline = W.Reply(sums=sums), 0, 0
         parts: list[bytes | bytearray | memoryview] = []
         for g in got:
             if isinstance(g, StoreError):
@@ -158,8 +160,9 @@ class Session:
             views.append(
                 memoryview(bytearray(n)) if seg == W.INLINE else self._view((seg, _off, n))
             )
-        results = self.client.batch_get_into(keys, views)
-        reply, inline = W.Reply(), 0
+        sums: list[list[int]] = []
+        results = self.client.batch_get_into(keys, views, sums=sums)
+        reply, inline = W.Reply(sums=sums), 0
         parts: list[bytes | bytearray | memoryview] = []
         for (seg, off, _n), view, r in zip(locs, views, results, strict=True):
             if isinstance(r, StoreError):
