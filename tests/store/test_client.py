@@ -174,3 +174,37 @@ def test_batch_get_into_ranges_scatters_parts_of_values(client: Client) -> None:
     guard.cancel()
     assert time.monotonic() - t0 > 0.1  # returned only once the copy was over
     t.join()
+
+
+def test_a_cancel_stops_a_large_mapped_read_between_chunks(pool: tuple[Proc, Proc]) -> None:
+    """issue 37: a same-host read into caller ranges is one C copy under the guard; cancel()
+    sets the guard's stop flag, the copy ends at its next chunk boundary, the key fails, and
+    once cancel() has returned no byte lands any more."""
+    import threading
+    import time
+
+    from kvcake.core import native
+    from kvcake.store.readguard import ReadGuard
+
+    assert native.AVAILABLE
+    client = Client(master=pool[0].info["rpc"])  # auto: the node's segment is mapped here
+    size = 48 << 20  # 48 chunks: a copy of tens of milliseconds
+    client.put("big-scatter", np.full(size, 7, np.uint8))
+    dests = [np.zeros(size // 4, np.uint8) for _ in range(4)]
+    ranges = [(i * (size // 4), d) for i, d in enumerate(dests)]
+    guard = ReadGuard()
+    out: list[object] = []
+    t = threading.Thread(
+        target=lambda: out.extend(client.batch_get_into_ranges(["big-scatter"], [ranges], guard))
+    )
+    t.start()
+    while not any(d[0] for d in dests):  # the copy is under way
+        time.sleep(0.0005)
+    guard.cancel()
+    landed = sum(int(np.count_nonzero(d)) for d in dests)
+    time.sleep(0.05)
+    t.join(10)
+    assert sum(int(np.count_nonzero(d)) for d in dests) == landed  # nothing after cancel()
+    assert landed < size and isinstance(out[0], Exception), (landed, out)
+    client.remove("big-scatter", force=True)
+    client.close()

@@ -11,6 +11,8 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
+from kvcake.core import native
+from kvcake.core.native import StopFlag
 from kvcake.store.errors import TransferFailed
 
 
@@ -23,8 +25,14 @@ class ReadGuard:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.cancelled = False
+        # read by a native copy in progress between chunks (core.native.scatter_sum)
+        self.stop = StopFlag() if native.AVAILABLE else None
 
     def cancel(self) -> None:
+        """Once this returns, no byte reaches the caller's buffers any more. It waits for a
+        copy in progress, which the stop flag ends at its next chunk boundary (<= 1 MiB)."""
+        if self.stop is not None:
+            self.stop.set()
         with self._lock:
             self.cancelled = True
 

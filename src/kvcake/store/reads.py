@@ -8,8 +8,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvcake.core import integrity, native
 from kvcake.core.errors import KvcakeError, StoreError
-from kvcake.core.integrity import CHUNK
+from kvcake.core.integrity import CHUNK, chunk_count
 from kvcake.store import protocol as P
 from kvcake.store.disk import read_remote
 from kvcake.store.errors import (
@@ -62,6 +63,17 @@ def byte_view(value: Any) -> memoryview:
     if not view.c_contiguous:
         raise InvalidParams("buffer must be C-contiguous")
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _disjoint(ranges: Sequence[tuple[int, memoryview]]) -> bool:
+    """No two ranges ask for the same byte of the value (the native scatter sums each byte
+    once, in the one buffer it lands in)."""
+    end = -1
+    for off, out in sorted(ranges, key=lambda r: r[0]):
+        if off < end:
+            return False
+        end = max(end, off + out.nbytes)
+    return True
 
 
 class ReadPath:
@@ -170,10 +182,14 @@ class ReadPath:
             with commit_under(guard):
                 scatter(ranges, 0, value)
             return
-        # A copy in this process's memory or a mapped peer's goes chunk by chunk through one
-        # scratch buffer (fetched, verified while hot, handed over under the guard before the
-        # next chunk); a network read takes each span of chunks in one round trip.
         mapped = rep.segment in self.segments or self.engine.reads_by_mapping(rep.segment)
+        if mapped and native.AVAILABLE and _disjoint(ranges):
+            self._scatter_mapped(key, res, rep, ranges, guard)
+            return
+        # Without the native helper, a copy in this process's memory or a mapped peer's goes
+        # chunk by chunk through one scratch buffer (fetched, verified while hot, handed over
+        # under the guard before the next chunk); a network read takes each span of chunks in
+        # one round trip.
         for lo, hi in spans(size, ranges):
             step = CHUNK if mapped else hi - lo
             scratch = memoryview(uninitialized_bytearray(min(step, hi - lo)))
@@ -182,6 +198,57 @@ class ReadPath:
                 self._fetch(key, res, rep, start, buf)
                 with commit_under(guard):
                     scatter(ranges, start, buf)
+
+    def _scatter_mapped(
+        self,
+        key: str,
+        res: P.KeyResult,
+        rep: P.ReplicaDesc,
+        ranges: Sequence[tuple[int, memoryview]],
+        guard: ReadGuard | None,
+        verify: bool = True,
+    ) -> None:
+        """Memory this process maps, straight into the ranges: one C call per span of chunks
+        (``core.native.scatter_sum``) under the guard, which stops it between chunks when
+        cancelled. Each chunk is summed as handed over and checked after: a mismatch fails
+        this key (its buffers' contents are then undefined, as after any failed read, and
+        the next replica rewrites them), never another's."""
+        sums, seed = res.sums, integrity.key_seed(key)
+        for lo, hi in spans(res.size, ranges):
+            span, check = self._span_of(rep, lo, hi - lo)
+            clipped = [
+                (max(off, lo) - lo, out[max(lo - off, 0) : min(hi - off, out.nbytes)])
+                for off, out in ranges
+                if off < hi and off + out.nbytes > lo
+            ]
+            first = lo // CHUNK
+            seeds = [integrity.chunk_seed(seed, first + i) for i in range(chunk_count(hi - lo))]
+            with commit_under(guard):
+                got = native.scatter_sum(
+                    span, clipped, CHUNK, seeds if verify else None,
+                    guard.stop if guard is not None else None,
+                )  # fmt: skip
+            check()
+            if got is None:
+                raise TransferFailed(f"{key!r}: read cancelled")
+            bad = [
+                first + i
+                for i, g in enumerate(got)
+                if first + i >= len(sums) or g != sums[first + i]
+            ]
+            if bad or (verify and len(sums) != chunk_count(res.size)):
+                raise ChecksumMismatch(f"{key!r}: chunks {bad[:4] or 'all'} fail their checksums")
+
+    def _span_of(
+        self, rep: P.ReplicaDesc, off: int, n: int
+    ) -> tuple[memoryview, Callable[[], None]]:
+        own = self.segments.get(rep.segment)
+        if own is not None:
+            return own[rep.offset + off : rep.offset + off + n], lambda: None
+        mapped = self._mapped_span(rep, off, n)
+        if mapped is None:
+            raise TransferFailed(f"segment {rep.segment!r} is no longer mapped here")
+        return mapped
 
     def _fetch(
         self, key: str, res: P.KeyResult, rep: P.ReplicaDesc, off: int, out: memoryview
@@ -244,6 +311,9 @@ class ReadPath:
         elif guard is None and len(ranges) == 1 and rep.tier != "disk":
             self._read_remote_memory(rep, ranges[0][0], ranges[0][1])
         elif rep.tier != "disk" and self.engine.reads_by_mapping(rep.segment):
+            if native.AVAILABLE and _disjoint(ranges):  # the verified read's C copy, no sums
+                self._scatter_mapped(key, res, rep, ranges, guard, verify=False)
+                return
             with commit_under(guard):
                 for off, out in ranges:
                     self._read_remote_memory(rep, off, out)

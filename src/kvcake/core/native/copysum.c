@@ -40,3 +40,52 @@ int kvc_copy_sum(unsigned char *dst, const unsigned char *src, size_t n, size_t 
     }
     return 0;
 }
+
+/* The scatter form, for a read into many destinations (a vLLM block's layer planes):
+ * src holds the value's bytes [0, n) (n = whole chunks, or up to the value's end); range k
+ * copies src[off[k], off[k] + len[k]) to the address dst[k]. Ranges are sorted by off, do not
+ * overlap and lie inside [0, n); bytes no range covers are not copied. out[i] = XXH3-64 (seed
+ * seeds[i]) of chunk i as handed over: covered bytes summed in their destination right after
+ * their copy, the others summed in src. *stop is checked before each chunk (a cancelled read
+ * stops within one chunk). seeds == NULL: only copy (no sums). Returns the chunks done (all of
+ * them unless stopped), or -1 on bad arguments. */
+long kvc_scatter_sum(const unsigned char *src, size_t n, size_t chunk, const uint64_t *seeds,
+                     uint64_t *out, const uint64_t *dst, const uint64_t *off, const uint64_t *len,
+                     size_t count, const volatile int *stop) {
+    XXH3_state_t st;
+    size_t r = 0;
+    long done = 0;
+    if (chunk == 0)
+        return -1;
+    for (size_t k = 0; k < count; k++)
+        if (off[k] + len[k] > n || (k && off[k] < off[k - 1] + len[k - 1]))
+            return -1;
+    for (size_t c = 0, i = 0; c < n; c += chunk, i++, done++) {
+        size_t end = n - c > chunk ? c + chunk : n;
+        if (stop != NULL && *stop)
+            return done;
+        if (seeds != NULL && XXH3_64bits_reset_withSeed(&st, seeds[i]) != XXH_OK)
+            return -1;
+        for (size_t p = c; p < end;) {
+            while (r < count && off[r] + len[r] <= p)
+                r++;
+            int inside = r < count && off[r] <= p;
+            size_t stop_at = inside ? off[r] + len[r] : (r < count ? off[r] : end);
+            size_t m = stop_at < end ? stop_at - p : end - p;
+            if (m > PIECE)
+                m = PIECE;
+            const unsigned char *summed = src + p;
+            if (inside) {
+                unsigned char *to = (unsigned char *)(uintptr_t)dst[r] + (p - off[r]);
+                memcpy(to, src + p, m);
+                summed = to;
+            }
+            if (seeds != NULL)
+                XXH3_64bits_update(&st, summed, m);
+            p += m;
+        }
+        if (seeds != NULL)
+            out[i] = XXH3_64bits_digest(&st);
+    }
+    return done;
+}
