@@ -6,10 +6,17 @@ paged KV (30 layers) read from a store-server on this host into the paged planes
 * ``direct`` — ``batch_get_into_ranges`` of each block's layer slices straight into the planes
   (``PagedKV.ranges``), under a ``ReadGuard`` as the connector's loader does.
 
-Modes alternate (ABAB) for ``--repeats`` rounds; each round reports the median of ``--iters``
-loads (the first dropped: it maps the segment). The planes are checked to hold the pooled bytes.
+* ``c-copy`` — the baseline (issue 37): the same scatter list (each block's 30 slices, from
+  the store-server's segment as this process maps it into the planes), built once and run as
+  one C loop of ``memcpy`` (``core.native.CopyList``): what a load costs with no lookup, no
+  lease, no Python per slice and no checksum. Same host only (``--protocol auto``).
 
-Run: ``python benchmarks/pool_load_bench.py [--blocks 56] [--repeats 3] [--protocol auto|tcp]``.
+Modes alternate for ``--repeats`` rounds (the order rotates each round); each round reports the
+median of ``--iters`` loads (the first dropped: it maps the segment). The planes are checked to
+hold the pooled bytes. The last line gives, per round, each mode's speed over ``c-copy``'s.
+
+Run: ``python benchmarks/pool_load_bench.py [--blocks 56] [--repeats 3] [--protocol auto|tcp]
+[--integrity]``.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import time
 
 import torch
 
+from kvcake.core import native
+from kvcake.core.native import CopyList
 from kvcake.integrations.vllm.paged import PagedKV
 from kvcake.serve.vllm_procs import spawn_kvcake
 from kvcake.store.client import Client
@@ -30,6 +39,18 @@ from kvcake.store.readguard import ReadGuard
 
 LAYERS, NUM_BLOCKS = 30, 400
 SHAPE = (3, 16, 2 * 64 * 2)  # kv_heads, block_size, 2 * head_size (fp32: 49 KB per layer)
+
+
+def c_copy_list(c: Client, paged: PagedKV, keys: list[str], ids: list[int]) -> CopyList:
+    """The load's scatter list, source addresses in this process's mapping of the node."""
+    copies = []
+    for key, block in zip(keys, ids, strict=True):
+        rep = c.get_replica_desc(key).replicas[0]
+        mapped = c.engine.mapped_span(rep.segment, rep.offset, paged.block_bytes)
+        assert mapped is not None, "the c-copy baseline needs a same-host node (--protocol auto)"
+        base = native._address(mapped[0])
+        copies += [(base + off, buf) for off, buf in paged.ranges(block)]
+    return CopyList(copies)
 
 
 def load(mode: str, c: Client, paged: PagedKV, keys: list[str], ids: list[int]) -> None:
@@ -62,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         caches = {f"l{i}": torch.zeros(NUM_BLOCKS, *SHAPE) for i in range(LAYERS)}
         paged = PagedKV(caches, NUM_BLOCKS)
         cfg = ClientConfig(master=master.info["rpc"], protocol=a.protocol, tune_malloc=False)
-        modes = ("direct", "unverified") if a.integrity else ("staged", "direct")
+        modes = ["direct", "unverified"] if a.integrity else ["staged", "direct"]
+        if a.protocol == "auto" and native.AVAILABLE:
+            modes.append("c-copy")
         if a.integrity:
             plain = Client(dataclasses.replace(cfg, verify=False))
         with Client(cfg) as c:
@@ -73,13 +96,18 @@ def main(argv: list[str] | None = None) -> int:
             ids = list(range(100, 100 + a.blocks))
             mb = paged.block_bytes * a.blocks / 1e6
             rows = []
+            baseline = c_copy_list(c, paged, keys, ids) if "c-copy" in modes else None
             for r in range(a.repeats):
-                for mode in modes:
+                for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
                     ts = []
                     reader = plain if mode == "unverified" and plain is not None else c
                     for _ in range(a.iters):
-                        t0 = time.perf_counter()
-                        load(mode, reader, paged, keys, ids)
+                        if baseline is not None and mode == "c-copy":
+                            t0 = time.perf_counter()
+                            baseline.run()
+                        else:
+                            t0 = time.perf_counter()
+                            load(mode, reader, paged, keys, ids)
                         ts.append(time.perf_counter() - t0)
                     out = paged.empty(a.blocks)
                     paged.gather(ids, out)
@@ -89,13 +117,20 @@ def main(argv: list[str] | None = None) -> int:
                                  "median_ms": round(med * 1e3, 1),
                                  "gb_per_s": round(mb / med / 1e3, 2)})  # fmt: skip
                     print(json.dumps(rows[-1]), flush=True)
-            ratios = [
-                s["median_ms"] / d["median_ms"] for s, d in zip(rows[::2], rows[1::2], strict=True)
-            ]
+            ms = {(x["round"], x["mode"]): x["median_ms"] for x in rows}
+            rounds = range(a.repeats)
             # staged/direct times; with --integrity the inverse of direct/unverified times:
             # the speed with verification over the speed without
+            first, second = modes[0], modes[1]
             name = "verified_over_unverified_speed" if a.integrity else "staged_over_direct"
-            print(json.dumps({name: [round(x if not a.integrity else 1 / x, 2) for x in ratios]}))
+            pair = [ms[r, first] / ms[r, second] for r in rounds]
+            out = {name: [round(x if not a.integrity else 1 / x, 2) for x in pair]}
+            if "c-copy" in modes:  # speed over the C copy's = its time over ours
+                for m in modes[:-1]:
+                    out[f"{m}_over_c_copy_speed"] = [
+                        round(ms[r, "c-copy"] / ms[r, m], 2) for r in rounds
+                    ]
+            print(json.dumps(out))
     finally:
         if plain is not None:
             plain.close()

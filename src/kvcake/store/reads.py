@@ -52,6 +52,8 @@ def uninitialized_bytearray(size: int) -> bytearray:
 
 def byte_view(value: Any) -> memoryview:
     """A 1-D unsigned-byte view of any C-contiguous buffer (no copy)."""
+    if type(value) is memoryview and value.format == "B" and value.ndim == 1 and value.c_contiguous:
+        return value  # already one (vLLM's KV rows, PagedKV.ranges): the common, hot case
     if hasattr(value, "numpy") and hasattr(value, "is_contiguous"):  # torch tensor
         if not value.is_contiguous():
             raise InvalidParams("tensor must be contiguous")
@@ -213,31 +215,28 @@ class ReadPath:
         cancelled. Each chunk is summed as handed over and checked after: a mismatch fails
         this key (its buffers' contents are then undefined, as after any failed read, and
         the next replica rewrites them), never another's."""
-        sums, seed = res.sums, integrity.key_seed(key)
-        for lo, hi in spans(res.size, ranges):
-            span, check = self._span_of(rep, lo, hi - lo)
-            clipped = [
-                (max(off, lo) - lo, out[max(lo - off, 0) : min(hi - off, out.nbytes)])
-                for off, out in ranges
-                if off < hi and off + out.nbytes > lo
-            ]
-            first = lo // CHUNK
-            seeds = [integrity.chunk_seed(seed, first + i) for i in range(chunk_count(hi - lo))]
-            with commit_under(guard):
-                got = native.scatter_sum(
-                    span, clipped, CHUNK, seeds if verify else None,
-                    guard.stop if guard is not None else None,
-                )  # fmt: skip
-            check()
-            if got is None:
-                raise TransferFailed(f"{key!r}: read cancelled")
-            bad = [
-                first + i
-                for i, g in enumerate(got)
-                if first + i >= len(sums) or g != sums[first + i]
-            ]
-            if bad or (verify and len(sums) != chunk_count(res.size)):
-                raise ChecksumMismatch(f"{key!r}: chunks {bad[:4] or 'all'} fail their checksums")
+        # One span from the first chunk any range touches to the last (a chunk in between that
+        # no range touches is summed in the source: verified, not copied).
+        lo = min(off for off, out in ranges if out.nbytes) // CHUNK * CHUNK
+        hi = min(res.size, -(-max(off + out.nbytes for off, out in ranges) // CHUNK) * CHUNK)
+        span, check = self._span_of(rep, lo, hi - lo)
+        first = lo // CHUNK
+        seed = integrity.key_seed(key)
+        seeds = [integrity.chunk_seed(seed, first + i) for i in range(chunk_count(hi - lo))]
+        with commit_under(guard):
+            got = native.scatter_sum(
+                span, [(off - lo, out) for off, out in ranges], CHUNK, seeds if verify else None,
+                guard.stop if guard is not None else None,
+            )  # fmt: skip
+        check()
+        if got is None:
+            raise TransferFailed(f"{key!r}: read cancelled")
+        sums = res.sums
+        bad = [
+            first + i for i, g in enumerate(got) if first + i >= len(sums) or g != sums[first + i]
+        ]
+        if bad or (verify and len(sums) != chunk_count(res.size)):
+            raise ChecksumMismatch(f"{key!r}: chunks {bad[:4] or 'all'} fail their checksums")
 
     def _span_of(
         self, rep: P.ReplicaDesc, off: int, n: int

@@ -36,6 +36,9 @@ def _load() -> ctypes.CDLL | None:
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
     )  # fmt: skip
     fn.restype = ctypes.c_long
+    fn = lib.kvc_copy_list
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+    fn.restype = None
     return lib
 
 
@@ -123,3 +126,24 @@ def scatter_sum(
     if done < count:
         return None
     return out.tolist() if seeds is not None else []
+
+
+class CopyList:
+    """A scatter list built once (source address, destination, length per copy) and run as
+    one C loop, the GIL released: the baseline a load is measured against."""
+
+    def __init__(self, copies: Sequence[tuple[int, memoryview]]):
+        assert _LIB is not None, "kvcake.core.native is not built (make native)"
+        self._keep = [b for _, b in copies]  # the destinations outlive the list
+        self._src = array.array("Q", [a for a, _ in copies])
+        self._dst = array.array("Q", [_address(b) for _, b in copies])
+        self._len = array.array("Q", [b.nbytes for _, b in copies])
+
+    def run(self) -> None:
+        assert _LIB is not None
+        n = len(self._src)
+        if n:
+            _LIB.kvc_copy_list(
+                self._src.buffer_info()[0], self._dst.buffer_info()[0],
+                self._len.buffer_info()[0], n,
+            )  # fmt: skip

@@ -89,3 +89,10 @@ long kvc_scatter_sum(const unsigned char *src, size_t n, size_t chunk, const uin
     }
     return done;
 }
+
+/* memcpy(dst[k], src[k], len[k]) for each k: a scatter list as one C loop (the baseline a
+ * verified load is measured against, benchmarks/pool_load_bench.py). */
+void kvc_copy_list(const uint64_t *src, const uint64_t *dst, const uint64_t *len, size_t count) {
+    for (size_t k = 0; k < count; k++)
+        memcpy((void *)(uintptr_t)dst[k], (const void *)(uintptr_t)src[k], len[k]);
+}
