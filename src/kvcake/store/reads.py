@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvcake.core import integrity, native
+from kvcake.core import native
 from kvcake.core.errors import KvcakeError, StoreError
-from kvcake.core.integrity import CHUNK, chunk_count
+from kvcake.core.integrity import CHUNK
 from kvcake.store import protocol as P
 from kvcake.store.disk import read_remote
 from kvcake.store.errors import (
@@ -27,11 +27,14 @@ from kvcake.store.readguard import ReadGuard, commit_under
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
 from kvcake.store.verify import (
+    chunk_bounds,
     copy_from_view,
+    disjoint,
     fetch_verified,
     integrity_failed,
     report_bad,
     scatter,
+    scatter_verified,
     spans,
 )
 
@@ -65,17 +68,6 @@ def byte_view(value: Any) -> memoryview:
     if not view.c_contiguous:
         raise InvalidParams("buffer must be C-contiguous")
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-def _disjoint(ranges: Sequence[tuple[int, memoryview]]) -> bool:
-    """No two ranges ask for the same byte of the value (the native scatter sums each byte
-    once, in the one buffer it lands in)."""
-    end = -1
-    for off, out in sorted(ranges, key=lambda r: r[0]):
-        if off < end:
-            return False
-        end = max(end, off + out.nbytes)
-    return True
 
 
 class ReadPath:
@@ -185,7 +177,7 @@ class ReadPath:
                 scatter(ranges, 0, value)
             return
         mapped = rep.segment in self.segments or self.engine.reads_by_mapping(rep.segment)
-        if mapped and native.AVAILABLE and _disjoint(ranges):
+        if mapped and native.AVAILABLE and disjoint(ranges):
             self._scatter_mapped(key, res, rep, ranges, guard)
             return
         # Without the native helper, a copy in this process's memory or a mapped peer's goes
@@ -210,33 +202,14 @@ class ReadPath:
         guard: ReadGuard | None,
         verify: bool = True,
     ) -> None:
-        """Memory this process maps, straight into the ranges: one C call per span of chunks
-        (``core.native.scatter_sum``) under the guard, which stops it between chunks when
-        cancelled. Each chunk is summed as handed over and checked after: a mismatch fails
-        this key (its buffers' contents are then undefined, as after any failed read, and
-        the next replica rewrites them), never another's."""
-        # One span from the first chunk any range touches to the last (a chunk in between that
-        # no range touches is summed in the source: verified, not copied).
-        lo = min(off for off, out in ranges if out.nbytes) // CHUNK * CHUNK
-        hi = min(res.size, -(-max(off + out.nbytes for off, out in ranges) // CHUNK) * CHUNK)
+        """Memory this process maps (own segment, a same-host peer), straight into the ranges
+        (:func:`~kvcake.store.verify.scatter_verified`); the peer's liveness checked after."""
+        lo, hi = chunk_bounds(res.size, ranges)
         span, check = self._span_of(rep, lo, hi - lo)
-        first = lo // CHUNK
-        seed = integrity.key_seed(key)
-        seeds = [integrity.chunk_seed(seed, first + i) for i in range(chunk_count(hi - lo))]
-        with commit_under(guard):
-            got = native.scatter_sum(
-                span, [(off - lo, out) for off, out in ranges], CHUNK, seeds if verify else None,
-                guard.stop if guard is not None else None,
-            )  # fmt: skip
-        check()
-        if got is None:
-            raise TransferFailed(f"{key!r}: read cancelled")
-        sums = res.sums
-        bad = [
-            first + i for i, g in enumerate(got) if first + i >= len(sums) or g != sums[first + i]
-        ]
-        if bad or (verify and len(sums) != chunk_count(res.size)):
-            raise ChecksumMismatch(f"{key!r}: chunks {bad[:4] or 'all'} fail their checksums")
+        try:
+            scatter_verified(key, res.sums if verify else None, res.size, lo, span, ranges, guard)
+        finally:
+            check()  # its owner died meanwhile: OwnerGone, not a checksum verdict
 
     def _span_of(
         self, rep: P.ReplicaDesc, off: int, n: int
@@ -310,7 +283,7 @@ class ReadPath:
         elif guard is None and len(ranges) == 1 and rep.tier != "disk":
             self._read_remote_memory(rep, ranges[0][0], ranges[0][1])
         elif rep.tier != "disk" and self.engine.reads_by_mapping(rep.segment):
-            if native.AVAILABLE and _disjoint(ranges):  # the verified read's C copy, no sums
+            if native.AVAILABLE and disjoint(ranges):  # the verified read's C copy, no sums
                 self._scatter_mapped(key, res, rep, ranges, guard, verify=False)
                 return
             with commit_under(guard):

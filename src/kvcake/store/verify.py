@@ -21,7 +21,8 @@ from prometheus_client import Counter
 from kvcake.core import integrity, native
 from kvcake.core.errors import StoreError
 from kvcake.store import protocol as P
-from kvcake.store.errors import ChecksumMismatch
+from kvcake.store.errors import ChecksumMismatch, TransferFailed
+from kvcake.store.readguard import ReadGuard, commit_under
 
 log = logging.getLogger(__name__)
 
@@ -139,5 +140,57 @@ def copy_from_view(
 ) -> None:
     """:func:`fetch_verified` from memory this process holds: copy and sum in one pass."""
     bad = integrity.copy_verified(key, sums, size, off, out, src)
+    if bad or len(sums) != integrity.chunk_count(size):
+        raise ChecksumMismatch(f"{key!r}: chunks {bad[:4] or 'all'} fail their checksums")
+
+
+def disjoint(ranges: Sequence[tuple[int, memoryview]]) -> bool:
+    """No two ranges ask for the same byte of the value (the native scatter sums each byte
+    once, in the one buffer it lands in)."""
+    end = -1
+    for off, out in sorted(ranges, key=lambda r: r[0]):
+        if off < end:
+            return False
+        end = max(end, off + out.nbytes)
+    return True
+
+
+def chunk_bounds(size: int, ranges: Sequence[tuple[int, memoryview]]) -> tuple[int, int]:
+    """``[lo, hi)``: from the first chunk any range touches to the end of the last."""
+    lo = min(off for off, out in ranges if out.nbytes) // integrity.CHUNK * integrity.CHUNK
+    end = max(off + out.nbytes for off, out in ranges)
+    return lo, min(size, -(-end // integrity.CHUNK) * integrity.CHUNK)
+
+
+def scatter_verified(
+    key: str,
+    sums: Sequence[int] | None,
+    size: int,
+    lo: int,
+    span: memoryview,
+    ranges: Sequence[tuple[int, memoryview]],
+    guard: ReadGuard | None,
+) -> None:
+    """Copy the value's bytes ``[lo, lo + len(span))``, held in ``span`` (memory this process
+    maps), straight into ``ranges`` (value offsets, disjoint) in one C call
+    (``core.native.scatter_sum``) under the guard, whose stop flag ends it between chunks;
+    then check each chunk's sum *as handed over* (a chunk no range touches is summed in
+    ``span``). A mismatch raises ChecksumMismatch: this key fails, its buffers' contents are
+    then undefined (as after any failed read) and the next replica rewrites them. ``sums``
+    None: copy only (``client.verify`` off). A cancel raises TransferFailed."""
+    first = lo // integrity.CHUNK
+    seed = integrity.key_seed(key)
+    count = integrity.chunk_count(span.nbytes)
+    seeds = [integrity.chunk_seed(seed, first + i) for i in range(count)]
+    with commit_under(guard):
+        got = native.scatter_sum(
+            span, [(off - lo, out) for off, out in ranges], integrity.CHUNK,
+            seeds if sums is not None else None, guard.stop if guard is not None else None,
+        )  # fmt: skip
+    if got is None:
+        raise TransferFailed(f"{key!r}: read cancelled")
+    if sums is None:
+        return
+    bad = [first + i for i, g in enumerate(got) if first + i >= len(sums) or g != sums[first + i]]
     if bad or len(sums) != integrity.chunk_count(size):
         raise ChecksumMismatch(f"{key!r}: chunks {bad[:4] or 'all'} fail their checksums")
