@@ -1,7 +1,8 @@
 """Run inside a private network namespace (tests/integrations/routers/test_dynamo_indexer.py):
 a kvcake master with its vLLM-format stream, a store node, and Dynamo's standalone indexer
 (which binds 0.0.0.0, hence the namespace) subscribed to the master. Writes, queries the
-indexer's ``POST /query``, removes, queries again; prints one JSON line of what it saw."""
+indexer's ``POST /query``, removes, queries again, fills the node until a block is evicted,
+queries again; prints one JSON line of what it saw."""
 
 from __future__ import annotations
 
@@ -52,7 +53,10 @@ def poll(port: int, tokens: list[int], want: Any, timeout: float = 20.0) -> Any:
 
 def main(dynamo_python: str, http_port: int) -> None:
     # A fixed port (the namespace is private): a second master takes the first one's place.
-    cfg = MasterConfig(port=0, http_port=-1, events_port=-1, ecosystem_events_port=5557)
+    # Short leases: a block leased by the put or a read would not be evicted for 10 s.
+    cfg = MasterConfig(
+        port=0, http_port=-1, events_port=-1, ecosystem_events_port=5557, lease_ttl_s=0.2
+    )
     m = Master(cfg)
     m.start()
     node = StoreServer(StoreServerConfig(master=m.rpc_address, segment_size=4 << 20, http_port=-1))
@@ -75,6 +79,13 @@ def main(dynamo_python: str, http_port: int) -> None:
             out["stored"] = poll(http_port, TOKENS, lambda a: matched(a) == 64)
             c.remove(keys[2], force=True)
             out["after_remove"] = poll(http_port, TOKENS, lambda a: matched(a) == 32)
+            # Memory pressure: 1 MiB fillers into the 4 MiB node until the master's LRU
+            # eviction takes the (older) first block; its BlockRemoved empties the prefix.
+            time.sleep(0.3)  # past every lease
+            for i in range(8):  # (no reads meanwhile: a read leases the block again)
+                c.batch_put([f"filler-{i}"], [b"f" * (1 << 20)])
+            out["evicted"] = not c.is_exist(keys[0])
+            out["after_evict"] = poll(http_port, TOKENS, lambda a: not matched(a))
         node.stop()
         m.stop()
         m = Master(cfg)  # a failover: the new publisher starts with AllBlocksCleared

@@ -1,7 +1,8 @@
 """NVIDIA Dynamo's real standalone KV indexer (``ai-dynamo-runtime`` 1.6.1 in its own venv,
 ``make install-dynamo``) subscribed to the master's vLLM-format KV events: its ``POST /query``
 scores the pool (worker 1) for a prompt's prefix once a writer put the blocks with their
-lineage, and scores a shorter prefix after a block is removed. The indexer binds 0.0.0.0, so
+lineage, scores a shorter prefix after a block is removed, and none once the first block
+is evicted. The indexer binds 0.0.0.0, so
 everything runs inside a private network namespace (``unshare -n``, loopback only)."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _netns_argv() -> list[str]:
     return [unshare, "-n", "sh", "-c", inner]
 
 
-def test_dynamo_indexer_scores_the_pool_then_drops_a_removed_block() -> None:
+def test_dynamo_indexer_scores_the_pool_then_drops_removed_and_evicted_blocks() -> None:
     proc = subprocess.run(
         _netns_argv(), cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
     )
@@ -44,6 +45,8 @@ def test_dynamo_indexer_scores_the_pool_then_drops_a_removed_block() -> None:
     assert seen["put"] == [True] * 4
     assert seen["stored"]["instances"]["1"]["longest_matched"] == 64  # four blocks of 16
     assert seen["after_remove"]["instances"]["1"]["longest_matched"] == 32  # block 3 removed
+    assert seen["evicted"], seen  # the master's LRU eviction took block 1 under memory pressure
+    assert not seen["after_evict"]["instances"].get("1", {}).get("longest_matched"), seen
     assert not seen["after_failover"]["instances"].get("1", {}).get("longest_matched"), (
         seen,
         proc.stderr[-3000:],
