@@ -414,16 +414,13 @@ class Client(ReadPath):
     ) -> dict[str, Exception]:
         """Copy every (key, value, replica); returns the keys that failed. ``sums[key]`` None:
         the value's checksums are computed while it is copied into memory this process maps
-        (each piece summed right after its copy, while in the cache), and stored there."""
+        (its own segment, a same-host peer's: summed as it goes), and stored there. Network
+        targets go through the staging buffer in one engine batch when they fit."""
         failed: dict[str, Exception] = {}
         remote = []
         for key, view, rep in writes:
-            own = self.segments.get(rep.segment)
-            if own is not None and sums is not None and sums.get(key, []) is None:
-                dst = own[rep.offset : rep.offset + view.nbytes]
-                sums[key] = write_summing(key, view, dst)
-            elif own is not None:  # our own segment: a plain memcpy
-                own[rep.offset : rep.offset + view.nbytes] = view
+            if rep.segment in self.segments or self.engine.reads_by_mapping(rep.segment):
+                self._write_mapped(key, view, rep, sums, failed)
             else:
                 remote.append((key, view, rep))
         if self.staging.fits([v.nbytes for _, v, _ in remote]) and self.staging.lock.acquire(
@@ -437,18 +434,38 @@ class Client(ReadPath):
             return failed
         for key, view, rep in remote:
             try:
-                mapped = None
-                if sums is not None and sums.get(key, []) is None:
-                    mapped = self.engine.mapped_span(rep.segment, rep.offset, view.nbytes)
-                if mapped is not None and sums is not None:  # same host: a copy, summed as it goes
-                    span, check = mapped
-                    sums[key] = write_summing(key, view, span)
-                    check()
-                else:
-                    self.engine.write(rep.segment, rep.offset, view)
+                self.engine.write(rep.segment, rep.offset, view)
             except KvcakeError as exc:
                 failed[key] = exc
         return failed
+
+    def _write_mapped(
+        self,
+        key: str,
+        view: memoryview,
+        rep: P.ReplicaDesc,
+        sums: dict[str, list[int] | None] | None,
+        failed: dict[str, Exception],
+    ) -> None:
+        """One copy into memory this process maps, summed as it goes when the sums are due."""
+        try:
+            own = self.segments.get(rep.segment)
+            if own is not None:
+                span, check = own[rep.offset : rep.offset + view.nbytes], None
+            else:
+                mapped = self.engine.mapped_span(rep.segment, rep.offset, view.nbytes)
+                if mapped is None:  # no longer mappable (a restarted peer): the general path
+                    self.engine.write(rep.segment, rep.offset, view)
+                    return
+                span, check = mapped
+            if sums is not None and sums.get(key, []) is None:
+                sums[key] = write_summing(key, view, span)
+            else:
+                span[:] = view
+            if check is not None:
+                check()  # the owner died meanwhile: the bytes went nowhere
+        except KvcakeError as exc:
+            failed[key] = exc
 
     # --- replicas -----------------------------------------------------------------------------
 
