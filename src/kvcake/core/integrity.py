@@ -63,6 +63,8 @@ def checksums(key: str, value: memoryview | bytes | bytearray) -> Checksums:
     """The sums of a whole value (a 1-D byte view or bytes)."""
     view = memoryview(value).cast("B") if not isinstance(value, memoryview) else value
     seed = key_seed(key)
+    if view.nbytes <= CHUNK:  # one chunk (most values): one call, no chunk loop
+        return [xxhash.xxh3_64_intdigest(view, seed=chunk_seed(seed, 0))] if view.nbytes else []
     return [
         xxhash.xxh3_64_intdigest(view[a:b], seed=chunk_seed(seed, i))
         for i, (a, b) in enumerate(
