@@ -257,3 +257,31 @@ def test_large_puts_sum_while_copying_and_get_the_same_sums(pool2: str, where: s
             assert desc.sums == checksums(key, v)
             assert (desc.replicas[0].segment in c.segments) == (where == "own")
             assert c.get(key) == v
+
+
+def test_a_batched_same_host_range_read_settles_each_key_alone(pool2: str) -> None:
+    """issue 37: one load's keys go through one C scatter-and-sum; a key whose first replica is
+    corrupt falls through to its good one (reported and dropped), a key with no good replica is
+    IntegrityError, the others are read as they are -- in one call, under a guard."""
+    size = CHUNK + 4097
+    with Client(ClientConfig(master=pool2)) as c:
+        keys = ["batch/two", "batch/one", "batch/ok"]
+        c.put(keys[0], value(keys[0], size), P.PutOptions(replica_num=2))
+        for k in keys[1:]:
+            c.put(k, value(k, size))
+        bad = first(c, keys[0])
+        corrupt(c, bad, size - 5)
+        corrupt(c, first(c, keys[1]), 3)
+        before = failures("shm")
+        bufs = {k: [bytearray(1000), bytearray(size - 2000)] for k in keys}
+        asked = [[(0, bufs[k][0]), (2000, bufs[k][1])] for k in keys]
+        got = c.batch_get_into_ranges(keys, asked, ReadGuard())
+        assert got[0] == got[2] == size - 1000 and isinstance(got[1], IntegrityError), got
+        for k in (keys[0], keys[2]):
+            v = value(k, size)
+            assert bytes(bufs[k][0]) == v[:1000] and bytes(bufs[k][1]) == v[2000:]
+        assert failures("shm") == before + 2
+        left = c.get_replica_desc(keys[0]).replicas
+        assert len(left) == 1 and (left[0].segment, left[0].offset) != (bad.segment, bad.offset)
+        with pytest.raises(ObjectNotFound):
+            c.get(keys[1])

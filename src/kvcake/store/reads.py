@@ -27,6 +27,7 @@ from kvcake.store.readguard import ReadGuard, commit_under
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
 from kvcake.store.verify import (
+    MappedRead,
     chunk_bounds,
     copy_from_view,
     disjoint,
@@ -35,6 +36,7 @@ from kvcake.store.verify import (
     report_bad,
     scatter,
     scatter_verified,
+    scatter_verified_many,
     spans,
 )
 
@@ -494,6 +496,7 @@ class ReadPath:
         views = [[(off, byte_view(b)) for off, b in rs] for rs in ranges]
         reply, t0, lease_s = self._lookup(keys)
         out: list[int | StoreError] = []
+        mapped: list[tuple[int, P.KeyResult, P.ReplicaDesc, list[tuple[int, memoryview]]]] = []
         for key, rs, res in zip(keys, views, reply.results, strict=True):
             bad = next((r for r in rs if r[0] < 0 or r[0] + r[1].nbytes > res.size), None)
             if res.code != 0:
@@ -503,13 +506,70 @@ class ReadPath:
             elif bad is not None or any(v.readonly for _, v in rs):
                 out.append(InvalidParams(f"{key!r}: a range is outside its {res.size} bytes "
                                          "or its buffer is read-only"))  # fmt: skip
+            elif (rep := self._batchable(res, rs)) is not None:
+                mapped.append((len(out), res, rep, sorted(rs, key=lambda r: r[0])))
+                out.append(TransferFailed("unreachable"))  # filled in below
             else:
-                try:
-                    self._read_ranges(key, res, rs, t0, lease_s, guard)
-                    out.append(sum(v.nbytes for _, v in rs))
-                except StoreError as exc:
-                    out.append(exc)
+                out.append(self._ranges_one(key, res, rs, t0, lease_s, guard))
+        if mapped:
+            self._ranges_mapped(keys, mapped, out, t0, lease_s, guard)
         return out
+
+    def _ranges_one(
+        self, key: str, res: P.KeyResult, rs: list[tuple[int, memoryview]], t0: float,
+        lease_s: float, guard: ReadGuard | None,
+    ) -> int | StoreError:  # fmt: skip
+        try:
+            self._read_ranges(key, res, rs, t0, lease_s, guard)
+            return sum(v.nbytes for _, v in rs)
+        except StoreError as exc:
+            return exc
+
+    def _batchable(
+        self, res: P.KeyResult, rs: list[tuple[int, memoryview]]
+    ) -> P.ReplicaDesc | None:
+        """The replica a batched same-host read takes for this key (its best one, when that is
+        memory this process maps and the ranges are disjoint), or None."""
+        if not native.AVAILABLE or not res.replicas or not any(v.nbytes for _, v in rs):
+            return None
+        rep = self._order(res.replicas)[0]
+        if rep.tier != "memory" or not disjoint(rs):
+            return None
+        if rep.segment in self.segments or self.engine.reads_by_mapping(rep.segment):
+            return rep
+        return None
+
+    def _ranges_mapped(
+        self,
+        keys: Sequence[str],
+        mapped: list[tuple[int, P.KeyResult, P.ReplicaDesc, list[tuple[int, memoryview]]]],
+        out: list[int | StoreError],
+        t0: float,
+        lease_s: float,
+        guard: ReadGuard | None,
+    ) -> None:
+        """Every key whose best replica this process maps, in one C call
+        (``verify.scatter_verified_many``); a key it cannot settle (a mismatch, a dead owner,
+        a location gone stale) takes the per-key path, which reports and tries other replicas."""
+        reads, where = [], []
+        for i, res, rep, rs in mapped:
+            try:
+                lo, hi = chunk_bounds(res.size, rs)
+                span, check = self._span_of(rep, lo, hi - lo)
+            except KvcakeError:
+                out[i] = self._ranges_one(keys[i], res, rs, t0, lease_s, guard)
+                continue
+            reads.append(MappedRead(keys[i], res.sums, res.size, lo, span, check, rs))
+            where.append((i, res, rs))
+        got = scatter_verified_many(reads, guard, verify=self.verify_reads)
+        expired = time.monotonic() - t0 > lease_s
+        for (i, res, rs), r in zip(where, got, strict=True):
+            if r is None:
+                out[i] = self._ranges_one(keys[i], res, rs, t0, lease_s, guard)
+            elif isinstance(r, int) and expired:
+                out[i] = LeaseExpired(f"{keys[i]!r}: read outlived its lease; bytes may be stale")
+            else:
+                out[i] = r
 
     def get_size(self, key: str) -> int:
         res = self.get_replica_desc(key)

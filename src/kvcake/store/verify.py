@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import xxhash
 from prometheus_client import Counter
 
 from kvcake.core import integrity, native
-from kvcake.core.errors import StoreError
+from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.store import protocol as P
 from kvcake.store.errors import ChecksumMismatch, TransferFailed
 from kvcake.store.readguard import ReadGuard, commit_under
@@ -194,3 +195,57 @@ def scatter_verified(
     bad = [first + i for i, g in enumerate(got) if first + i >= len(sums) or g != sums[first + i]]
     if bad or len(sums) != integrity.chunk_count(size):
         raise ChecksumMismatch(f"{key!r}: chunks {bad[:4] or 'all'} fail their checksums")
+
+
+class MappedRead(NamedTuple):
+    """One value of a batched same-host range read: its bytes ``[lo, lo + len(span))`` in
+    ``span`` (this process's mapping), ``check`` to call after copying out of it (raises when
+    the owner died), and its ranges (value offsets, sorted, disjoint)."""
+
+    key: str
+    sums: Sequence[int]
+    size: int
+    lo: int
+    span: memoryview
+    check: Callable[[], None]
+    ranges: Sequence[tuple[int, memoryview]]
+
+
+def scatter_verified_many(
+    reads: Sequence[MappedRead], guard: ReadGuard | None, verify: bool = True
+) -> list[int | StoreError | None]:
+    """:func:`scatter_verified` for a whole batch in one C call under the guard (one load's
+    blocks: the per-value Python is what a load spends its time on). Per read: the bytes handed
+    over; TransferFailed when a cancel stopped it; None when it must go the per-key way (a
+    checksum mismatch -- the per-key read reports the replica and tries the next --, or the
+    owner died)."""
+    values = []
+    for r in reads:
+        seed = integrity.key_seed(r.key)
+        first = r.lo // integrity.CHUNK
+        count = integrity.chunk_count(r.span.nbytes)
+        seeds = [integrity.chunk_seed(seed, first + i) for i in range(count)]
+        values.append((r.span, [(off - r.lo, out) for off, out in r.ranges], seeds))
+    try:
+        with commit_under(guard):
+            stop = guard.stop if guard is not None else None
+            done, sums = native.scatter_sum_many(values, integrity.CHUNK, stop, summed=verify)
+    except TransferFailed:
+        done, sums = 0, []
+    out: list[int | StoreError | None] = []
+    for j, r in enumerate(reads):
+        try:
+            r.check()
+        except KvcakeError:  # the owner died: the per-key path says so
+            out.append(None)
+            continue
+        if j >= done:
+            out.append(TransferFailed(f"{r.key!r}: read cancelled"))
+            continue
+        first = r.lo // integrity.CHUNK
+        good = not verify or (
+            len(r.sums) == integrity.chunk_count(r.size)
+            and r.sums[first : first + len(sums[j])] == sums[j]
+        )
+        out.append(sum(v.nbytes for _, v in r.ranges) if good else None)
+    return out

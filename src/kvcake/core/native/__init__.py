@@ -36,6 +36,11 @@ def _load() -> ctypes.CDLL | None:
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
     )  # fmt: skip
     fn.restype = ctypes.c_long
+    fn = lib.kvc_scatter_sum_many
+    fn.argtypes = (ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t) + (
+        ctypes.c_void_p,
+    ) * 8
+    fn.restype = ctypes.c_long
     fn = lib.kvc_copy_list
     fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
     fn.restype = None
@@ -147,3 +152,54 @@ class CopyList:
                 self._src.buffer_info()[0], self._dst.buffer_info()[0],
                 self._len.buffer_info()[0], n,
             )  # fmt: skip
+
+
+def scatter_sum_many(
+    values: Sequence[tuple[memoryview, Sequence[tuple[int, memoryview]], Sequence[int]]],
+    chunk: int,
+    stop: StopFlag | None = None,
+    summed: bool = True,
+) -> tuple[int, list[list[int]]]:
+    """:func:`scatter_sum` for many values in one C call: each ``(src, ranges, seeds)`` with
+    ``ranges`` sorted by offset, disjoint and inside ``src`` (the caller checks; a value whose
+    ranges C refuses raises ValueError). Returns how many values were done (fewer than all
+    when ``stop`` was set: the one at that index was cut short) and each done value's sums
+    (``summed`` False: copy only, the seeds unused and the sums meaningless)."""
+    assert _LIB is not None, "kvcake.core.native is not built (make native)"
+    srcs, ns, sfirst, rfirst = (
+        array.array("Q"),
+        array.array("Q"),
+        array.array("Q"),
+        array.array("Q"),
+    )
+    seeds, dsts, offs, lens = array.array("Q"), array.array("Q"), array.array("Q"), array.array("Q")
+    for src, ranges, value_seeds in values:
+        if len(value_seeds) != (src.nbytes + chunk - 1) // chunk:
+            raise ValueError(f"{len(value_seeds)} seeds for a value of {src.nbytes} bytes")
+        srcs.append(_address(src) if src.nbytes else 0)
+        ns.append(src.nbytes)
+        sfirst.append(len(seeds))
+        seeds.extend(value_seeds)
+        rfirst.append(len(dsts))
+        for o, b in ranges:
+            if b.nbytes:
+                dsts.append(_address(b))
+                offs.append(o)
+                lens.append(b.nbytes)
+    rfirst.append(len(dsts))
+    out = array.array("Q", bytes(8 * max(1, len(seeds))))
+    stop_at = ctypes.addressof(stop.value) if stop is not None else None
+    done = _LIB.kvc_scatter_sum_many(
+        len(values), _ptr(srcs), _ptr(ns), chunk, _ptr(seeds) if summed else None, _ptr(out),
+        _ptr(sfirst),
+        _ptr(dsts), _ptr(offs), _ptr(lens), _ptr(rfirst), stop_at,
+    )  # fmt: skip
+    if done < 0:
+        raise ValueError(f"value {-1 - done}: ranges overlap or lie outside it")
+    sums = out.tolist()
+    ends = [*sfirst[1:], len(seeds)]
+    return done, [sums[a:b] for a, b in zip(sfirst[:done], ends[:done], strict=True)]
+
+
+def _ptr(a: array.array[int]) -> int | None:
+    return a.buffer_info()[0] if len(a) else None

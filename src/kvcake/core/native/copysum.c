@@ -96,3 +96,26 @@ void kvc_copy_list(const uint64_t *src, const uint64_t *dst, const uint64_t *len
     for (size_t k = 0; k < count; k++)
         memcpy((void *)(uintptr_t)dst[k], (const void *)(uintptr_t)src[k], len[k]);
 }
+
+/* kvc_scatter_sum over many values in one call (one load's blocks): value j's bytes are at
+ * src[j] (n[j] of them), its seeds and sums from index sfirst[j], its ranges [rfirst[j],
+ * rfirst[j + 1]); seeds == NULL: copy only. Returns the number of values done: all of them, fewer when *stop was set
+ * (value "done" was cut short), or -1 - j when value j's ranges were refused. */
+long kvc_scatter_sum_many(size_t count, const uint64_t *src, const uint64_t *n, size_t chunk,
+                          const uint64_t *seeds, uint64_t *out, const uint64_t *sfirst,
+                          const uint64_t *dst, const uint64_t *off, const uint64_t *len,
+                          const uint64_t *rfirst, const volatile int *stop) {
+    for (size_t j = 0; j < count; j++) {
+        size_t chunks = chunk ? (n[j] + chunk - 1) / chunk : 0;
+        long done = kvc_scatter_sum((const unsigned char *)(uintptr_t)src[j], n[j], chunk,
+                                    seeds ? seeds + sfirst[j] : NULL, out + sfirst[j],
+                                    dst + rfirst[j],
+                                    off + rfirst[j], len + rfirst[j], rfirst[j + 1] - rfirst[j],
+                                    stop);
+        if (done < 0)
+            return -1 - (long)j;
+        if ((size_t)done < chunks)
+            return (long)j;
+    }
+    return (long)count;
+}
