@@ -42,6 +42,12 @@ def chunk_seed(seed: int, index: int) -> int:
     return (seed + (index + 1) * _GOLDEN) & _MASK
 
 
+def chunk_seeds(key: str, first: int, count: int) -> list[int]:
+    """The seeds of chunks ``first .. first + count - 1`` of ``key`` (for a native call)."""
+    seed = key_seed(key)
+    return [chunk_seed(seed, first + i) for i in range(count)]
+
+
 def chunk_count(size: int) -> int:
     return (size + CHUNK - 1) // CHUNK
 
@@ -143,7 +149,7 @@ def copy_verified(
     ):
         first = offset // CHUNK
         indexes = range(first, first + chunk_count(n))
-        got = native.copy_sum(dst[:n], src, CHUNK, [chunk_seed(seed, i) for i in indexes])
+        got = native.copy_sum(dst[:n], src, CHUNK, chunk_seeds(key, first, len(indexes)))
         return [i for i, g in zip(indexes, got, strict=True) if i >= len(sums) or g != sums[i]]
     bad: list[int] = []
     done = 0

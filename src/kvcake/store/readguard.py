@@ -25,7 +25,7 @@ class ReadGuard:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.cancelled = False
-        # read by a native copy in progress between chunks (core.native.scatter_sum)
+        # read by a native copy in progress between chunks (core.native.scatter_sum_many)
         self.stop = StopFlag() if native.AVAILABLE else None
 
     def cancel(self) -> None:

@@ -106,11 +106,11 @@ def write_summing(key: str, value: memoryview, dst: memoryview) -> list[int]:
     """Copy ``value`` into ``dst`` (memory this process maps: its own segment, a same-host
     peer's) and return its checksums (core/integrity.py), each piece summed right after its
     copy, while it is in the cache: a put's one computation of its sums, fused with its copy."""
-    seed = integrity.key_seed(key)
     n = value.nbytes
     if native.AVAILABLE and n >= integrity.NATIVE_MIN:
-        seeds = [integrity.chunk_seed(seed, i) for i in range(integrity.chunk_count(n))]
+        seeds = integrity.chunk_seeds(key, 0, integrity.chunk_count(n))
         return native.copy_sum(dst[:n], value, integrity.CHUNK, seeds)
+    seed = integrity.key_seed(key)
     sums = []
     for start in range(0, n, integrity.CHUNK):
         hasher = xxhash.xxh3_64(seed=integrity.chunk_seed(seed, start // integrity.CHUNK))
@@ -174,25 +174,26 @@ def scatter_verified(
 ) -> None:
     """Copy the value's bytes ``[lo, lo + len(span))``, held in ``span`` (memory this process
     maps), straight into ``ranges`` (value offsets, disjoint) in one C call
-    (``core.native.scatter_sum``) under the guard, whose stop flag ends it between chunks;
+    (``core.native.scatter_sum_many``) under the guard, whose stop flag ends it between chunks;
     then check each chunk's sum *as handed over* (a chunk no range touches is summed in
     ``span``). A mismatch raises ChecksumMismatch: this key fails, its buffers' contents are
     then undefined (as after any failed read) and the next replica rewrites them. ``sums``
     None: copy only (``client.verify`` off). A cancel raises TransferFailed."""
     first = lo // integrity.CHUNK
-    seed = integrity.key_seed(key)
-    count = integrity.chunk_count(span.nbytes)
-    seeds = [integrity.chunk_seed(seed, first + i) for i in range(count)]
+    seeds = integrity.chunk_seeds(key, first, integrity.chunk_count(span.nbytes))
+    moved = sorted(((off - lo, out) for off, out in ranges), key=lambda r: r[0])
     with commit_under(guard):
-        got = native.scatter_sum(
-            span, [(off - lo, out) for off, out in ranges], integrity.CHUNK,
-            seeds if sums is not None else None, guard.stop if guard is not None else None,
-        )  # fmt: skip
-    if got is None:
+        stop = guard.stop if guard is not None else None
+        done, got = native.scatter_sum_many(
+            [(span, moved, seeds)], integrity.CHUNK, stop, summed=sums is not None
+        )
+    if not done:
         raise TransferFailed(f"{key!r}: read cancelled")
     if sums is None:
         return
-    bad = [first + i for i, g in enumerate(got) if first + i >= len(sums) or g != sums[first + i]]
+    bad = [
+        first + i for i, g in enumerate(got[0]) if first + i >= len(sums) or g != sums[first + i]
+    ]
     if bad or len(sums) != integrity.chunk_count(size):
         raise ChecksumMismatch(f"{key!r}: chunks {bad[:4] or 'all'} fail their checksums")
 
@@ -221,10 +222,8 @@ def scatter_verified_many(
     owner died)."""
     values = []
     for r in reads:
-        seed = integrity.key_seed(r.key)
-        first = r.lo // integrity.CHUNK
         count = integrity.chunk_count(r.span.nbytes)
-        seeds = [integrity.chunk_seed(seed, first + i) for i in range(count)]
+        seeds = integrity.chunk_seeds(r.key, r.lo // integrity.CHUNK, count)
         values.append((r.span, [(off - r.lo, out) for off, out in r.ranges], seeds))
     try:
         with commit_under(guard):

@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import time
-import traceback
 from typing import Any
 
 import torch
@@ -168,11 +167,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    os._exit(0)  # LMCache's non-daemon threads would keep the process alive
+    from proc_exit import run  # this script's folder (it runs by path)
+
+    run(main)

@@ -7,11 +7,9 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 import time
-import traceback
 from typing import Any
 
 from lmcache.v1.distributed.api import ObjectKey
@@ -65,11 +63,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    os._exit(0)  # LMCache's non-daemon threads would keep the process alive
+    from proc_exit import run  # this script's folder (it runs by path)
+
+    run(main)

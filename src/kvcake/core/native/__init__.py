@@ -30,12 +30,6 @@ def _load() -> ctypes.CDLL | None:
         ctypes.c_void_p, ctypes.c_void_p,
     )  # fmt: skip
     fn.restype = ctypes.c_int
-    fn = lib.kvc_scatter_sum
-    fn.argtypes = (
-        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
-    )  # fmt: skip
-    fn.restype = ctypes.c_long
     fn = lib.kvc_scatter_sum_many
     fn.argtypes = (ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t) + (
         ctypes.c_void_p,
@@ -83,7 +77,7 @@ def copy_sum(
 
 
 class StopFlag:
-    """A flag a running :func:`scatter_sum` reads before each chunk (an ``int`` in C memory,
+    """A flag a running :func:`scatter_sum_many` reads before each chunk (an ``int`` in C memory,
     so it is seen without the GIL): set it, and the copy in progress ends within one chunk."""
 
     def __init__(self) -> None:
@@ -91,46 +85,6 @@ class StopFlag:
 
     def set(self) -> None:
         self.value.value = 1
-
-
-def scatter_sum(
-    src: memoryview,
-    ranges: Sequence[tuple[int, memoryview]],
-    chunk: int,
-    seeds: Sequence[int] | None,
-    stop: StopFlag | None = None,
-) -> list[int] | None:
-    """Copy ``src[off : off + len(buf)]`` into each ``(off, buf)`` of ``ranges`` (offsets into
-    ``src``; sorted or not; not overlapping; writable buffers) and, with ``seeds`` (one per
-    ``chunk`` of ``src``), return the XXH3-64 sums of ``src``'s chunks *as handed over*: covered
-    bytes summed in their destination right after their copy, the rest in ``src``. Without
-    seeds: copy only, returns []. None: ``stop`` was set and the copy ended early (between
-    chunks). Needs :data:`AVAILABLE`."""
-    assert _LIB is not None, "kvcake.core.native is not built (make native)"
-    n = src.nbytes
-    count = (n + chunk - 1) // chunk
-    if seeds is not None and len(seeds) != count:
-        raise ValueError(f"{len(seeds)} seeds for {count} chunks")
-    todo = sorted((r for r in ranges if r[1].nbytes), key=lambda r: r[0])
-    offs = array.array("Q", [o for o, _ in todo])
-    lens = array.array("Q", [b.nbytes for _, b in todo])
-    dsts = array.array("Q", [_address(b) if not b.readonly else 0 for _, b in todo])
-    if any(b.readonly for _, b in todo) or any(o < 0 for o, _ in todo):
-        raise ValueError("a destination is read-only or an offset is negative")
-    seed_arr = array.array("Q", seeds) if seeds is not None else None
-    out = array.array("Q", bytes(8 * count))
-    done = _LIB.kvc_scatter_sum(
-        _address(src) if n else None, n, chunk,
-        seed_arr.buffer_info()[0] if seed_arr is not None else None, out.buffer_info()[0],
-        dsts.buffer_info()[0] if todo else None, offs.buffer_info()[0] if todo else None,
-        lens.buffer_info()[0] if todo else None, len(todo),
-        ctypes.addressof(stop.value) if stop is not None else None,
-    )  # fmt: skip
-    if done < 0:
-        raise ValueError("kvc_scatter_sum refused its ranges (overlapping or outside the value)")
-    if done < count:
-        return None
-    return out.tolist() if seeds is not None else []
 
 
 class CopyList:
@@ -160,9 +114,11 @@ def scatter_sum_many(
     stop: StopFlag | None = None,
     summed: bool = True,
 ) -> tuple[int, list[list[int]]]:
-    """:func:`scatter_sum` for many values in one C call: each ``(src, ranges, seeds)`` with
-    ``ranges`` sorted by offset, disjoint and inside ``src`` (the caller checks; a value whose
-    ranges C refuses raises ValueError). Returns how many values were done (fewer than all
+    """Copy each value's ``src[off : off + len(buf)]`` into each ``(off, buf)`` of its
+    ``ranges`` (offsets into ``src``, sorted, disjoint, inside it; writable buffers; a value
+    whose ranges C refuses raises ValueError) in one C call, and sum each ``chunk`` of ``src``
+    *as handed over* with its seed: covered bytes in their destination right after their copy,
+    the rest in ``src``. Returns how many values were done (fewer than all
     when ``stop`` was set: the one at that index was cut short) and each done value's sums
     (``summed`` False: copy only, the seeds unused and the sums meaningless)."""
     assert _LIB is not None, "kvcake.core.native is not built (make native)"
