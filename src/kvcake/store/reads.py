@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from kvcake.core import native
@@ -23,6 +24,8 @@ from kvcake.store.errors import (
     error_for,
 )
 from kvcake.store.filewriter import read_file_ranges
+from kvcake.store.landing import RUN as LANDING_MIN
+from kvcake.store.landing import fetch_landing
 from kvcake.store.readguard import ReadGuard, commit_under
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
@@ -39,6 +42,7 @@ from kvcake.store.verify import (
     scatter_verified_many,
     spans,
 )
+from kvcake.transfer.types import Landed
 
 _NEW_BYTEARRAY = ctypes.pythonapi.PyByteArray_FromStringAndSize
 _NEW_BYTEARRAY.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
@@ -251,6 +255,9 @@ class ReadPath:
             finally:
                 check()  # its owner died meanwhile: OwnerGone, not a checksum verdict
             return
+        if out.nbytes >= LANDING_MIN:  # summed as it arrives, while in the cache
+            fetch_landing(key, sums, size, off, out, partial(self._read_remote_memory, rep))
+            return
         read = lambda o, v: self._read_remote_memory(rep, o, v)  # noqa: E731
         fetch_verified(key, sums, size, off, out, read)
 
@@ -316,14 +323,16 @@ class ReadPath:
             for off, out in ranges:
                 out[:] = buf[off - lo : off - lo + out.nbytes]
 
-    def _read_remote_memory(self, rep: P.ReplicaDesc, off: int, out: memoryview) -> None:
+    def _read_remote_memory(
+        self, rep: P.ReplicaDesc, off: int, out: memoryview, landed: Landed | None = None
+    ) -> None:
         try:
-            self.engine.read_into(rep.segment, rep.offset + off, out)
+            self.engine.read_into(rep.segment, rep.offset + off, out, landed)
         except KvcakeError:
             # The cached location may name a dead predecessor of a node restarted under the
             # same segment name: look it up afresh and try once more.
             self.engine.registry.forget(rep.segment)
-            self.engine.read_into(rep.segment, rep.offset + off, out)
+            self.engine.read_into(rep.segment, rep.offset + off, out, landed)
 
     def _lookup(self, keys: Sequence[str]) -> tuple[P.Reply, float, float]:
         t0 = time.monotonic()

@@ -15,7 +15,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvcake.core.ids import BatchId
-from kvcake.transfer.types import BatchResult, BatchStatus, Op, RequestResult, SegmentInfo
+from kvcake.transfer.types import (
+    BatchResult,
+    BatchStatus,
+    Landed,
+    Op,
+    RequestResult,
+    SegmentInfo,
+)
 
 
 @dataclass(eq=False, slots=True)
@@ -29,6 +36,7 @@ class Job:
     batch: Batch | None = None
     remaining: int = 0
     error: BaseException | None = None
+    landed: Landed | None = None  # a read's progress, in offsets of ``local`` (types.Landed)
 
 
 @dataclass(eq=False, slots=True)

@@ -47,6 +47,7 @@ from kvcake.transfer.transport import Task, Transport
 from kvcake.transfer.types import (
     BatchResult,
     BatchStatus,
+    Landed,
     Op,
     PathInfo,
     SegmentInfo,
@@ -398,7 +399,14 @@ class TransferEngine:
         )
         self.transfer([req]).raise_for_errors()
 
-    def _try_fast(self, op: Op, view: memoryview, target: SegmentInfo, offset: int) -> bool:
+    def _try_fast(
+        self,
+        op: Op,
+        view: memoryview,
+        target: SegmentInfo,
+        offset: int,
+        landed: Landed | None = None,
+    ) -> bool:
         """One request in the caller's thread, without the batch machinery: a same-host copy
         through the mapping (any size), or one small TCP request (the 4 KB latency path).
         False: take the general path (which also reports any error)."""
@@ -406,7 +414,7 @@ class TransferEngine:
             transport = self._transport_for(target)
         except TransferError:
             return False
-        return transport.run_single(op, view, target, offset)
+        return transport.run_single(op, view, target, offset, landed)
 
     def transfer_sync_write(
         self,
@@ -430,16 +438,23 @@ class TransferEngine:
         """Read target bytes into a registered local segment; raises TransferError."""
         self._sync(Op.READ, target_segment, local_segment, local_offset, target_offset, length)
 
-    def _unregistered(self, op: Op, target_segment: str, target_offset: int, buf: Any) -> None:
+    def _unregistered(
+        self,
+        op: Op,
+        target_segment: str,
+        target_offset: int,
+        buf: Any,
+        landed: Landed | None = None,
+    ) -> None:
         view = as_byte_view(buf)
         if op is Op.READ and view.readonly:
             raise InvalidRequest("read_into needs a writable buffer")
         target = self.registry.target(target_segment)
         check_range(target_segment, target.size, target_offset, view.nbytes)
-        if self._try_fast(op, view, target, target_offset):
+        if self._try_fast(op, view, target, target_offset, landed):
             return
         batch = self._new_batch(1, collectable=False)
-        job = Job(op, view, target, target_offset, view.nbytes, [0], batch)
+        job = Job(op, view, target, target_offset, view.nbytes, [0], batch, landed=landed)
         tasks = self._transport_for(target).tasks(batch, [job])
         self._run_to_end(batch, tasks).raise_for_errors()
 
@@ -447,9 +462,12 @@ class TransferEngine:
         """Write any (unregistered, possibly read-only) buffer to a target segment."""
         self._unregistered(Op.WRITE, target_segment, target_offset, data)
 
-    def read_into(self, target_segment: str, target_offset: int, out: Any) -> None:
-        """Fill any writable (unregistered) buffer from a target segment."""
-        self._unregistered(Op.READ, target_segment, target_offset, out)
+    def read_into(
+        self, target_segment: str, target_offset: int, out: Any, landed: Landed | None = None
+    ) -> None:
+        """Fill any writable (unregistered) buffer from a target segment. ``landed``: told of
+        the bytes as they arrive over TCP (``types.Landed``; shared memory does not call it)."""
+        self._unregistered(Op.READ, target_segment, target_offset, out, landed)
 
     # --- lifecycle ------------------------------------------------------------------------
 

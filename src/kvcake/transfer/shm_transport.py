@@ -24,7 +24,7 @@ from kvcake.transfer.batch import Batch, Job, Slice, cut
 from kvcake.transfer.errors import OwnerGone
 from kvcake.transfer.segments import SegmentTable
 from kvcake.transfer.transport import Task, Transport
-from kvcake.transfer.types import Op, SegmentInfo
+from kvcake.transfer.types import Landed, Op, SegmentInfo
 
 
 def owner_pid(owner: str) -> int | None:
@@ -193,7 +193,14 @@ class ShmTransport(Transport):
         slices = [s for j in jobs for s in cut(j, max(j.length, 1))]
         return [lambda: self._run(batch, slices)]
 
-    def run_single(self, op: Op, local: memoryview, target: SegmentInfo, offset: int) -> bool:
+    def run_single(
+        self,
+        op: Op,
+        local: memoryview,
+        target: SegmentInfo,
+        offset: int,
+        landed: Landed | None = None,
+    ) -> bool:
         """One copy in the caller's thread (no batch, task or thread hand-off). Raises
         OwnerGone for a dead owner; False when it cannot be done here otherwise (the general
         path then reports the error)."""

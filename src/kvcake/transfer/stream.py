@@ -10,6 +10,7 @@ one ``sendmsg`` (data sections by reference, never copied).
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -81,6 +82,19 @@ def _recv_group(sock: socket.socket, views: list[memoryview]) -> None:
             if got:  # a partly filled view: continue it next call
                 views[j] = v[got:]
             break
+
+
+def recv_landed(
+    sock: socket.socket, dest: memoryview, got: int, landed: Callable[[int, int], None]
+) -> None:
+    """Fill ``dest`` from byte ``got`` on, telling ``landed(start, end)`` of every piece."""
+    total = dest.nbytes
+    while got < total:
+        n = sock.recv_into(dest[got:], min(total - got, IO_CALL_BYTES))
+        if n == 0:
+            raise TruncatedFrame(f"peer closed after {got} of {total} bytes")
+        landed(got, got + n)
+        got += n
 
 
 def recv_polling(recv: Callable[..., T], args: tuple[object, ...], spin_ns: int) -> T:
@@ -263,19 +277,33 @@ class FrameReader:
         self.read_into(memoryview(out_buf))
         return bytes(out_buf)
 
-    def read_into(self, dest: memoryview) -> None:
-        """Fill ``dest`` exactly: read-ahead bytes first, then straight from the socket."""
+    def read_into(self, dest: memoryview, landed: Callable[[int, int], None] | None = None) -> None:
+        """Fill ``dest`` exactly: read-ahead bytes first, then straight from the socket.
+        ``landed(start, end)`` is told of each piece as it arrives (``transfer.types.Landed``)."""
         take = min(self._end - self._start, dest.nbytes)
         if take:
             dest[:take] = self._view[self._start : self._start + take]
             self._start += take
+            if landed is not None:
+                landed(0, take)
         if take < dest.nbytes:
-            framing.recv_exact_into(self.sock, dest[take:])
+            if landed is None:
+                framing.recv_exact_into(self.sock, dest[take:])
+            else:
+                recv_landed(self.sock, dest, take, landed)
 
-    def read_into_views(self, views: list[memoryview]) -> None:
+    def read_into_views(
+        self, views: list[memoryview], landed: Callable[[int, int, int], None] | None = None
+    ) -> None:
         """Fill every view of ``views`` in order, exactly: read-ahead bytes first, then one
         ``recvmsg_into`` per wake-up with an iovec per remaining view (a batch of blocks costs
-        one system call, not one per block)."""
+        one system call, not one per block). ``landed(k, start, end)``: view ``k``'s bytes
+        ``[start, end)`` just arrived; then each view is received on its own, piece by piece,
+        so its reader can hash what arrived while the next piece is on its way."""
+        if landed is not None:
+            for k, view in enumerate(views):
+                self.read_into(view, functools.partial(landed, k))
+            return
         rest = views
         if self.buffered:
             rest = []

@@ -49,7 +49,7 @@ from kvcake.transfer.protocol import (
 )
 from kvcake.transfer.stream import FrameReader, send_all
 from kvcake.transfer.transport import Task, Transport
-from kvcake.transfer.types import Op, PathInfo, SegmentInfo
+from kvcake.transfer.types import Landed, Op, PathInfo, SegmentInfo
 from kvcake.transfer.vector import (
     REPLY_LIMITS,
     Refusals,
@@ -123,6 +123,20 @@ class VectorPlan:
         return self.transport.run_vectors([self])[0]
 
 
+def _frame_landed(frame: list[Slice]) -> Callable[[int, int, int], None] | None:
+    """Entry ``k``'s progress told to its job's ``landed`` in the job's offsets (None: no
+    job of the frame listens)."""
+    if all(s.job.landed is None for s in frame):
+        return None
+
+    def landed(k: int, a: int, b: int) -> None:
+        s = frame[k]
+        if s.job.landed is not None:
+            s.job.landed(s.offset + a, s.offset + b)
+
+    return landed
+
+
 class TcpTransport(Transport):
     name = "tcp"
 
@@ -184,13 +198,20 @@ class TcpTransport(Transport):
         self.pool.release(ep)
         return out
 
-    def run_single(self, op: Op, local: memoryview, target: SegmentInfo, offset: int) -> bool:
+    def run_single(
+        self,
+        op: Op,
+        local: memoryview,
+        target: SegmentInfo,
+        offset: int,
+        landed: Landed | None = None,
+    ) -> bool:
         """Fast path for one request of at most one slice in the caller's thread, without
         batch machinery. Returns False when the path failed (see :meth:`_inline`) or the
         request is larger; raises the remote refusal."""
         if local.nbytes > self.cfg.slice_size:
             return False
-        err = self._inline(target, self._single, op, local, target, offset)
+        err = self._inline(target, self._single, op, local, target, offset, landed)
         if err is PATH_FAILED:
             return False
         if err is not None:
@@ -198,7 +219,13 @@ class TcpTransport(Transport):
         return True
 
     def _single(
-        self, ep: Endpoint, op: Op, local: memoryview, target: SegmentInfo, offset: int
+        self,
+        ep: Endpoint,
+        op: Op,
+        local: memoryview,
+        target: SegmentInfo,
+        offset: int,
+        landed: Landed | None,
     ) -> TransferError | None:
         ep.rid += 1
         rid = ep.rid
@@ -211,7 +238,7 @@ class TcpTransport(Transport):
             ep.sock.sendall(framing.pack_header(rid, len(meta), 0) + meta)
         if self.hooks.after_send is not None:
             self.hooks.sent(ep.address)
-        return self._recv(ep.reader, rid, op, local, target)
+        return self._recv(ep.reader, rid, op, local, target, landed)
 
     def vector_fits(self, entries: int, total: int) -> bool:
         """Would the general path run these entries as one lane and one frame?"""
@@ -399,7 +426,9 @@ class TcpTransport(Transport):
         self, reader: FrameReader, rid: int, frame: list[Slice]
     ) -> list[tuple[Slice, TransferError | None]]:
         """Per-slice outcomes of the reply to a frame of slices (refusals returned)."""
-        out = read_vreply(reader, rid, frame[0].job.op, [s.local for s in frame])
+        out = read_vreply(
+            reader, rid, frame[0].job.op, [s.local for s in frame], _frame_landed(frame)
+        )
         if out is None:
             return [(s, None) for s in frame]
         bad = dict.fromkeys(range(len(frame)), out) if isinstance(out, TransferError) else out
@@ -409,7 +438,13 @@ class TcpTransport(Transport):
         return [(s, bad.get(i)) for i, s in enumerate(frame)]
 
     def _recv(
-        self, reader: FrameReader, rid: int, op: Op, local: memoryview, target: SegmentInfo
+        self,
+        reader: FrameReader,
+        rid: int,
+        op: Op,
+        local: memoryview,
+        target: SegmentInfo,
+        landed: Landed | None = None,
     ) -> TransferError | None:
         """Read the reply to a single request; a refusal is returned, a broken stream raises."""
         msg, data_len = read_reply(reader, rid)
@@ -426,5 +461,5 @@ class TcpTransport(Transport):
         if data_len != expect or msg.length != n:
             raise framing.MalformedFrame(f"reply of {data_len} bytes, expected {expect}")
         if expect:
-            reader.read_into(local)
+            reader.read_into(local, landed)
         return None

@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from kvcake.transfer.batch import Batch, Job
-from kvcake.transfer.types import Op, SegmentInfo
+from kvcake.transfer.types import Landed, Op, SegmentInfo
 
 Task = Callable[[], None]
 
@@ -28,9 +28,17 @@ class Transport(ABC):
     def tasks(self, batch: Batch, jobs: list[Job]) -> list[Task]:
         """Callables that together execute ``jobs`` (run on worker threads or inline)."""
 
-    def run_single(self, op: Op, local: memoryview, target: SegmentInfo, offset: int) -> bool:
+    def run_single(
+        self,
+        op: Op,
+        local: memoryview,
+        target: SegmentInfo,
+        offset: int,
+        landed: Landed | None = None,
+    ) -> bool:
         """One request in the caller's thread without batch bookkeeping, if this transport
-        has such a path for it; False: take the general path (which also reports errors)."""
+        has such a path for it; False: take the general path (which also reports errors).
+        ``landed``: see ``types.Landed`` (a transport may ignore it)."""
         return False
 
     def close(self) -> None:  # noqa: B027  (optional hook)

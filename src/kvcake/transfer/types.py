@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
 from kvcake.core.ids import BatchId, SegmentName
+
+# ``landed(start, end)``: bytes ``[start, end)`` of a read's local buffer have just arrived, in
+# order within one attempt of one slice, and nothing else writes them before the next call
+# (the reader may hash them while they are in the cache). Called in the thread that received
+# them (several lanes may call at once); a retried slice lands its bytes again. A transport
+# that copies without a receive loop (shared memory) does not call it.
+Landed = Callable[[int, int], None]
 
 
 class Op(IntEnum):

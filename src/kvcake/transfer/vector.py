@@ -9,6 +9,7 @@ frames here, so the wire rules live in one place.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from typing_extensions import Buffer
 
@@ -73,11 +74,16 @@ def read_reply(reader: FrameReader, rid: int) -> tuple[object, int]:
 
 
 def read_vreply(
-    reader: FrameReader, rid: int, op: Op, views: list[memoryview]
+    reader: FrameReader,
+    rid: int,
+    op: Op,
+    views: list[memoryview],
+    landed: Callable[[int, int, int], None] | None = None,
 ) -> TransferError | Refusals:
     """Read the reply to a vectored request of ``len(views)`` entries. A refusal of the whole
     frame is returned as one error, per-entry refusals as a dict; a read's bytes land straight
-    in ``views`` (one ``recvmsg_into`` per wake-up). A broken stream raises."""
+    in ``views`` (one ``recvmsg_into`` per wake-up; ``landed(k, start, end)`` is told of the
+    pieces of entry ``k``, see ``FrameReader.read_into_views``). A broken stream raises."""
     msg, data_len = read_reply(reader, rid)
     if type(msg) is Fail:
         if data_len:
@@ -93,13 +99,17 @@ def read_vreply(
                 raise framing.MalformedFrame(f"reply names entry {i} of {len(views)}")
             bad[i] = remote_error(kind, message)
     if op is Op.READ:
-        good = views if bad is None else [v for i, v in enumerate(views) if i not in bad]
+        keep = range(len(views)) if bad is None else [i for i in range(len(views)) if i not in bad]
+        good = views if bad is None else [views[i] for i in keep]
         expect = 0
         for v in good:
             expect += v.nbytes
         if data_len != expect:
             raise framing.MalformedFrame(f"reply of {data_len} bytes, expected {expect}")
-        reader.read_into_views(good)
+        if landed is None:
+            reader.read_into_views(good)
+        else:
+            reader.read_into_views(good, lambda k, a, b: landed(keep[k], a, b))
     elif data_len:
         raise framing.MalformedFrame("a write's reply carries no data")
     return bad

@@ -1,0 +1,82 @@
+"""A read's ``landed`` reports (``transfer.types.Landed``): each names bytes that have arrived,
+in order within a slice, and together they cover the read -- also when a path dies midway and
+slices are read again (then the retried bytes are reported again). The store sums each chunk
+from these reports while it is in the cache (store/landing.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from kvcake.core.integrity import CHUNK, checksums
+from kvcake.store.landing import LandingSums
+
+from .conftest import EngineFactory, pattern
+from .test_failover import kill_after
+from .test_tcp_paths import NICS, cfg
+
+
+class Recorder:
+    """Checks, at each report, that the reported bytes are already the source's."""
+
+    def __init__(self, out: bytearray, want: bytearray):
+        self.out, self.want = memoryview(out), memoryview(want)
+        self.reports: list[tuple[int, int]] = []
+        self.early: list[tuple[int, int]] = []  # reported before their bytes were there
+        self._lock = threading.Lock()
+
+    def landed(self, a: int, b: int) -> None:
+        with self._lock:
+            self.reports.append((a, b))
+            if self.out[a:b] != self.want[a:b]:
+                self.early.append((a, b))
+
+    def covered(self) -> bool:
+        seen = bytearray(len(self.out))
+        for a, b in self.reports:
+            assert 0 <= a < b <= len(self.out), (a, b)
+            seen[a:b] = b"\x01" * (b - a)
+        return all(seen)
+
+
+@pytest.mark.parametrize("size", [4096, CHUNK, 5 * CHUNK + 777])
+def test_reports_cover_a_read_with_bytes_that_arrived(
+    make_engine: EngineFactory, size: int
+) -> None:
+    a = make_engine(protocol="tcp")
+    b = make_engine()
+    src = pattern(size, seed=size)
+    b.register_memory("b", src)
+    out = bytearray(size)
+    rec = Recorder(out, src)
+    a.read_into("b", 0, out, rec.landed)
+    assert out == src
+    assert rec.covered() and not rec.early
+    if size <= CHUNK:  # one slice: one in-order run
+        assert [r[0] for r in rec.reports] == sorted(r[0] for r in rec.reports)
+
+
+def test_a_path_killed_midway_reports_the_retried_bytes_again(
+    make_engine: EngineFactory,
+) -> None:
+    size = 8 * CHUNK + 123
+    a = make_engine(protocol="tcp", config=cfg(streams=3, window=2))
+    b = make_engine(listen_hosts=NICS)
+    src = pattern(size, seed=7)
+    b.register_memory("b", src)
+    fired = kill_after(a, b.server, b.addresses[1], 5)
+    out = bytearray(size)
+    rec = Recorder(out, src)
+    sums = LandingSums("k", 0, memoryview(out))
+
+    def both(x: int, y: int) -> None:
+        rec.landed(x, y)
+        sums.landed(x, y)
+
+    a.read_into("b", 0, out, both)
+    assert fired.is_set()
+    assert out == src
+    assert rec.covered() and not rec.early
+    assert sums.bad(checksums("k", src)) == []
+    assert sums.bad(checksums("other", src)) == list(range(9))  # the sums mean something
