@@ -62,4 +62,9 @@ def test_native_l2_plugin_under_lmcaches_mp_adapter(
     assert got["found"] == [True, True, False] and got["loaded"] == [True, True, False], got
     assert got["equal"] == [True, True], got
     assert got["misfit_loaded"] is False and got["misfit_untouched"] is True, got
-    assert got["errors"] == {"size_mismatch": 1, "store_error": 0}, got
+    assert got["errors"] == {
+        "size_mismatch": 1,
+        "store_error": 0,
+        "queue_full": 0,
+        "internal": 0,
+    }, got
