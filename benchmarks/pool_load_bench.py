@@ -10,10 +10,12 @@ paged KV (30 layers) read from a store-server on this host into the paged planes
   the store-server's segment as this process maps it into the planes), built once and run as
   one C loop of ``memcpy`` (``core.native.CopyList``): what a load costs with no lookup, no
   lease, no Python per slice and no checksum. Same host only (``--protocol auto``).
+* ``c-stream`` — the same loop with non-temporal stores (``native.STREAM``), which the load
+  itself uses for its copies: the faster of the two baselines on this machine.
 
 Modes alternate for ``--repeats`` rounds (the order rotates each round); each round reports the
 median of ``--iters`` loads (the first dropped: it maps the segment). The planes are checked to
-hold the pooled bytes. The last line gives, per round, each mode's speed over ``c-copy``'s.
+hold the pooled bytes. The last line gives, per round, each mode's speed over each baseline's.
 
 Run: ``python benchmarks/pool_load_bench.py [--blocks 56] [--repeats 3] [--protocol auto|tcp]
 [--integrity]``.
@@ -38,10 +40,11 @@ from kvcake.store.config import ClientConfig
 from kvcake.store.readguard import ReadGuard
 
 LAYERS, NUM_BLOCKS = 30, 400
+BASELINES = {"c-copy": 0, "c-stream": native.STREAM}
 SHAPE = (3, 16, 2 * 64 * 2)  # kv_heads, block_size, 2 * head_size (fp32: 49 KB per layer)
 
 
-def c_copy_list(c: Client, paged: PagedKV, keys: list[str], ids: list[int]) -> CopyList:
+def c_copy_list(c: Client, paged: PagedKV, keys: list[str], ids: list[int], flags: int) -> CopyList:
     """The load's scatter list, source addresses in this process's mapping of the node."""
     copies = []
     for key, block in zip(keys, ids, strict=True):
@@ -50,7 +53,7 @@ def c_copy_list(c: Client, paged: PagedKV, keys: list[str], ids: list[int]) -> C
         assert mapped is not None, "the c-copy baseline needs a same-host node (--protocol auto)"
         base = native._address(mapped[0])
         copies += [(base + off, buf) for off, buf in paged.ranges(block)]
-    return CopyList(copies)
+    return CopyList(copies, flags)
 
 
 def load(mode: str, c: Client, paged: PagedKV, keys: list[str], ids: list[int]) -> None:
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = ClientConfig(master=master.info["rpc"], protocol=a.protocol, tune_malloc=False)
         modes = ["direct", "unverified"] if a.integrity else ["staged", "direct"]
         if a.protocol == "auto" and native.AVAILABLE:
-            modes.append("c-copy")
+            modes += list(BASELINES)
         if a.integrity:
             plain = Client(dataclasses.replace(cfg, verify=False))
         with Client(cfg) as c:
@@ -96,15 +99,19 @@ def main(argv: list[str] | None = None) -> int:
             ids = list(range(100, 100 + a.blocks))
             mb = paged.block_bytes * a.blocks / 1e6
             rows = []
-            baseline = c_copy_list(c, paged, keys, ids) if "c-copy" in modes else None
+            baselines = {
+                m: c_copy_list(c, paged, keys, ids, flags)
+                for m, flags in BASELINES.items()
+                if m in modes
+            }
             for r in range(a.repeats):
                 for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
                     ts = []
                     reader = plain if mode == "unverified" and plain is not None else c
                     for _ in range(a.iters):
-                        if baseline is not None and mode == "c-copy":
+                        if mode in baselines:
                             t0 = time.perf_counter()
-                            baseline.run()
+                            baselines[mode].run()
                         else:
                             t0 = time.perf_counter()
                             load(mode, reader, paged, keys, ids)
@@ -125,10 +132,10 @@ def main(argv: list[str] | None = None) -> int:
             name = "verified_over_unverified_speed" if a.integrity else "staged_over_direct"
             pair = [ms[r, first] / ms[r, second] for r in rounds]
             out = {name: [round(x if not a.integrity else 1 / x, 2) for x in pair]}
-            if "c-copy" in modes:  # speed over the C copy's = its time over ours
-                for m in modes[:-1]:
-                    out[f"{m}_over_c_copy_speed"] = [
-                        round(ms[r, "c-copy"] / ms[r, m], 2) for r in rounds
+            for base in baselines:  # speed over the C copy's = its time over ours
+                for m in modes[:2]:
+                    out[f"{m}_over_{base.replace('-', '_')}_speed"] = [
+                        round(ms[r, base] / ms[r, m], 2) for r in rounds
                     ]
             print(json.dumps(out))
     finally:

@@ -31,15 +31,53 @@ def test_it_is_built() -> None:
     assert native.AVAILABLE, "kvcake.core.native is not built: run `make native`"
 
 
+FLAGS = [0, native.STREAM, native.STREAM | native.BOUNCE]
+
+
+@pytest.mark.parametrize("flags", FLAGS)
 @pytest.mark.parametrize("size", SIZES)
-def test_copy_sum_matches_the_python_sums_and_copies_every_byte(size: int) -> None:
+def test_copy_sum_matches_the_python_sums_and_copies_every_byte(size: int, flags: int) -> None:
     value = _value(size, size)
     seed = integrity.key_seed("k")
     seeds = [integrity.chunk_seed(seed, i) for i in range(integrity.chunk_count(size))]
-    dst = memoryview(bytearray(size))
-    assert native.copy_sum(dst, value, integrity.CHUNK, seeds) == integrity.checksums("k", value)
-    assert dst == value
+    for shift in (0, 5):  # streamed stores need aligned addresses: an unaligned head too
+        room = memoryview(bytearray(size + 2 * shift + 64))
+        dst = room[shift : shift + size]
+        got = native.copy_sum(dst, value, integrity.CHUNK, seeds, flags)
+        assert got == integrity.checksums("k", value)
+        assert dst == value
+        assert not any(room[:shift]) and not any(room[shift + size :])  # nothing around it
     assert native.copy_sum(None, value, integrity.CHUNK, seeds) == integrity.checksums("k", value)
+
+
+@pytest.mark.parametrize("size", [0, 17, native.STREAM_MIN - 1, native.STREAM_MIN, 3 << 20])
+def test_copy_copies_every_byte_and_nothing_else(size: int) -> None:
+    value = _value(size, 9)
+    room = memoryview(bytearray(size + 70))
+    native.copy(room[3 : 3 + size], value)
+    assert room[3 : 3 + size] == value
+    assert not any(room[:3]) and not any(room[3 + size :])
+    with pytest.raises(ValueError):  # C or a slice assignment: a wrong size is refused
+        native.copy(room[: size + 1], value)
+
+
+@pytest.mark.parametrize("flags", [0, native.STREAM])
+def test_scatter_and_the_copy_list_stream_the_same_bytes(flags: int) -> None:
+    size = 2 * integrity.CHUNK + 4099
+    value = _value(size, 4)
+    ranges = [(1, memoryview(bytearray(70_000))), (100_001, memoryview(bytearray(1_500_000)))]
+    seeds = integrity.chunk_seeds("k", 0, integrity.chunk_count(size))
+    done, sums = native.scatter_sum_many([(value, ranges, seeds)], integrity.CHUNK, flags=flags)
+    assert done == 1 and sums[0] == integrity.checksums("k", value)
+    for off, buf in ranges:
+        assert buf == value[off : off + buf.nbytes]
+    outs = [memoryview(bytearray(b.nbytes)) for _, b in ranges]
+    src = memoryview(bytearray(value))
+    base = native._address(src)
+    native.CopyList(
+        [(base + off, o) for (off, _), o in zip(ranges, outs, strict=True)], flags
+    ).run()
+    assert all(o == b for o, (_, b) in zip(outs, ranges, strict=True))
 
 
 def test_bad_arguments_are_refused() -> None:

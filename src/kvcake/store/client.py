@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from kvcake.core import auth as _auth
-from kvcake.core import integrity
+from kvcake.core import integrity, native
 from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.store import protocol as P
 from kvcake.store.config import ClientConfig
@@ -461,7 +461,7 @@ class Client(ReadPath):
             if sums is not None and sums.get(key, []) is None:
                 sums[key] = write_summing(key, view, span)
             else:
-                span[:] = view
+                native.copy(span, view)
             if check is not None:
                 check()  # the owner died meanwhile: the bytes went nowhere
         except KvcakeError as exc:

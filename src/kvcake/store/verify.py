@@ -109,7 +109,7 @@ def write_summing(key: str, value: memoryview, dst: memoryview) -> list[int]:
     n = value.nbytes
     if native.AVAILABLE and n >= integrity.NATIVE_MIN:
         seeds = integrity.chunk_seeds(key, 0, integrity.chunk_count(n))
-        return native.copy_sum(dst[:n], value, integrity.CHUNK, seeds)
+        return native.copy_sum(dst[:n], value, integrity.CHUNK, seeds, native.STREAM)
     seed = integrity.key_seed(key)
     sums = []
     for start in range(0, n, integrity.CHUNK):
@@ -185,7 +185,7 @@ def scatter_verified(
     with commit_under(guard):
         stop = guard.stop if guard is not None else None
         done, got = native.scatter_sum_many(
-            [(span, moved, seeds)], integrity.CHUNK, stop, summed=sums is not None
+            [(span, moved, seeds)], integrity.CHUNK, stop, sums is not None, native.STREAM
         )
     if not done:
         raise TransferFailed(f"{key!r}: read cancelled")
@@ -228,7 +228,9 @@ def scatter_verified_many(
     try:
         with commit_under(guard):
             stop = guard.stop if guard is not None else None
-            done, sums = native.scatter_sum_many(values, integrity.CHUNK, stop, summed=verify)
+            done, sums = native.scatter_sum_many(
+                values, integrity.CHUNK, stop, verify, native.STREAM
+            )
     except TransferFailed:
         done, sums = 0, []
     out: list[int | StoreError | None] = []

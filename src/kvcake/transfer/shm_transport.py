@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvcake.core import native
 from kvcake.transfer import shm
 from kvcake.transfer.batch import Batch, Job, Slice, cut
 from kvcake.transfer.errors import OwnerGone
@@ -183,10 +184,10 @@ class ShmTransport(Transport):
 
     def _copy(self, op: Op, local: memoryview, target: SegmentInfo, offset: int) -> None:
         span, check = self.span(target, offset, local.nbytes)
-        if op is Op.WRITE:
-            span[:] = local
+        if op is Op.WRITE:  # (large copies stream: kvcake.core.native)
+            native.copy(span, local)
         else:
-            local[:] = span
+            native.copy(local, span)
         check()  # after the copy: bytes read while (or after) the owner died are not handed out
 
     def tasks(self, batch: Batch, jobs: list[Job]) -> list[Task]:

@@ -27,22 +27,32 @@ def _load() -> ctypes.CDLL | None:
     fn = lib.kvc_copy_sum
     fn.argtypes = (
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
-        ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
     )  # fmt: skip
     fn.restype = ctypes.c_int
     fn = lib.kvc_scatter_sum_many
-    fn.argtypes = (ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t) + (
-        ctypes.c_void_p,
-    ) * 8
+    fn.argtypes = (
+        (ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+        + (ctypes.c_void_p,) * 8
+        + (ctypes.c_int,)
+    )
     fn.restype = ctypes.c_long
     fn = lib.kvc_copy_list
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     fn.restype = None
     return lib
 
 
 _LIB = _load()
 AVAILABLE = _LIB is not None
+# copysum.c's flags. STREAM: the destination is written with non-temporal stores (a large copy
+# into memory the copier will not read back: ~2x memcpy into cold memory, docs/store.md,
+# "Integrity"); BOUNCE: each summed piece is summed in an L1 buffer it then leaves from, so the
+# sums are of the bytes handed over even if the source changes meanwhile (a peer's segment).
+STREAM, BOUNCE = 1, 2
+# From here up a copy streams (and goes through C: below it the ctypes call costs more than
+# the stores it saves, and the destination is likely to be read from the cache soon).
+STREAM_MIN = 256 * 1024
 
 
 def _address(view: memoryview) -> int:
@@ -52,12 +62,30 @@ def _address(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
 
 
+def copy(dst: memoryview, src: memoryview) -> None:
+    """``dst[:] = src`` (same length), streamed through C from :data:`STREAM_MIN` bytes up
+    when the helper is built: the plain copy the checksummed ones are measured against."""
+    n = src.nbytes
+    if _LIB is None or n < STREAM_MIN:
+        dst[:] = src
+        return
+    if dst.nbytes != n:
+        raise ValueError(f"copy of {n} bytes into {dst.nbytes}")
+    if _LIB.kvc_copy_sum(_address(dst), _address(src), n, n, None, None, STREAM) != 0:
+        raise ValueError("kvc_copy_sum refused its arguments")
+
+
 def copy_sum(
-    dst: memoryview | None, src: memoryview, chunk: int, seeds: Sequence[int]
+    dst: memoryview | None,
+    src: memoryview,
+    chunk: int,
+    seeds: Sequence[int],
+    flags: int = 0,
 ) -> list[int]:
     """Copy ``src`` into ``dst`` (same length; None: only sum) and return the XXH3-64 sums of
     its ``chunk``-byte chunks, chunk ``i`` seeded by ``seeds[i]`` (one seed per chunk). Each
-    4 KiB piece is summed right after it is copied, in L1. Needs :data:`AVAILABLE`."""
+    4 KiB piece is summed right after it is copied, in L1. ``flags``: :data:`STREAM`,
+    :data:`BOUNCE`. Needs :data:`AVAILABLE`."""
     assert _LIB is not None, "kvcake.core.native is not built (make native)"
     n = src.nbytes
     count = (n + chunk - 1) // chunk
@@ -69,7 +97,7 @@ def copy_sum(
     out = array.array("Q", bytes(8 * count))
     dst_addr = _address(dst) if dst is not None else None
     code = _LIB.kvc_copy_sum(
-        dst_addr, _address(src), n, chunk, seed_arr.buffer_info()[0], out.buffer_info()[0]
+        dst_addr, _address(src), n, chunk, seed_arr.buffer_info()[0], out.buffer_info()[0], flags
     )
     if code != 0:
         raise ValueError("kvc_copy_sum refused its arguments")
@@ -91,8 +119,9 @@ class CopyList:
     """A scatter list built once (source address, destination, length per copy) and run as
     one C loop, the GIL released: the baseline a load is measured against."""
 
-    def __init__(self, copies: Sequence[tuple[int, memoryview]]):
+    def __init__(self, copies: Sequence[tuple[int, memoryview]], flags: int = 0):
         assert _LIB is not None, "kvcake.core.native is not built (make native)"
+        self._flags = flags
         self._keep = [b for _, b in copies]  # the destinations outlive the list
         self._src = array.array("Q", [a for a, _ in copies])
         self._dst = array.array("Q", [_address(b) for _, b in copies])
@@ -104,7 +133,7 @@ class CopyList:
         if n:
             _LIB.kvc_copy_list(
                 self._src.buffer_info()[0], self._dst.buffer_info()[0],
-                self._len.buffer_info()[0], n,
+                self._len.buffer_info()[0], n, self._flags,
             )  # fmt: skip
 
 
@@ -113,6 +142,7 @@ def scatter_sum_many(
     chunk: int,
     stop: StopFlag | None = None,
     summed: bool = True,
+    flags: int = 0,
 ) -> tuple[int, list[list[int]]]:
     """Copy each value's ``src[off : off + len(buf)]`` into each ``(off, buf)`` of its
     ``ranges`` (offsets into ``src``, sorted, disjoint, inside it; writable buffers; a value
@@ -120,7 +150,8 @@ def scatter_sum_many(
     *as handed over* with its seed: covered bytes in their destination right after their copy,
     the rest in ``src``. Returns how many values were done (fewer than all
     when ``stop`` was set: the one at that index was cut short) and each done value's sums
-    (``summed`` False: copy only, the seeds unused and the sums meaningless)."""
+    (``summed`` False: copy only, the seeds unused and the sums meaningless). ``flags``:
+    :data:`STREAM` (summed pieces then always bounce: they come from a peer's memory)."""
     assert _LIB is not None, "kvcake.core.native is not built (make native)"
     srcs, ns, sfirst, rfirst = (
         array.array("Q"),
@@ -148,7 +179,7 @@ def scatter_sum_many(
     done = _LIB.kvc_scatter_sum_many(
         len(values), _ptr(srcs), _ptr(ns), chunk, _ptr(seeds) if summed else None, _ptr(out),
         _ptr(sfirst),
-        _ptr(dsts), _ptr(offs), _ptr(lens), _ptr(rfirst), stop_at,
+        _ptr(dsts), _ptr(offs), _ptr(lens), _ptr(rfirst), stop_at, flags,
     )  # fmt: skip
     if done < 0:
         raise ValueError(f"value {-1 - done}: ranges overlap or lie outside it")

@@ -10,34 +10,92 @@
  * seeded by seeds[i] (the streaming and one-shot XXH3 APIs give the same result).
  */
 #define XXH_INLINE_ALL
+#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 #include <xxhash.h>
 
 #define PIECE (4 * 1024)
 
-/* dst[0:n] = src[0:n]; out[i] = XXH3-64 of dst's chunk i (chunk bytes from i*chunk, the last
- * one may be shorter) with seed seeds[i]. Returns 0, or -1 on bad arguments. */
+/* flags of kvc_copy_sum and kvc_scatter_sum:
+ * KVC_STREAM: write the destination with non-temporal stores. A large copy into memory this
+ *   call will not read again (a segment, a fresh buffer, KV planes bigger than the cache) then
+ *   skips reading each destination line before writing it: measured ~2x glibc's memcpy at
+ *   256 KiB-16 MiB into cold memory on this machine (docs/store.md, "Integrity").
+ * KVC_BOUNCE: with KVC_STREAM and sums, each piece goes src -> an L1 buffer -> dst and the
+ *   buffer is summed, so the sums are of the bytes handed over even if src changes meanwhile
+ *   (a peer's segment); without it src is summed, then streamed (a writer's own value). */
+#define KVC_STREAM 1
+#define KVC_BOUNCE 2
+
+/* memcpy with non-temporal stores for the aligned body (the caller fences once at the end). */
+static inline void stream_copy(unsigned char *d, const unsigned char *s, size_t m) {
+#if defined(__AVX__)
+    enum { W = 32 };
+#else
+    enum { W = 16 };
+#endif
+    size_t head = (W - ((uintptr_t)d & (W - 1))) & (W - 1);
+    if (head > m)
+        head = m;
+    memcpy(d, s, head);
+    d += head, s += head, m -= head;
+    for (; m >= W; m -= W, d += W, s += W) {
+#if defined(__AVX__)
+        _mm256_stream_si256((__m256i *)d, _mm256_loadu_si256((const __m256i *)s));
+#else
+        _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+#endif
+    }
+    memcpy(d, s, m);
+}
+
+/* One piece of a copy: to[0:m] = from[0:m], summed into st (NULL: not summed) as flags say. */
+static inline void copy_piece(unsigned char *to, const unsigned char *from, size_t m,
+                              XXH3_state_t *st, int flags) {
+    if (!(flags & KVC_STREAM)) {
+        memcpy(to, from, m);
+        if (st != NULL)
+            XXH3_64bits_update(st, to, m);
+        return;
+    }
+    if (st != NULL && (flags & KVC_BOUNCE)) {
+        _Alignas(64) unsigned char bounce[PIECE];
+        memcpy(bounce, from, m);
+        XXH3_64bits_update(st, bounce, m);
+        stream_copy(to, bounce, m);
+        return;
+    }
+    if (st != NULL)
+        XXH3_64bits_update(st, from, m);
+    stream_copy(to, from, m);
+}
+
+/* dst[0:n] = src[0:n]; out[i] = XXH3-64 of chunk i as copied (chunk bytes from i*chunk, the
+ * last one may be shorter) with seed seeds[i]. dst NULL: only sum src; seeds NULL: only copy.
+ * flags: KVC_STREAM, KVC_BOUNCE. Returns 0, or -1 on bad arguments. */
 int kvc_copy_sum(unsigned char *dst, const unsigned char *src, size_t n, size_t chunk,
-                 const uint64_t *seeds, uint64_t *out) {
+                 const uint64_t *seeds, uint64_t *out, int flags) {
     XXH3_state_t st;
-    if (chunk == 0)
+    XXH3_state_t *sp = seeds != NULL ? &st : NULL;
+    if (chunk == 0 || (dst == NULL && seeds == NULL))
         return -1;
     for (size_t c = 0, i = 0; c < n; c += chunk, i++) {
         size_t end = n - c > chunk ? c + chunk : n;
-        if (XXH3_64bits_reset_withSeed(&st, seeds[i]) != XXH_OK)
+        if (sp != NULL && XXH3_64bits_reset_withSeed(sp, seeds[i]) != XXH_OK)
             return -1;
         for (size_t a = c; a < end; a += PIECE) {
             size_t m = end - a > PIECE ? PIECE : end - a;
-            if (dst != NULL) {
-                memcpy(dst + a, src + a, m);
-                XXH3_64bits_update(&st, dst + a, m);
-            } else {
-                XXH3_64bits_update(&st, src + a, m);
-            }
+            if (dst != NULL)
+                copy_piece(dst + a, src + a, m, sp, flags);
+            else
+                XXH3_64bits_update(sp, src + a, m);
         }
-        out[i] = XXH3_64bits_digest(&st);
+        if (sp != NULL)
+            out[i] = XXH3_64bits_digest(sp);
     }
+    if (flags & KVC_STREAM)
+        _mm_sfence(); /* the streamed bytes are visible before the caller reports them */
     return 0;
 }
 
@@ -49,10 +107,11 @@ int kvc_copy_sum(unsigned char *dst, const unsigned char *src, size_t n, size_t 
  * their copy, the others summed in src. *stop is checked before each chunk (a cancelled read
  * stops within one chunk). seeds == NULL: only copy (no sums). Returns the chunks done (all of
  * them unless stopped), or -1 on bad arguments. */
-long kvc_scatter_sum(const unsigned char *src, size_t n, size_t chunk, const uint64_t *seeds,
-                     uint64_t *out, const uint64_t *dst, const uint64_t *off, const uint64_t *len,
-                     size_t count, const volatile int *stop) {
+static long scatter_sum(const unsigned char *src, size_t n, size_t chunk, const uint64_t *seeds,
+                        uint64_t *out, const uint64_t *dst, const uint64_t *off,
+                        const uint64_t *len, size_t count, const volatile int *stop, int flags) {
     XXH3_state_t st;
+    XXH3_state_t *sp = seeds != NULL ? &st : NULL;
     size_t r = 0;
     long done = 0;
     if (chunk == 0)
@@ -74,14 +133,11 @@ long kvc_scatter_sum(const unsigned char *src, size_t n, size_t chunk, const uin
             size_t m = stop_at < end ? stop_at - p : end - p;
             if (m > PIECE)
                 m = PIECE;
-            const unsigned char *summed = src + p;
-            if (inside) {
-                unsigned char *to = (unsigned char *)(uintptr_t)dst[r] + (p - off[r]);
-                memcpy(to, src + p, m);
-                summed = to;
-            }
-            if (seeds != NULL)
-                XXH3_64bits_update(&st, summed, m);
+            if (inside)
+                copy_piece((unsigned char *)(uintptr_t)dst[r] + (p - off[r]), src + p, m, sp,
+                           flags | KVC_BOUNCE);
+            else if (sp != NULL)
+                XXH3_64bits_update(sp, src + p, m);
             p += m;
         }
         if (seeds != NULL)
@@ -90,32 +146,49 @@ long kvc_scatter_sum(const unsigned char *src, size_t n, size_t chunk, const uin
     return done;
 }
 
-/* memcpy(dst[k], src[k], len[k]) for each k: a scatter list as one C loop (the baseline a
- * verified load is measured against, benchmarks/pool_load_bench.py). */
-void kvc_copy_list(const uint64_t *src, const uint64_t *dst, const uint64_t *len, size_t count) {
-    for (size_t k = 0; k < count; k++)
-        memcpy((void *)(uintptr_t)dst[k], (const void *)(uintptr_t)src[k], len[k]);
+/* memcpy(dst[k], src[k], len[k]) for each k (flags & KVC_STREAM: with non-temporal stores): a
+ * scatter list as one C loop, the baseline a verified load is measured against
+ * (benchmarks/pool_load_bench.py). */
+void kvc_copy_list(const uint64_t *src, const uint64_t *dst, const uint64_t *len, size_t count,
+                   int flags) {
+    for (size_t k = 0; k < count; k++) {
+        unsigned char *d = (unsigned char *)(uintptr_t)dst[k];
+        const unsigned char *s = (const unsigned char *)(uintptr_t)src[k];
+        if (flags & KVC_STREAM)
+            stream_copy(d, s, len[k]);
+        else
+            memcpy(d, s, len[k]);
+    }
+    if (flags & KVC_STREAM)
+        _mm_sfence();
 }
 
 /* kvc_scatter_sum over many values in one call (one load's blocks): value j's bytes are at
  * src[j] (n[j] of them), its seeds and sums from index sfirst[j], its ranges [rfirst[j],
- * rfirst[j + 1]); seeds == NULL: copy only. Returns the number of values done: all of them, fewer when *stop was set
+ * rfirst[j + 1]); seeds == NULL: copy only; flags: KVC_STREAM (summed pieces always bounce).
+ * Returns the number of values done: all of them, fewer when *stop was set
  * (value "done" was cut short), or -1 - j when value j's ranges were refused. */
 long kvc_scatter_sum_many(size_t count, const uint64_t *src, const uint64_t *n, size_t chunk,
                           const uint64_t *seeds, uint64_t *out, const uint64_t *sfirst,
                           const uint64_t *dst, const uint64_t *off, const uint64_t *len,
-                          const uint64_t *rfirst, const volatile int *stop) {
+                          const uint64_t *rfirst, const volatile int *stop, int flags) {
+    long ret = (long)count;
     for (size_t j = 0; j < count; j++) {
         size_t chunks = chunk ? (n[j] + chunk - 1) / chunk : 0;
-        long done = kvc_scatter_sum((const unsigned char *)(uintptr_t)src[j], n[j], chunk,
-                                    seeds ? seeds + sfirst[j] : NULL, out + sfirst[j],
-                                    dst + rfirst[j],
-                                    off + rfirst[j], len + rfirst[j], rfirst[j + 1] - rfirst[j],
-                                    stop);
-        if (done < 0)
-            return -1 - (long)j;
-        if ((size_t)done < chunks)
-            return (long)j;
+        long done = scatter_sum((const unsigned char *)(uintptr_t)src[j], n[j], chunk,
+                                seeds ? seeds + sfirst[j] : NULL, out + sfirst[j], dst + rfirst[j],
+                                off + rfirst[j], len + rfirst[j], rfirst[j + 1] - rfirst[j], stop,
+                                flags);
+        if (done < 0) {
+            ret = -1 - (long)j;
+            break;
+        }
+        if ((size_t)done < chunks) {
+            ret = (long)j;
+            break;
+        }
     }
-    return (long)count;
+    if (flags & KVC_STREAM)
+        _mm_sfence();
+    return ret;
 }
