@@ -108,7 +108,7 @@ class KvcakeConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             self.pool = PoolHandle(self.cfg, "vLLM scheduler", self.cfg.lookup_timeout_s, log)
             self.planner = Planner(self.namer, save=self.saves_enabled)
-            self.kv_events = SchedulerEvents()
+            self.kv_events = SchedulerEvents(self.namer.tp_size)  # ranks that save a block
             self._awaiting: dict[str, float] = {}  # P/D consumers waiting for the producer
             self.pd = PdScheduler(
                 self.engine_id, self.num_blocks, self.namer.block_tokens, self.cfg.pd_lease_s,

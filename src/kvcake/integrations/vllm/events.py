@@ -1,10 +1,16 @@
 """KV events of the connector in vLLM's own types (docs/integrations/routers.md): each block a
 worker saved into the pool becomes a ``BlockStored`` (kvcake's chained block hash, the parent
 block's hash — None for a prompt's first block — its token ids, block size, medium ``CPU``: the
-pool's memory). vLLM gathers them from the workers (``get_kv_connector_kv_cache_events``),
-hands them to the scheduler connector (``update_connector_output``), keeps those every worker
-reported (with tensor parallelism each rank saves its own share of a block) and publishes what
-``take_events`` yields on its own KV-event stream (``--kv-events-config``).
+pool's memory). vLLM gathers them from the workers (``get_kv_connector_kv_cache_events``, after
+each step), hands them to the scheduler connector (``update_connector_output``) and publishes
+what ``take_events`` yields on its own KV-event stream (``--kv-events-config``).
+
+A block is published once every tensor-parallel rank reported it: each rank saves its own share,
+in its own background thread, so the ranks' reports of one block may come in different steps.
+vLLM's per-step aggregation (``KVOutputAggregator``) only sums what the workers reported in that
+step, so the scheduler side counts ranks across steps itself. Each worker reports a block once
+per step (two requests saving the same block in one step: one event), so a step's count of an
+event is the number of ranks that reported it.
 
 The lineage comes from the scheduler (the planner knows the prompt's tokens) with each save run
 and is also announced to the master, so the master's vLLM-format stream can publish the block
@@ -15,7 +21,7 @@ the oldest are dropped (a router misses a block, it never mis-scores one).
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -94,28 +100,34 @@ class SavedBlocks:
     def take(self) -> KvcakeKVEvents | None:
         with self._lock:
             events, self._q = list(self._q), deque(maxlen=MAX_PENDING)
-        return KvcakeKVEvents(1, events) if events else None
+        # Once per step: the scheduler reads an event's count as the ranks that reported it.
+        return KvcakeKVEvents(1, list(dict.fromkeys(events))) if events else None
 
 
 class SchedulerEvents:
-    """Scheduler side: the workers' events of the last steps, until ``take_events``."""
+    """Scheduler side: events every one of ``ranks`` workers reported, until ``take_events``;
+    the ranks' reports may arrive in different steps (module doc)."""
 
-    def __init__(self) -> None:
-        self._events: KvcakeKVEvents | None = None
+    def __init__(self, ranks: int = 1) -> None:
+        if ranks < 1:
+            raise ValueError(f"ranks must be >= 1, got {ranks}")
+        self._ranks = ranks
+        self._partial: OrderedDict[KVCacheEvent, int] = OrderedDict()  # reported by fewer
+        self._ready: deque[KVCacheEvent] = deque(maxlen=MAX_PENDING)  # nobody takes: oldest go
 
     def add(self, output: Any) -> None:
         got = getattr(output, "kv_cache_events", None)
         if not isinstance(got, KvcakeKVEvents):
             return
-        if self._events is None:
-            self._events = got
-            return
-        self._events.add_events(got.get_all_events())
-        self._events.increment_workers(got.get_number_of_workers())
-        if len(self._events.get_all_events()) > MAX_PENDING:  # nobody takes them: drop
-            self._events = None
+        for event, n in Counter(got.get_all_events()).items():
+            total = self._partial.pop(event, 0) + n
+            if total >= self._ranks:
+                self._ready.append(event)
+                continue
+            self._partial[event] = total
+            if len(self._partial) > MAX_PENDING:  # a rank that never reports: forget the oldest
+                self._partial.popitem(last=False)
 
     def take(self) -> Iterator[KVCacheEvent]:
-        events, self._events = self._events, None
-        if events is not None:
-            yield from events.aggregate().get_all_events()
+        ready, self._ready = self._ready, deque(maxlen=MAX_PENDING)
+        yield from ready
