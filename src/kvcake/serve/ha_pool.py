@@ -21,9 +21,10 @@ import httpx
 
 from kvcake.core.errors import ConfigError
 from kvcake.core.ports import free_port
+from kvcake.serve.supervisor import Child, ClusterStartError
 
 if TYPE_CHECKING:
-    from kvcake.serve.launcher import Child, Cluster
+    from kvcake.serve.launcher import Cluster
 
 LEADER = re.compile(r"master leader rpc=(?P<rpc>\S+) directory=(?P<directory>\S+) "
                     r"http=(?P<http>\S+) term=(?P<term>\d+)")  # fmt: skip
@@ -39,7 +40,6 @@ def etcd_alive(url: str, timeout: float = 1.0) -> bool:
 def start_etcd(cl: Cluster) -> str:
     """One etcd member on free loopback ports (a supervised child named ``etcd``); returns
     its ``host:port``."""
-    from kvcake.serve.launcher import Child, ClusterStartError
 
     exe = shutil.which("etcd")
     if exe is None:
@@ -108,7 +108,6 @@ def start_ha_pool(cl: Cluster) -> tuple[str, str]:
 
 def wait_leader(cl: Cluster, masters: list[Child]) -> Child:
     """The first of ``masters`` to print its leader line (its addresses go into its info)."""
-    from kvcake.serve.launcher import ClusterStartError
 
     deadline = time.monotonic() + cl.conf.cluster.startup_timeout_s
     while time.monotonic() < deadline:

@@ -21,13 +21,12 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from kvcake.core.errors import KvcakeError
 from kvcake.serve.clusterfile import (  # noqa: F401  (re-exported: callers import them here)
     check_model,
     check_port_free,
@@ -36,23 +35,14 @@ from kvcake.serve.clusterfile import (  # noqa: F401  (re-exported: callers impo
 )
 from kvcake.serve.config import InstanceConfig, ServeFile, load_proxy_config
 from kvcake.serve.runstate import proc_start_ticks, write_state
-from kvcake.serve.supervisor import RestartState, Supervisor, die_with_parent
+from kvcake.serve.supervisor import (
+    Child,
+    ClusterStartError,
+    Supervisor,
+    die_with_parent,
+)
 
 STATE_FILE = "cluster.json"
-
-
-class ClusterStartError(KvcakeError):
-    """A process of the cluster failed to start; the message says which and why."""
-
-
-@dataclass
-class Child(RestartState):
-    name: str
-    argv: list[str]
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-    info: dict[str, str] = field(default_factory=dict)  # what its ready line said (addresses)
-    start_ticks: int = 0  # /proc start time of ``proc``: `kvcake down` checks it before signalling
 
 
 class Cluster:

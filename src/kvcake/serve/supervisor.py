@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import logging
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
+
+from kvcake.core.errors import KvcakeError
 
 log = logging.getLogger(__name__)
 
@@ -130,3 +134,20 @@ class Supervisor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+
+
+class ClusterStartError(KvcakeError):
+    """A process of the cluster failed to start; the message says which and why."""
+
+
+@dataclass
+class Child(RestartState):
+    """One supervised process of a cluster (its restart state, argv, log and what its ready
+    line said)."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    info: dict[str, str] = field(default_factory=dict)  # what its ready line said (addresses)
+    start_ticks: int = 0  # /proc start time of ``proc``: `kvcake down` checks it before signalling

@@ -11,19 +11,23 @@ calls only on registered memory, no hostname, and the families a dummy does not 
 from __future__ import annotations
 
 import logging
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from kvcake.compat.mooncake._base import check_key, check_signature, returns
 from kvcake.compat.mooncake._dummy_client import RemoteClient
-from kvcake.compat.mooncake.store import MooncakeDistributedStore
 from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.store import errors as E
+
+if TYPE_CHECKING:  # checked against its host; at run time its base is the store's own class
+    from kvcake.compat.mooncake.store import MooncakeDistributedStore as _Host
+else:
+    _Host = object
 
 log = logging.getLogger(__name__)
 NO_LIMIT = 1 << 62  # the RemoteClient checks what must fit in the local buffer
 
 
-def attach(store: MooncakeDistributedStore, pool: int, local: int, address: str) -> int:
+def attach(store: _Host, pool: int, local: int, address: str) -> int:
     """0 attached, -1 when no real client answers at ``address`` (the wheel's code)."""
     try:
         remote = RemoteClient(address, local, pool)
@@ -33,11 +37,28 @@ def attach(store: MooncakeDistributedStore, pool: int, local: int, address: str)
     store._client = cast(Any, remote)
     store._local_buffer = NO_LIMIT
     store._hostname = ""
-    store.__class__ = DummyDistributedStore
+    store.__class__ = _dummy_class(type(store))
     return 0
 
 
-class DummyDistributedStore(MooncakeDistributedStore):
+_CLASSES: dict[str, type] = {}  # one per store class (MooncakeDistributedStore, subclasses)
+
+
+def _dummy_class(host: type) -> type:
+    """``DummyDistributedStore``: the store's own class with the dummy's overrides on top (made
+    from the instance's class, so this module need not import the store module that imports
+    it: no import circle)."""
+    name = f"{host.__module__}.{host.__qualname__}"
+    if name not in _CLASSES:
+        _CLASSES[name] = type("DummyDistributedStore", (DummyMethods, host), {"_plain_class": host})
+    return _CLASSES[name]
+
+
+class DummyMethods(_Host):
+    """What a dummy does differently from a store with its own client (see the module)."""
+
+    _plain_class: type
+
     @property
     def _remote(self) -> RemoteClient:
         return cast(RemoteClient, self._client)
@@ -50,7 +71,7 @@ class DummyDistributedStore(MooncakeDistributedStore):
         """Detach (the real client unmaps this dummy's memory); the store is a plain, not set
         up store again."""
         rc = super().close()
-        self.__class__ = MooncakeDistributedStore  # type: ignore[assignment]
+        self.__class__ = self._plain_class
         return rc
 
     def setup(self, *args: Any, **kwargs: Any) -> int:

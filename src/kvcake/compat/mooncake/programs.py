@@ -1,5 +1,5 @@
 """Mooncake's three command-line programs as kvcake stand-ins: ``mooncake_master``
-(:mod:`.master_program`: a kvcake master with Mooncake's command line), ``mooncake_client`` (:mod:`.real_client`) and
+(:mod:`kvcake.commands._mooncake_master`: a kvcake master with Mooncake's command line), ``mooncake_client`` (:mod:`.real_client`) and
 ``transfer_engine_bench`` (:mod:`.te_bench`). They are small scripts written only by
 ``kvcake mooncake-shim install`` (into this venv's scripts directory, or ``TARGET/bin`` with
 ``--target``), each carrying a marker line, so ``uninstall`` removes only kvcake's and
@@ -16,7 +16,7 @@ from pathlib import Path
 
 MARK = "# KVCAKE_SHIM:"
 PROGRAMS: dict[str, tuple[str, str]] = {  # name -> (import, call)
-    "mooncake_master": ("from kvcake.compat.mooncake.master_program import main", "main()"),
+    "mooncake_master": ("from kvcake.commands._mooncake_master import main", "main()"),
     "mooncake_client": ("from kvcake.compat.mooncake.real_client import main", "main()"),
     "transfer_engine_bench": ("from kvcake.compat.mooncake.te_bench import main", "main()"),
 }
