@@ -242,9 +242,18 @@ def test_ranges_across_chunks_read_exactly(pool2: str, protocol: str) -> None:
 
 
 @pytest.mark.parametrize("where", ["shm", "tcp", "own"])
-def test_large_puts_sum_while_copying_and_get_the_same_sums(pool2: str, where: str) -> None:
-    """Values over one piece are summed as they are copied (own segment, a mapped peer) or in
-    a pass of their own (TCP): the master gets exactly core.integrity's sums either way."""
+def test_large_puts_sum_while_copying_and_get_the_same_sums(
+    pool2: str, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Values over one piece are summed as they are copied (own segment, a mapped peer) or as
+    each piece is sent (TCP), never in a pass of their own: the master gets exactly
+    core.integrity's sums either way."""
+    import kvcake.store.client as client_mod
+
+    def no_second_pass(key: str, view: object) -> list[int]:
+        raise AssertionError(f"{key!r} was summed in a pass of its own")
+
+    monkeypatch.setattr(client_mod.integrity, "checksums", no_second_pass)
     protocol = "tcp" if where == "tcp" else "auto"
     seg = 8 << 20 if where == "own" else 0
     with Client(ClientConfig(master=pool2, protocol=protocol, segment_size=seg)) as c:

@@ -83,3 +83,12 @@ def test_a_read_from_a_later_chunk_and_short_sum_lists() -> None:
     want = checksums("k", src)
     assert sums.bad(want) == []
     assert sums.bad(want[:3]) == [3]  # a missing sum never verifies
+
+
+def test_a_writes_sums_come_early_or_from_the_bytes_as_they_are() -> None:
+    src = bytes(data(8))
+    sums = LandingSums("w", 0, memoryview(src))
+    sums.landed(0, CHUNK)  # chunk 0 told in one run; chunk 1 from its middle; 2, 3 never
+    sums.landed(CHUNK + 5, 2 * CHUNK)
+    assert sums._sums[0] is not None and sums._sums[1] is None
+    assert sums.final() == checksums("w", src)

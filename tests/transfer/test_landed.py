@@ -80,3 +80,35 @@ def test_a_path_killed_midway_reports_the_retried_bytes_again(
     assert rec.covered() and not rec.early
     assert sums.bad(checksums("k", src)) == []
     assert sums.bad(checksums("other", src)) == list(range(9))  # the sums mean something
+
+
+@pytest.mark.parametrize("size", [4096, CHUNK, 5 * CHUNK + 777])
+def test_a_write_tells_of_each_piece_before_it_is_sent(
+    make_engine: EngineFactory, size: int
+) -> None:
+    a = make_engine(protocol="tcp")
+    b = make_engine()
+    dst = bytearray(size)
+    b.register_memory("b", dst)
+    src = pattern(size, seed=size + 1)
+    told: list[tuple[int, int]] = []
+    before: list[bool] = []  # was the piece still absent at the target when told?
+
+    def landed(x: int, y: int) -> None:
+        told.append((x, y))
+        before.append(dst[x:y] != src[x:y])
+
+    sums = LandingSums("w", 0, memoryview(src))
+
+    def both(x: int, y: int) -> None:
+        landed(x, y)
+        sums.landed(x, y)
+
+    a.write("b", 0, src, both)
+    assert dst == src
+    assert all(before)
+    seen = bytearray(size)
+    for x, y in told:
+        seen[x:y] = b"\x01" * (y - x)
+    assert all(seen)
+    assert sums.final() == checksums("w", src)

@@ -33,6 +33,7 @@ from kvcake.store.errors import (
     error_for,
 )
 from kvcake.store.filewriter import FileWriter
+from kvcake.store.landing import LandingSums
 from kvcake.store.liveness import DEFAULT_CLIENT_TTL_S, Heartbeater, call_deadline_s
 from kvcake.store.memtune import tune_malloc
 from kvcake.store.reads import ReadPath, byte_view
@@ -433,10 +434,15 @@ class Client(ReadPath):
             failed.update({k: e for (k, _, _), e in zip(remote, errs, strict=True) if e})
             return failed
         for key, view, rep in remote:
+            # sums still due: taken from each piece right before it is sent (store/landing.py)
+            landing = LandingSums(key, 0, view) if sums and sums.get(key, []) is None else None
             try:
-                self.engine.write(rep.segment, rep.offset, view)
+                self.engine.write(rep.segment, rep.offset, view, landing and landing.landed)
             except KvcakeError as exc:
                 failed[key] = exc
+            else:
+                if landing is not None and sums is not None:
+                    sums[key] = landing.final()
         return failed
 
     def _write_mapped(

@@ -458,9 +458,12 @@ class TransferEngine:
         tasks = self._transport_for(target).tasks(batch, [job])
         self._run_to_end(batch, tasks).raise_for_errors()
 
-    def write(self, target_segment: str, target_offset: int, data: Any) -> None:
-        """Write any (unregistered, possibly read-only) buffer to a target segment."""
-        self._unregistered(Op.WRITE, target_segment, target_offset, data)
+    def write(
+        self, target_segment: str, target_offset: int, data: Any, landed: Landed | None = None
+    ) -> None:
+        """Write any (unregistered, possibly read-only) buffer to a target segment.
+        ``landed``: told of each piece before it is sent over TCP (``types.Landed``)."""
+        self._unregistered(Op.WRITE, target_segment, target_offset, data, landed)
 
     def read_into(
         self, target_segment: str, target_offset: int, out: Any, landed: Landed | None = None

@@ -137,6 +137,20 @@ def _frame_landed(frame: list[Slice]) -> Callable[[int, int, int], None] | None:
     return landed
 
 
+def _send_telling(sock: socket.socket, parts: list[Buffer], told: dict[int, Slice]) -> None:
+    """``send_all(parts)``; each write slice of ``told`` is told to its job (``Job.landed``)
+    right before its part is sent, so its listener reads it first and the send then finds it
+    in the cache (the store sums a put's value this way: store/landing.py)."""
+    start = 0
+    for i, s in told.items():  # in part order
+        assert s.job.landed is not None
+        s.job.landed(s.offset, s.offset + s.length)
+        send_all(sock, parts[start : i + 1])
+        start = i + 1
+    if start < len(parts):
+        send_all(sock, parts[start:])
+
+
 class TcpTransport(Transport):
     name = "tcp"
 
@@ -232,6 +246,8 @@ class TcpTransport(Transport):
         n = local.nbytes
         if op is Op.WRITE:
             meta = CODEC.encode(WriteReq(target.name, offset))
+            if landed is not None:
+                landed(0, n)
             send_all(ep.sock, [framing.pack_header(rid, len(meta), n) + meta, local])
         else:
             meta = CODEC.encode(ReadReq(target.name, offset, n))
@@ -365,12 +381,18 @@ class TcpTransport(Transport):
                     pending_bytes += s.length
             if fresh:
                 parts: list[Buffer] = []
+                told: dict[int, Slice] = {}  # part index -> a write slice whose job listens
                 for frame in self._frames(fresh):
                     rid = ep.next_rid()
                     inflight.append((rid, frame))
                     self._vrequest(parts, rid, frame)
+                    if frame[0].job.op is Op.WRITE:
+                        base = len(parts) - len(frame)
+                        told.update(
+                            (base + k, s) for k, s in enumerate(frame) if s.job.landed is not None
+                        )
                 pending += len(fresh)
-                send_all(ep.sock, parts)
+                _send_telling(ep.sock, parts, told)
                 if self.hooks.after_send is not None:
                     for _ in fresh:
                         self.hooks.sent(ep.address)

@@ -8,11 +8,12 @@ from enum import IntEnum
 
 from kvcake.core.ids import BatchId, SegmentName
 
-# ``landed(start, end)``: bytes ``[start, end)`` of a read's local buffer have just arrived, in
-# order within one attempt of one slice, and nothing else writes them before the next call
-# (the reader may hash them while they are in the cache). Called in the thread that received
-# them (several lanes may call at once); a retried slice lands its bytes again. A transport
-# that copies without a receive loop (shared memory) does not call it.
+# ``landed(start, end)``: for a read, bytes ``[start, end)`` of its local buffer have just
+# arrived, in order within one attempt of one slice, and nothing else writes them before the
+# next call (the reader may hash them while they are in the cache); for a write, those bytes
+# are about to be sent (the writer may hash them first: the send then reads them from the
+# cache). Called in the thread that moves them (several lanes may call at once); a retried
+# slice is reported again. The shared-memory transport copies in one go and does not call it.
 Landed = Callable[[int, int], None]
 
 
