@@ -12,6 +12,9 @@ paged KV (30 layers) read from a store-server on this host into the paged planes
   lease, no Python per slice and no checksum. Same host only (``--protocol auto``).
 * ``c-stream`` — the same loop with non-temporal stores (``native.STREAM``), which the load
   itself uses for its copies: the faster of the two baselines on this machine.
+* ``te-read`` (``--protocol tcp``) — the Transfer Engine's own TCP bandwidth for the same
+  blocks: one engine batch reading every block whole into a registered buffer (no lookup, no
+  checksum, no scatter), the baseline of issue 37's TCP goal.
 
 Modes alternate for ``--repeats`` rounds (the order rotates each round); each round reports the
 median of ``--iters`` loads (the first dropped: it maps the segment). The planes are checked to
@@ -32,12 +35,14 @@ import time
 import torch
 
 from kvcake.core import native
+from kvcake.core.ids import SegmentName
 from kvcake.core.native import CopyList
 from kvcake.integrations.vllm.paged import PagedKV
 from kvcake.serve.vllm_procs import spawn_kvcake
 from kvcake.store.client import Client
 from kvcake.store.config import ClientConfig
 from kvcake.store.readguard import ReadGuard
+from kvcake.transfer.types import Op, TransferRequest
 
 LAYERS, NUM_BLOCKS = 30, 400
 BASELINES = {"c-copy": 0, "c-stream": native.STREAM}
@@ -54,6 +59,18 @@ def c_copy_list(c: Client, paged: PagedKV, keys: list[str], ids: list[int], flag
         base = native._address(mapped[0])
         copies += [(base + off, buf) for off, buf in paged.ranges(block)]
     return CopyList(copies, flags)
+
+
+def te_batch(c: Client, keys: list[str], block_bytes: int) -> list[TransferRequest]:
+    """One engine batch reading every block whole into a registered local buffer."""
+    name = SegmentName("te-read-baseline")
+    c.engine.register_memory(name, bytearray(block_bytes * len(keys)))
+    reqs = []
+    for i, key in enumerate(keys):
+        rep = c.get_replica_desc(key).replicas[0]
+        seg = SegmentName(rep.segment)
+        reqs.append(TransferRequest(Op.READ, name, i * block_bytes, seg, rep.offset, block_bytes))
+    return reqs
 
 
 def load(mode: str, c: Client, paged: PagedKV, keys: list[str], ids: list[int]) -> None:
@@ -89,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         modes = ["direct", "unverified"] if a.integrity else ["staged", "direct"]
         if a.protocol == "auto" and native.AVAILABLE:
             modes += list(BASELINES)
+        if a.protocol == "tcp":
+            modes.append("te-read")
         if a.integrity:
             plain = Client(dataclasses.replace(cfg, verify=False))
         with Client(cfg) as c:
@@ -104,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 for m, flags in BASELINES.items()
                 if m in modes
             }
+            te = te_batch(c, keys, paged.block_bytes) if "te-read" in modes else []
             for r in range(a.repeats):
                 for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
                     ts = []
@@ -112,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                         if mode in baselines:
                             t0 = time.perf_counter()
                             baselines[mode].run()
+                        elif mode == "te-read":
+                            t0 = time.perf_counter()
+                            c.engine.transfer(te).raise_for_errors()
                         else:
                             t0 = time.perf_counter()
                             load(mode, reader, paged, keys, ids)
@@ -132,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             name = "verified_over_unverified_speed" if a.integrity else "staged_over_direct"
             pair = [ms[r, first] / ms[r, second] for r in rounds]
             out = {name: [round(x if not a.integrity else 1 / x, 2) for x in pair]}
-            for base in baselines:  # speed over the C copy's = its time over ours
+            for base in [*baselines, *(["te-read"] if te else [])]:  # its time over ours
                 for m in modes[:2]:
                     out[f"{m}_over_{base.replace('-', '_')}_speed"] = [
                         round(ms[r, base] / ms[r, m], 2) for r in rounds

@@ -17,7 +17,7 @@ from kvcake.core.integrity import CHUNK, checksums
 from kvcake.store import protocol as P
 from kvcake.store.client import Client
 from kvcake.store.config import ClientConfig
-from kvcake.store.errors import IntegrityError, InvalidParams, ObjectNotFound
+from kvcake.store.errors import IntegrityError, InvalidParams, ObjectNotFound, TransferFailed
 from kvcake.store.readguard import ReadGuard
 from tests.store.conftest import _factory
 
@@ -268,20 +268,23 @@ def test_large_puts_sum_while_copying_and_get_the_same_sums(
             assert c.get(key) == v
 
 
-def test_a_batched_same_host_range_read_settles_each_key_alone(pool2: str) -> None:
-    """issue 37: one load's keys go through one C scatter-and-sum; a key whose first replica is
-    corrupt falls through to its good one (reported and dropped), a key with no good replica is
-    IntegrityError, the others are read as they are -- in one call, under a guard."""
+@pytest.mark.parametrize("protocol", ["auto", "tcp"])
+def test_a_batched_range_read_settles_each_key_alone(pool2: str, protocol: str) -> None:
+    """issue 37: one load's keys go through one C scatter-and-sum (same host) or one Transfer
+    Engine batch (TCP: store/netreads.py); a key whose first replica is corrupt falls through
+    to its good one (reported and dropped), a key with no good replica is IntegrityError, the
+    others are read as they are -- in one call, under a guard."""
     size = CHUNK + 4097
-    with Client(ClientConfig(master=pool2)) as c:
-        keys = ["batch/two", "batch/one", "batch/ok"]
+    path = "shm" if protocol == "auto" else "tcp"
+    with Client(ClientConfig(master=pool2, protocol=protocol)) as c:
+        keys = [f"batch/{path}/two", f"batch/{path}/one", f"batch/{path}/ok"]
         c.put(keys[0], value(keys[0], size), P.PutOptions(replica_num=2))
         for k in keys[1:]:
             c.put(k, value(k, size))
         bad = first(c, keys[0])
         corrupt(c, bad, size - 5)
         corrupt(c, first(c, keys[1]), 3)
-        before = failures("shm")
+        before = failures(path)
         bufs = {k: [bytearray(1000), bytearray(size - 2000)] for k in keys}
         asked = [[(0, bufs[k][0]), (2000, bufs[k][1])] for k in keys]
         got = c.batch_get_into_ranges(keys, asked, ReadGuard())
@@ -289,8 +292,31 @@ def test_a_batched_same_host_range_read_settles_each_key_alone(pool2: str) -> No
         for k in (keys[0], keys[2]):
             v = value(k, size)
             assert bytes(bufs[k][0]) == v[:1000] and bytes(bufs[k][1]) == v[2000:]
-        assert failures("shm") == before + 2
+        assert failures(path) == before + 2
         left = c.get_replica_desc(keys[0]).replicas
         assert len(left) == 1 and (left[0].segment, left[0].offset) != (bad.segment, bad.offset)
         with pytest.raises(ObjectNotFound):
             c.get(keys[1])
+
+
+def test_a_cancelled_batched_network_read_lands_nothing(pool2: str) -> None:
+    """The batched TCP ranges read (store/netreads.py) hands bytes over only under the guard:
+    cancelled before its batch returns, no key's buffer gets a byte."""
+    size = 2 * CHUNK + 11
+    with Client(ClientConfig(master=pool2, protocol="tcp")) as c:
+        keys = [f"cancel/net/{i}" for i in range(3)]
+        for k in keys:
+            c.put(k, value(k, size))
+        guard = ReadGuard()
+        engine_read_many = c.engine.read_many
+
+        def cancel_midway(items):  # type: ignore[no-untyped-def]
+            result = engine_read_many(items)
+            guard.cancel()  # the caller gives up while the bytes sit in scratch
+            return result
+
+        c.engine.read_many = cancel_midway
+        bufs = [bytearray(b"\xab" * 5000) for _ in keys]
+        got = c.batch_get_into_ranges(keys, [[(100, b)] for b in bufs], guard)
+        assert all(isinstance(g, TransferFailed) for g in got), got
+        assert all(b == b"\xab" * 5000 for b in bufs)

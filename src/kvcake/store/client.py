@@ -36,6 +36,7 @@ from kvcake.store.filewriter import FileWriter
 from kvcake.store.landing import LandingSums
 from kvcake.store.liveness import DEFAULT_CLIENT_TTL_S, Heartbeater, call_deadline_s
 from kvcake.store.memtune import tune_malloc
+from kvcake.store.netreads import Scratch
 from kvcake.store.reads import ReadPath, byte_view
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
@@ -100,6 +101,7 @@ class Client(ReadPath):
         try:
             staging = f"staging-{self.id.replace('/', '-')}"
             self.staging = self._through_failover(lambda: Staging(self.engine, staging))
+            self.net_scratch = Scratch()
             self.conn.call(P.Heartbeat(self.id, self.host))
             if self.cfg.segment_size:
                 name = segment_name or f"seg-{self.id.replace('/', '-')}"

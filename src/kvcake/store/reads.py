@@ -3,13 +3,13 @@ choice, leases, staged batch reads, ``get_into`` straight into caller buffers.""
 
 from __future__ import annotations
 
-import ctypes
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 from kvcake.core import native
+from kvcake.core.buffers import uninitialized_bytearray
 from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.core.integrity import CHUNK
 from kvcake.store import protocol as P
@@ -26,6 +26,7 @@ from kvcake.store.errors import (
 from kvcake.store.filewriter import read_file_ranges
 from kvcake.store.landing import RUN as LANDING_MIN
 from kvcake.store.landing import fetch_landing
+from kvcake.store.netreads import NetRead, Scratch, fetch_many
 from kvcake.store.readguard import ReadGuard, commit_under
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
@@ -43,20 +44,6 @@ from kvcake.store.verify import (
     spans,
 )
 from kvcake.transfer.types import Landed
-
-_NEW_BYTEARRAY = ctypes.pythonapi.PyByteArray_FromStringAndSize
-_NEW_BYTEARRAY.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
-_NEW_BYTEARRAY.restype = ctypes.py_object
-
-
-def uninitialized_bytearray(size: int) -> bytearray:
-    """A bytearray whose contents are NOT zeroed (CPython's documented
-    ``PyByteArray_FromStringAndSize(NULL, n)``): the read that follows overwrites every byte,
-    and skipping the zero-fill saves a full pass over multi-MB values."""
-    if size < 65536:
-        return bytearray(size)
-    out: bytearray = _NEW_BYTEARRAY(None, size)
-    return out
 
 
 def byte_view(value: Any) -> memoryview:
@@ -86,6 +73,7 @@ class ReadPath:
     segments: dict[str, memoryview]
     engine: Any
     staging: Staging
+    net_scratch: Scratch
     disk_reads = 0  # values read from a node's disk tier over its disk service (a stat)
     file_reads = 0  # values read from the file tier (store/filewriter.py; a stat)
     verify_reads = True  # client.verify: off only for the cost benchmark (docs/store.md)
@@ -506,6 +494,7 @@ class ReadPath:
         reply, t0, lease_s = self._lookup(keys)
         out: list[int | StoreError] = []
         mapped: list[tuple[int, P.KeyResult, P.ReplicaDesc, list[tuple[int, memoryview]]]] = []
+        remote: list[tuple[int, P.KeyResult, NetRead]] = []
         for key, rs, res in zip(keys, views, reply.results, strict=True):
             bad = next((r for r in rs if r[0] < 0 or r[0] + r[1].nbytes > res.size), None)
             if res.code != 0:
@@ -518,11 +507,52 @@ class ReadPath:
             elif (rep := self._batchable(res, rs)) is not None:
                 mapped.append((len(out), res, rep, sorted(rs, key=lambda r: r[0])))
                 out.append(TransferFailed("unreachable"))  # filled in below
+            elif (net := self._net_read(key, res, rs)) is not None:
+                remote.append((len(out), res, net))
+                out.append(TransferFailed("unreachable"))  # filled in below
             else:
                 out.append(self._ranges_one(key, res, rs, t0, lease_s, guard))
         if mapped:
             self._ranges_mapped(keys, mapped, out, t0, lease_s, guard)
+        if remote:
+            self._ranges_remote(remote, out, t0, lease_s, guard)
         return out
+
+    def _net_read(
+        self, key: str, res: P.KeyResult, rs: list[tuple[int, memoryview]]
+    ) -> NetRead | None:
+        """The batched network read of this key's ranges (store/netreads.py), when its best
+        replica is remote memory; else None."""
+        if not res.replicas or not any(v.nbytes for _, v in rs):
+            return None
+        rep = self._order(res.replicas)[0]
+        if rep.tier != "memory" or rep.segment in self.segments:
+            return None
+        if self.engine.reads_by_mapping(rep.segment):
+            return None
+        lo, hi = chunk_bounds(res.size, rs)
+        sums = res.sums if self.verify_reads else None
+        return NetRead(key, sums, res.size, lo, hi, rep.segment, rep.offset, rs)
+
+    def _ranges_remote(
+        self,
+        remote: list[tuple[int, P.KeyResult, NetRead]],
+        out: list[int | StoreError],
+        t0: float,
+        lease_s: float,
+        guard: ReadGuard | None,
+    ) -> None:
+        """Every key whose best replica is remote memory, in one engine batch; a key it
+        cannot settle takes the per-key path (which reports and tries other replicas)."""
+        got = fetch_many(self.engine, [net for _, _, net in remote], guard, self.net_scratch)
+        expired = time.monotonic() - t0 > lease_s
+        for (i, res, net), r in zip(remote, got, strict=True):
+            if r is None:
+                out[i] = self._ranges_one(net.key, res, list(net.ranges), t0, lease_s, guard)
+            elif isinstance(r, int) and expired:
+                out[i] = LeaseExpired(f"{net.key!r}: read outlived its lease; bytes may be stale")
+            else:
+                out[i] = r
 
     def _ranges_one(
         self, key: str, res: P.KeyResult, rs: list[tuple[int, memoryview]], t0: float,

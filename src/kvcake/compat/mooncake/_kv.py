@@ -10,9 +10,9 @@ from typing import Any
 from kvcake.compat.mooncake._base import StoreBase, check_key, returns
 from kvcake.compat.mooncake._bytes import SMALL, new_bytes
 from kvcake.compat.mooncake._types import BufferHandle, ReplicateConfig
+from kvcake.core.buffers import uninitialized_bytearray
 from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.store import errors as E
-from kvcake.store.reads import uninitialized_bytearray
 from kvcake.store.staging import MAX_ITEM
 
 

@@ -1,0 +1,131 @@
+"""A ranges read's network keys in one Transfer Engine batch (issue 37's TCP loads).
+
+Read one key at a time, a load of N blocks from a remote node waits N round trips, each with
+the link idle while the request crosses it. Here every key's chunk-aligned span goes into one
+``TransferEngine.read_many`` batch, whose lanes keep the link busy, each span landing in a
+private scratch buffer and summed as it lands (:mod:`.landing`); then each key is verified and
+handed over under the caller's guard, exactly as the per-key network path does it
+(``reads.ReadPath._read_verified``): no byte reaches a caller's buffer before its chunks
+verify, and none after a cancel. A key whose transfer fails or whose sums do not match is
+left to the per-key path (``None``), which looks the replica up afresh, reports a corrupt one
+and tries the next.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvcake.core import integrity
+from kvcake.core.buffers import uninitialized_bytearray
+from kvcake.store.errors import TransferFailed
+from kvcake.store.landing import LandingSums
+from kvcake.store.readguard import ReadGuard, commit_under
+from kvcake.store.verify import scatter
+
+GROUP_BYTES = 64 << 20  # scratch held at once: a larger load goes in several batches
+
+
+class Scratch:
+    """One client's reusable scratch for batched network reads (at most ``GROUP_BYTES``):
+    a fresh multi-MB buffer per load costs its page faults and the kernel's zeroing, which
+    measured slower than the transfer itself. A second reader at the same time (the lock is
+    taken) gets fresh memory instead of waiting."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._buf = bytearray()
+
+    def view(self, n: int) -> memoryview:
+        """``n`` bytes of the buffer (call with :attr:`lock` held)."""
+        if len(self._buf) < n:
+            self._buf = uninitialized_bytearray(n)
+        return memoryview(self._buf)[:n]
+
+
+@dataclass(frozen=True, slots=True)
+class NetRead:
+    """One key's ``[lo, hi)`` (chunk aligned, covering its ranges) from a remote replica at
+    ``segment[offset:]``; ``sums`` None: not verified (``client.verify`` off)."""
+
+    key: str
+    sums: Sequence[int] | None
+    size: int
+    lo: int
+    hi: int
+    segment: str
+    offset: int
+    ranges: Sequence[tuple[int, memoryview]]
+
+
+Outcome = int | TransferFailed | None
+
+
+def fetch_many(
+    engine: Any, reads: Sequence[NetRead], guard: ReadGuard | None, scratch: Scratch
+) -> list[Outcome]:
+    """Per read: the bytes handed over, TransferFailed (the guard was cancelled), or None (its
+    transfer failed or its sums did not match: the caller reads that key alone)."""
+    out: list[Outcome] = []
+    group: list[NetRead] = []
+    size = 0
+    for r in reads:
+        if group and size + (r.hi - r.lo) > GROUP_BYTES:
+            out += _fetch_group(engine, group, guard, scratch)
+            group, size = [], 0
+        group.append(r)
+        size += r.hi - r.lo
+    if group:
+        out += _fetch_group(engine, group, guard, scratch)
+    return out
+
+
+def _fetch_group(
+    engine: Any, reads: Sequence[NetRead], guard: ReadGuard | None, arena: Scratch
+) -> list[Outcome]:
+    total = sum(r.hi - r.lo for r in reads)
+    if not arena.lock.acquire(blocking=False):
+        return _fetch_into(engine, reads, guard, memoryview(uninitialized_bytearray(total)))
+    try:
+        return _fetch_into(engine, reads, guard, arena.view(total))
+    finally:
+        arena.lock.release()
+
+
+def _fetch_into(
+    engine: Any, reads: Sequence[NetRead], guard: ReadGuard | None, buf: memoryview
+) -> list[Outcome]:
+    scratch, at = [], 0
+    for r in reads:
+        scratch.append(buf[at : at + r.hi - r.lo])
+        at += r.hi - r.lo
+    sums = [
+        LandingSums(r.key, r.lo, s) if r.sums is not None else None
+        for r, s in zip(reads, scratch, strict=True)
+    ]
+    result = engine.read_many(
+        [
+            (r.segment, r.offset + r.lo, s, ls.landed if ls is not None else None)
+            for r, s, ls in zip(reads, scratch, sums, strict=True)
+        ]
+    )
+    out: list[Outcome] = []
+    for r, s, ls, res in zip(reads, scratch, sums, result.results, strict=True):
+        if not res.ok or (ls is not None and not _verifies(r, ls)):
+            out.append(None)
+            continue
+        try:
+            with commit_under(guard):
+                scatter(r.ranges, r.lo, s)
+        except TransferFailed as exc:  # cancelled: nothing of it reached the caller
+            out.append(exc)
+            continue
+        out.append(sum(v.nbytes for _, v in r.ranges))
+    return out
+
+
+def _verifies(r: NetRead, landing: LandingSums) -> bool:
+    assert r.sums is not None
+    return len(r.sums) == integrity.chunk_count(r.size) and not landing.bad(r.sums)
