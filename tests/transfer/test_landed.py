@@ -112,3 +112,27 @@ def test_a_write_tells_of_each_piece_before_it_is_sent(
         seen[x:y] = b"\x01" * (y - x)
     assert all(seen)
     assert sums.final() == checksums("w", src)
+
+
+def test_read_many_reads_every_item_in_one_batch_and_fails_bad_ones_alone(
+    make_engine: EngineFactory,
+) -> None:
+    a = make_engine(protocol="tcp")
+    b = make_engine()
+    one, two = pattern(3 * CHUNK + 5, seed=1), pattern(CHUNK, seed=2)
+    b.register_memory("one", one)
+    b.register_memory("two", two)
+    outs = [bytearray(3 * CHUNK), bytearray(CHUNK - 9), bytearray(10), bytearray(4)]
+    rec = Recorder(outs[0], one[5:])
+    res = a.read_many(
+        [
+            ("one", 5, outs[0], rec.landed),
+            ("two", 9, outs[1], None),
+            ("two", CHUNK - 5, outs[2], None),  # runs past the segment's end
+            ("nowhere", 0, outs[3], None),
+        ]
+    )
+    assert [r.ok for r in res.results] == [True, True, False, False]
+    assert res.results[2].error_type == "OutOfRange"
+    assert outs[0] == one[5:] and outs[1] == two[9:]
+    assert rec.covered() and not rec.early
