@@ -70,3 +70,17 @@ def test_a_store_names_the_keys_it_could_not_store(l2: KvcakeL2Client) -> None:
     assert wait(l2, {get})[get][3] == [True] and back == small, l2.errors
     with pytest.raises(ObjectNotFound):
         l2.client.get("lmcache-l2/huge")
+
+
+def test_a_batch_get_reads_ours_and_leaves_the_rest_untouched(l2: KvcakeL2Client) -> None:
+    value = bytearray(range(256)) * 16
+    wait(l2, {l2.submit_batch_set(["ours"], [value])})
+    l2.client.put("lmcache-l2/foreign", b"\x01" * (16 + len(value)))  # no KVCAKEL2 header
+    l2.client.put("lmcache-l2/tiny", b"\x02" * 5)  # shorter than a header
+    names = ["ours", "absent", "foreign", "tiny"]
+    bufs = [bytearray(b"\xee" * len(value)) for _ in names]
+    fid = l2.submit_batch_get(names, bufs)
+    assert wait(l2, {fid})[fid] == (fid, True, "", [True, False, False, False])
+    assert bufs[0] == value
+    assert all(b == b"\xee" * len(value) for b in bufs[1:])  # misses write nothing
+    assert l2.errors["size_mismatch"] == 2 and l2.errors["store_error"] == 0

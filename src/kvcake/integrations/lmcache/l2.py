@@ -7,8 +7,9 @@ The interface: ``event_fd``, ``submit_batch_get/set/exists/delete`` (return a fu
 once), ``drain_completions`` -> ``[(future_id, ok, error, per-key bools)]``, ``close``.
 
 This path hands over key strings and byte buffers only (no dtype/shape), so each object is
-``KVCAKEL2 || u64 length || bytes``; a get whose buffer length differs from what was stored
-fails for that key (logged, counted), and nothing is copied into the buffer. No LMCache import:
+``KVCAKEL2 || u64 length || bytes``; a get whose buffer length differs from the length the
+header names (or from an object too short for it) fails for that key (logged, counted), and
+nothing is copied into the buffer. No LMCache import:
 the class is plain Python over kvcake's store client.
 
 LMCache calls ``submit_*`` while holding its adapter's lock (native submits are meant not to
@@ -27,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvcake.store.client import Client
-from kvcake.store.errors import ObjectAlreadyExists, ObjectNotFound, StoreError
+from kvcake.store.errors import InvalidParams, ObjectAlreadyExists, ObjectNotFound, StoreError
 
 log = logging.getLogger(__name__)
 _HEAD = struct.Struct("<8sQ")
@@ -117,28 +118,40 @@ class KvcakeL2Client:
         views = [memoryview(b).cast("B") for b in buffers]
         if len(views) != len(keys):
             raise ValueError(f"{len(keys)} keys, {len(views)} buffers")
-        return self._submit(lambda: [self._get(k, v) for k, v in zip(keys, views, strict=True)])
+        return self._submit(lambda: self._get(list(keys), views))
 
-    def _get(self, key: str, view: memoryview) -> bool:
-        try:
-            blob = self.client.get(KEY_PREFIX + key)
-        except ObjectNotFound:
+    def _get(self, keys: list[str], views: list[memoryview]) -> list[bool]:
+        """Two batched reads (one master lookup each): every object's header, then the payload
+        of those whose header fits their buffer, scattered straight into it (no staging copy
+        where the pool's memory is mapped). A buffer is written only after its header fit."""
+        names = [KEY_PREFIX + k for k in keys]
+        heads = [bytearray(_HEAD.size) for _ in keys]
+        got = self.client.batch_get_into_ranges(names, [[(0, h)] for h in heads])
+        fits = [i for i, g in enumerate(got) if self._fits(keys[i], g, heads[i], len(views[i]))]
+        ok = [False] * len(keys)
+        if not fits:
+            return ok
+        body = self.client.batch_get_into_ranges(
+            [names[i] for i in fits], [[(_HEAD.size, views[i])] for i in fits]
+        )
+        for i, g in zip(fits, body, strict=True):
+            ok[i] = self._fits(keys[i], g, None, len(views[i]))
+        return ok
+
+    def _fits(self, key: str, got: int | StoreError, head: bytearray | None, size: int) -> bool:
+        """A read's outcome: ``head`` (the header read) must name ``size`` bytes of ours."""
+        if isinstance(got, ObjectNotFound):
             return False
-        except StoreError as e:
-            self.errors["store_error"] += 1
-            log.error("kvcake L2 get %s: %s", key, e)
-            return False
-        if (
-            len(blob) < _HEAD.size
-            or _HEAD.unpack_from(blob) != (MAGIC, len(view))
-            or len(blob) != _HEAD.size + len(view)
-        ):
+        if isinstance(got, InvalidParams) or (
+            head is not None and _HEAD.unpack(head) != (MAGIC, size)
+        ):  # InvalidParams: the object is shorter than the header or than this buffer
             self.errors["size_mismatch"] += 1
-            log.error(
-                "kvcake L2 get %s: stored object does not fit a %d-byte buffer", key, len(view)
-            )
+            log.error("kvcake L2 get %s: stored object does not fit a %d-byte buffer", key, size)
             return False
-        view[:] = memoryview(blob)[_HEAD.size :]
+        if isinstance(got, StoreError):
+            self.errors["store_error"] += 1
+            log.error("kvcake L2 get %s: %s", key, got)
+            return False
         return True
 
     def submit_batch_exists(self, keys: Sequence[str]) -> int:
