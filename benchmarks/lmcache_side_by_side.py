@@ -203,12 +203,55 @@ def summarize(runs: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
     return {"median_s": med, "ratios": ratios}
 
 
+def plugin_reads(repeats: int) -> None:
+    """``--plugin``: kvcake's L2 plugin alone, what LMCache's prefetch of the cached turn asks
+    of it: a batch of 7 SmolLM2 chunks (256 tokens x 46,080 B fp32 = 11.8 MB each) stored, then
+    read back into fresh buffers; per repeat the batch get's wall time."""
+    import select
+
+    from kvcake.integrations.lmcache.l2 import KvcakeL2Client
+
+    n, size = PREFIX // CHUNK, CHUNK * 46_080
+    master = spawn_kvcake("master", "--port", "0", "--http-port", "-1")
+    store = spawn_kvcake("store-server", "--master", master.info["rpc"], "--segment-size", "1GiB")
+    try:
+        l2 = KvcakeL2Client(master.info["rpc"])
+        poll = select.poll()
+        poll.register(l2.event_fd(), select.POLLIN)
+
+        def run(fid: int) -> list[bool]:
+            while True:
+                poll.poll(10_000)
+                for done in l2.drain_completions():
+                    if done[0] == fid:
+                        return list(done[3] or [])
+
+        for r in range(repeats):
+            keys = [f"bench-{r}-{i}" for i in range(n)]
+            vals = [bytearray([i + 1]) * size for i in range(n)]
+            assert all(run(l2.submit_batch_set(keys, vals)))
+            outs = [bytearray(size) for _ in range(n)]
+            t0 = time.perf_counter()
+            ok = run(l2.submit_batch_get(keys, outs))
+            dt = time.perf_counter() - t0
+            assert all(ok) and outs == vals, ok
+            print(f"plugin get {n} x {size} B: {dt * 1e3:.1f} ms ({n * size / dt / 1e9:.2f} GB/s)")
+        l2.close()
+    finally:
+        store.stop()
+        master.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--l1-gb", type=float, default=1.0, help="each LMCache server's L1")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--plugin", action="store_true", help="only time kvcake's L2 plugin's reads")
     args = ap.parse_args(argv)
+    if args.plugin:
+        plugin_reads(max(args.rounds, 3))
+        return 0
     logs = Path(tempfile.mkdtemp(prefix="kvcake-lmcache-bench-"))
     print(f"# logs in {logs}", flush=True)
     b = Bench(logs, args.l1_gb)
