@@ -35,8 +35,8 @@ from typing import Any
 
 import httpx
 
-from kvcake.serve.launcher import Cluster, load_serve_file
-from kvcake.serve.replay import paper_tbt
+from kvcake.launch.launcher import Cluster, load_serve_file
+from kvcake.replay.runner import paper_tbt
 
 
 def mix(n: int, seed: int, lo: int, hi: int) -> list[tuple[list[int], int]]:

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from kvcake.serve.launcher import Cluster, load_serve_file
+from kvcake.launch.launcher import Cluster, load_serve_file
 
 SIZE = 20_000_000
 

@@ -33,8 +33,8 @@ import numpy as np
 
 from kvcake.core.trace import read_trace, scale_time
 from kvcake.data import sample_trace_path
-from kvcake.serve.launcher import Cluster, load_serve_file
-from kvcake.serve.replay import ReplayOptions, run_replay
+from kvcake.launch.launcher import Cluster, load_serve_file
+from kvcake.replay.runner import ReplayOptions, run_replay
 
 
 def cluster(run_dir: Path, **sections: dict[str, Any]) -> Cluster:

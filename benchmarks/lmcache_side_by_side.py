@@ -35,15 +35,15 @@ import httpx
 import numpy as np
 
 from kvcake.core.ports import free_port
-from kvcake.integrations.lmcache import mp
-from kvcake.integrations.vllm.keys import BlockNamer
-from kvcake.serve.vllm_procs import (
+from kvcake.fleet import lmcache_mp as mp
+from kvcake.fleet.procs import (
     VllmEngine,
     VllmEngineSpec,
     default_model_dir,
     spawn_kvcake,
     start_engine,
 )
+from kvcake.integrations.vllm.keys import BlockNamer
 from kvcake.store.client import Client
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -37,8 +37,8 @@ import torch
 from kvcake.core import native
 from kvcake.core.ids import SegmentName
 from kvcake.core.native import CopyList
+from kvcake.fleet.procs import spawn_kvcake
 from kvcake.integrations.vllm.paged import PagedKV
-from kvcake.serve.vllm_procs import spawn_kvcake
 from kvcake.store.client import Client
 from kvcake.store.config import ClientConfig
 from kvcake.store.readguard import ReadGuard

@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 
 from kvcake.core import memtrace
+from kvcake.launch.launcher import Cluster, load_serve_file
 from kvcake.serve.config import default_cluster_file
-from kvcake.serve.launcher import Cluster, load_serve_file
 
 TOLERANCE = 0.10
 

@@ -42,14 +42,14 @@ import httpx
 import numpy as np
 from vllm_fleet import BS, fleet_repeat, fleet_table, slo_sweep, slo_table
 
-from kvcake.integrations.vllm.keys import BlockNamer
-from kvcake.serve.vllm_procs import (
+from kvcake.fleet.procs import (
     VllmEngine,
     VllmEngineSpec,
     default_model_dir,
     spawn_kvcake,
     start_engine,
 )
+from kvcake.integrations.vllm.keys import BlockNamer
 
 
 def free_port() -> int:
@@ -84,7 +84,7 @@ def start_proxy(master: str, engines: list[VllmEngine]) -> tuple[Any, str]:
     import subprocess
     import sys
 
-    argv = [sys.executable, "-m", "kvcake.serve.vllm_proxy", "--master", master]
+    argv = [sys.executable, "-m", "kvcake.fleet.proxy", "--master", master]
     for e in engines:
         argv += ["--engine", f"{e.spec.name}={e.url}@tcp://127.0.0.1:{e.spec.kv_events_port}"]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)

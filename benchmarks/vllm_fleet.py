@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from kvcake.serve.vllm_procs import VllmEngine
+from kvcake.fleet.procs import VllmEngine
 
 BS = 32
 Request = tuple[str, list[int], int]  # session, prompt tokens, max_tokens

@@ -40,14 +40,14 @@ from typing import Any
 import httpx
 import numpy as np
 
-from kvcake.integrations.vllm.pd_wire import segment_name
-from kvcake.serve.vllm_procs import (
+from kvcake.fleet.procs import (
     VllmEngine,
     VllmEngineSpec,
     default_model_dir,
     spawn_kvcake,
     start_engine,
 )
+from kvcake.integrations.vllm.pd_wire import segment_name
 
 PLANES = 30  # SmolLM2: one KV plane per layer on vLLM's CPU backend
 PLANE_BLOCK_BYTES = 49_152  # one layer's block at block 32, fp32

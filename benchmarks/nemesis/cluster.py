@@ -21,8 +21,8 @@ import httpx
 from benchmarks.nemesis.hosts import Hosts
 
 from kvcake.core.ports import free_port
-from kvcake.serve.ha_pool import LEADER, etcd_alive
-from kvcake.serve.supervisor import die_with_parent
+from kvcake.launch.ha_pool import LEADER, etcd_alive
+from kvcake.launch.supervisor import die_with_parent
 
 CLUSTER = "nemesis"
 
@@ -227,7 +227,7 @@ class Cluster:
         if self._http_auth is None:
             from kvcake.core.auth import load_auth
             from kvcake.core.http_auth import MASTER_HTTP
-            from kvcake.store.httpserve import client_auth
+            from kvcake.net.httpserve import client_auth
 
             auth = load_auth(env={"KVCAKE_AUTH_SECRET": self.secret})
             self._http_auth = client_auth(auth, MASTER_HTTP)

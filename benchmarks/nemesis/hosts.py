@@ -1,4 +1,4 @@
-"""Where the processes of a nemesis run live: network namespaces (:class:`kvcake.serve.netns.
+"""Where the processes of a nemesis run live: network namespaces (:class:`kvcake.launch.netns.
 Network`, root only) on one bridge, partitions being per-pair ``drop`` rules in an nftables
 ``bridge`` table of the switch namespace (so a leader can be cut off from etcd and nothing
 else); or, without namespaces or ``nft``, plain 127.0.0.1 and no partitions."""
@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from kvcake.serve.netns import Network, sh, unavailable
+from kvcake.launch.netns import Network, sh, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ import pytest
 from kvcake.cli import main
 from kvcake.core.errors import TraceError
 from kvcake.core.requestlog import read_request_log, to_trace
-from kvcake.serve.reqlog import RequestLog
+from kvcake.proxy.reqlog import RequestLog
 
 NOW = time.time()
 

@@ -10,9 +10,9 @@ import pytest
 from kvcake.conductor.config import ConductorConfig, load_conductor_config
 from kvcake.core.errors import ConfigError
 from kvcake.core.trace import TraceRecord
-from kvcake.serve.clusterfile import load_serve_file, toml_dump
+from kvcake.launch.clusterfile import load_serve_file, toml_dump
+from kvcake.proxy.main import make_conductor_factory
 from kvcake.serve.config import ProxyConfig, load_proxy_config
-from kvcake.serve.proxy_main import make_conductor_factory
 from kvcake.serve.wire import InstanceInfo
 from kvcake.sim.config import SimConfig, load_sim_config
 from kvcake.sim.runner import simulate

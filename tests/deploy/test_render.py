@@ -15,8 +15,8 @@ import yaml
 
 from kvcake.cli import main
 from kvcake.core.config import load_config
+from kvcake.launch.launcher import load_serve_file
 from kvcake.serve.config import ProxyConfig
-from kvcake.serve.launcher import load_serve_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,7 +86,7 @@ def test_workloads_probes_resources_and_wiring(tmp_path: Path) -> None:
                 ("/health/ready", "/health/live")
                 if c["name"] == "proxy"
                 else ("/health", "/health")
-            )  # the proxy tells them apart (serve/health.py)
+            )  # the proxy tells them apart (proxy/health.py)
             assert c["readinessProbe"]["httpGet"]["path"] == ready
             assert c["livenessProbe"]["httpGet"]["path"] == live
             assert c["startupProbe"]["httpGet"]["path"] == live
@@ -217,9 +217,9 @@ def test_ha_with_an_external_etcd_renders_no_etcd(tmp_path: Path) -> None:
 
 
 def test_vllm_config_renders_engines_with_the_connector(tmp_path: Path) -> None:
-    from kvcake.serve.vllm_cluster import load
-    from kvcake.serve.vllm_procs import CONNECTOR, CONNECTOR_MODULE
-    from kvcake.serve.vllm_proxy import parse_engine
+    from kvcake.fleet.cluster import load
+    from kvcake.fleet.procs import CONNECTOR, CONNECTOR_MODULE
+    from kvcake.fleet.proxy import parse_engine
 
     cfg = load(ROOT / "configs" / "vllm.toml")
     out = render(tmp_path, VLLM, "--image", "reg.example/kvcake-vllm:1")
@@ -247,7 +247,7 @@ def test_vllm_config_renders_engines_with_the_connector(tmp_path: Path) -> None:
     assert {"name": "models", "persistentVolumeClaim": {"claimName": "kvcake-models",
                                                          "readOnly": True}} in vols  # fmt: skip
     proxy = containers(objs, "kvcake-proxy")
-    assert proxy["args"][:2] == ["-m", "kvcake.serve.vllm_proxy"]
+    assert proxy["args"][:2] == ["-m", "kvcake.fleet.proxy"]
     engines = [parse_engine(a) for a in proxy["args"][1:] if a.startswith("vllm-")]
     assert [str(e.id) for e in engines] == [f"vllm-{i}" for i in range(cfg.engines)]
     assert [e.events for e in engines] == [

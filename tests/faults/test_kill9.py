@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvcake.serve.launcher import Cluster
-from kvcake.serve.supervisor import RestartPolicy, Supervisor
+from kvcake.launch.launcher import Cluster
+from kvcake.launch.supervisor import RestartPolicy, Supervisor
 from tests.faults.load import CLIENT_TIMEOUT_S, PREFIXES, SUFFIX, Load, Result, one
 from tests.serve.helpers import make_cluster
 

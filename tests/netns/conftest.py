@@ -1,11 +1,11 @@
-"""Tests over emulated hosts (network namespaces, kvcake.serve.netns): root only; CI runs as
+"""Tests over emulated hosts (network namespaces, kvcake.launch.netns): root only; CI runs as
 root. Every test creates its namespaces and removes them (namespaces of a dead earlier run too)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvcake.serve.netns import remove_stale, unavailable
+from kvcake.launch.netns import remove_stale, unavailable
 
 WHY = unavailable()
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from kvcake.serve.netns_cluster import NetnsCluster
+from kvcake.launch.netns_cluster import NetnsCluster
 
 from .test_multihost import cluster_factory  # noqa: F401  (the fixture)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvcake.serve.netns_cluster import NetnsCluster, NetnsOptions
+from kvcake.launch.netns_cluster import NetnsCluster, NetnsOptions
 from tests.netns.worker import CHECK, EVENTS, PUT
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvcake.serve.deploy_grafana import grafana_dashboard, queried_exprs
-from kvcake.serve.deploy_render import local_targets, prometheus_config
-from kvcake.serve.launcher import Cluster
+from kvcake.deploy.grafana import grafana_dashboard, queried_exprs
+from kvcake.deploy.render import local_targets, prometheus_config
+from kvcake.launch.launcher import Cluster
 
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 PROMPT = "the cache keeps what the prompt said before " * 8

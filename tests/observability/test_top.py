@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
-from kvcake.serve.launcher import Cluster
-from kvcake.serve.top_view import Snapshot, parse_metrics, render, total
+from kvcake.launch.launcher import Cluster
+from kvcake.proxy.top_view import Snapshot, parse_metrics, render, total
 
 PROMPT = "kvcake top draws the cluster every second " * 6
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvcake.serve.launcher import Cluster
+from kvcake.launch.launcher import Cluster
 from tests.serve.helpers import make_cluster
 from tests.store.procs import Proc, spawn
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvcake.serve.launcher import Cluster, load_serve_file
+from kvcake.launch.launcher import Cluster, load_serve_file
 
 
 def make_cluster(run_dir: Path, supervise: bool = False, **sections: dict[str, Any]) -> Cluster:

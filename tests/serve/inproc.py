@@ -9,9 +9,9 @@ from kvcake.core.api import LoadReport, PrefillTask, Role
 from kvcake.core.config import KVLayoutConfig
 from kvcake.core.ids import InstanceId, RequestId
 from kvcake.engine.block_manager import KVCacheFull
+from kvcake.instance.instance import Instance
+from kvcake.instance.main import build_instance
 from kvcake.serve.config import InstanceConfig
-from kvcake.serve.instance import Instance
-from kvcake.serve.instance_main import build_instance
 from kvcake.serve.wire import InstanceError, InstanceState
 
 BT = 16  # tokens per block

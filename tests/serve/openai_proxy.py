@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from kvcake.serve.launcher import Cluster
+from kvcake.launch.launcher import Cluster
 
 MODELS = ("kvcake-test", "alias-b")
 CONTEXT = 300

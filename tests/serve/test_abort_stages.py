@@ -24,10 +24,10 @@ from kvcake.conductor.config import ConductorConfig
 from kvcake.core.api import BlockSource, PrefillTask, Role, SamplingParams
 from kvcake.core.hashing import block_hashes
 from kvcake.core.ids import InstanceId, RequestId
-from kvcake.serve.instance import Instance
-from kvcake.serve.metrics import ProxyMetrics
-from kvcake.serve.router import Outcome, Rejected, Router
-from kvcake.serve.state import LiveCluster
+from kvcake.instance.instance import Instance
+from kvcake.proxy.metrics import ProxyMetrics
+from kvcake.proxy.router import Outcome, Rejected, Router
+from kvcake.proxy.state import LiveCluster
 from kvcake.serve.wire import InstanceError
 from tests.serve.inproc import BT, Local, close_all, make_instances, watch_kv
 

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvcake.core.hashing import block_hashes, block_key
-from kvcake.serve.launcher import Cluster
+from kvcake.launch.launcher import Cluster
 from tests.serve.helpers import make_cluster
 
 BT = 32

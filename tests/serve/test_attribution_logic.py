@@ -110,7 +110,7 @@ class FakeClient:
 
 
 def link(answers: dict[int, Any], **kw: Any) -> tuple[Any, list[memoryview]]:
-    from kvcake.serve.kvlink import PoolLink
+    from kvcake.instance.kvlink import PoolLink
 
     pl = PoolLink(None, "m", "float32", BT, kw.pop("deadline", 0.0))
     pl.client = FakeClient({pl.key(H[i]): a for i, a in answers.items()}, **kw)
@@ -134,7 +134,7 @@ def test_pool_reads_report_their_replica_and_misses() -> None:
 
 
 def test_fetch_deadline_stops_a_slow_read() -> None:
-    from kvcake.serve.kvlink import PoolLink
+    from kvcake.instance.kvlink import PoolLink
 
     many = [BlockHash(5000 + i) for i in range(20)]
     pl = PoolLink(None, "m", "float32", BT, 0.01)

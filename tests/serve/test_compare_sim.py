@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvcake.serve.launcher import Cluster, load_serve_file
+from kvcake.launch.launcher import Cluster, load_serve_file
 
 CONF = """
 [kv]

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from kvcake.core.trace import TraceRecord, write_trace
-from kvcake.serve.launcher import Cluster, load_serve_file
+from kvcake.launch.launcher import Cluster, load_serve_file
 from kvcake.sim.config import load_sim_config
 
 

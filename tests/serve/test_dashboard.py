@@ -16,13 +16,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvcake.serve.dashboard.history import History, Sample, tier_tokens
-from kvcake.serve.dashboard.routes import MAX_STREAMS
-from kvcake.serve.launcher import Cluster
-from kvcake.serve.top_view import parse_metrics, total
+from kvcake.launch.launcher import Cluster
+from kvcake.proxy.dashboard.history import History, Sample, tier_tokens
+from kvcake.proxy.dashboard.routes import MAX_STREAMS
+from kvcake.proxy.top_view import parse_metrics, total
 
 ROOT = Path(__file__).resolve().parents[2]
-STATIC = ROOT / "src" / "kvcake" / "serve" / "dashboard" / "static"
+STATIC = ROOT / "src" / "kvcake" / "proxy" / "dashboard" / "static"
 PROMPT = "the dashboard shows where each request's KV came from " * 6
 
 
@@ -224,7 +224,7 @@ def test_tiers_come_from_the_attribution_counters() -> None:
 
 
 def test_run_record_finds_the_ha_leader_and_tolerates_bad_files(tmp_path: Path) -> None:
-    from kvcake.serve.dashboard.sources import read_run_record
+    from kvcake.proxy.dashboard.sources import read_run_record
 
     doc = {
         "processes": {
@@ -251,7 +251,7 @@ def test_an_unreachable_master_is_reported_not_raised() -> None:
     import asyncio
     import socket
 
-    from kvcake.serve.dashboard.sources import read_pool
+    from kvcake.proxy.dashboard.sources import read_pool
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

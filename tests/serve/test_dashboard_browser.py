@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from kvcake.serve.launcher import Cluster
-from kvcake.serve.top_view import parse_metrics, total
+from kvcake.launch.launcher import Cluster
+from kvcake.proxy.top_view import parse_metrics, total
 from tests.serve.helpers import make_cluster
 
 PREFIX = "a shared system prompt that every request of the dashboard test starts with " * 4

@@ -12,9 +12,9 @@ from kvcake.conductor import Conductor
 from kvcake.conductor.config import ConductorConfig
 from kvcake.core.api import FinishReason, Role, SamplingParams
 from kvcake.core.ids import InstanceId, RequestId
-from kvcake.serve.metrics import ProxyMetrics
-from kvcake.serve.router import Outcome, Router
-from kvcake.serve.state import LiveCluster
+from kvcake.proxy.metrics import ProxyMetrics
+from kvcake.proxy.router import Outcome, Router
+from kvcake.proxy.state import LiveCluster
 from tests.serve.inproc import BT, Local, close_all, make_instances, watch_kv
 
 

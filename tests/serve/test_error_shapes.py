@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from kvcake.serve.launcher import Cluster
+from kvcake.launch.launcher import Cluster
 
 
 def shaped(r: httpx.Response) -> dict[str, object]:

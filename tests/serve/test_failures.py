@@ -9,7 +9,7 @@ import sys
 
 import httpx
 
-from kvcake.serve.launcher import Cluster
+from kvcake.launch.launcher import Cluster
 from tests.serve.helpers import make_cluster
 
 

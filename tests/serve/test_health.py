@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kvcake.serve.launcher import Cluster
+from kvcake.launch.launcher import Cluster
 from kvcake.transfer.metadata import DirectoryClient
 from tests.serve.helpers import make_cluster
 

@@ -10,10 +10,10 @@ import pytest
 from kvcake.core.errors import EngineError
 from kvcake.core.ids import BlockHash, InstanceId, RequestId
 from kvcake.engine.block_manager import BlockManager, KVCacheFull
-from kvcake.serve import kvblocks
-from kvcake.serve.kvblocks import KVBlocks
-from kvcake.serve.prefill_worker import AbortLog
-from kvcake.serve.store_glue import PoolWriter
+from kvcake.instance import kvblocks
+from kvcake.instance.kvblocks import KVBlocks
+from kvcake.instance.prefill_worker import AbortLog
+from kvcake.instance.store_glue import PoolWriter
 
 R1, R2 = RequestId("r1"), RequestId("r2")
 

@@ -16,8 +16,8 @@ import pytest
 from kvcake.core.errors import ConfigError
 from kvcake.core.ports import free_ports
 from kvcake.core.trace import TraceRecord
-from kvcake.serve.launcher import Cluster, toml_dump
-from kvcake.serve.replay import ReplayOptions, paper_tbt, run_replay
+from kvcake.launch.launcher import Cluster, toml_dump
+from kvcake.replay.runner import ReplayOptions, paper_tbt, run_replay
 from tests.serve.helpers import make_cluster
 
 
@@ -56,7 +56,7 @@ def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_toml_dump_round_trips(tmp_path: Path) -> None:
-    from kvcake.serve.launcher import load_serve_file
+    from kvcake.launch.launcher import load_serve_file
 
     conf = load_serve_file(
         None, {"proxy": {"prefill": ("http://a:1",)}, "conductor": {"ttft_slo_s": 2.5, "seed": 4}}
@@ -91,10 +91,10 @@ def test_replay_against_cluster(emulated_cluster: Cluster) -> None:
 def test_compare_sim_predicts_the_same_cluster() -> None:
     from kvcake.core.trace import read_trace
     from kvcake.data import sample_trace_path
-    from kvcake.serve.compare_sim import simulate_like
+    from kvcake.launch.launcher import load_serve_file
+    from kvcake.replay.compare_sim import simulate_like
+    from kvcake.replay.runner import prepare, summarize
     from kvcake.serve.config import default_cluster_file
-    from kvcake.serve.launcher import load_serve_file
-    from kvcake.serve.replay import prepare, summarize
 
     conf = load_serve_file(default_cluster_file().with_name("emulated.toml"))
     recs = read_trace(sample_trace_path(), limit=30)
@@ -169,7 +169,7 @@ def test_down_never_signals_a_reused_pid(tmp_path: Path) -> None:
 def test_supervisor_restarts_killed_children_on_their_ports(tmp_path: Path) -> None:
     """SIGKILL an instance and the proxy: each is restarted on its old port (the exit signal is
     recorded) and the cluster serves again at the same URL."""
-    from kvcake.serve.supervisor import RestartPolicy, Supervisor
+    from kvcake.launch.supervisor import RestartPolicy, Supervisor
 
     # With a store master: its directory releases a dead owner's segment names.
     c = make_cluster(tmp_path, cluster={"prefill": 1, "decode": 1, "store_servers": 1,
@@ -309,7 +309,7 @@ def test_cluster_section_sets_every_port(tmp_path: Path) -> None:
 
 
 def test_restart_backoff_and_exit_descriptions() -> None:
-    from kvcake.serve.supervisor import RestartPolicy, describe_exit
+    from kvcake.launch.supervisor import RestartPolicy, describe_exit
 
     p = RestartPolicy(base_s=0.5, max_s=30.0)
     assert [p.delay(n) for n in (1, 2, 3, 4, 10)] == [0.5, 1.0, 2.0, 4.0, 30.0]

@@ -29,9 +29,9 @@ from kvcake.core.api import (
     TokenChunk,
 )
 from kvcake.core.ids import InstanceId, RequestId
-from kvcake.serve.metrics import ProxyMetrics
-from kvcake.serve.router import NotReady, Outcome, Rejected, Router
-from kvcake.serve.state import LiveCluster
+from kvcake.proxy.metrics import ProxyMetrics
+from kvcake.proxy.router import NotReady, Outcome, Rejected, Router
+from kvcake.proxy.state import LiveCluster
 from kvcake.serve.wire import InstanceError, InstanceInfo, InstanceUnavailable
 
 EOS = 2

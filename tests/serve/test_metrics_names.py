@@ -12,10 +12,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvcake.core.errors import ConfigError
+from kvcake.proxy.metrics import VLLM_NAMES, ProxyMetrics
+from kvcake.proxy.reqlog import RequestLog, on_end
+from kvcake.proxy.router import Outcome
 from kvcake.serve.config import ProxyConfig
-from kvcake.serve.metrics import VLLM_NAMES, ProxyMetrics
-from kvcake.serve.reqlog import RequestLog, on_end
-from kvcake.serve.router import Outcome
 
 
 def families(m: ProxyMetrics) -> dict[str, list[object]]:

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcake.serve.detok import Detokenizer
-from kvcake.serve.textcodec import ByteCodec
+from kvcake.proxy.detok import Detokenizer
+from kvcake.proxy.textcodec import ByteCodec
 
 CODEC = ByteCodec(1024)
 TEXT = "Hello wörld — naïve café 😀 日本語 end\n\nmore"
@@ -76,7 +76,7 @@ def test_matches_a_character_by_character_reference(text: str, stop: list[str], 
 def test_real_tokenizer_streams_the_same_text() -> None:
     pytest.importorskip("tokenizers")
     try:
-        from kvcake.serve.textcodec import ModelCodec
+        from kvcake.proxy.textcodec import ModelCodec
 
         codec = ModelCodec()
     except Exception as exc:  # the weights package is optional

@@ -9,7 +9,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from kvcake.serve.launcher import Cluster
+from kvcake.launch.launcher import Cluster
 from tests.serve.openai_proxy import CONTEXT, MODELS, extra_proxy
 
 PROMPT = list(range(300, 340))  # token ids: 40 tokens

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from kvcake.serve.launcher import Cluster
+from kvcake.launch.launcher import Cluster
 
 PROMPT = list(range(300, 300 + 200))
 

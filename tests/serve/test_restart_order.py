@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from kvcake.core.hashing import block_hashes, block_key
-from kvcake.serve.launcher import Cluster
+from kvcake.launch.launcher import Cluster
 from tests.serve.helpers import make_cluster
 
 PARTS = ["master", "store-0", "prefill-0", "decode-0", "proxy"]

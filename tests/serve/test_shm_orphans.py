@@ -9,7 +9,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from kvcake.serve import shm_orphans
+from kvcake.fleet import shm_orphans
 
 HOLD = r"""
 import mmap, sys

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvcake.core.api import StoreEvent, StoreEventKind
-from kvcake.serve.store_watch import StoreWatch, describe, node_of
+from kvcake.instance.store_watch import StoreWatch, describe, node_of
 from tests.serve.helpers import make_cluster
 from tests.store.procs import Proc, spawn
 
@@ -40,7 +40,7 @@ def _wait(cond: object, timeout: float) -> bool:
 
 
 def test_unmounted_and_killed_nodes_are_logged_by_name(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="kvcake.serve.store_watch")
+    caplog.set_level(logging.WARNING, logger="kvcake.instance.store_watch")
     master = spawn("master", "--port", "0", "--http-port", "0", "--directory-port", "0",
                    "--client-ttl-s", "1", ready="master")  # fmt: skip
     procs: list[Proc] = [master]

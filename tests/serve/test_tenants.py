@@ -15,8 +15,8 @@ import openai
 import pytest
 
 from kvcake.core.hashing import block_hashes, block_key
-from kvcake.serve.auth import ApiKeys, salt_of
-from kvcake.serve.launcher import Cluster
+from kvcake.launch.launcher import Cluster
+from kvcake.proxy.auth import ApiKeys, salt_of
 from kvcake.store.client import Client
 from tests.serve.helpers import make_cluster
 

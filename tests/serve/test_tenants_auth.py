@@ -13,7 +13,7 @@ import pytest
 
 from kvcake.core import auth
 from kvcake.core.http_auth import INSTANCE_HTTP as INSTANCE
-from kvcake.serve.launcher import Cluster
+from kvcake.launch.launcher import Cluster
 from kvcake.store.client import Client
 from kvcake.store.errors import Unauthorized
 from tests.serve.helpers import make_cluster
@@ -72,7 +72,7 @@ def test_store_client_without_the_secret_is_refused(cluster: Cluster) -> None:
 
 def test_admin_http_needs_and_gets_the_secret(cluster: Cluster) -> None:
     """The master's admin HTTP refuses unsigned calls; `kvcake top` signs its own."""
-    from kvcake.serve.top_view import fetch
+    from kvcake.proxy.top_view import fetch
 
     master_http = cluster.child("master").info["http"]
     assert httpx.get(f"http://{master_http}/get_all_keys").status_code == 401

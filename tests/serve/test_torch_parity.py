@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvcake.core.api import SamplingParams
-from kvcake.serve.launcher import Cluster
+from kvcake.launch.launcher import Cluster
 from tests.serve.helpers import make_cluster
 
 pytestmark = pytest.mark.slow

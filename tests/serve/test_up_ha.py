@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvcake.serve.ha_pool import LEADER, etcd_alive
-from kvcake.serve.supervisor import RestartPolicy, Supervisor
+from kvcake.launch.ha_pool import LEADER, etcd_alive
+from kvcake.launch.supervisor import RestartPolicy, Supervisor
 from tests.serve.helpers import make_cluster
 
 pytestmark = pytest.mark.skipif(

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from kvcake.core.ids import InstanceId
+from kvcake.proxy.state import LiveCluster, Pending
 from kvcake.serve.online_fit import RecentWait, WaitFit, WaitModel
-from kvcake.serve.state import LiveCluster, Pending
 
 
 def test_no_samples_is_the_identity() -> None:

@@ -9,8 +9,8 @@ import pytest
 from kvcake.core.costmodel import preset
 from kvcake.core.errors import ConfigError
 from kvcake.core.trace import TraceRecord
-from kvcake.serve.live_probe import overheads, probe_records
-from kvcake.serve.replay import ReplayOptions, RequestRecord, summarize
+from kvcake.replay.live_probe import overheads, probe_records
+from kvcake.replay.runner import ReplayOptions, RequestRecord, summarize
 from kvcake.sim.config import SimConfig
 from kvcake.sim.livehost import LiveHost, busy_shares, cpu_factor, shuffle_ties, slowed
 from kvcake.sim.runner import simulate
@@ -128,9 +128,9 @@ def test_calibrated_cpu_preset_is_the_measured_fit() -> None:
 
 
 def test_compare_sim_models_torch_clusters_with_the_calibrated_preset() -> None:
-    from kvcake.serve.compare_sim import sim_setup
+    from kvcake.launch.launcher import load_serve_file
+    from kvcake.replay.compare_sim import sim_setup
     from kvcake.serve.config import default_cluster_file
-    from kvcake.serve.launcher import load_serve_file
 
     torch = sim_setup(load_serve_file(default_cluster_file()))
     assert torch.cfg.preset == "smollm2-135m/cpu-calibrated" and torch.scale == 1.0

@@ -22,8 +22,8 @@ from kvcake.core.http_auth import (
     HttpRefused,
     HttpVerifier,
 )
+from kvcake.net.httpserve import client_auth
 from kvcake.store.config import MasterConfig
-from kvcake.store.httpserve import client_auth
 from kvcake.store.master_server import Master
 
 SECRET = b"http-replay-test-secret-0123456789"

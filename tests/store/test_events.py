@@ -11,8 +11,8 @@ import time
 from kvcake.core.api import KVIndex, PoolView, StoreEvent, StoreEventKind, StoreSnapshot
 from kvcake.core.hashing import block_key
 from kvcake.core.ids import BlockHash, ClientId, SegmentName
+from kvcake.proxy.pool_events import PoolEvents, block_of
 from kvcake.serve.events import POOL
-from kvcake.serve.pool_events import PoolEvents, block_of
 from kvcake.store import protocol as P
 from kvcake.store.client import Client
 from kvcake.store.config import MasterConfig

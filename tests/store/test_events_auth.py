@@ -20,8 +20,8 @@ from kvcake.core.api import STORE_EVENTS_TOPIC, KVIndex
 from kvcake.core.errors import ConfigError
 from kvcake.core.hashing import block_key
 from kvcake.core.ids import BlockHash
+from kvcake.proxy.pool_events import PoolEvents
 from kvcake.serve.events import POOL
-from kvcake.serve.pool_events import PoolEvents
 from kvcake.store.client import Client
 from kvcake.store.config import MasterConfig, StoreServerConfig
 from kvcake.store.events import BATCH_DECODER, TICK_TOPIC, EventLog, EventPublisher

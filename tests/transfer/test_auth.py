@@ -170,7 +170,7 @@ def test_config_sources(tmp_path: Path) -> None:
 def test_silent_peers_cannot_pile_up(secured: tuple, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[type-arg]
     """Connections that never answer the challenge are bounded (MAX_HANDSHAKES); once they
     time out, authenticated peers are served again."""
-    from kvcake.transfer import netserver
+    from kvcake.net import netserver
 
     _svc, target, _mem = secured
     monkeypatch.setattr(netserver, "MAX_HANDSHAKES", 4)

@@ -75,7 +75,7 @@ class _WithMetadata:
         if self.port is not None:
             from fastapi import FastAPI
 
-            from kvcake.store.httpserve import HttpThread
+            from kvcake.net.httpserve import HttpThread
             from kvcake.store.metadata_http import metadata_router
 
             app = FastAPI(title="kvcake metadata", docs_url=None, redoc_url=None, openapi_url=None)

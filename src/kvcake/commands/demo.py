@@ -81,8 +81,8 @@ def _chat_turn(url: str, messages: list[dict[str, str]], max_tokens: int) -> dic
 def _conversation(args: argparse.Namespace) -> None:
     from rich.console import Console
 
+    from kvcake.launch.launcher import Cluster, load_serve_file
     from kvcake.serve.config import default_cluster_file
-    from kvcake.serve.launcher import Cluster, load_serve_file
 
     console = Console()
     conf = load_serve_file(args.config or default_cluster_file(), {"cluster": {"proxy_port": 0}})
@@ -114,10 +114,10 @@ def _replay(args: argparse.Namespace) -> dict[str, Any]:
 
     from kvcake.core.trace import read_trace, scale_time
     from kvcake.data import sample_trace_path
+    from kvcake.launch.launcher import Cluster, load_serve_file
+    from kvcake.replay.cli import print_summary
+    from kvcake.replay.runner import ReplayOptions, RequestRecord, run_replay
     from kvcake.serve.config import default_cluster_file
-    from kvcake.serve.launcher import Cluster, load_serve_file
-    from kvcake.serve.replay import ReplayOptions, RequestRecord, run_replay
-    from kvcake.serve.replay_cli import print_summary
 
     console = Console()
     path = args.emulated_config or default_cluster_file().with_name("emulated.toml")

@@ -61,13 +61,13 @@ def _yaml(obj: Any, many: bool = False) -> str:
 
 def render_all(config: str | None, out: Path, image: str, namespace: str) -> list[Path]:
 
+    from kvcake.deploy.grafana import grafana_dashboard
+    from kvcake.deploy.render import k8s_manifests, k8s_targets, prometheus_config
+    from kvcake.deploy.vllm_fleet import vllm_manifests, vllm_targets
+    from kvcake.fleet.cluster import is_vllm_config
+    from kvcake.fleet.cluster import load as load_vllm
+    from kvcake.launch.launcher import load_serve_file
     from kvcake.serve.config import default_cluster_file
-    from kvcake.serve.deploy_grafana import grafana_dashboard
-    from kvcake.serve.deploy_render import k8s_manifests, k8s_targets, prometheus_config
-    from kvcake.serve.deploy_vllm import vllm_manifests, vllm_targets
-    from kvcake.serve.launcher import load_serve_file
-    from kvcake.serve.vllm_cluster import is_vllm_config
-    from kvcake.serve.vllm_cluster import load as load_vllm
 
     path = Path(config) if config else default_cluster_file()
     written: dict[Path, str] = {}
@@ -98,7 +98,7 @@ def _render(args: argparse.Namespace) -> int:
 
 def _scrape_config(args: argparse.Namespace) -> int:
     from kvcake.core.errors import ConfigError
-    from kvcake.serve.deploy_render import local_targets, prometheus_config
+    from kvcake.deploy.render import local_targets, prometheus_config
 
     try:
         state = json.loads(Path(args.state).read_text())

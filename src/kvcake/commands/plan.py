@@ -92,11 +92,11 @@ def load_any(path: str, tokenizer: str = "smollm2", time_unit: str = "auto") -> 
     reqs = read_request_log(path, time_unit)
     codec: Any
     if tokenizer == "bytes":
-        from kvcake.serve.textcodec import ByteCodec
+        from kvcake.proxy.textcodec import ByteCodec
 
         codec = ByteCodec(512)
     else:
-        from kvcake.serve.textcodec import ModelCodec
+        from kvcake.proxy.textcodec import ModelCodec
 
         codec = ModelCodec("smollm2")
     return to_trace(reqs, codec.encode_chat, codec.encode)

@@ -72,7 +72,8 @@ def register(sub: Any) -> None:
     auth.add_cli_args(p)  # the proxy signs its calls to the instances with it
     p.set_defaults(func=_proxy)
 
-    from kvcake.serve import launcher_cli, replay_cli
+    from kvcake.commands import _up as launcher_cli
+    from kvcake.replay import cli as replay_cli
 
     launcher_cli.register(sub)
     replay_cli.register(sub)
@@ -85,8 +86,8 @@ def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 def _instance(args: argparse.Namespace) -> int:
     from kvcake.core.api import Role
     from kvcake.core.config import KVLayoutConfig, load_config
+    from kvcake.instance.main import run_instance
     from kvcake.serve.config import InstanceConfig
-    from kvcake.serve.instance_main import run_instance
 
     names = [f.lstrip("-").replace("-", "_") for f, _, _ in _INSTANCE_FLAGS]
     cfg = load_config(
@@ -103,8 +104,8 @@ def _instance(args: argparse.Namespace) -> int:
 
 def _proxy(args: argparse.Namespace) -> int:
     from kvcake.core.config import KVLayoutConfig, load_config
+    from kvcake.proxy.main import run_proxy
     from kvcake.serve.config import load_proxy_config
-    from kvcake.serve.proxy_main import run_proxy
 
     ov = _overrides(args, ["request_log", "metrics_names", "host", "port"])
     ov["prefill"] = tuple(args.prefill) if args.prefill else None
@@ -117,7 +118,7 @@ def _proxy(args: argparse.Namespace) -> int:
     # dashboard reads restarts and the master's address from there.
     from pathlib import Path
 
-    from kvcake.serve.launcher import STATE_FILE
+    from kvcake.launch.launcher import STATE_FILE
 
     run_state = str(Path(args.config).with_name(STATE_FILE)) if args.config else ""
     return run_proxy(cfg, kv, args.backend, colocated=args.colocated, run_state=run_state)

@@ -51,7 +51,7 @@ def _top(args: argparse.Namespace) -> int:
     from rich.live import Live
 
     from kvcake.core.errors import KvcakeError
-    from kvcake.serve.top_view import fetch, render
+    from kvcake.proxy.top_view import fetch, render
 
     if args.interval <= 0:
         raise KvcakeError("--interval must be > 0")

@@ -104,7 +104,7 @@ class ProxyConfig:
     # /metrics names: "kvcake" (kvcake:*), "vllm" (vLLM's vllm:* where vLLM has the metric,
     # with component="kvcake-proxy"), or "both".
     metrics_names: str = "kvcake"
-    # OpenAI-style API keys (serve/auth.py): "KEY" or "KEY=TENANT" entries and/or a file of
+    # OpenAI-style API keys (proxy/auth.py): "KEY" or "KEY=TENANT" entries and/or a file of
     # them, one per line; none = the proxy is open. A key's tenant salts its requests' KV.
     api_keys: tuple[str, ...] = ()
     api_keys_file: Path | None = None

@@ -29,6 +29,7 @@ import msgspec
 from kvcake.core import auth as _auth
 from kvcake.core import framing, integrity
 from kvcake.core.errors import FramingError
+from kvcake.net.netserver import ThreadedServer
 from kvcake.store.errors import (
     CHECKSUM_MISMATCH,
     INVALID_PARAMS,
@@ -40,7 +41,6 @@ from kvcake.store.errors import (
     Unauthorized,
     error_for,
 )
-from kvcake.transfer.netserver import ThreadedServer
 
 log = logging.getLogger(__name__)
 HEAD = struct.Struct("<4sB3xIQI4x")

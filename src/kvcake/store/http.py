@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kvcake.core.http_auth import MASTER_HTTP
-from kvcake.store.httpserve import HttpThread
+from kvcake.net.httpserve import HttpThread
 from kvcake.store.metadata_http import metadata_router
 from kvcake.store.mooncake_metrics import MooncakeMasterCollector
 from kvcake.store.router_queries import router_queries

@@ -22,6 +22,7 @@ from kvcake.core import auth as _auth
 from kvcake.core import framing
 from kvcake.core.errors import FramingError, StoreError
 from kvcake.core.ids import ClientId, SegmentName
+from kvcake.net.netserver import ThreadedServer
 from kvcake.store import protocol as P
 from kvcake.store.config import MasterConfig
 from kvcake.store.dedup import StaleRequest
@@ -36,7 +37,6 @@ from kvcake.store.metrics import MasterMetrics
 from kvcake.store.owners import ReleasingBackend, process_gone, process_of
 from kvcake.store.rpc import BufferedFrames, send_msg
 from kvcake.store.vllm_events import BlockTable
-from kvcake.transfer.netserver import ThreadedServer
 
 log = logging.getLogger(__name__)
 EVICT_STEPS_PER_TICK = 1000

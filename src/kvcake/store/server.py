@@ -15,12 +15,12 @@ from typing import Any
 
 from kvcake.core import auth as _auth
 from kvcake.core.errors import KvcakeError
+from kvcake.net.httpserve import HttpThread
 from kvcake.store import protocol as P
 from kvcake.store.client import Client
 from kvcake.store.config import ClientConfig, StoreServerConfig
 from kvcake.store.disk import DiskService, DiskTier
 from kvcake.store.errors import ChecksumMismatch
-from kvcake.store.httpserve import HttpThread
 from kvcake.store.server_http import NodeMetrics, build_app
 from kvcake.store.verify import integrity_failed, report_bad
 from kvcake.transfer.registry import host_identity

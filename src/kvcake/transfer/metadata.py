@@ -21,6 +21,7 @@ from kvcake.core import framing
 from kvcake.core.auth import DIRECTORY, Authenticator, AuthError, resolve
 from kvcake.core.errors import FramingError
 from kvcake.core.ids import SegmentName
+from kvcake.net.netserver import ThreadedServer, split_address
 from kvcake.transfer.errors import (
     AuthFailed,
     DirectoryUnreachable,
@@ -28,7 +29,6 @@ from kvcake.transfer.errors import (
     TransferError,
     UnknownSegment,
 )
-from kvcake.transfer.netserver import ThreadedServer, split_address
 from kvcake.transfer.types import PathInfo, SegmentInfo
 
 

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 
 from kvcake.core.auth import TRANSFER, Authenticator, AuthError
+from kvcake.net.netserver import split_address
 from kvcake.transfer.errors import AuthFailed, EndpointsExhausted, PathFailure
-from kvcake.transfer.netserver import split_address
 from kvcake.transfer.sieve import Sieve
 from kvcake.transfer.stream import FrameReader
 

@@ -14,8 +14,8 @@ import socket
 from kvcake.core import framing
 from kvcake.core.auth import Authenticator
 from kvcake.core.errors import TransferError
+from kvcake.net.netserver import ThreadedServer
 from kvcake.transfer.errors import InvalidRequest
-from kvcake.transfer.netserver import ThreadedServer
 from kvcake.transfer.protocol import (
     CODEC,
     MAX_ENTRIES,

@@ -24,6 +24,7 @@ from typing_extensions import Buffer
 from kvcake.core import framing
 from kvcake.core.auth import TRANSFER, Authenticator, AuthError
 from kvcake.core.errors import FramingError
+from kvcake.net.netserver import split_address
 from kvcake.transfer.batch import Batch, Job, Slice, SliceQueue, cut
 from kvcake.transfer.config import TransferConfig
 from kvcake.transfer.errors import (
@@ -34,7 +35,6 @@ from kvcake.transfer.errors import (
     TransferError,
     UnknownSegment,
 )
-from kvcake.transfer.netserver import split_address
 from kvcake.transfer.paths import PathHealth
 from kvcake.transfer.planner import Merged
 from kvcake.transfer.pool import Endpoint, EndpointPool

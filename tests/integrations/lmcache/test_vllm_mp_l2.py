@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from kvcake.core.ports import free_port
-from kvcake.integrations.lmcache import mp
-from kvcake.serve.vllm_procs import VllmEngine, VllmEngineSpec, default_model_dir
+from kvcake.fleet import lmcache_mp as mp
+from kvcake.fleet.procs import VllmEngine, VllmEngineSpec, default_model_dir
 from tests.integrations.lmcache.conftest import LMC_PYTHON
 from tests.integrations.vllm.conftest import complete
 from tests.store.procs import Proc, spawn

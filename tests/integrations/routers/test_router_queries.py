@@ -12,9 +12,9 @@ import pytest
 from kvcake.core import auth
 from kvcake.core.hashing import block_hashes, block_key, rank_key
 from kvcake.core.http_auth import MASTER_HTTP
+from kvcake.net.httpserve import client_auth
 from kvcake.store.client import Client
 from kvcake.store.config import MasterConfig, StoreServerConfig
-from kvcake.store.httpserve import client_auth
 from kvcake.store.master_server import Master
 from kvcake.store.server import StoreServer
 

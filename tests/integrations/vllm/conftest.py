@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from kvcake.core.ports import free_port
-from kvcake.serve.vllm_procs import VllmEngine, VllmEngineSpec, default_model_dir, start_engine
+from kvcake.fleet.procs import VllmEngine, VllmEngineSpec, default_model_dir, start_engine
 from tests.store.procs import Proc, spawn
 
 EXTRA = {"connect_retry_s": 2.0, "backoff_s": 1.0, "load_timeout_s": 3.0}

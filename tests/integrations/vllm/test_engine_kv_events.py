@@ -27,8 +27,8 @@ from vllm.distributed.kv_events import BlockStored, KVEventBatch
 
 from kvcake.core.hashing import block_hashes
 from kvcake.core.ports import free_port
+from kvcake.fleet.procs import VllmEngine, VllmEngineSpec, default_model_dir, start_engine
 from kvcake.integrations.vllm.keys import BlockNamer
-from kvcake.serve.vllm_procs import VllmEngine, VllmEngineSpec, default_model_dir, start_engine
 from kvcake.store.client import Client
 from tests.integrations.vllm.conftest import EXTRA, complete
 from tests.store.procs import spawn

@@ -7,9 +7,9 @@ from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStor
 
 from kvcake.conductor.index import PrefixIndex
 from kvcake.core.hashing import block_hashes
-from kvcake.serve.vllm_adapter import parse_metrics
-from kvcake.serve.vllm_index import EngineEvents
-from kvcake.serve.vllm_proxy import parse_engine
+from kvcake.fleet.adapter import parse_metrics
+from kvcake.fleet.index import EngineEvents
+from kvcake.fleet.proxy import parse_engine
 
 ENC = msgspec.msgpack.Encoder()
 
@@ -70,7 +70,7 @@ def test_metrics_and_engine_flags() -> None:
 
 
 def test_fleet_places_a_request_where_its_prefix_is() -> None:
-    from kvcake.serve.vllm_adapter import EngineRef, FleetConfig, VllmFleet
+    from kvcake.fleet.adapter import EngineRef, FleetConfig, VllmFleet
 
     fleet = VllmFleet(
         [EngineRef("a", "http://127.0.0.1:1"), EngineRef("b", "http://127.0.0.1:2")],
@@ -96,7 +96,7 @@ def test_fleet_fits_its_prefill_predictor_to_what_the_engines_take() -> None:
     predictor the conductor prices queues and prefills with; other placements are no sample."""
     import dataclasses
 
-    from kvcake.serve.vllm_adapter import EngineRef, FleetConfig, VllmFleet
+    from kvcake.fleet.adapter import EngineRef, FleetConfig, VllmFleet
 
     fleet = VllmFleet(
         [EngineRef("a", "http://127.0.0.1:1"), EngineRef("b", "http://127.0.0.1:2")],

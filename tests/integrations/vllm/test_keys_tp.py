@@ -11,8 +11,8 @@ from kvcake.core.hashing import block_hashes, block_key, parse_block_key, rank_k
 from kvcake.core.ids import BlockHash
 from kvcake.integrations.vllm.keys import BlockNamer
 from kvcake.integrations.vllm.plan import Planner
+from kvcake.proxy.pool_events import PoolEvents, block_of
 from kvcake.serve.events import POOL
-from kvcake.serve.pool_events import PoolEvents, block_of
 from kvcake.store.events import ENCODER
 
 K = StoreEventKind

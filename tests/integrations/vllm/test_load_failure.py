@@ -53,8 +53,8 @@ class Engine:
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.structured_output import StructuredOutputManager
 
+        from kvcake.fleet.procs import default_model_dir
         from kvcake.integrations.vllm.connector import KvcakeConnector
-        from kvcake.serve.vllm_procs import default_model_dir
 
         extra = {"master": master, "backoff_s": 0.1, "load_timeout_s": 5.0}
         ktc = KVTransferConfig(

@@ -28,7 +28,7 @@ BS = 32
 
 @pytest.fixture(scope="module")
 def pd_proxy(cluster: Cluster) -> Iterator[str]:
-    from kvcake.serve.vllm_children import proxy_argv, start_proxy
+    from kvcake.fleet.children import proxy_argv, start_proxy
 
     argv = proxy_argv(cluster.master_addr, 0, BS, [cluster.a, cluster.b],
                       roles={"a": "prefill", "b": "decode"})  # fmt: skip

@@ -18,11 +18,11 @@ import httpx
 import pytest
 
 from kvcake.core.errors import ConfigError
+from kvcake.fleet.adapter import EngineRef, FleetConfig, VllmFleet
+from kvcake.fleet.pd import PREFILL_HEADER, check_pd_body, prefill_body
+from kvcake.fleet.proxy import ENGINE_HEADER, build_app
 from kvcake.integrations.vllm.pd_wire import Inbox, producer_params
 from kvcake.integrations.vllm.worker import log_for
-from kvcake.serve.vllm_adapter import EngineRef, FleetConfig, VllmFleet
-from kvcake.serve.vllm_pd import PREFILL_HEADER, check_pd_body, prefill_body
-from kvcake.serve.vllm_proxy import ENGINE_HEADER, build_app
 
 Handler = Callable[[httpx.Request, dict[str, Any]], Any]
 
@@ -242,9 +242,9 @@ def test_fleet_roles_and_bodies() -> None:
 
 
 def test_cluster_config_roles(tmp_path: Path) -> None:
-    from kvcake.serve.vllm_children import proxy_argv
-    from kvcake.serve.vllm_cluster import KV_ROLES, load
-    from kvcake.serve.vllm_procs import VllmEngine, VllmEngineSpec
+    from kvcake.fleet.children import proxy_argv
+    from kvcake.fleet.cluster import KV_ROLES, load
+    from kvcake.fleet.procs import VllmEngine, VllmEngineSpec
 
     root = Path(__file__).resolve().parents[3]
     cfg = load(root / "configs" / "vllm-pd.toml")
@@ -269,14 +269,14 @@ def test_cluster_config_roles(tmp_path: Path) -> None:
     assert engines[1].spec.kv_transfer_config()["kv_role"] == "kv_producer"
     over = proxy_argv("127.0.0.1:1", 0, 32, engines[:1], roles={"vllm-0": "decode"})
     assert "--decode" in over and "--engine" not in over
-    from kvcake.serve.deploy_vllm import vllm_manifests
+    from kvcake.deploy.vllm_fleet import vllm_manifests
 
     with pytest.raises(ConfigError, match="prefill/decode"):  # not rendered (yet): say so
         vllm_manifests(cfg, "", "img")
 
 
 def test_client_gone_after_the_prefill_skips_the_decode_and_releases(engines: Engines) -> None:
-    from kvcake.serve.vllm_pd import PdRelay, forward_pd
+    from kvcake.fleet.pd import PdRelay, forward_pd
 
     async def gone() -> bool:
         return True
@@ -336,7 +336,7 @@ def test_a_stalled_non_streamed_decode_times_out_without_progress(engines: Engin
 
 
 def test_metrics_parsing_reads_the_generation_counter() -> None:
-    from kvcake.serve.vllm_adapter import parse_metrics
+    from kvcake.fleet.adapter import parse_metrics
 
     text = (
         "# TYPE vllm:generation_tokens_total counter\n"

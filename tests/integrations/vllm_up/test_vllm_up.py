@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvcake.serve import shm_orphans
+from kvcake.fleet import shm_orphans
 
 PROMPT = {"model": "smollm2", "messages": [{"role": "user", "content": "Say hi."}],
           "max_tokens": 4, "temperature": 0}  # fmt: skip
