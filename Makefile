@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: native nftables install install-vllm install-dynamo install-lmcache install-sglang lint format test test-fast demo bench clean etcd chromium
+.PHONY: native nftables install install-vllm install-dynamo install-lmcache install-sglang lint format test test-long test-fast demo bench clean etcd chromium
 
 # pip's output goes to $(VENV)/install.log; the terminal gets one progress line per install
 # (packages collected, the current one), and the log's tail if pip fails.
@@ -159,7 +159,12 @@ format: install
 	$(BIN)/ruff format src tests benchmarks
 
 test: install install-vllm install-dynamo install-lmcache install-sglang chromium nftables lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not long"
+
+# Checks too long for make test's budget (docs/testing.md lists them): each starts a vLLM engine
+# of its own.
+test-long: install install-vllm install-lmcache
+	$(BIN)/pytest -q -m long
 
 test-fast: install
 	$(BIN)/pytest -q -x -m "not slow"

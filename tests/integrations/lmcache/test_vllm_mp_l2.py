@@ -25,7 +25,7 @@ from tests.integrations.lmcache.conftest import LMC_PYTHON
 from tests.integrations.vllm.conftest import complete
 from tests.store.procs import Proc, spawn
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1200)]
 
 CHUNK = 256  # LMCache's chunk (a multiple of vLLM's 32-token block)
 PROMPT_LEN = 600  # two full chunks (512 tokens) and a partial one, which LMCache does not store

@@ -33,7 +33,7 @@ from kvcake.store.client import Client
 from tests.integrations.vllm.conftest import EXTRA, complete
 from tests.store.procs import spawn
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1200)]
 
 BS = 32
 TOPIC = b"kv-events"
