@@ -135,7 +135,9 @@ def copy_verified(
     value's end) into ``dst`` one chunk at a time, summing each chunk while it is still in the
     cache; returns the bad chunk indexes. The copy and the check are one pass over memory."""
     n = src.nbytes
-    if offset == 0 and n == size < NATIVE_MIN:  # a small one-chunk value (the hot path)
+    # A one-chunk value: copied, then summed in dst while it is in L2 (4 MiB here), which
+    # measured faster than the C loop's 4 KiB pieces for values that fit.
+    if offset == 0 and n == size <= CHUNK:
         part = dst[:n]
         part[:] = src
         digest = xxhash.xxh3_64_intdigest(part, seed=chunk_seed(key_seed(key), 0))
@@ -150,8 +152,8 @@ def copy_verified(
         first = offset // CHUNK
         indexes = range(first, first + chunk_count(n))
         seeds = chunk_seeds(key, first, len(indexes))
-        # BOUNCE: src is a peer's memory, which may change under the copy
-        got = native.copy_sum(dst[:n], src, CHUNK, seeds, native.STREAM | native.BOUNCE)
+        # not streamed: the reader uses what it read; summed in dst as handed over
+        got = native.copy_sum(dst[:n], src, CHUNK, seeds)
         return [i for i, g in zip(indexes, got, strict=True) if i >= len(sums) or g != sums[i]]
     bad: list[int] = []
     done = 0

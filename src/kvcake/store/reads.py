@@ -276,7 +276,7 @@ class ReadPath:
         elif own is not None:
             with commit_under(guard):
                 for off, out in ranges:
-                    native.copy(out, own[rep.offset + off : rep.offset + off + out.nbytes])
+                    out[:] = own[rep.offset + off : rep.offset + off + out.nbytes]
         elif guard is None and len(ranges) == 1 and rep.tier != "disk":
             self._read_remote_memory(rep, ranges[0][0], ranges[0][1])
         elif rep.tier != "disk" and self.engine.reads_by_mapping(rep.segment):

@@ -107,7 +107,10 @@ def write_summing(key: str, value: memoryview, dst: memoryview) -> list[int]:
     peer's) and return its checksums (core/integrity.py), each piece summed right after its
     copy, while it is in the cache: a put's one computation of its sums, fused with its copy."""
     n = value.nbytes
-    if native.AVAILABLE and n >= integrity.NATIVE_MIN:
+    if n <= integrity.CHUNK:  # one chunk: streamed, then summed while the copy left it in L2
+        native.copy(dst[:n], value)
+        return integrity.checksums(key, value)
+    if native.AVAILABLE:
         seeds = integrity.chunk_seeds(key, 0, integrity.chunk_count(n))
         return native.copy_sum(dst[:n], value, integrity.CHUNK, seeds, native.STREAM)
     seed = integrity.key_seed(key)
@@ -185,7 +188,7 @@ def scatter_verified(
     with commit_under(guard):
         stop = guard.stop if guard is not None else None
         done, got = native.scatter_sum_many(
-            [(span, moved, seeds)], integrity.CHUNK, stop, sums is not None, native.STREAM
+            [(span, moved, seeds)], integrity.CHUNK, stop, sums is not None
         )
     if not done:
         raise TransferFailed(f"{key!r}: read cancelled")
@@ -228,9 +231,7 @@ def scatter_verified_many(
     try:
         with commit_under(guard):
             stop = guard.stop if guard is not None else None
-            done, sums = native.scatter_sum_many(
-                values, integrity.CHUNK, stop, verify, native.STREAM
-            )
+            done, sums = native.scatter_sum_many(values, integrity.CHUNK, stop, verify)
     except TransferFailed:
         done, sums = 0, []
     out: list[int | StoreError | None] = []

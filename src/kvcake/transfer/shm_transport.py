@@ -184,10 +184,10 @@ class ShmTransport(Transport):
 
     def _copy(self, op: Op, local: memoryview, target: SegmentInfo, offset: int) -> None:
         span, check = self.span(target, offset, local.nbytes)
-        if op is Op.WRITE:  # (large copies stream: kvcake.core.native)
+        if op is Op.WRITE:  # into a segment nobody here reads soon: streamed (core.native)
             native.copy(span, local)
-        else:
-            native.copy(local, span)
+        else:  # the reader uses what it read: into its cache
+            local[:] = span
         check()  # after the copy: bytes read while (or after) the owner died are not handed out
 
     def tasks(self, batch: Batch, jobs: list[Job]) -> list[Task]:
