@@ -221,6 +221,13 @@ class TransferEngine:
             jobs = by_owner.setdefault((transport.name, target.owner, target.paths), [])
             for lo, to, n, members in merge(valid):
                 jobs.append(Job(op, local[lo : lo + n], target, to, n, members, batch))
+        return self._owner_tasks(batch, by_owner)
+
+    def _owner_tasks(
+        self, batch: Batch, by_owner: dict[tuple[str, str, tuple[PathInfo, ...]], list[Job]]
+    ) -> list[Task]:
+        """The tasks of jobs grouped by (transport, owner, paths): each group is one
+        transport's work on one peer."""
         return [
             t
             for (name, _, _), jobs in by_owner.items()
@@ -491,12 +498,7 @@ class TransferEngine:
                 continue
             job = Job(Op.READ, view, target, offset, view.nbytes, [i], batch, landed=landed)
             by_owner.setdefault((name, target.owner, target.paths), []).append(job)
-        tasks = [
-            t
-            for (name, _, _), jobs in by_owner.items()
-            for t in self.transports[name].tasks(batch, jobs)
-        ]
-        return self._run_to_end(batch, tasks)
+        return self._run_to_end(batch, self._owner_tasks(batch, by_owner))
 
     # --- lifecycle ------------------------------------------------------------------------
 
