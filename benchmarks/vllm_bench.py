@@ -84,7 +84,7 @@ def start_proxy(master: str, engines: list[VllmEngine]) -> tuple[Any, str]:
     import subprocess
     import sys
 
-    argv = [sys.executable, "-m", "kvcake.fleet.proxy", "--master", master]
+    argv = [sys.executable, "-m", "kvcake", "vllm-proxy", "--master", master]
     for e in engines:
         argv += ["--engine", f"{e.spec.name}={e.url}@tcp://127.0.0.1:{e.spec.kv_events_port}"]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)

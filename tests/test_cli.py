@@ -64,3 +64,35 @@ def test_bench_unknown_name() -> None:
     with pytest.raises(SystemExit):
         main(["bench"])
     assert main(["bench", "no-such-bench"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        ("vllm-proxy", ["usage: kvcake vllm-proxy", "--prefill", "--decode", "--master"]),
+        ("netns-up", ["usage: kvcake netns-up", "--stores", "--delay-ms"]),
+        ("netns-relay", ["usage: kvcake netns-relay", "--route", "--delay-ms"]),
+        ("mooncake-master", ["stand-in for Mooncake's mooncake_master", "-rpc_port"]),
+        ("mooncake-client", ["stand-in for Mooncake's mooncake_client", "-master_server_address"]),
+        ("mooncake-transfer-engine-bench", ["transfer_engine_bench", "--operation"]),
+        ("mooncake-metadata-server", ["usage: kvcake mooncake-metadata-server", "--port"]),
+    ],
+)
+def test_process_entry_points_are_sub_commands(command: str, says: list[str]) -> None:
+    """Every process kvcake starts is a ``kvcake`` sub-command whose --help is the process's own
+    (the module's parser, reached through the real CLI). Mooncake's gflags programs exit 1 after
+    --help, as Mooncake's do."""
+    assert command in run("--help").stdout
+    out = run(command, "--help")
+    assert out.returncode == (1 if command in ("mooncake-master", "mooncake-client") else 0), (
+        out.stderr
+    )
+    for text in says:
+        assert text in out.stdout, (text, out.stdout[:400])
+
+
+def test_program_sub_command_passes_its_arguments() -> None:
+    """Arguments after the sub-command reach the program's parser: a bad one is its error."""
+    out = run("netns-relay", "--route", "127.0.0.1:0=127.0.0.1:1", "--delay-ms", "-1")
+    assert out.returncode == 2
+    assert "usage: kvcake netns-relay" in out.stderr and "--delay-ms >= 0" in out.stderr

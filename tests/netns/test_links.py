@@ -81,7 +81,7 @@ def test_hosts_are_isolated_and_partition_is_silent(net: Network) -> None:
 def test_relay_delays_each_direction_and_keeps_every_byte(net: Network) -> None:
     p, port = _sink(net)
     relay = subprocess.Popen(
-        net.command("b", [sys.executable, "-m", "kvcake.launch.netns_relay", "--delay-ms", "50",
+        net.command("b", [sys.executable, "-m", "kvcake", "netns-relay", "--delay-ms", "50",
                           "--route", f"{net['b'].addr}:0={net['b'].addr}:{port}"]),
         stdout=subprocess.PIPE, text=True, env=net.env(),
     )  # fmt: skip

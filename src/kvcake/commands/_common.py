@@ -3,10 +3,12 @@ registering this module as a command)."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import signal
 import sys
 import threading
-from typing import Protocol
+from typing import Any, Protocol
 
 
 def wait_for_signal(poll_s: float = 0.05) -> None:
@@ -39,3 +41,26 @@ def serve_until_signal(server: _Server, name: str, ready: object) -> int:
     finally:
         server.stop()
     return 0
+
+
+def add_program(sub: Any, name: str, target: str, help: str, description: str,
+                preface: bool = False) -> None:  # fmt: skip
+    """Register ``kvcake NAME`` for a process whose module parses its own command line:
+    ``target`` (``module:function``, imported only when the command runs, so ``kvcake --help``
+    stays fast) is called with every argument after NAME, ``--help`` included, so one parser
+    (the module's) answers both ``kvcake NAME --help`` and the process's own flags. ``preface``:
+    print ``description`` before the program's help (Mooncake's gflags programs, whose help
+    lists flags only)."""
+    p = sub.add_parser(
+        name, help=help, description=description, add_help=False, prefix_chars="\0"
+    )  # fmt: skip  (no option of ours: all go to the program)
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="the program's own flags")
+    p.set_defaults(func=lambda args: _run_program(name, target, args.argv, description, preface))
+
+
+def _run_program(name: str, target: str, argv: list[str], description: str, preface: bool) -> int:
+    if preface and any(a.lstrip("-") in ("help", "helpfull", "h") for a in argv):
+        print(f"{description}\n", flush=True)
+    sys.argv = [f"kvcake {name}", *argv]  # argparse's default prog: usage reads `kvcake NAME`
+    module, _, func = target.partition(":")
+    return int(getattr(importlib.import_module(module), func)(argv) or 0)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +65,3 @@ def _run(args: argparse.Namespace) -> int:
     for line in programs.status_lines(bin_dir):
         print(line)
     return 0 if cur is not None else 1
-
-
-if __name__ == "__main__":
-    sys.exit(0)

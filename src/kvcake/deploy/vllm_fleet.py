@@ -138,7 +138,7 @@ def _pool_objects(cfg: VllmClusterConfig, image: str, ns: str) -> list[dict[str,
 
 def _proxy_objects(cfg: VllmClusterConfig, image: str, ns: str) -> list[dict[str, Any]]:
     port = proxy_port(cfg)
-    args = ["-m", "kvcake.fleet.proxy", "--master", master_address(), "--host", "0.0.0.0",
+    args = ["-m", "kvcake", "vllm-proxy", "--master", master_address(), "--host", "0.0.0.0",
             "--port", str(port), "--block-tokens", str(cfg.block_size)]  # fmt: skip
     ports = {"http": port}
     for i in range(cfg.engines):

@@ -1,6 +1,6 @@
 """The OpenAI HTTP front of a vLLM fleet: places each request with :class:`VllmFleet` and
 forwards it unchanged to a kv_both engine, or runs prefill and decode on two engines of a P/D
-fleet (:mod:`kvcake.fleet.pd`) (``python -m kvcake.fleet.proxy --help``)."""
+fleet (:mod:`kvcake.fleet.pd`) (``kvcake vllm-proxy --help``)."""
 
 from __future__ import annotations
 
@@ -226,7 +226,7 @@ def parse_engine(text: str, role: str = "both") -> EngineRef:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m kvcake.fleet.proxy",
+        prog="kvcake vllm-proxy",
         description="kvcake's KV-aware proxy in front of vLLM engines (OpenAI API). With "
         "--prefill and --decode engines it runs each request's prefill on one (max_tokens=1, "
         "kv_transfer_params do_remote_decode) and its decode on another.",

@@ -1,6 +1,6 @@
 """A delaying TCP relay: added latency without ``netem`` (which this kernel lacks).
 
-``python -m kvcake.launch.netns_relay --delay-ms D --route LISTEN=TARGET [--route ...]`` accepts
+``kvcake netns-relay --delay-ms D --route LISTEN=TARGET [--route ...]`` accepts
 on each LISTEN (``host:port``, port 0 = free) and forwards to TARGET; every chunk read from
 either side is written to the other ``D`` ms after it arrived, in order (a propagation delay:
 a stream keeps its throughput, each direction gets ``D`` ms, a round trip ``2 D``). Prints

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 @pytest.fixture(scope="module")
 def proxy(cluster: Cluster) -> Iterator[str]:
-    argv = [sys.executable, "-m", "kvcake.fleet.proxy", "--master", cluster.master_addr]
+    argv = [sys.executable, "-m", "kvcake", "vllm-proxy", "--master", cluster.master_addr]
     for e in (cluster.a, cluster.b):
         argv += ["--engine", f"{e.spec.name}={e.url}@tcp://127.0.0.1:{e.spec.kv_events_port}"]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
