@@ -65,7 +65,7 @@ nftables:
 	    { apt-get update -qq && apt-get install -y -q --no-install-recommends nftables >/dev/null; }; \
 	  else echo "nftables not installed (apt-get install nftables): the nemesis runs without partitions"; fi; }
 
-# Chromium for the dashboard's browser test (tests/serve/test_dashboard_browser.py): Debian's
+# Chromium for the dashboard's browser test (tests/proxy/test_dashboard_browser.py): Debian's
 # chromium, installed once as root (CI). The test is a required part of `make test`: without
 # chromium it fails and says to run `make chromium`.
 chromium:

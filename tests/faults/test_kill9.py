@@ -23,8 +23,8 @@ import pytest
 
 from kvcake.launch.launcher import Cluster
 from kvcake.launch.supervisor import RestartPolicy, Supervisor
+from tests.cluster import make_cluster
 from tests.faults.load import CLIENT_TIMEOUT_S, PREFIXES, SUFFIX, Load, Result, one
-from tests.serve.helpers import make_cluster
 
 # Lightest first; the proxy last (its restart drops every client connection).
 VICTIMS = ["decode-0", "prefill-0", "store-0", "master", "proxy"]

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvcake.core.hashing import block_hashes, block_key
 from kvcake.launch.launcher import Cluster
-from tests.serve.helpers import make_cluster
+from tests.cluster import make_cluster
 
 BT = 32
 P1 = list(range(1000, 1200))  # 200 tokens: 6 full blocks + 8

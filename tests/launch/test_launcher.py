@@ -18,7 +18,7 @@ from kvcake.core.ports import free_ports
 from kvcake.core.trace import TraceRecord
 from kvcake.launch.launcher import Cluster, toml_dump
 from kvcake.replay.runner import ReplayOptions, paper_tbt, run_replay
-from tests.serve.helpers import make_cluster
+from tests.cluster import make_cluster
 
 
 def test_port_conflict_fails_fast(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from kvcake.launch.launcher import Cluster
 from kvcake.transfer.metadata import DirectoryClient
-from tests.serve.helpers import make_cluster
+from tests.cluster import make_cluster
 
 
 @pytest.fixture(scope="module")

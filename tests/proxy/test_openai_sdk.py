@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from kvcake.launch.launcher import Cluster
-from tests.serve.openai_proxy import CONTEXT, MODELS, extra_proxy
+from tests.openai_proxy import CONTEXT, MODELS, extra_proxy
 
 PROMPT = list(range(300, 340))  # token ids: 40 tokens
 MSGS = [{"role": "user", "content": "tell me a story"}]

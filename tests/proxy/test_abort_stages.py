@@ -29,7 +29,7 @@ from kvcake.proxy.metrics import ProxyMetrics
 from kvcake.proxy.router import Outcome, Rejected, Router
 from kvcake.proxy.state import LiveCluster
 from kvcake.serve.wire import InstanceError
-from tests.serve.inproc import BT, Local, close_all, make_instances, watch_kv
+from tests.inproc import BT, Local, close_all, make_instances, watch_kv
 
 
 async def _client(router: Router, rid: str, prompt: list[int], n: int, stage: str,

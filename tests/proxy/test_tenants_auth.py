@@ -16,7 +16,7 @@ from kvcake.core.http_auth import INSTANCE_HTTP as INSTANCE
 from kvcake.launch.launcher import Cluster
 from kvcake.store.client import Client
 from kvcake.store.errors import Unauthorized
-from tests.serve.helpers import make_cluster
+from tests.cluster import make_cluster
 
 SECRET = "serve-auth-test-secret-0123456789abcdef"
 PROMPT = [(13 * i + 1) % 900 + 20 for i in range(200)]

@@ -1,4 +1,4 @@
-"""Helpers for serve tests."""
+"""make_cluster: a local emulated cluster from a few config sections, for tests in any folder."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ import pytest
 
 from kvcake.launch.launcher import Cluster
 from kvcake.proxy.top_view import parse_metrics, total
-from tests.serve.helpers import make_cluster
+from tests.cluster import make_cluster
 
 PREFIX = "a shared system prompt that every request of the dashboard test starts with " * 4
 VOID = {"meta", "link", "br", "img", "input", "hr", "source", "wbr", "col"}

@@ -16,7 +16,7 @@ import pytest
 
 from kvcake.launch.ha_pool import LEADER, etcd_alive
 from kvcake.launch.supervisor import RestartPolicy, Supervisor
-from tests.serve.helpers import make_cluster
+from tests.cluster import make_cluster
 
 pytestmark = pytest.mark.skipif(
     shutil.which("etcd") is None, reason="etcd is not installed (make etcd)"

@@ -15,7 +15,7 @@ import httpx
 
 from kvcake.core.hashing import block_hashes, block_key
 from kvcake.launch.launcher import Cluster
-from tests.serve.helpers import make_cluster
+from tests.cluster import make_cluster
 
 PARTS = ["master", "store-0", "prefill-0", "decode-0", "proxy"]
 HEAL_S = 15.0

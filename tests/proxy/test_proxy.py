@@ -19,7 +19,7 @@ def post(c: Cluster, path: str, body: object, **kw: object) -> httpx.Response:
 
 def test_models_health_metrics(emulated_cluster: Cluster) -> None:
     c = emulated_cluster
-    health = httpx.get(c.url + "/health").json()  # = /health/ready (tests/serve/test_health.py)
+    health = httpx.get(c.url + "/health").json()  # = /health/ready (tests/proxy/test_health.py)
     assert health["status"] == "ok" and health["ready"] and not health["failed"]
     models = httpx.get(c.url + "/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["object"] == "model"

@@ -18,7 +18,7 @@ from kvcake.core.hashing import block_hashes, block_key
 from kvcake.launch.launcher import Cluster
 from kvcake.proxy.auth import ApiKeys, salt_of
 from kvcake.store.client import Client
-from tests.serve.helpers import make_cluster
+from tests.cluster import make_cluster
 
 KEY_A, KEY_B, KEY_OPEN = "sk-teamA-0123456789", "sk-teamB-0123456789", "sk-open-0123456789"
 KEY_Q = "sk-teamQ-0123456789"  # a tenant whose store quota holds no block

@@ -10,7 +10,7 @@ import sys
 import httpx
 
 from kvcake.launch.launcher import Cluster
-from tests.serve.helpers import make_cluster
+from tests.cluster import make_cluster
 
 
 def test_overload_is_rejected_with_429(emulated_cluster: Cluster, tmp_path: object) -> None:

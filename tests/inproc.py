@@ -1,4 +1,4 @@
-"""In-process instances for serve tests: real Transfer Engines and a real store (master +
+"""In-process instances for the router tests: real Transfer Engines and a real store (master +
 storage node subprocesses), seen by the router through the ``RemoteInstance`` surface."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from kvcake.launch.launcher import Cluster
-from tests.serve.openai_proxy import BODY_LIMIT, extra_proxy
+from tests.openai_proxy import BODY_LIMIT, extra_proxy
 
 
 @pytest.fixture(scope="module")

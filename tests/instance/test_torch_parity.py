@@ -10,7 +10,7 @@ import pytest
 
 from kvcake.core.api import SamplingParams
 from kvcake.launch.launcher import Cluster
-from tests.serve.helpers import make_cluster
+from tests.cluster import make_cluster
 
 pytestmark = pytest.mark.slow
 

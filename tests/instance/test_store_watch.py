@@ -11,7 +11,7 @@ import pytest
 
 from kvcake.core.api import StoreEvent, StoreEventKind
 from kvcake.instance.store_watch import StoreWatch, describe, node_of
-from tests.serve.helpers import make_cluster
+from tests.cluster import make_cluster
 from tests.store.procs import Proc, spawn
 
 

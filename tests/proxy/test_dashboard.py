@@ -270,7 +270,7 @@ def test_an_unreachable_master_is_reported_not_raised() -> None:
 def test_ha_cluster_the_pool_comes_from_the_elected_master(tmp_path: Path) -> None:
     """`[ha]`: two masters on etcd; the dashboard finds the leader's admin HTTP in the run
     record (the standby has none) and shows the pool and its hottest blocks."""
-    from tests.serve.helpers import make_cluster
+    from tests.cluster import make_cluster
 
     c = make_cluster(tmp_path, cluster={"prefill": 1, "decode": 1, "store_servers": 1,
                                         "store_size": "32MB"}, ha={"etcd": True, "masters": 2})  # fmt: skip

@@ -15,7 +15,7 @@ from kvcake.core.ids import InstanceId, RequestId
 from kvcake.proxy.metrics import ProxyMetrics
 from kvcake.proxy.router import Outcome, Router
 from kvcake.proxy.state import LiveCluster
-from tests.serve.inproc import BT, Local, close_all, make_instances, watch_kv
+from tests.inproc import BT, Local, close_all, make_instances, watch_kv
 
 
 def test_answers_longer_than_decode_memory_preempt_and_finish(pool: tuple[str, str]) -> None:
