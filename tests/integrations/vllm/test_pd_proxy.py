@@ -34,8 +34,7 @@ def pd_proxy(cluster: Cluster) -> Iterator[str]:
                       roles={"a": "prefill", "b": "decode"})  # fmt: skip
     assert "--prefill" in argv and "--decode" in argv
     log = Path(tempfile.mkdtemp(prefix="kvcake-pd-proxy-")) / "proxy.log"
-    proxy = start_proxy(argv, log)
-    url = proxy.info["url"]
+    proc, url = start_proxy(argv, log)
     try:
         deadline = time.monotonic() + 30
         while httpx.get(url + "/health").status_code != 200:
@@ -45,7 +44,8 @@ def pd_proxy(cluster: Cluster) -> Iterator[str]:
         assert fleet["pd"] and fleet["engines"]["a"]["role"] == "prefill"
         yield url
     finally:
-        proxy.stop()
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_pd_through_the_proxy_same_tokens_no_recompute(cluster: Cluster, pd_proxy: str) -> None:

@@ -258,8 +258,8 @@ def test_cluster_config_roles(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         load(bad)
     engines = [
-        VllmEngine.of(VllmEngineSpec(n, 9000 + i, "/m", kv_role=KV_ROLES[r],
-                                     kv_events_port=7000 + i), tmp_path)
+        VllmEngine(VllmEngineSpec(n, 9000 + i, "/m", kv_role=KV_ROLES[r], kv_events_port=7000 + i),
+                   Path("/dev/null"), None)  # type: ignore[arg-type]
         for i, (n, r) in enumerate([("vllm-0", "both"), *cfg.roles()])
     ]  # fmt: skip
     argv = proxy_argv("127.0.0.1:1", 0, 32, engines)
