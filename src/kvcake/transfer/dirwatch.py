@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
+from kvcake.transfer.engine import TransferEngine
 from kvcake.transfer.errors import TransferError, UnknownSegment
+from kvcake.transfer.metadata import DirectoryClient
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +25,8 @@ log = logging.getLogger(__name__)
 class DirectoryWatch:
     """``DirectoryWatch(engine).start()``; :meth:`check` is one round (tests call it)."""
 
-    def __init__(self, engine: Any, interval_s: float = 1.0):
-        self.engine = engine  # kvcake.transfer.TransferEngine
+    def __init__(self, engine: TransferEngine, interval_s: float = 1.0):
+        self.engine = engine
         self.interval_s = interval_s
         self.boot = ""  # the directory boot id our entries were last checked against
         self.republished = 0  # entries published again (tests, logs)
@@ -54,8 +55,11 @@ class DirectoryWatch:
         stale = [n for n in names if not self._listed(directory, n)]
         if directory.boot and directory.boot != self.boot:
             if self.boot:
-                log.warning("directory %s restarted (boot %s); publishing again", directory.address,
-                            directory.boot)  # fmt: skip
+                log.warning(
+                    "directory %s restarted (boot %s); publishing again",
+                    directory.address,
+                    directory.boot,
+                )
             stale = names if self.boot else stale
         for name in stale:
             directory.publish(self.engine.segment_info(name))
@@ -64,7 +68,7 @@ class DirectoryWatch:
         self.republished += len(stale)
         return len(stale)
 
-    def _listed(self, directory: Any, name: str) -> bool:
+    def _listed(self, directory: DirectoryClient, name: str) -> bool:
         mine = self.engine.segment_info(name)
         try:
             found = directory.lookup(name)

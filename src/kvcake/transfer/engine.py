@@ -15,7 +15,6 @@ import logging
 import os
 import secrets
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from kvcake.core import auth as _auth
 from kvcake.core.ids import BatchId, SegmentName
@@ -32,7 +31,7 @@ from kvcake.transfer.planner import Item, merge, run_results, uniform_runs
 from kvcake.transfer.pool import EndpointPool
 from kvcake.transfer.protocol import MAX_ENTRIES
 from kvcake.transfer.registry import SegmentRegistry, Topology
-from kvcake.transfer.segments import as_byte_view, check_range
+from kvcake.transfer.segments import BufferLike, as_byte_view, check_range
 from kvcake.transfer.server import TransferServer
 from kvcake.transfer.shm_transport import ShmTransport
 from kvcake.transfer.tcp_transport import (
@@ -76,7 +75,9 @@ class TransferEngine:
         base = config or TransferConfig()
         # The shared secret (None: the environment's, see kvcake.core.auth.resolve).
         self.auth = auth = _auth.resolve(auth)
-        self.config = base if protocol == base.protocol else _with(base, protocol=protocol)
+        self.config = (
+            base if protocol == base.protocol else dataclasses.replace(base, protocol=protocol)
+        )
         self.hostname = hostname
         self.owner = f"{hostname}/{os.getpid()}/{secrets.token_hex(4)}"
         if cleanup_stale_shm:
@@ -125,7 +126,9 @@ class TransferEngine:
         """This engine's transfer-server addresses (one per listen host)."""
         return list(self.server.addresses)
 
-    def register_memory(self, name: str, buffer: Any, location: str | None = None) -> SegmentInfo:
+    def register_memory(
+        self, name: str, buffer: BufferLike, location: str | None = None
+    ) -> SegmentInfo:
         """Expose a writable buffer-protocol object as segment ``name``. The caller keeps
         owning the memory and must keep it alive until :meth:`unregister`."""
         self._check_open()
@@ -450,7 +453,7 @@ class TransferEngine:
         op: Op,
         target_segment: str,
         target_offset: int,
-        buf: Any,
+        buf: BufferLike,
         landed: Landed | None = None,
     ) -> None:
         view = as_byte_view(buf)
@@ -466,20 +469,24 @@ class TransferEngine:
         self._run_to_end(batch, tasks).raise_for_errors()
 
     def write(
-        self, target_segment: str, target_offset: int, data: Any, landed: Landed | None = None
+        self,
+        target_segment: str,
+        target_offset: int,
+        data: BufferLike,
+        landed: Landed | None = None,
     ) -> None:
         """Write any (unregistered, possibly read-only) buffer to a target segment.
         ``landed``: told of each piece before it is sent over TCP (``types.Landed``)."""
         self._unregistered(Op.WRITE, target_segment, target_offset, data, landed)
 
     def read_into(
-        self, target_segment: str, target_offset: int, out: Any, landed: Landed | None = None
+        self, target_segment: str, target_offset: int, out: BufferLike, landed: Landed | None = None
     ) -> None:
         """Fill any writable (unregistered) buffer from a target segment. ``landed``: told of
         the bytes as they arrive over TCP (``types.Landed``; shared memory does not call it)."""
         self._unregistered(Op.READ, target_segment, target_offset, out, landed)
 
-    def read_many(self, items: Sequence[tuple[str, int, Any, Landed | None]]) -> BatchResult:
+    def read_many(self, items: Sequence[tuple[str, int, BufferLike, Landed | None]]) -> BatchResult:
         """Fill each unregistered writable buffer from ``(segment, offset, buffer, landed)`` in
         ONE batch (a load's network reads pipelined over the lanes instead of one round trip
         each); a bad item fails alone in the result. ``landed`` as for :meth:`read_into`."""
@@ -529,7 +536,3 @@ class TransferEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _with(cfg: TransferConfig, **changes: Any) -> TransferConfig:
-    return dataclasses.replace(cfg, **changes)

@@ -19,7 +19,7 @@ import msgspec
 
 from kvcake.core import framing
 from kvcake.core.auth import DIRECTORY, Authenticator, AuthError, resolve
-from kvcake.core.errors import FramingError
+from kvcake.core.errors import FramingError, MalformedFrame, TruncatedFrame
 from kvcake.core.ids import SegmentName
 from kvcake.net.netserver import ThreadedServer, split_address
 from kvcake.transfer.errors import (
@@ -267,9 +267,9 @@ class DirectoryClient:
         framing.send_frame(self._sock, CODEC, self._rid, msg)
         frame = framing.read_frame(self._sock, CODEC, LIMITS)
         if frame is None:
-            raise framing.TruncatedFrame("directory closed the connection")
+            raise TruncatedFrame("directory closed the connection")
         if not isinstance(frame.msg, Reply):
-            raise framing.MalformedFrame("directory sent a non-reply")
+            raise MalformedFrame("directory sent a non-reply")
         self.boot = frame.msg.boot or self.boot
         return frame.msg
 

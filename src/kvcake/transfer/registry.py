@@ -11,13 +11,12 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from kvcake.core.ids import SegmentName
 from kvcake.transfer import shm
 from kvcake.transfer.errors import InvalidRequest, TransferError, UnknownSegment
 from kvcake.transfer.metadata import DirectoryClient
-from kvcake.transfer.segments import LocalSegment, SegmentTable, as_byte_view
+from kvcake.transfer.segments import BufferLike, LocalSegment, SegmentTable, as_byte_view
 from kvcake.transfer.types import PathInfo, SegmentInfo
 
 log = logging.getLogger(__name__)
@@ -83,7 +82,7 @@ class SegmentRegistry:
         self._cache[seg.name] = info
         return info
 
-    def register(self, name: str, buffer: Any, location: str | None = None) -> SegmentInfo:
+    def register(self, name: str, buffer: BufferLike, location: str | None = None) -> SegmentInfo:
         """Expose a writable buffer-protocol object as segment ``name``. The caller keeps
         owning the memory and must keep it alive until :meth:`unregister`."""
         view = as_byte_view(buffer)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, TypeAlias, cast
+
+from typing_extensions import Buffer
 
 from kvcake.transfer.errors import InvalidRequest, OutOfRange, SegmentExists, UnknownSegment
 from kvcake.transfer.shm import ShmRegion
@@ -21,18 +23,29 @@ class LocalSegment:
     name: str
     view: memoryview  # 1-D, format "B", writable
     region: ShmRegion | None = None
-    keepalive: Any = None
+    keepalive: object = None  # the caller's buffer, held so its memory outlives the view
 
     @property
     def size(self) -> int:
         return self.view.nbytes
 
 
-def as_byte_view(buffer: Any) -> memoryview:
+class TensorLike(Protocol):
+    """A torch CPU tensor: ``numpy()`` returns an array that shares its storage."""
+
+    def numpy(self) -> Buffer: ...
+
+
+# What segments, writes and reads accept: a buffer-protocol object or a CPU tensor.
+BufferLike: TypeAlias = Buffer | TensorLike
+
+
+def as_byte_view(buffer: BufferLike) -> memoryview:
     """A contiguous 1-D byte view of any buffer-protocol object, or of a torch CPU tensor's
     storage (through ``tensor.numpy()``, which shares it: no copy, no torch import here)."""
     try:
-        view = memoryview(buffer)
+        # Buffer first even for a TensorLike: whatever exports memory is viewed directly.
+        view = memoryview(cast(Buffer, buffer))
     except TypeError as exc:
         to_numpy = getattr(buffer, "numpy", None)
         if to_numpy is None:

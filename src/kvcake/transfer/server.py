@@ -13,7 +13,7 @@ import socket
 
 from kvcake.core import framing
 from kvcake.core.auth import Authenticator
-from kvcake.core.errors import TransferError
+from kvcake.core.errors import MalformedFrame, TransferError
 from kvcake.net.netserver import ThreadedServer
 from kvcake.transfer.errors import InvalidRequest
 from kvcake.transfer.protocol import (
@@ -76,7 +76,7 @@ class TransferServer(ThreadedServer):
             rid, meta_len, data_len = head
             try:
                 msg = reader.read_msg(CODEC, meta_len)
-            except framing.MalformedFrame:
+            except MalformedFrame:
                 reader.skip(data_len)
                 writer.queue(_head(rid, Fail("MalformedFrame", "undecodable request")))
                 continue

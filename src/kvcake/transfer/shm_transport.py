@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from kvcake.core import native
 from kvcake.transfer import shm
 from kvcake.transfer.batch import Batch, Job, Slice, cut
-from kvcake.transfer.errors import OwnerGone
+from kvcake.transfer.errors import OwnerGone, TransferError
 from kvcake.transfer.segments import SegmentTable
 from kvcake.transfer.transport import Task, Transport
 from kvcake.transfer.types import Landed, Op, SegmentInfo
@@ -174,7 +174,7 @@ class ShmTransport(Transport):
             span = pm.view[offset : offset + n]
             live = pm.live
         if span.nbytes != n:
-            raise shm.TransferError("target range beyond the mapped segment")
+            raise TransferError("target range beyond the mapped segment")
 
         def check() -> None:
             if live is not None and not live.alive():
@@ -209,7 +209,7 @@ class ShmTransport(Transport):
             self._copy(op, local, target, offset)
         except OwnerGone:
             raise
-        except (OSError, ValueError, shm.TransferError):
+        except (OSError, ValueError, TransferError):
             return False
         return True
 

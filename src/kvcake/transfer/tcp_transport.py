@@ -23,7 +23,7 @@ from typing_extensions import Buffer
 
 from kvcake.core import framing
 from kvcake.core.auth import TRANSFER, Authenticator, AuthError
-from kvcake.core.errors import FramingError
+from kvcake.core.errors import FramingError, MalformedFrame
 from kvcake.net.netserver import split_address
 from kvcake.transfer.batch import Batch, Job, Slice, SliceQueue, cut
 from kvcake.transfer.config import TransferConfig
@@ -473,15 +473,15 @@ class TcpTransport(Transport):
         if type(msg) is not Ack:
             if isinstance(msg, Fail):
                 if data_len:
-                    raise framing.MalformedFrame("a Fail reply carries no data")
+                    raise MalformedFrame("a Fail reply carries no data")
                 if msg.kind == "UnknownSegment":
                     self._on_unknown(target.name)
                 return remote_error(msg.kind, msg.message)
-            raise framing.MalformedFrame(f"unexpected reply {type(msg).__name__}")
+            raise MalformedFrame(f"unexpected reply {type(msg).__name__}")
         n = local.nbytes
         expect = n if op is Op.READ else 0
         if data_len != expect or msg.length != n:
-            raise framing.MalformedFrame(f"reply of {data_len} bytes, expected {expect}")
+            raise MalformedFrame(f"reply of {data_len} bytes, expected {expect}")
         if expect:
             reader.read_into(local, landed)
         return None

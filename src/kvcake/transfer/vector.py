@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing_extensions import Buffer
 
 from kvcake.core import framing
+from kvcake.core.errors import MalformedFrame, TruncatedFrame
 from kvcake.transfer.errors import (
     InvalidRequest,
     OutOfRange,
@@ -66,10 +67,10 @@ def read_reply(reader: FrameReader, rid: int) -> tuple[object, int]:
     """The reply to request ``rid``: its message and the length of the data that follows."""
     head = reader.read_head(REPLY_LIMITS)
     if head is None:
-        raise framing.TruncatedFrame("transfer server closed the connection")
+        raise TruncatedFrame("transfer server closed the connection")
     reply_rid, meta_len, data_len = head
     if reply_rid != rid:
-        raise framing.MalformedFrame(f"reply {reply_rid} does not match request {rid}")
+        raise MalformedFrame(f"reply {reply_rid} does not match request {rid}")
     return reader.read_msg(CODEC, meta_len), data_len
 
 
@@ -87,16 +88,16 @@ def read_vreply(
     msg, data_len = read_reply(reader, rid)
     if type(msg) is Fail:
         if data_len:
-            raise framing.MalformedFrame("a Fail reply carries no data")
+            raise MalformedFrame("a Fail reply carries no data")
         return remote_error(msg.kind, msg.message)
     if type(msg) is not AckV:
-        raise framing.MalformedFrame(f"unexpected reply {type(msg).__name__}")
+        raise MalformedFrame(f"unexpected reply {type(msg).__name__}")
     bad: Refusals = None
     if msg.failed:
         bad = {}
         for i, kind, message in msg.failed:
             if not 0 <= i < len(views):
-                raise framing.MalformedFrame(f"reply names entry {i} of {len(views)}")
+                raise MalformedFrame(f"reply names entry {i} of {len(views)}")
             bad[i] = remote_error(kind, message)
     if op is Op.READ:
         keep = range(len(views)) if bad is None else [i for i in range(len(views)) if i not in bad]
@@ -105,11 +106,11 @@ def read_vreply(
         for v in good:
             expect += v.nbytes
         if data_len != expect:
-            raise framing.MalformedFrame(f"reply of {data_len} bytes, expected {expect}")
+            raise MalformedFrame(f"reply of {data_len} bytes, expected {expect}")
         if landed is None:
             reader.read_into_views(good)
         else:
             reader.read_into_views(good, lambda k, a, b: landed(keep[k], a, b))
     elif data_len:
-        raise framing.MalformedFrame("a write's reply carries no data")
+        raise MalformedFrame("a write's reply carries no data")
     return bad
