@@ -18,7 +18,7 @@ Policies keep their own bookkeeping; the conductor forwards the hooks ``on_accep
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -233,7 +233,7 @@ ADMISSION_POLICIES: dict[str, type[AdmissionPolicy]] = {
 }
 
 
-def make_admission_policy(name: str, **params: Any) -> AdmissionPolicy:
+def make_admission_policy(name: str, **params: object) -> AdmissionPolicy:
     """``make_admission_policy("prediction", tbt_slo_s=0.2, decode=model)``; raises
     ``ConfigError`` for an unknown name or parameter."""
     return make_named("admission policy", ADMISSION_POLICIES, name, params)

@@ -7,14 +7,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from kvcake.core.config import load_config, read_toml, require
 from kvcake.core.errors import ConfigError
 
 SECTION = "conductor"
+
+V = TypeVar("V")
 
 
 def _names(kind: str) -> tuple[str, ...]:
@@ -112,8 +114,16 @@ FIELD_HELP: dict[str, str] = {
 
 # Keys that lived in [sim] / [proxy] before the one [conductor] section: a clear error, not a
 # silently ignored or generic "unknown setting".
-_SIM_MOVED = ("prefill_policy", "admission_policy", "kvcache_balancing_threshold",
-              "uniform_decode_s", "ttft_slo_s", "tbt_slo_s", "expected_output_tokens", "seed")  # fmt: skip
+_SIM_MOVED = (
+    "prefill_policy",
+    "admission_policy",
+    "kvcache_balancing_threshold",
+    "uniform_decode_s",
+    "ttft_slo_s",
+    "tbt_slo_s",
+    "expected_output_tokens",
+    "seed",
+)
 MOVED: dict[str, dict[str, str]] = {
     "sim": {n: n for n in _SIM_MOVED},
     "proxy": {
@@ -125,7 +135,7 @@ MOVED: dict[str, dict[str, str]] = {
 }
 
 
-def reject_moved(section: str, keys: Any, where: str) -> None:
+def reject_moved(section: str, keys: Iterable[str], where: str) -> None:
     """``ConfigError`` naming the new key when ``keys`` holds a ``[section]`` key that moved."""
     moved = MOVED.get(section, {})
     bad = [k for k in keys if k in moved]
@@ -143,7 +153,7 @@ def check_moved(toml_path: str | os.PathLike[str] | None, section: str) -> None:
         reject_moved(section, data, str(toml_path))
 
 
-def split_overrides(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split_overrides(values: Mapping[str, V]) -> tuple[dict[str, V], dict[str, V]]:
     """Flat flag values -> ``(conductor fields, the rest)``; the names are disjoint."""
     names = {f.name for f in dataclasses.fields(ConductorConfig)}
     cond = {k: v for k, v in values.items() if k in names}
@@ -152,10 +162,11 @@ def split_overrides(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str
 
 def load_conductor_config(
     toml_path: str | os.PathLike[str] | None = None,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> ConductorConfig:
     """The one loader: defaults < ``[conductor]`` of ``toml_path`` < ``KVCAKE_CONDUCTOR_<FIELD>``
     < ``overrides`` (``None`` values ignored)."""
-    return load_config(ConductorConfig, toml_path=toml_path, section=SECTION, env=env,
-                       overrides=overrides)  # fmt: skip
+    return load_config(
+        ConductorConfig, toml_path=toml_path, section=SECTION, env=env, overrides=overrides
+    )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -152,7 +152,7 @@ PREFILL_POLICIES: dict[str, type[PrefillPolicy]] = {
 }
 
 
-def make_prefill_policy(name: str, **params: Any) -> PrefillPolicy:
+def make_prefill_policy(name: str, **params: object) -> PrefillPolicy:
     """``make_prefill_policy("global-cache-aware", threshold=2.0)``; raises ``ConfigError`` for an
     unknown name or parameter."""
     return make_named("prefill policy", PREFILL_POLICIES, name, params)

@@ -3,14 +3,17 @@ parameter into a ``ConfigError`` the same way for every kind of policy."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from kvcake.core.errors import ConfigError
 
 P = TypeVar("P")
 
 
-def make_named(kind: str, registry: dict[str, type[P]], name: str, params: dict[str, Any]) -> P:
+def make_named(
+    kind: str, registry: Mapping[str, Callable[..., P]], name: str, params: Mapping[str, object]
+) -> P:
     """``registry[name](**params)``; ``kind`` (e.g. "prefill policy") names it in errors."""
     cls = registry.get(name)
     if cls is None:

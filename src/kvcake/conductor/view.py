@@ -120,9 +120,18 @@ class ViewBuilder:
         else:
             local, best_len, best = _match_generic(index, t, blocks, a.healthy)
         return PrefillView(
-            request, t.ids, a.healthy, bool(t.ids) and not a.unhealthy, a.queued, a.sec_per_token,
-            local, best_len, best, snap.block_tokens, self.predictors,
-        )  # fmt: skip
+            request,
+            t.ids,
+            a.healthy,
+            bool(t.ids) and not a.unhealthy,
+            a.queued,
+            a.sec_per_token,
+            local,
+            best_len,
+            best,
+            snap.block_tokens,
+            self.predictors,
+        )
 
     def _arrays(self, pre: tuple[PrefillState, ...], link_bw: float, kvbpt: int) -> _Arrays:
         last = self._last
@@ -138,8 +147,9 @@ class ViewBuilder:
         try:
             ok = not pre or (min(qs) >= 0 and min(bws) >= 0 and math.isfinite(sum(qs) + sum(bws)))
         except TypeError:  # e.g. None or a string where a number belongs
-            raise SchedulingError("prefill states must hold numbers in queued_seconds and "
-                                  "fetch_bandwidth") from None  # fmt: skip
+            raise SchedulingError(
+                "prefill states must hold numbers in queued_seconds and fetch_bandwidth"
+            ) from None
         if not ok:
             bad = {p.instance_id for p in pre if not (0 <= p.queued_seconds < _INF)}
             bad |= {p.instance_id for p in pre if not (0 <= p.fetch_bandwidth < _INF)}
