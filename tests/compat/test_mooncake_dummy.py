@@ -374,7 +374,7 @@ def test_bytes_changed_on_the_last_hop_are_refused(
     """issue 30: the real client verified what it read from the pool; the dummy checks what
     reached it through shared memory (and the reply frame) against the object's checksums, and
     its puts carry sums of its own bytes, so a value changed on the way is never served."""
-    remote = dummy._client
+    remote = dummy._conn.client
     real_rpc = remote._rpc
     value = np.random.default_rng(5).bytes(6000)
     assert dummy.put("hop", value) == 0 and dummy.get("hop") == value

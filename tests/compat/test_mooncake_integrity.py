@@ -95,12 +95,12 @@ def test_no_read_family_returns_a_corrupt_single_replica(
         ),
     }
     for i, (name, check) in enumerate(reads.items()):
-        key = f"one-{s._c.cfg.protocol}-{name}"
+        key = f"one-{s._conn.c.cfg.protocol}-{name}"
         assert s.put(key, value(key)) == 0
         corrupt(nodes, key, CHUNK + 7 + i)  # inside chunk 1
         assert check(key), name
         assert s.is_exist(key) == 0, name  # the master dropped the bad (and last) replica
-    assert s.batch_get_session_end([f"one-{s._c.cfg.protocol}-session"]) == 0
+    assert s.batch_get_session_end([f"one-{s._conn.c.cfg.protocol}-session"]) == 0
     del arr  # (what a failed read left in the buffer is unspecified, as in Mooncake)
 
 
@@ -112,7 +112,7 @@ def test_a_good_replica_answers_and_the_bad_one_is_dropped(
     two.replica_num = 2
     ptr, arr = buffer(s, SIZE)
     for name in ("get", "get_into", "range"):
-        key = f"two-{s._c.cfg.protocol}-{name}"
+        key = f"two-{s._conn.c.cfg.protocol}-{name}"
         assert s.put(key, value(key), two) == 0 and replicas(nodes, key) == 2
         corrupt(nodes, key, SIZE - 1, which=0)  # the last chunk of one replica
         corrupt(nodes, key, 3, which=0)
@@ -132,7 +132,7 @@ def test_put_sessions_hand_over_the_checksums_of_what_they_wrote(
     store: MooncakeDistributedStore, nodes: str
 ) -> None:
     s = store
-    key = f"sess-{s._c.cfg.protocol}"
+    key = f"sess-{s._conn.c.cfg.protocol}"
     want = value(key)
     src = ctypes.create_string_buffer(want, SIZE)
     base = ctypes.addressof(src)

@@ -1,5 +1,6 @@
 """Shared pieces of the Mooncake store shim: the error-to-return-code wrapper, buffer views on
-integer addresses, ReplicateConfig -> PutOptions, and the base class holding the kvcake client.
+integer addresses, ReplicateConfig -> PutOptions, and :class:`Conn`, what ``setup`` made (the
+kvcake client) with the write path every put family shares.
 
 Mooncake's convention, mirrored here: nothing raises past a method except a TypeError for a call
 that does not match the signature (pybind11 refuses those before the C++ runs); everything else is
@@ -10,9 +11,8 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from kvcake.compat.mooncake._tasks import TaskTable
 from kvcake.compat.mooncake._types import ReplicateConfig, SoftPinAction
 from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.store import errors as E
@@ -31,8 +31,8 @@ def returns(on_error: Any) -> Callable[[F], F]:
 
     def deco(fn: F) -> F:
         @functools.wraps(fn)
-        def wrapper(self: StoreBase, *args: Any, **kw: Any) -> Any:
-            if self._client is None:
+        def wrapper(self: Part, *args: Any, **kw: Any) -> Any:
+            if self._conn.client is None:
                 return E.INTERNAL_ERROR if on_error is int else _fresh(on_error)
             try:
                 return fn(self, *args, **kw)
@@ -95,34 +95,50 @@ def check_key(key: Any) -> None:
         raise TypeError(f"key must be str, got {type(key).__name__}")
 
 
-class StoreBase:
-    """Holds the kvcake client once ``setup`` succeeded (``None`` before and after ``close``)."""
+class Conn:
+    """What ``setup`` made, shared by the store's parts: the kvcake client (``None`` before setup
+    and after close), the in-process store server when the store is a storage node (its client
+    is ``client``), the segment name Mooncake calls the hostname, and the local buffer's size
+    (Mooncake's ``local_buffer_size``: the largest value a put takes). Also the one write path
+    (``put``, ``put_batch``) and plain read (``get_or_none``) every method family shares.
+
+    Thread safety: as the kvcake client's (calls from many threads are fine); ``setup`` and
+    ``close`` must not race other calls, as with the wheel. Owns no memory: values are the
+    callers' buffers, viewed for the duration of a call."""
 
     def __init__(self) -> None:
-        self._client: Client | None = None
-        self._hostname = ""
-        self._local_buffer = 0
-        self._registered: dict[int, int] = {}
-        self._tasks: TaskTable | None = None  # copy / move tasks (_tasks.py), made on first use
+        self.client: Client | None = None
+        self.server: Any = None  # kvcake.store.server.StoreServer (imported on use)
+        self.hostname = ""
+        self.local_buffer = 0
 
     @property
-    def _c(self) -> Client:
-        assert self._client is not None
-        return self._client
+    def c(self) -> Client:
+        assert self.client is not None
+        return self.client
 
-    def _put(self, key: str, data: memoryview, config: ReplicateConfig | None, upsert: bool) -> int:
+    def get_or_none(self, key: str) -> bytearray | None:
+        """The value, or None for an empty key or any store error."""
+        if not key:
+            return None
+        try:
+            return self.c.get(key)
+        except StoreError:
+            return None
+
+    def put(self, key: str, data: memoryview, config: ReplicateConfig | None, upsert: bool) -> int:
         opts = options(config)
         if not key or data.nbytes == 0:
             return E.INVALID_PARAMS
-        if data.nbytes > self._local_buffer:
-            return E.INVALID_PARAMS if self._local_buffer == 0 else BUFFER_OVERFLOW
+        if data.nbytes > self.local_buffer:
+            return E.INVALID_PARAMS if self.local_buffer == 0 else BUFFER_OVERFLOW
         try:
-            (self._c.upsert if upsert else self._c.put)(key, data, opts)
+            (self.c.upsert if upsert else self.c.put)(key, data, opts)
         except E.ObjectAlreadyExists:
             return 0  # Mooncake: put never overwrites and still reports success
         return 0
 
-    def _put_batch(
+    def put_batch(
         self,
         keys: Sequence[str],
         views: Sequence[memoryview],
@@ -136,7 +152,7 @@ class StoreBase:
         codes = [0] * len(keys)
         ok = []
         for i, (k, v) in enumerate(zip(keys, views, strict=True)):
-            if not k or v.nbytes == 0 or v.nbytes > max(self._local_buffer, 0):
+            if not k or v.nbytes == 0 or v.nbytes > max(self.local_buffer, 0):
                 codes[i] = E.INVALID_PARAMS
             else:
                 ok.append(i)
@@ -146,10 +162,16 @@ class StoreBase:
             return codes
         sub_k, sub_v = [keys[i] for i in ok], [views[i] for i in ok]
         if upsert:
-            results = self._c._put_many(sub_k, sub_v, opts, upsert=True)
+            results = self.c._put_many(sub_k, sub_v, opts, upsert=True)
         else:
-            results = self._c.batch_put(sub_k, sub_v, opts)
+            results = self.c.batch_put(sub_k, sub_v, opts)
         for i, res in zip(ok, results, strict=True):
             if res is not None and not isinstance(res, E.ObjectAlreadyExists):
                 codes[i] = res.code
         return codes
+
+
+class Part(Protocol):
+    """A part of the store facade: every one reaches the client through the shared Conn."""
+
+    _conn: Conn

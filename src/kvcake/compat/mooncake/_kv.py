@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from kvcake.compat.mooncake._base import StoreBase, check_key, returns
+from kvcake.compat.mooncake._base import Conn, check_key, returns
 from kvcake.compat.mooncake._bytes import SMALL, new_bytes
 from kvcake.compat.mooncake._types import BufferHandle, ReplicateConfig
 from kvcake.core.buffers import uninitialized_bytearray
@@ -22,26 +22,33 @@ def _bytes_view(value: Any) -> memoryview:
     return memoryview(value).cast("B")
 
 
-class KvMethods(StoreBase):
-    _big_values = False  # the last get_batch held only values too large for staged reads
+class KvOps:
+    """put / get / upsert / exist / remove on bytes-like values. Holds only the Conn and one
+    guess (which read path the next ``get_batch`` takes; a race on it costs time, never
+    correctness). Values returned are fresh ``bytes`` the caller owns."""
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+        self._big_values = False  # the last get_batch held only values too large for staged reads
+
     # --- puts ---------------------------------------------------------------------------------
 
     @returns(int)
     def put(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
         check_key(key)
-        return self._put(key, _bytes_view(value), config, upsert=False)
+        return self._conn.put(key, _bytes_view(value), config, upsert=False)
 
     @returns(int)
     def upsert(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
         check_key(key)
-        return self._put(key, _bytes_view(value), config, upsert=True)
+        return self._conn.put(key, _bytes_view(value), config, upsert=True)
 
     def _parts(self, key: str, parts: tuple[Any, ...], config: Any, upsert: bool) -> int:
         check_key(key)
         if not parts:
             return 0  # the wheel accepts a call with no parts and stores nothing
         joined = memoryview(b"".join(_bytes_view(p) for p in parts))
-        return self._put(key, joined, config, upsert)
+        return self._conn.put(key, joined, config, upsert)
 
     @returns(int)
     def put_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
@@ -58,7 +65,7 @@ class KvMethods(StoreBase):
         if not keys and not values:
             return 0
         views = [_bytes_view(v) for v in values]
-        return next((c for c in self._put_batch(keys, views, config, upsert) if c), 0)
+        return next((c for c in self._conn.put_batch(keys, views, config, upsert) if c), 0)
 
     @returns(int)
     def put_batch(
@@ -74,17 +81,9 @@ class KvMethods(StoreBase):
 
     # --- gets ---------------------------------------------------------------------------------
 
-    def _read(self, key: str) -> bytearray | None:
-        if not key:
-            return None
-        try:
-            return self._c.get(key)
-        except StoreError:
-            return None
-
     def _read_bytes(self, keys: Sequence[str]) -> list[bytes]:
         """One lookup, then each value read into its own fresh ``bytes`` (no staging)."""
-        c = self._c
+        c = self._conn.c
         reply, t0, lease_s = c._lookup(keys)
         out = []
         for key, res in zip(keys, reply.results, strict=True):
@@ -115,14 +114,14 @@ class KvMethods(StoreBase):
         guessed from the previous batch: a wrong guess costs time, never correctness."""
         if not isinstance(keys, list):
             raise TypeError("keys must be a list of str")
-        if self._client is None or not keys:
+        if self._conn.client is None or not keys:
             return [b""] * max(len(keys), 1)  # the wheel answers [] with [b""]
         try:
             if self._big_values:
                 got: list[Any] = self._read_bytes(keys)
                 self._big_values = min((len(g) for g in got if g), default=0) > MAX_ITEM
                 return got
-            got = self._client.batch_get(keys)
+            got = self._conn.client.batch_get(keys)
         except KvcakeError:
             return [b""] * len(keys)
         sizes = [len(g) for g in got if not isinstance(g, StoreError)]
@@ -132,36 +131,36 @@ class KvMethods(StoreBase):
     @returns(None)
     def get_buffer(self, key: str) -> BufferHandle | None:
         check_key(key)
-        got = self._read(key)
+        got = self._conn.get_or_none(key)
         return None if got is None else BufferHandle(got)
 
     @returns([])
     def batch_get_buffer(self, keys: list[str]) -> list[BufferHandle | None]:
-        got = self._c.batch_get(keys) if keys else []
+        got = self._conn.c.batch_get(keys) if keys else []
         return [None if isinstance(g, StoreError) else BufferHandle(g) for g in got]
 
     @returns(int)
     def get_size(self, key: str) -> int:
         check_key(key)
-        return self._c.get_size(key) if key else E.INVALID_PARAMS
+        return self._conn.c.get_size(key) if key else E.INVALID_PARAMS
 
     def is_exist(self, key: str) -> int:
         """1 exists, 0 does not, -1 on any error (Mooncake's convention for this call)."""
         check_key(key)
-        if self._client is None or not key:
+        if self._conn.client is None or not key:
             return -1
         try:
-            return int(self._client.is_exist(key))
+            return int(self._conn.client.is_exist(key))
         except KvcakeError:
             return -1
 
     def batch_is_exist(self, keys: list[str]) -> list[int]:
-        if self._client is None:
+        if self._conn.client is None:
             return [-1] * len(keys)
         if not keys:
             return []
         try:
-            return [int(b) for b in self._client.batch_is_exist(keys)]
+            return [int(b) for b in self._conn.client.batch_is_exist(keys)]
         except KvcakeError:
             return [-1] * len(keys)
 
@@ -172,14 +171,14 @@ class KvMethods(StoreBase):
         check_key(key)
         if not key:
             return E.OBJECT_NOT_FOUND
-        self._c.remove(key, bool(force))
+        self._conn.c.remove(key, bool(force))
         return 0
 
     @returns([])
     def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
         if not keys:
             return []
-        return [r.code if r is not None else 0 for r in self._c.batch_remove(keys, force)]
+        return [r.code if r is not None else 0 for r in self._conn.c.batch_remove(keys, force)]
 
     @returns(int)
     def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
@@ -187,8 +186,8 @@ class KvMethods(StoreBase):
             re.compile(regex_pattern)
         except re.error:
             return E.INVALID_PARAMS
-        return self._c.remove_by_regex(regex_pattern, bool(force))
+        return self._conn.c.remove_by_regex(regex_pattern, bool(force))
 
     @returns(int)
     def remove_all(self, force: bool = False) -> int:
-        return self._c.remove_all(bool(force))
+        return self._conn.c.remove_all(bool(force))

@@ -7,14 +7,19 @@ from __future__ import annotations
 from typing import Any
 
 from kvcake.compat.mooncake import _tensor_meta as M
-from kvcake.compat.mooncake._base import StoreBase, check_key, returns, view
-from kvcake.compat.mooncake._tensors import TensorMethods, tp_key
+from kvcake.compat.mooncake._base import Conn, check_key, returns, view
+from kvcake.compat.mooncake._tensors import Tensors, tp_key
 from kvcake.compat.mooncake._types import ReplicateConfig
 from kvcake.store import errors as E
 
 
-class TpMethods(TensorMethods, StoreBase):
-    # --- _with_tp -----------------------------------------------------------------------------
+class TpTensors:
+    """The ``_with_tp`` family: writes through the Conn, reads through the whole-tensor calls
+    (a shard is a whole tensor under its own key)."""
+
+    def __init__(self, conn: Conn, tensors: Tensors) -> None:
+        self._conn = conn
+        self._tensors = tensors
 
     def _batch_put_tp(
         self, keys: list[str], tensors: list[Any], config: Any, tp_size: int, split_dim: int
@@ -22,13 +27,14 @@ class TpMethods(TensorMethods, StoreBase):
         if len(keys) != len(tensors):
             return [E.INVALID_PARAMS] * len(keys)
         return [
-            self._put_tp(k, t, config, tp_size, split_dim, False)
+            self.put_tp(k, t, config, tp_size, split_dim, False)
             for k, t in zip(keys, tensors, strict=True)
         ]
 
-    def _put_tp(
+    def put_tp(
         self, key: str, tensor: Any, config: Any, tp_size: int, split_dim: int, up: bool
     ) -> int:
+        """Every rank's shard of ``tensor`` under its own key (the key itself for tp_size 1)."""
         check_key(key)
         if not key or tp_size < 1:
             return E.INVALID_PARAMS
@@ -37,16 +43,16 @@ class TpMethods(TensorMethods, StoreBase):
         except (M.TensorFormatError, AttributeError):
             return E.INVALID_PARAMS
         if tp_size == 1:  # the wheel stores an unsplit tensor under the key itself
-            return self._put(key, memoryview(M.encode(tensor)), config, upsert=up)
+            return self._conn.put(key, memoryview(M.encode(tensor)), config, upsert=up)
         keys = [tp_key(key, s.axes[0].rank) for _, s in shards]
         blobs = [memoryview(M.encode(t, s)) for t, s in shards]
-        return next((c for c in self._put_batch(keys, blobs, config, upsert=up) if c), 0)
+        return next((c for c in self._conn.put_batch(keys, blobs, config, upsert=up) if c), 0)
 
     @returns(int)
     def put_tensor_with_tp(
         self, key: str, tensor: Any, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0
     ) -> int:
-        return self._put_tp(key, tensor, None, tp_size, split_dim, False)
+        return self.put_tp(key, tensor, None, tp_size, split_dim, False)
 
     @returns(int)
     def pub_tensor_with_tp(
@@ -58,7 +64,7 @@ class TpMethods(TensorMethods, StoreBase):
         tp_size: int = 1,
         split_dim: int = 0,
     ) -> int:
-        return self._put_tp(key, tensor, config, tp_size, split_dim, False)
+        return self.put_tp(key, tensor, config, tp_size, split_dim, False)
 
     @returns([])
     def batch_put_tensor_with_tp(
@@ -97,7 +103,7 @@ class TpMethods(TensorMethods, StoreBase):
             tensor = M.decode(view(buffer_ptr, size))
         except M.TensorFormatError:
             return E.INVALID_PARAMS
-        return self._put_tp(key, tensor, None, tp_size, split_dim, False)
+        return self.put_tp(key, tensor, None, tp_size, split_dim, False)
 
     @returns([])
     def batch_put_tensor_with_tp_from(
@@ -121,13 +127,13 @@ class TpMethods(TensorMethods, StoreBase):
         self, key: str, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0
     ) -> Any:
         check_key(key)
-        return self.get_tensor(_read_key(key, tp_rank, tp_size)) if key else None
+        return self._tensors.get_tensor(_read_key(key, tp_rank, tp_size)) if key else None
 
     @returns([])
     def batch_get_tensor_with_tp(
         self, base_keys: list[str], tp_rank: int = 0, tp_size: int = 1
     ) -> list[Any]:
-        return self.batch_get_tensor([_read_key(k, tp_rank, tp_size) for k in base_keys])
+        return self._tensors.batch_get_tensor([_read_key(k, tp_rank, tp_size) for k in base_keys])
 
     @returns(None)
     def get_tensor_with_tp_into(
@@ -139,7 +145,7 @@ class TpMethods(TensorMethods, StoreBase):
         tp_size: int = 1,
         split_dim: int = 0,
     ) -> Any:
-        return self.get_tensor_into(_read_key(key, tp_rank, tp_size), buffer_ptr, size)
+        return self._tensors.get_tensor_into(_read_key(key, tp_rank, tp_size), buffer_ptr, size)
 
     @returns([])
     def batch_get_tensor_with_tp_into(
@@ -151,7 +157,7 @@ class TpMethods(TensorMethods, StoreBase):
         tp_size: int = 1,
     ) -> list[Any]:
         keys = [_read_key(k, tp_rank, tp_size) for k in base_keys]
-        return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
+        return self._tensors.batch_get_tensor_into(keys, buffer_ptrs, sizes)
 
 
 def _read_key(key: str, rank: int, size: int) -> str:

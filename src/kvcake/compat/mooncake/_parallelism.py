@@ -19,9 +19,9 @@ from typing import Any
 from kvcake.compat.mooncake import _par_types as T
 from kvcake.compat.mooncake import _tensor_meta as M
 from kvcake.compat.mooncake import _writer as W
-from kvcake.compat.mooncake._base import check_key, returns, view
-from kvcake.compat.mooncake._parallel import TpMethods
-from kvcake.compat.mooncake._tensors import tp_key
+from kvcake.compat.mooncake._base import Conn, check_key, returns, view
+from kvcake.compat.mooncake._parallel import TpTensors
+from kvcake.compat.mooncake._tensors import Tensors, tp_key
 from kvcake.compat.mooncake._types import ReplicateConfig
 from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.store import errors as E
@@ -29,7 +29,16 @@ from kvcake.store import errors as E
 Into = tuple[int, int] | None  # (buffer_ptr, size) of an _into read
 
 
-class ParallelismMethods(TpMethods):
+class ParTensors:
+    """The ``_with_parallelism`` family: writes and plain reads through the Conn; a single tp
+    axis written from a buffer goes through the ``_with_tp`` writer. Tensors returned are fresh
+    except the ``_into`` forms', which view the caller's buffer."""
+
+    def __init__(self, conn: Conn, tensors: Tensors, tp: TpTensors) -> None:
+        self._conn = conn
+        self._tensors = tensors
+        self._tp = tp
+
     # --- writes -------------------------------------------------------------------------------
 
     def _put_par(self, key: str, tensor: Any, par: Any, config: Any, wp: Any, up: bool) -> int:
@@ -37,13 +46,17 @@ class ParallelismMethods(TpMethods):
         if wp is not None:  # a writer's share of the whole, plus the manifest
             if par is not None:
                 return E.INVALID_PARAMS
-            codes = [self._put(k, memoryview(b), config, up) for k, b in W.plan(key, tensor, wp)]
+            codes = [
+                self._conn.put(k, memoryview(b), config, up) for k, b in W.plan(key, tensor, wp)
+            ]
             return next((c for c in codes if c), 0)
         if par is None:
-            return self._put(key, memoryview(M.encode(tensor)), config, upsert=up)
+            return self._conn.put(key, memoryview(M.encode(tensor)), config, upsert=up)
         axes = T.parse(par)
         local, shard = T.shard_of(tensor, axes)
-        return self._put(T.object_key(key, axes), memoryview(M.encode(local, shard)), config, up)
+        return self._conn.put(
+            T.object_key(key, axes), memoryview(M.encode(local, shard)), config, up
+        )
 
     def _from_par(
         self, key: str, ptr: int, size: int, par: Any, cfg: Any, wp: Any, up: bool
@@ -57,7 +70,7 @@ class ParallelismMethods(TpMethods):
         if par is not None and wp is None:
             tp = T.single_tp(T.parse(par))
             if tp is not None:
-                return self._put_tp(key, tensor, cfg, tp.size, tp.split_dim or 0, up)
+                return self._tp.put_tp(key, tensor, cfg, tp.size, tp.split_dim or 0, up)
         return self._put_par(key, tensor, par, cfg, wp, up)
 
     def _par_each(self, fn: Any, n: int, pars: Any, wps: Any, *columns: list[Any]) -> list[int]:
@@ -147,16 +160,16 @@ class ParallelismMethods(TpMethods):
         if axes is None:
             if mode == "shard":
                 return None
-            raw = self._get_raw(key)
+            raw = self._tensors.get_raw(key)
             if raw is None and mode == "full":
-                whole = W.rebuild(key, self._get_raw(W.manifest_key(key)), self._raw_many)
+                whole = W.rebuild(key, self._tensors.get_raw(W.manifest_key(key)), self._raw_many)
                 return None if whole is None else self._par_out(whole, None, into)
             return self._par_raw_out(raw, into)
         tp = T.single_tp(axes)
         if mode == "as_stored" or (mode == "full" and tp is None):
             return None
         if tp is None:  # shard of other axes: the exact stored object
-            raw = self._get_raw(T.object_key(key, axes))
+            raw = self._tensors.get_raw(T.object_key(key, axes))
             stored = None if raw is None else _shard(raw)
             want = T.canonical(tuple(a.stored() for a in axes))
             ok = stored is not None and T.canonical(stored) == want
@@ -165,11 +178,11 @@ class ParallelismMethods(TpMethods):
         if mode == "full":
             whole = self._tp_rebuild(key, sd)
             return None if whole is None else self._par_out(whole, None, into)
-        raw = self._get_raw(tp_key(key, tp.rank))
+        raw = self._tensors.get_raw(tp_key(key, tp.rank))
         if raw is not None and _shard(raw) == (tp.stored(),):
             return self._par_raw_out(raw, into)
         if raw is None:  # a writer's share of this rank
-            writer = self._get_raw(W.shard_key(key, tp.rank, tp.size, sd))
+            writer = self._tensors.get_raw(W.shard_key(key, tp.rank, tp.size, sd))
             if writer is not None and _shard(writer) == (tp.stored(),):
                 return self._par_raw_out(writer, into)
         whole = self._tp_rebuild(key, sd)
@@ -184,13 +197,13 @@ class ParallelismMethods(TpMethods):
         """The whole tensor from its stored tp shards, or None if any is missing or disagrees."""
         import torch
 
-        first = self._get_raw(tp_key(key, 0))
+        first = self._tensors.get_raw(tp_key(key, 0))
         head = None if first is None else M.parse(first)[3]
         ax = None if head is None else head.axis(M.AXIS_TP)
         if ax is None or head is None or ax.split_dim != split_dim or len(head.axes) != 1:
             return None
         keys = [tp_key(key, r) for r in range(ax.size)]
-        blobs = [first, *(self._c.batch_get(keys[1:]) if ax.size > 1 else [])]
+        blobs = [first, *(self._conn.c.batch_get(keys[1:]) if ax.size > 1 else [])]
         parts = []
         for rank, blob in enumerate(blobs):
             s = None if isinstance(blob, StoreError) else M.parse(blob)[3]
@@ -205,7 +218,7 @@ class ParallelismMethods(TpMethods):
         return whole if tuple(whole.shape) == head.global_shape else None
 
     def _raw_many(self, keys: list[str]) -> list[Any]:
-        return [None if isinstance(b, StoreError) else b for b in self._c.batch_get(keys)]
+        return [None if isinstance(b, StoreError) else b for b in self._conn.c.batch_get(keys)]
 
     def _par_raw_out(self, raw: bytearray | None, into: Into) -> Any:
         if raw is None:

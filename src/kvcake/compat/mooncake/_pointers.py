@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcake.compat.mooncake._base import StoreBase, check_key, returns, view
+from kvcake.compat.mooncake._base import Conn, check_key, returns, view
 from kvcake.compat.mooncake._types import ReplicateConfig
 from kvcake.core.errors import StoreError
 from kvcake.store import errors as E
@@ -16,7 +16,15 @@ def _lists_match(*lists: list) -> bool:
     return all(isinstance(x, list) for x in lists) and len({len(x) for x in lists}) == 1
 
 
-class PointerMethods(StoreBase):
+class PointerOps:
+    """Zero-copy calls on caller addresses. Holds the Conn and the table of registered buffers
+    (address -> size; shared with the store, which clears it on close). The caller owns the
+    memory and keeps it valid for each call; the table only records what was registered."""
+
+    def __init__(self, conn: Conn, registered: dict[int, int]) -> None:
+        self._conn = conn
+        self._registered = registered
+
     @returns(int)
     def register_buffer(self, buffer_ptr: int, size: int) -> int:
         view(buffer_ptr, size)  # validates
@@ -39,7 +47,7 @@ class PointerMethods(StoreBase):
         check_key(key)
         if size == 0 and key:
             return 0  # the wheel reports success for an empty put_from and stores nothing
-        return self._put(key, view(ptr, size), config, upsert=up)
+        return self._conn.put(key, view(ptr, size), config, upsert=up)
 
     @returns(int)
     def put_from(
@@ -66,14 +74,14 @@ class PointerMethods(StoreBase):
         """The object is the metadata bytes followed by the data bytes."""
         check_key(key)
         joined = bytes(view(metadata_buffer_ptr, metadata_size)) + bytes(view(buffer_ptr, size))
-        return self._put(key, memoryview(joined), config, upsert=False)
+        return self._conn.put(key, memoryview(joined), config, upsert=False)
 
     @returns(int)
     def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
         check_key(key)
         if not key:
             return E.INVALID_PARAMS
-        return self._c.get_into(key, view(buffer_ptr, size))
+        return self._conn.c.get_into(key, view(buffer_ptr, size))
 
     # --- batches ------------------------------------------------------------------------------
 
@@ -88,7 +96,7 @@ class PointerMethods(StoreBase):
         if not _lists_match(keys, ptrs, sizes):
             return [E.INVALID_PARAMS] * len(keys)
         views = [view(p, s) for p, s in zip(ptrs, sizes, strict=True)]
-        return self._put_batch(keys, views, config, upsert=up)
+        return self._conn.put_batch(keys, views, config, upsert=up)
 
     @returns([])
     def batch_put_from(
@@ -119,7 +127,7 @@ class PointerMethods(StoreBase):
         if not keys:
             return []
         views = [view(p, s) for p, s in zip(buffer_ptrs, sizes, strict=True)]
-        got = self._c.batch_get_into(keys, views)
+        got = self._conn.c.batch_get_into(keys, views)
         return [g.code if isinstance(g, StoreError) else g for g in got]
 
     @returns([])
@@ -139,7 +147,7 @@ class PointerMethods(StoreBase):
             memoryview(b"".join(view(p, s) for p, s in zip(ptrs, sizes, strict=True)))
             for ptrs, sizes in zip(all_buffer_ptrs, all_sizes, strict=True)
         ]
-        return self._put_batch(keys, values, config, upsert=False)
+        return self._conn.put_batch(keys, values, config, upsert=False)
 
     @returns([])
     def batch_get_into_multi_buffers(
@@ -153,7 +161,7 @@ class PointerMethods(StoreBase):
         if not _lists_match(keys, all_buffer_ptrs, all_sizes):
             return [E.INVALID_PARAMS] * len(keys)
         out = []
-        for i, got in enumerate(self._c.batch_get(keys) if keys else []):
+        for i, got in enumerate(self._conn.c.batch_get(keys) if keys else []):
             ptrs, sizes = all_buffer_ptrs[i], all_sizes[i]
             if isinstance(got, StoreError):
                 out.append(got.code)
@@ -194,7 +202,7 @@ class PointerMethods(StoreBase):
             return [_failed(lists, b) for b in range(len(buffer_ptrs))]
         ok = [_lists_match(*(x[b] for x in lists)) for b in range(len(buffer_ptrs))]
         wanted = sorted({k for b, keys in enumerate(all_keys) if ok[b] for k in keys})
-        values = dict(zip(wanted, self._c.batch_get(wanted) if wanted else [], strict=True))
+        values = dict(zip(wanted, self._conn.c.batch_get(wanted) if wanted else [], strict=True))
         out = []
         for b, ptr in enumerate(buffer_ptrs):
             if not ok[b]:

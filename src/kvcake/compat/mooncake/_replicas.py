@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
-from kvcake.compat.mooncake._base import TASK_NOT_FOUND, StoreBase, check_key, returns
+from kvcake.compat.mooncake._base import TASK_NOT_FOUND, Conn, check_key, returns
 from kvcake.compat.mooncake._tasks import TaskTable
 from kvcake.compat.mooncake._types import (
     Descriptor,
@@ -28,7 +28,22 @@ from kvcake.store import protocol as P
 NO_TASK = (0, 0)
 
 
-class ReplicaMethods(StoreBase):
+class Replicas:
+    """Replica descriptors, replica clearing and the copy / move tasks. Owns the task table
+    (made on first use; ``close`` waits for running tasks, which use the client); reaches the
+    client through the Conn."""
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+        self._tasks: TaskTable | None = None
+
+    def close(self) -> None:
+        """Running copy/move tasks finish first (they use the client): call before the Conn's
+        client closes."""
+        if self._tasks is not None:
+            self._tasks.close()
+            self._tasks = None
+
     def _descriptors(self, key: str, res: P.KeyResult) -> list[ReplicaDescriptor]:
         out = []
         for rep in res.replicas:
@@ -52,7 +67,7 @@ class ReplicaMethods(StoreBase):
     def get_replica_desc(self, key: str) -> list[ReplicaDescriptor]:
         check_key(key)
         try:
-            res = self._c.get_replica_desc(key)
+            res = self._conn.c.get_replica_desc(key)
         except E.ObjectNotFound:
             return []
         return self._descriptors(key, res)
@@ -62,7 +77,7 @@ class ReplicaMethods(StoreBase):
         """Only keys that exist appear in the result (as in the wheel)."""
         if not keys:
             return {}
-        reply = self._c.conn.call(P.GetReplicas(self._c.id, list(keys)))
+        reply = self._conn.c.conn.call(P.GetReplicas(self._conn.c.id, list(keys)))
         return {
             k: self._descriptors(k, res)
             for k, res in zip(keys, reply.results, strict=True)
@@ -78,12 +93,12 @@ class ReplicaMethods(StoreBase):
         list takes a lease in kvcake, so for those keys the lease check is the list lookup's."""
         if not keys:
             return []
-        c = self._c
+        c = self._conn.c
         if not segment_name:
             results = c.batch_remove(list(keys))  # non-forced: leased keys answer -706
             return [k for k, r in zip(keys, results, strict=True) if r is None]
         reply = c.conn.call(P.GetReplicas(c.id, list(keys)))
-        own = set(c.segments) if segment_name == self._hostname else set()
+        own = set(c.segments) if segment_name == self._conn.hostname else set()
         on = {segment_name} | own
         whole, partly = [], []
         for k, res in zip(keys, reply.results, strict=True):
@@ -107,25 +122,25 @@ class ReplicaMethods(StoreBase):
         check_key(key)
         if not key or not segments or any(not s for s in segments):
             return E.INVALID_PARAMS
-        if not self._c.is_exist(key):
+        if not self._conn.c.is_exist(key):
             return E.OBJECT_NOT_FOUND
         for s in segments:
-            if s == self._hostname:
+            if s == self._conn.hostname:
                 continue
             try:
-                self._c.engine.segment_info(s)
+                self._conn.c.engine.segment_info(s)
             except KvcakeError:
                 return E.INVALID_PARAMS
         return 0
 
     def _segment(self, name: str) -> str:
         """Mooncake names a client's segment by its hostname: that is our own segment."""
-        own = list(self._c.segments)
-        return own[0] if name == self._hostname and own else name
+        own = list(self._conn.c.segments)
+        return own[0] if name == self._conn.hostname and own else name
 
     def _task_table(self) -> TaskTable:
         if self._tasks is None:
-            digest = hashlib.blake2b(self._hostname.encode(), digest_size=16).digest()
+            digest = hashlib.blake2b(self._conn.hostname.encode(), digest_size=16).digest()
             self._tasks = TaskTable(
                 (int.from_bytes(digest[:8]) >> 1, int.from_bytes(digest[8:]) >> 1)
             )
@@ -134,7 +149,7 @@ class ReplicaMethods(StoreBase):
     def _start_task(
         self, key: str, segments: list[str], kind: TaskType, run: Callable[[], None]
     ) -> tuple[tuple[int, int], int]:
-        if self._client is None:
+        if self._conn.client is None:
             return NO_TASK, E.INTERNAL_ERROR
         try:
             code = self._task_precheck(key, segments)
@@ -149,16 +164,16 @@ class ReplicaMethods(StoreBase):
         targets = list(targets)
 
         def run() -> None:
-            self._c.copy_replica(key, [self._segment(t) for t in targets])
+            self._conn.c.copy_replica(key, [self._segment(t) for t in targets])
 
         return self._start_task(key, targets, TaskType.REPLICA_COPY, run)
 
     def create_move_task(self, key: str, source: str, target: str) -> tuple[tuple[int, int], int]:
-        if source == target and self._client is not None:
+        if source == target and self._conn.client is not None:
             return NO_TASK, E.INVALID_PARAMS  # as the wheel: a move onto its own source
 
         def run() -> None:
-            self._c.move_replica(key, self._segment(source), self._segment(target))
+            self._conn.c.move_replica(key, self._segment(source), self._segment(target))
 
         return self._start_task(key, [source, target], TaskType.REPLICA_MOVE, run)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from kvcake.compat.mooncake._base import StoreBase, options, returns, view
+from kvcake.compat.mooncake._base import Conn, options, returns, view
 from kvcake.compat.mooncake._range_sums import RangeSums, ReadBack
 from kvcake.compat.mooncake._types import ReplicateConfig
 from kvcake.core.errors import KvcakeError, StoreError
@@ -38,12 +38,19 @@ class _Open:
     res: P.KeyResult | None = None  # get: the lookup's answer (replicas, checksums)
 
 
-class SessionMethods(StoreBase):
+class Sessions:
+    """Put and get sessions. Owns the two session tables (key -> what the session holds;
+    bounded by MAX_SESSIONS each): a put session holds space reserved on the master, a get
+    session a read lease. Reaches the client through the Conn. Thread safety: one session key
+    is used by one thread at a time (as with the wheel); the tables themselves are dicts whose
+    single operations the GIL keeps whole."""
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+        self._tables: dict[str, dict[str, _Open]] = {"put": {}, "get": {}}
+
     def _sessions(self, kind: str) -> dict[str, _Open]:
-        name = f"_{kind}_sessions"
-        if name not in self.__dict__:
-            self.__dict__[name] = {}
-        return self.__dict__[name]
+        return self._tables[kind]
 
     # --- put sessions -------------------------------------------------------------------------
 
@@ -57,7 +64,7 @@ class SessionMethods(StoreBase):
         if not keys:
             return []
         bad = [not k or s <= 0 or k in opened for k, s in zip(keys, sizes, strict=True)]
-        c = self._c
+        c = self._conn.c
         start = P.PutStart(c.id, c.host, list(keys), list(sizes), options(config), False)
         reply = c.conn.call(start)
         out = []
@@ -99,7 +106,7 @@ class SessionMethods(StoreBase):
         return out
 
     def _write_ranges(self, sess: _Open, ptrs: list[int], sizes: list[int], offs: list[int]) -> int:
-        c = self._c
+        c = self._conn.c
         total = 0
         for p, n, off in zip(ptrs, sizes, offs, strict=True):
             if n <= 0 or off < 0 or off + n > sess.size:
@@ -121,7 +128,7 @@ class SessionMethods(StoreBase):
 
     def _read_back(self, sess: _Open) -> ReadBack:
         """Reads the value's bytes back from the first replica the session wrote."""
-        c = self._c
+        c = self._conn.c
         if not sess.replicas:
             raise E.TransferFailed("the session has no memory replica")
         rep = sess.replicas[0]
@@ -160,7 +167,7 @@ class SessionMethods(StoreBase):
              opened: dict[str, _Open], codes: dict[str, int], sums: list[list[int]]) -> None:  # fmt: skip
         if not known:
             return
-        c = self._c
+        c = self._conn.c
         call = P.PutEnd(c.id, known, sums=sums) if msg is P.PutEnd else P.PutRevoke(c.id, known)
         reply = c.conn.call(call)
         results = reply.results or [P.KeyResult(0)] * len(known)
@@ -172,7 +179,7 @@ class SessionMethods(StoreBase):
 
     def _persist(self, key: str, rep: P.ReplicaDesc, sums: list[int]) -> None:
         """The value written in ranges goes to the file tier as a whole (store/filewriter.py)."""
-        c = self._c
+        c = self._conn.c
         try:
             value = c.get(key)
         except KvcakeError:
@@ -198,7 +205,7 @@ class SessionMethods(StoreBase):
             return [E.INVALID_PARAMS] * len(keys)
         if not keys:
             return []
-        reply, t0, lease_s = self._c._lookup(keys)
+        reply, t0, lease_s = self._conn.c._lookup(keys)
         out = []
         for key, res in zip(keys, reply.results, strict=True):
             out.append(res.code)
@@ -238,7 +245,7 @@ class SessionMethods(StoreBase):
             ranges.append((off, view(p, n)))
         assert sess.res is not None
         try:  # verified, replica by replica; LeaseExpired (-707) past the session's lease
-            self._c._read_ranges(key, sess.res, ranges, sess.t0, sess.lease_s)
+            self._conn.c._read_ranges(key, sess.res, ranges, sess.t0, sess.lease_s)
         except StoreError as exc:
             return exc.code  # IntegrityError: -801 (no replica verifies)
         except KvcakeError:

@@ -13,12 +13,11 @@ import errno
 import inspect
 import itertools
 import logging
-import mmap
 import os
 import random
 from typing import Any
 
-from kvcake.compat.mooncake._base import StoreBase, check_signature
+from kvcake.compat.mooncake._base import Conn, check_signature
 from kvcake.compat.mooncake._metadata import check_metadata_server
 from kvcake.core.config import parse_size
 from kvcake.core.errors import KvcakeError, StoreError
@@ -79,8 +78,15 @@ def _client(cfg: ClientConfig, name: str, with_port: bool) -> Client:
     return Client(cfg, segment_name=name)  # the range is crowded: any port
 
 
-class SetupMethods(StoreBase):
-    _server: Any = None
+class Lifecycle:
+    """setup (both overloads), close, health and identity. Fills and empties the
+    Conn: a store is set up once (a second setup reports success and changes nothing) and
+    closed any number of times; ``close`` empties the registered-buffer table it shares with
+    the pointer calls. Not to be raced by other calls (as the wheel's setup and close)."""
+
+    def __init__(self, conn: Conn, registered: dict[int, int]) -> None:
+        self._conn = conn
+        self._registered = registered
 
     def setup(self, *args: Any, **kwargs: Any) -> int:
         if len(args) == 1 and not kwargs and isinstance(args[0], dict):
@@ -131,7 +137,7 @@ class SetupMethods(StoreBase):
         ssd_offload_path: str = "",
         **_unused: Any,
     ) -> int:
-        if self._client is not None:
+        if self._conn.client is not None:
             return 0  # the wheel keeps its first setup and reports success
         proto = os.environ.get("KVCAKE_SHIM_PROTOCOL") or PROTOCOLS.get(protocol.lower())
         if proto is None or global_segment_size < 0 or local_buffer_size < 0:
@@ -146,7 +152,7 @@ class SetupMethods(StoreBase):
                 # Mooncake names the segment "host:port"; each store of a process has its own
                 # (two SSD stores of one process on one hostname must not collide).
                 name = local_hostname if _port else f"store-{host}-{os.getpid()}-{next(_NODES)}"
-                self._client = self._start_node(
+                self._conn.client = self._start_node(
                     master_server_addr, host, global_segment_size, ssd_offload_path, name
                 )
             else:
@@ -159,16 +165,16 @@ class SetupMethods(StoreBase):
                 # Mooncake names a client's segment by its hostname, "host:port" (the engine's
                 # port unless one is given); preferred_segments and replica calls use that name.
                 name = local_hostname if _port else f"{host or '127.0.0.1'}:{{port}}"
-                self._client = _client(cfg, name, with_port=not _port)
+                self._conn.client = _client(cfg, name, with_port=not _port)
         except StoreError as exc:
             log.error("setup failed: %s", exc)
             return E.INTERNAL_ERROR if exc.code == E.RPC_FAIL else exc.code
         except (KvcakeError, OSError, ValueError) as exc:
             log.error("setup failed: %s", exc)
             return E.INVALID_PARAMS
-        self._local_buffer = local_buffer_size
-        port = _port or self._client.engine.addresses[0].rsplit(":", 1)[1]
-        self._hostname = f"{host or '127.0.0.1'}:{port}"
+        self._conn.local_buffer = local_buffer_size
+        port = _port or self._conn.client.engine.addresses[0].rsplit(":", 1)[1]
+        self._conn.hostname = f"{host or '127.0.0.1'}:{port}"
         return 0
 
     def _start_node(self, master: str, host: str, segment: int, path: str, name: str) -> Client:
@@ -186,141 +192,52 @@ class SetupMethods(StoreBase):
             master=master, hostname=host or "127.0.0.1", segment_size=segment,
             ssd_dir=Path(path), ssd_quota=quota, name=name,
         )  # fmt: skip
-        self._server = StoreServer(cfg)
+        self._conn.server = StoreServer(cfg)
         try:
-            self._server.start()
+            self._conn.server.start()
         except BaseException:
-            self._server.stop()
-            self._server = None
+            self._conn.server.stop()
+            self._conn.server = None
             raise
-        assert self._server.client is not None
-        return self._server.client
-
-    def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
-        """Attach, as Mooncake's dummy client, to a running ``mooncake_client`` (kvcake's
-        stand-in) at ``server_address``: 0, or -1 when none answers there (``_dummy_store``)."""
-        check_signature(mem_pool_size, local_buffer_size, server_address, kinds=(int, int, str))
-        if self._client is not None:
-            return 0  # the wheel keeps its first setup and reports success
-        from kvcake.compat.mooncake._dummy_store import attach
-
-        return attach(self, mem_pool_size, local_buffer_size, server_address)  # type: ignore[arg-type]
+        assert self._conn.server.client is not None
+        return self._conn.server.client
 
     def init_all(self, protocol: str, device_name: str, mount_segment_size: int) -> int:
         """The wheel's init_all after setup reports 'already initialized' (-600)."""
         check_signature(protocol, device_name, mount_segment_size, kinds=(str, str, int))
-        return E.INVALID_PARAMS if self._client is not None else E.INTERNAL_ERROR
+        return E.INVALID_PARAMS if self._conn.client is not None else E.INTERNAL_ERROR
 
     def close(self) -> int:
-        if self._tasks is not None:  # running copy/move tasks finish first (they use the client)
-            self._tasks.close()
-            self._tasks = None
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
-        elif self._client is not None:
-            self._client.close()
-        self._client = None
+        """Stops the store server or closes the client (the store's Replicas closed first)."""
+        if self._conn.server is not None:
+            self._conn.server.stop()
+            self._conn.server = None
+        elif self._conn.client is not None:
+            self._conn.client.close()
+        self._conn.client = None
         self._registered.clear()
         return 0
 
     def health_check(self) -> int:
         """0 healthy, 1 not set up or closed, 2 master unreachable."""
-        if self._client is None:
+        if self._conn.client is None:
             return 1
         try:
-            self._client.conn.call(P.Heartbeat("", self._client.host))
+            self._conn.client.conn.call(P.Heartbeat("", self._conn.client.host))
         except KvcakeError:
             return 2
         return 0
 
     def get_hostname(self) -> str:
         """``host:port`` of this client's transfer server (Mooncake's segment name form)."""
-        return self._hostname
+        return self._conn.hostname
 
     def get_offload_rpc_read_count(self) -> int:
         """Reads of offloaded (SSD-tier) values served over the owning node's disk service."""
-        return self._client.disk_reads if self._client is not None else 0
-
-    # --- segments -----------------------------------------------------------------------------
-
-    def allocate_and_mount_segment(
-        self, size: int, protocol: str = "tcp", location: str = ""
-    ) -> dict[str, Any]:
-        check_signature(size, protocol, location, kinds=(int, str, str))
-        fail = {"ret": E.INTERNAL_ERROR, "segment_ids": [], "allocated_size": 0}
-        if self._client is None or size <= 0:
-            return fail
-        c = self._client
-        name = f"seg-{c.id.replace('/', '-')}-{len(c.segments)}"
-        try:
-            c.segments[name] = c.engine.allocate_segment(name, size)
-            c._mount(name)
-        except KvcakeError as exc:
-            log.error("allocate_and_mount_segment: %s", exc)
-            c.segments.pop(name, None)
-            return fail
-        return {"ret": 0, "segment_ids": [name], "allocated_size": size}
-
-    def mount_segment(
-        self, path: str, size: int, offset: int = 0, protocol: str = "tcp", location: str = ""
-    ) -> dict[str, Any]:
-        """Map ``size`` bytes of the file ``path`` from ``offset`` and mount them."""
-        check_signature(path, size, offset, protocol, location, kinds=(str, int, int, str, str))
-        fail = {"ret": E.INTERNAL_ERROR, "segment_ids": []}
-        if self._client is None or size <= 0 or offset < 0 or offset % mmap.PAGESIZE:
-            return fail
-        c = self._client
-        name = f"file-{c.id.replace('/', '-')}-{len(c.segments)}"
-        try:
-            with open(path, "r+b") as fh:
-                mapping = mmap.mmap(fh.fileno(), size, offset=offset)
-            c.engine.register_memory(name, mapping)
-            c.segments[name] = memoryview(mapping)
-            c._mount(name)
-        except (OSError, ValueError, KvcakeError) as exc:
-            log.error("mount_segment %s: %s", path, exc)
-            c.segments.pop(name, None)
-            return fail
-        return {"ret": 0, "segment_ids": [name]}
-
-    def unmount_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
-        """Unmount segments this client mounted (their objects leave the pool)."""
-        if self._client is None or not segment_ids:
-            return E.INTERNAL_ERROR
-        c = self._client
-        if any(s not in c.segments for s in segment_ids):
-            return E.INTERNAL_ERROR
-        for s in segment_ids:
-            try:
-                c.conn.call(P.Unmount(c.id, s))
-            except KvcakeError:
-                return E.INTERNAL_ERROR
-        return 0
-
-    def unmount_and_free_segment(
-        self, segment_ids: list[str], grace_period_seconds: int = 0
-    ) -> int:
-        rc = self.unmount_segment(segment_ids, grace_period_seconds)
-        if rc == 0:
-            c = self._c
-            for s in segment_ids:
-                c.segments.pop(s, None)
-                c.engine.unregister(s)
-        return rc
-
-    def unmount_local_disk_segment(self, grace_period_seconds: int = 0) -> int:
-        server = self._server
-        if server is None or server.disk is None:
-            return 0  # the wheel: nothing mounted is nothing to do
-        try:
-            server.client.conn.call(P.Unmount(server.client.id, server.disk_segment))
-        except KvcakeError:
-            return E.INTERNAL_ERROR
-        return 0
+        return self._conn.client.disk_reads if self._conn.client is not None else 0
 
     def alloc_from_mem_pool(self, size: int) -> int:
         """0: no dummy-client memory pool (as the wheel); an attached dummy's comes from
-        ``_dummy_store.DummyDistributedStore.alloc_from_mem_pool``."""
+        ``_dummy_store.DummyLifecycle.alloc_from_mem_pool``."""
         check_signature(size, kinds=(int,))
         return 0

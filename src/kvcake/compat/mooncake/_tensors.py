@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from kvcake.compat.mooncake import _tensor_meta as M
-from kvcake.compat.mooncake._base import FILE_ERROR, StoreBase, check_key, returns, view
+from kvcake.compat.mooncake._base import FILE_ERROR, Conn, check_key, returns, view
 from kvcake.compat.mooncake._types import ReplicateConfig
 from kvcake.core.errors import StoreError
 from kvcake.store import errors as E
@@ -39,49 +39,52 @@ def _decode(blob: Any) -> Any:
         return None
 
 
-class TensorMethods(StoreBase):
-    def _get_raw(self, key: str) -> bytearray | None:
+class Tensors:
+    """The whole-tensor calls in Mooncake's stored layout; holds only the Conn. Tensors returned
+    are fresh (the caller owns them) except the ``_into`` forms', which view the caller's
+    buffer."""
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+
+    def get_raw(self, key: str) -> bytearray | None:
+        """The stored bytes (a tensor's header and data), None when the key holds nothing."""
         check_key(key)
-        if not key:
-            return None
-        try:
-            return self._c.get(key)
-        except StoreError:
-            return None
+        return self._conn.get_or_none(key)
 
     # --- whole tensors ------------------------------------------------------------------------
 
     @returns(int)
     def put_tensor(self, key: str, tensor: Any) -> int:
         check_key(key)
-        return self._put(key, _encode(tensor), None, upsert=False)
+        return self._conn.put(key, _encode(tensor), None, upsert=False)
 
     @returns(int)
     def upsert_tensor(self, key: str, tensor: Any) -> int:
         check_key(key)
-        return self._put(key, _encode(tensor), None, upsert=True)
+        return self._conn.put(key, _encode(tensor), None, upsert=True)
 
     @returns(int)
     def pub_tensor(self, key: str, tensor: Any, config: ReplicateConfig | None = None) -> int:
         check_key(key)
-        return self._put(key, _encode(tensor), config, upsert=False)
+        return self._conn.put(key, _encode(tensor), config, upsert=False)
 
     @returns(int)
     def upsert_pub_tensor(
         self, key: str, tensor: Any, config: ReplicateConfig | None = None
     ) -> int:
         check_key(key)
-        return self._put(key, _encode(tensor), config, upsert=True)
+        return self._conn.put(key, _encode(tensor), config, upsert=True)
 
     @returns(None)
     def get_tensor(self, key: str) -> Any:
-        raw = self._get_raw(key)
+        raw = self.get_raw(key)
         return None if raw is None else _decode(raw)
 
     def _batch_put_t(self, keys: list[str], tensors: list[Any], config: Any, up: bool) -> list[int]:
         if len(keys) != len(tensors):
             return [E.INVALID_PARAMS] * len(keys)
-        return self._put_batch(keys, [_encode(t) for t in tensors], config, upsert=up)
+        return self._conn.put_batch(keys, [_encode(t) for t in tensors], config, upsert=up)
 
     @returns([])
     def batch_put_tensor(self, keys: list[str], tensors_list: list[Any]) -> list[int]:
@@ -107,7 +110,9 @@ class TensorMethods(StoreBase):
     def batch_get_tensor(self, keys: list[str]) -> list[Any]:
         if not keys:
             return []
-        return [None if isinstance(g, StoreError) else _decode(g) for g in self._c.batch_get(keys)]
+        return [
+            None if isinstance(g, StoreError) else _decode(g) for g in self._conn.c.batch_get(keys)
+        ]
 
     # --- caller buffers: [metadata][data] -----------------------------------------------------
 
@@ -116,7 +121,7 @@ class TensorMethods(StoreBase):
         """Read the stored bytes into the buffer; the tensor returned views the buffer."""
         check_key(key)
         dst = view(buffer_ptr, size)
-        n = self._c.get_into(key, dst)
+        n = self._conn.c.get_into(key, dst)
         return M.decode(dst[:n], copy=False)
 
     @returns([])
@@ -136,7 +141,7 @@ class TensorMethods(StoreBase):
             M.parse(data)
         except M.TensorFormatError:
             return E.INVALID_PARAMS
-        return self._put(key, data, None, upsert=up)
+        return self._conn.put(key, data, None, upsert=up)
 
     @returns(int)
     def put_tensor_from(self, key: str, buffer_ptr: int, size: int) -> int:
@@ -177,7 +182,7 @@ class TensorMethods(StoreBase):
     # --- safetensors --------------------------------------------------------------------------
 
     def save_tensor_to_safetensor(self, key: str, file_name: str | None = None) -> int:
-        if self._client is None:
+        if self._conn.client is None:
             return E.INTERNAL_ERROR
         tensor = self.get_tensor(key)
         if tensor is None:
@@ -202,7 +207,7 @@ class TensorMethods(StoreBase):
         key that already exists keeps its value (and the loaded tensor is still returned)."""
         if file_name is None:
             raise TypeError("load_tensor_from_safetensor(): missing argument 'file_name'")
-        if self._client is None:
+        if self._conn.client is None:
             return None
         try:
             from safetensors.torch import load_file
