@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcake.compat.mooncake._structured import _catalog_util as U
-from kvcake.compat.mooncake._structured._catalog_append import AppendMixin
+from kvcake.compat.mooncake._structured._catalog_append import Appender, Rows
+from kvcake.compat.mooncake._structured._catalog_state import Lifetimes, Publications
 
 
 @dataclass
@@ -22,7 +23,18 @@ class Entry:
     fields: dict[str, U.Location] = field(default_factory=dict)
 
 
-class DataProtoCatalog(AppendMixin):
+class DataProtoCatalog:
+    """Owns the rows (partition -> key -> Entry), the fragment lifetimes (``Lifetimes``) and the
+    publications' first answers (``Publications``); ``publish_append`` is the ``Appender``'s,
+    over the same three. Answers are deep copies: the caller owns them. No lock: the host
+    serializes one catalog's calls (the wheel's catalog is an actor)."""
+
+    def __init__(self) -> None:
+        self._partitions: Rows = {}
+        self._life = Lifetimes()
+        self._publications = Publications()
+        self._appender = Appender(self._partitions, self._life, self._publications)
+
     def update(
         self,
         partition: str,
@@ -46,14 +58,46 @@ class DataProtoCatalog(AppendMixin):
         """``update`` of a managed fragment, idempotent per ``operation_id`` until acknowledged
         (a retry after a lost answer gets the first answer and changes nothing)."""
         op = U.nonempty(operation_id, "operation_id")
-        if op in self._publications:
-            return copy.deepcopy(self._publications[op])
+        known = self._publications.answer(op)
+        if known is not None:
+            return known
         result = self._update(partition, keys, tags, handle, managed=handle is not None)
-        self._publications[op] = copy.deepcopy(result)
-        return result
+        return self._publications.record(op, result)
+
+    def publish_append(
+        self,
+        operation_id: str,
+        fragment_id: str,
+        partition: str,
+        keys: Sequence[str],
+        *,
+        previous_handle: Mapping[str, Any],
+        handle: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """A managed fragment replaced by its appended handle (:mod:`._catalog_append`)."""
+        return self._appender.publish_append(
+            operation_id, fragment_id, partition, keys,
+            previous_handle=previous_handle, handle=handle,
+        )  # fmt: skip
 
     def ack_publication(self, operation_id: str) -> None:
-        self._publications.pop(U.nonempty(operation_id, "operation_id"), None)
+        self._publications.forget(U.nonempty(operation_id, "operation_id"))
+
+    def release_read(self, token: int) -> dict[str, Any]:
+        """Ends a pinned read (again: no effect); fragments it alone kept alive retire."""
+        return self._life.release_read(token)
+
+    def drain(self) -> dict[str, Any]:
+        """Retires every managed fragment and forgets everything; the catalog takes no more
+        updates. Refused while pinned reads are active."""
+        result = self._life.drain()
+        self._partitions.clear()
+        self._publications.clear()
+        return result
+
+    def ack_retired(self, handles: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Forgets retired handles whose objects the caller removed."""
+        return self._life.ack_retired(handles)
 
     def _update(
         self,
@@ -63,7 +107,7 @@ class DataProtoCatalog(AppendMixin):
         handle: Mapping[str, Any] | None,
         managed: bool,
     ) -> dict[str, Any]:
-        if self._drained:
+        if self._life.drained:
             raise RuntimeError("DataProto catalog is drained")
         partition = U.nonempty(partition, "partition")
         keys = U.names(keys, "keys")
@@ -83,22 +127,19 @@ class DataProtoCatalog(AppendMixin):
         return self._answer(entries, keys)
 
     def _check_fragment(self, fid: str, canonical: dict[str, Any], managed: bool) -> None:
-        known = self._fragments.get(fid)
+        known = self._life.handle(fid)
         if known is not None and known != canonical:
             raise ValueError(f"DataProto fragment id collision: {fid!r}")
-        if known is not None and (fid in self._managed) != managed:
+        if known is not None and self._life.is_managed(fid) != managed:
             raise ValueError(f"DataProto fragment management mismatch: {fid!r}")
-        if fid in self._retired:
+        if self._life.is_retiring(fid):
             raise ValueError(f"DataProto fragment id is pending retirement: {fid!r}")
 
     def _place(
         self, entries: dict[str, Any], keys: Sequence[str], frag: Any, managed: bool
     ) -> None:
         fid, canonical, fields = frag
-        self._fragments.setdefault(fid, canonical)
-        self._refcounts.setdefault(fid, 0)
-        if managed:
-            self._managed.add(fid)
+        self._life.register(fid, canonical, managed)
         for row, key in enumerate(keys):
             for name in fields:
                 self._point(entries[key], name, (fid, row))
@@ -109,15 +150,15 @@ class DataProtoCatalog(AppendMixin):
         if old is not None and old[0] == loc[0]:
             return  # same fragment: its reference count does not change
         if old is not None:
-            self._drop(old[0])
-        self._refcounts[loc[0]] += 1
+            self._life.drop(old[0])
+        self._life.ref(loc[0])
 
     def _answer(self, entries: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
         return {
             "keys": list(keys),
             "tags": [copy.deepcopy(entries[k].tag) for k in keys],
             "fields": U.field_union(entries, keys),
-            **self._retired_result(),
+            **self._life.retired_result(),
         }
 
     def resolve(
@@ -151,7 +192,7 @@ class DataProtoCatalog(AppendMixin):
         for name in chosen:
             groups.setdefault(tuple(entries[k].fields[name] for k in keys), []).append(name)
         used = {loc[0] for locs in groups for loc in locs}
-        handles = {fid: copy.deepcopy(self._fragments[fid]) for fid in used}
+        handles = self._life.handles(used)
         result: dict[str, Any] = {
             "keys": list(keys),
             "tags": [copy.deepcopy(entries[k].tag) for k in keys],
@@ -161,7 +202,7 @@ class DataProtoCatalog(AppendMixin):
             "meta_info": _merged_meta(handles.values()),
         }
         if pin:
-            result["read_token"] = self._pin(used)
+            result["read_token"] = self._life.pin(used)
         return result
 
     def list(self, partition: str | None = None) -> dict[str, dict[str, Any]]:
@@ -180,16 +221,16 @@ class DataProtoCatalog(AppendMixin):
         keys = U.names(keys, "keys")
         entries = self._partitions.get(partition)
         if entries is None:
-            return self._retired_result()
+            return self._life.retired_result()
         for key in keys:
             entry = entries.pop(key, None)
             if entry is None:
                 continue
             for fid, _row in entry.fields.values():
-                self._drop(fid)
+                self._life.drop(fid)
         if not entries:
             del self._partitions[partition]
-        return self._retired_result()
+        return self._life.retired_result()
 
 
 def _merged_meta(handles: Any) -> dict[str, Any]:

@@ -9,10 +9,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvcake.compat.mooncake._structured import _catalog_util as U
-from kvcake.compat.mooncake._structured._catalog_state import CatalogState
+from kvcake.compat.mooncake._structured._catalog_state import Lifetimes, Publications
+
+Rows = dict[str, dict[str, Any]]  # partition -> key -> Entry (the catalog's rows)
 
 
-class AppendMixin(CatalogState):
+class Appender:
+    """``publish_append`` on the catalog's rows, fragment lifetimes and publications (all three
+    owned by the catalog and shared with it; no lock: the catalog's host serializes calls)."""
+
+    def __init__(self, rows: Rows, lifetimes: Lifetimes, publications: Publications) -> None:
+        self._partitions = rows
+        self._life = lifetimes
+        self._publications = publications
+
     def publish_append(
         self,
         operation_id: str,
@@ -24,9 +34,10 @@ class AppendMixin(CatalogState):
         handle: Mapping[str, Any],
     ) -> dict[str, Any]:
         op = U.nonempty(operation_id, "operation_id")
-        if op in self._publications:
-            return copy.deepcopy(self._publications[op])
-        if self._drained:
+        known = self._publications.answer(op)
+        if known is not None:
+            return known
+        if self._life.drained:
             return self._reject(op, "DataProto catalog is drained")
         fid = U.nonempty(fragment_id, "fragment_id")
         partition = U.nonempty(partition, "partition")
@@ -42,23 +53,22 @@ class AppendMixin(CatalogState):
             for name in new_fields:
                 old = entries[key].fields.get(name)
                 if old is not None:
-                    self._drop(old[0])
+                    self._life.drop(old[0])
                 entries[key].fields[name] = (fid, row)
-                self._refcounts[fid] += 1
-        self._fragments[fid] = canonical
+                self._life.ref(fid)
+        self._life.replace(fid, canonical)
         result = {
             "keys": list(keys),
             "tags": [copy.deepcopy(entries[k].tag) for k in keys],
             "fields": U.field_union(entries, keys),
-            **self._retired_result(),
+            **self._life.retired_result(),
         }
-        self._publications[op] = copy.deepcopy(result)
-        return result
+        return self._publications.record(op, result)
 
     def _append_problem(
         self, fid: str, prev: Any, prev_ref: Any, ref: Any, partition: str, keys: Sequence[str]
     ) -> str | None:
-        if self._fragments.get(fid) != prev or fid not in self._managed:
+        if self._life.handle(fid) != prev or not self._life.is_managed(fid):
             return f"stale DataProto append handle: {fid!r}"
         same_rows = ref.batch_size == prev_ref.batch_size == len(keys)
         same_home = ref.partition == prev_ref.partition == partition
@@ -73,6 +83,4 @@ class AppendMixin(CatalogState):
         return None
 
     def _reject(self, op: str, message: str) -> dict[str, Any]:
-        result = {"append_rejected": message}
-        self._publications[op] = copy.deepcopy(result)
-        return result
+        return self._publications.record(op, {"append_rejected": message})

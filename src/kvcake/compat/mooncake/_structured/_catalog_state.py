@@ -1,6 +1,6 @@
-"""The catalog's bookkeeping of fragment lifetimes: references from rows, pinned readers,
-retirement of managed fragments and the acknowledgement of their cleanup, and the terminal
-drain."""
+"""The catalog's bookkeeping of fragment lifetimes (references from rows, pinned readers,
+retirement of managed fragments and the acknowledgement of their cleanup, the terminal drain)
+and of publications (the first answer per operation id)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,13 @@ from typing import Any
 from kvcake.compat.mooncake._structured import _catalog_util as U
 
 
-class CatalogState:
+class Lifetimes:
+    """Owns every fragment's canonical handle, its reference count (row fields pointing into it),
+    its pinned readers, and the retired handles awaiting ``ack_retired``. A fragment retires
+    when neither rows nor pinned reads use it; only managed ones are handed back. No lock: the
+    catalog's host serializes its calls."""
+
     def __init__(self) -> None:
-        self._partitions: dict[str, dict[str, Any]] = {}  # partition -> key -> Entry
         self._fragments: dict[str, dict[str, Any]] = {}  # fragment id -> canonical handle
         self._refcounts: dict[str, int] = {}  # row fields pointing into a fragment
         self._managed: set[str] = set()
@@ -21,13 +25,39 @@ class CatalogState:
         self._pins: dict[int, tuple[str, ...]] = {}
         self._next_token = 0
         self._retired: dict[str, dict[str, Any]] = {}  # awaiting ack_retired
-        self._publications: dict[str, dict[str, Any]] = {}  # operation id -> first answer
-        self._drained = False
+        self.drained = False  # terminal: the catalog takes no more updates
 
-    def _retired_result(self) -> dict[str, Any]:
+    def handle(self, fid: str) -> dict[str, Any] | None:
+        """The fragment's canonical handle (not a copy), None if it is not live."""
+        return self._fragments.get(fid)
+
+    def handles(self, fids: set[str]) -> dict[str, dict[str, Any]]:
+        return {fid: copy.deepcopy(self._fragments[fid]) for fid in fids}
+
+    def is_managed(self, fid: str) -> bool:
+        return fid in self._managed
+
+    def is_retiring(self, fid: str) -> bool:
+        return fid in self._retired
+
+    def register(self, fid: str, canonical: dict[str, Any], managed: bool) -> None:
+        """A fragment rows may point into (known already: unchanged)."""
+        self._fragments.setdefault(fid, canonical)
+        self._refcounts.setdefault(fid, 0)
+        if managed:
+            self._managed.add(fid)
+
+    def replace(self, fid: str, canonical: dict[str, Any]) -> None:
+        """A live fragment's handle after an append (the same rows with more fields)."""
+        self._fragments[fid] = canonical
+
+    def ref(self, fid: str) -> None:
+        self._refcounts[fid] += 1
+
+    def retired_result(self) -> dict[str, Any]:
         return {"retired_handles": [copy.deepcopy(h) for h in self._retired.values()]}
 
-    def _drop(self, fid: str) -> None:
+    def drop(self, fid: str) -> None:
         left = self._refcounts[fid] - 1
         if left:
             self._refcounts[fid] = left
@@ -42,7 +72,7 @@ class CatalogState:
             self._managed.discard(fid)
             self._retired[fid] = handle
 
-    def _pin(self, fids: set[str]) -> int:
+    def pin(self, fids: set[str]) -> int:
         self._next_token += 1
         self._pins[self._next_token] = tuple(fids)
         for fid in fids:
@@ -59,28 +89,22 @@ class CatalogState:
             del self._readers[fid]
             if fid not in self._refcounts:
                 self._retire(fid)
-        return self._retired_result()
+        return self.retired_result()
 
     def drain(self) -> dict[str, Any]:
-        """Retires every managed fragment and forgets everything; the catalog takes no more
-        updates. Refused while pinned reads are active."""
+        """Retires every managed fragment and forgets every other one; terminal. Refused while
+        pinned reads are active."""
         if self._pins:
             raise RuntimeError(
                 f"cannot drain DataProto catalog with {len(self._pins)} active read(s)"
             )
         for fid in self._managed:
             self._retired[fid] = self._fragments[fid]
-        for table in (
-            self._partitions,
-            self._fragments,
-            self._refcounts,
-            self._readers,
-            self._publications,
-        ):
+        for table in (self._fragments, self._refcounts, self._readers):
             table.clear()
         self._managed.clear()
-        self._drained = True
-        return self._retired_result()
+        self.drained = True
+        return self.retired_result()
 
     def ack_retired(self, handles: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Forgets retired handles whose objects the caller removed."""
@@ -94,4 +118,28 @@ class CatalogState:
                 key = next(iter(ref.stage_refs.values())).manifest_key
                 if key in self._retired:
                     raise ValueError(f"retired DataProto fragment mismatch: {key!r}")
-        return self._retired_result()
+        return self.retired_result()
+
+
+class Publications:
+    """The first answer of each publishing operation (operation id -> a private copy), so a
+    retry after a lost answer gets that answer and changes nothing; forgotten on
+    ``ack_publication``. It grows until each operation is acknowledged (the transfer client
+    acknowledges every one once it has the answer), as the wheel's catalog."""
+
+    def __init__(self) -> None:
+        self._answers: dict[str, dict[str, Any]] = {}
+
+    def answer(self, op: str) -> dict[str, Any] | None:
+        got = self._answers.get(op)
+        return None if got is None else copy.deepcopy(got)
+
+    def record(self, op: str, result: dict[str, Any]) -> dict[str, Any]:
+        self._answers[op] = copy.deepcopy(result)
+        return result
+
+    def forget(self, op: str) -> None:
+        self._answers.pop(op, None)
+
+    def clear(self) -> None:
+        self._answers.clear()
