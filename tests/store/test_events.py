@@ -20,6 +20,7 @@ from kvcake.store.events import ENCODER
 from kvcake.store.master_state import MasterState
 from tests.store.conftest import Factory
 from tests.store.test_master_state import Clock
+from tests.waits import wait_until
 
 K = StoreEventKind
 
@@ -85,15 +86,6 @@ def test_subscriber_resyncs_on_gap() -> None:
     assert pe.on_tick(ENCODER.encode(["m", 1])) and not pe.on_tick(ENCODER.encode(["m", 2]))
 
 
-def wait_until(cond: object, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
-
-
 def test_proxy_pool_index_follows_eviction(procs: Factory) -> None:
     """Put 3x the pool's memory as KV blocks: the master evicts; the index built from its
     events must end equal to what the store holds (and empty when the node dies)."""
@@ -108,7 +100,7 @@ def test_proxy_pool_index_follows_eviction(procs: Factory) -> None:
     stop = asyncio.Event()
     fut = asyncio.run_coroutine_threadsafe(pe.run(stop), loop)
     try:
-        wait_until(lambda: pe.resyncs >= 1)
+        wait_until(lambda: pe.resyncs >= 1, timeout=15, what="a resync")
         hashes = [BlockHash(0x1000 + i) for i in range(192)]
         keys = [str(block_key("smollm2", "f32", 32, h)) for h in hashes]
         with Client(master=rpc) as c:
@@ -122,15 +114,23 @@ def test_proxy_pool_index_follows_eviction(procs: Factory) -> None:
                 snap = c.conn.call(P.KvSnapshot(c.id)).snapshot
                 return {h for h, k in zip(hashes, keys, strict=True) if k in snap.keys}
 
-            wait_until(lambda: held() == truth() and len(truth()) < len(hashes))
+            wait_until(
+                lambda: held() == truth() and len(truth()) < len(hashes),
+                timeout=15,
+                what="an eviction, and the index equal to the store",
+            )
             assert 0 < len(held()) < 80  # 4 MiB holds at most 64 of them: most were evicted
             time.sleep(0.3)  # let the housekeeper's eviction run finish
-            wait_until(lambda: held() == truth())
+            wait_until(lambda: held() == truth(), timeout=15, what="the index equal to the store")
             victim = next(h for h in hashes if h in truth())
             c.remove(keys[hashes.index(victim)], force=True)
-            wait_until(lambda: victim not in held() and held() == truth())
+            wait_until(
+                lambda: victim not in held() and held() == truth(),
+                timeout=15,
+                what="the removed block out of the index",
+            )
             node.stop(signal.SIGKILL)  # segment lost
-            wait_until(lambda: not held(), timeout=10)
+            wait_until(lambda: not held(), timeout=10, what="an empty index after the node died")
     finally:
         loop.call_soon_threadsafe(stop.set)
         fut.result(timeout=10)

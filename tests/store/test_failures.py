@@ -17,20 +17,12 @@ from kvcake.store.client import Client
 from kvcake.store.errors import LeaseExpired, NoSpace, ObjectNotFound
 from kvcake.store.protocol import PutOptions
 from tests.store.conftest import Factory
+from tests.waits import wait_until
 
 
 def value_of(key: str, size: int) -> bytes:
     seed = hashlib.sha256(key.encode()).digest()
     return (seed * (size // len(seed) + 1))[:size]
-
-
-def wait_until(cond: object, timeout: float = 10.0, every_s: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return
-        time.sleep(every_s)
-    raise AssertionError("condition not reached in time")
 
 
 def test_killed_node_vanishes_paused_node_remounts(procs: Factory) -> None:
@@ -46,7 +38,7 @@ def test_killed_node_vanishes_paused_node_remounts(procs: Factory) -> None:
             c.put(f"b{i}", value_of(f"b{i}", 5000), on_b)
             c.put(f"ab{i}", value_of(f"ab{i}", 5000), PutOptions(replica_num=2))
         a.stop(signal.SIGKILL)
-        wait_until(lambda: not c.is_exist("a0"), timeout=8)
+        wait_until(lambda: not c.is_exist("a0"), timeout=8, what="a0 gone with its node")
         for i in range(10):
             with pytest.raises(ObjectNotFound):
                 c.get(f"a{i}")
@@ -56,12 +48,12 @@ def test_killed_node_vanishes_paused_node_remounts(procs: Factory) -> None:
         # node-b silent past the TTL (SIGSTOP): unmounted; when it wakes up it remounts
         b.popen.send_signal(signal.SIGSTOP)
         try:
-            wait_until(lambda: not c.is_exist("b0"), timeout=8)
+            wait_until(lambda: not c.is_exist("b0"), timeout=8, what="b0 gone")
             with pytest.raises(NoSpace):
                 c.put("during", b"y")
         finally:
             b.popen.send_signal(signal.SIGCONT)
-        wait_until(lambda: _put_ok(c, "after", on_b), timeout=8)
+        wait_until(lambda: _put_ok(c, "after", on_b), timeout=8, what="a put onto node-b")
         assert c.get("after") == b"z" * 10
         assert [r.segment for r in c.get_replica_desc("after").replicas] == ["node-b"]
 
@@ -144,7 +136,9 @@ def test_ssd_offload_promotion_and_restart(procs: Factory, tmp_path: Path) -> No
         # Looking a key up leases it (0.2 s here) and leased objects are never evicted, so poll
         # more slowly than the lease lapses: otherwise, when the puts outrun the master's
         # eviction tick, the polling itself keeps every object leased and nothing offloads.
-        wait_until(lambda: any("disk" in _tiers(c, k) for k in keys), every_s=0.4)
+        wait_until(
+            lambda: any("disk" in _tiers(c, k) for k in keys), every_s=0.4, what="a disk replica"
+        )
         time.sleep(0.3)  # let the lookups' leases lapse
         on_disk = [k for k in keys if _tiers(c, k) == {"disk"}]
         assert on_disk, "nothing was offloaded"
@@ -153,7 +147,7 @@ def test_ssd_offload_promotion_and_restart(procs: Factory, tmp_path: Path) -> No
         assert c.batch_get_into_ranges([k], [[(0, head), (1000, part)]]) == [510]
         assert head + part == value_of(k, size)[:10] + value_of(k, size)[1000:1500]
         assert c.get(k) == value_of(k, size)  # served from disk (2nd hit -> promotion)
-        wait_until(lambda: "memory" in _tiers(c, k))
+        wait_until(lambda: "memory" in _tiers(c, k), what="promotion back to memory")
         assert c.get(k) == value_of(k, size)
         served = 0
         for key in keys:  # acknowledged objects are intact wherever they live (or evicted)
@@ -164,7 +158,7 @@ def test_ssd_offload_promotion_and_restart(procs: Factory, tmp_path: Path) -> No
         node.stop()  # graceful: unmounts
         files = sorted(ssd.glob("*.obj"))  # listed once the node is down: no writer left
         assert len(files) >= 2
-        wait_until(lambda: not c.is_exist(k))
+        wait_until(lambda: not c.is_exist(k), what="the key gone")
         victim = files[0]
         raw = bytearray(victim.read_bytes())
         raw[-1] ^= 0xFF  # flip a bit of the value
