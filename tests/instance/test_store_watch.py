@@ -13,6 +13,7 @@ from kvcake.core.api import StoreEvent, StoreEventKind
 from kvcake.instance.store_watch import StoreWatch, describe, node_of
 from tests.cluster import make_cluster
 from tests.store.procs import Proc, spawn
+from tests.waits import wait_until
 
 
 def test_node_names_and_message() -> None:
@@ -30,15 +31,6 @@ def test_other_events_are_not_losses(caplog: pytest.LogCaptureFixture) -> None:
     assert not w.lost and "lost" not in caplog.text
 
 
-def _wait(cond: object, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_unmounted_and_killed_nodes_are_logged_by_name(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="kvcake.instance.store_watch")
     master = spawn("master", "--port", "0", "--http-port", "0", "--directory-port", "0",
@@ -54,11 +46,13 @@ def test_unmounted_and_killed_nodes_are_logged_by_name(caplog: pytest.LogCapture
             procs.append(stores[name])
         assert watch.subscribed.wait(10)
         stores["store-0"].stop(signal.SIGTERM)  # unmounts: lost at once
-        assert _wait(lambda: any(n == "store-0" for _, n, _ in watch.lost), 10), caplog.text
+        wait_until(lambda: any(n == "store-0" for _, n, _ in watch.lost), timeout=10,
+                   every_s=0.1, what="store-0 lost", detail=lambda: caplog.text)  # fmt: skip
         assert "storage node store-0 lost (segment store-0 unregistered" in caplog.text
         assert "store-1" not in caplog.text
         stores["store-1"].stop(signal.SIGKILL)  # silent: lost when its TTL (1 s) expires
-        assert _wait(lambda: any(n == "store-1" for _, n, _ in watch.lost), 15), caplog.text
+        wait_until(lambda: any(n == "store-1" for _, n, _ in watch.lost), timeout=15,
+                   every_s=0.1, what="store-1 lost", detail=lambda: caplog.text)  # fmt: skip
         assert "storage node store-1 lost" in caplog.text
     finally:
         watch.close()
@@ -78,5 +72,6 @@ def test_a_cluster_instance_logs_the_lost_node(tmp_path: Path) -> None:
         store.proc.send_signal(signal.SIGTERM)
         store.proc.wait(15)
         logs = [c.child(n).log for n in ("prefill-0", "decode-0")]
-        ok = _wait(lambda: all("storage node store-0 lost" in p.read_text() for p in logs), 20)
-        assert ok, [p.read_text()[-1500:] for p in logs]
+        wait_until(lambda: all("storage node store-0 lost" in p.read_text() for p in logs),
+                   timeout=20, every_s=0.1, what="'store-0 lost' in both instances' logs",
+                   detail=lambda: [p.read_text()[-1500:] for p in logs])  # fmt: skip
