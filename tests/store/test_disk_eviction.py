@@ -92,7 +92,7 @@ def test_full_disk_drops_its_lru_copies_and_publishes_them() -> None:
         assert key not in st.objects  # disk-only: the object is gone
     deletes |= {t.key for t in st.take_tasks(NODE) if t.kind == "delete"}
     assert set(dropped) <= deletes  # the node is told to delete the files
-    assert st.evicted_disk_objects == len(dropped)
+    assert st.parts.tiering.evicted_disk_objects == len(dropped)
     assert all(tiers(st, k) == ["disk"] for k in later)
     for e in events:
         assert view.apply(e) is not None
@@ -115,7 +115,7 @@ def test_copy_in_memory_survives_a_disk_eviction() -> None:
     st.objects.move_to_end(key, last=False)  # make it the least recently used object
     clock.t += 2
     offload = st.objects[first[1]]  # type: ignore[index]
-    freed = st._evict_disk(st.segments[SegmentName("mem.ssd")], OBJ, offload.key)
+    freed = st.parts.tiering.evict_disk(st.segments[SegmentName("mem.ssd")], OBJ, offload.key)
     assert freed == OBJ
     assert tiers(st, key) == ["memory"]  # its disk copy went, the object stays readable
     (ev,) = [e for e in st.events.take(0.0, 10_000) if e.kind is StoreEventKind.EVICTED_DISK]
@@ -142,7 +142,7 @@ def test_a_dropped_disk_copy_is_journaled_for_ha() -> None:
     st.objects.move_to_end(key, last=False)  # type: ignore[arg-type]
     st.records()  # drain
     clock.t += 2
-    st._evict_disk(st.segments[SegmentName("mem.ssd")], OBJ, "other")  # type: ignore[arg-type]
+    st.parts.tiering.evict_disk(st.segments[SegmentName("mem.ssd")], OBJ, "other")  # type: ignore[arg-type]
     recs = [r for r in st.records() if isinstance(r, ObjRec) and r.key == key]
     assert recs and [tier for _, _, tier in recs[0].replicas] == ["memory"]
 

@@ -95,7 +95,7 @@ def failures(path: str) -> float:
 
 def _offload(m: Master, key: str) -> None:
     with m.state.lock:
-        assert m.state._start_offload(m.state.objects[ObjectKey(key)])
+        assert m.state.parts.tiering.start_offload(m.state.objects[ObjectKey(key)])
     wait(lambda: not _copying(m, key))
 
 
@@ -142,7 +142,7 @@ def test_a_flipped_byte_in_a_disk_file_is_refused_on_read_and_promotion(node: tu
     assert failures("disk") == before + 1
     assert _tiers(m, "disk/read") == []  # the bad disk replica (the last one) dropped
     with m.state.lock:  # promotion of the corrupt file: the node refuses and reports it
-        m.state._start_promotion(m.state.objects[ObjectKey("disk/promote")])
+        m.state.parts.tiering.start_promotion(m.state.objects[ObjectKey("disk/promote")])
     wait(lambda: ObjectKey("disk/promote") not in m.state.objects)
     assert not n.disk.path("disk/promote").exists()
     with pytest.raises(ObjectNotFound):

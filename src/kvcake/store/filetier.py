@@ -1,5 +1,5 @@
 """The master's side of the shared file tier (``master.root_fs_dir``, Mooncake's
-``--root_fs_dir``; mixed into :class:`~kvcake.store.master_state.MasterState`, same lock).
+``--root_fs_dir``; a part of :class:`~kvcake.store.master_state.MasterState`: :class:`FileTier`).
 
 With a root directory every put gets, besides its memory replicas, a *file replica*: a range of
 the file tier's segment (``@files``, capacity ``root_fs_quota``, accounted like any segment)
@@ -14,8 +14,9 @@ Life of a range (why a file name is never reused while its file may still change
 - in flight from ``put_end`` until the writer reports (``file_writes``): an object dropped
   meanwhile leaves it *orphaned* (still held) until the report, so a late rename cannot land on
   a name a newer put already uses;
-- complete: dropping it queues the file for unlinking (``file_unlinks``); :meth:`reap_files`
-  unlinks outside the lock and only then releases the range.
+- complete: dropping it queues the file for unlinking (``unlinks``); the master's
+  ``reap_files`` unlinks them (:func:`unlink_files`) outside the lock and only then releases
+  the ranges.
 A writer that never reports (gone, or silent for ``put_start_timeout_s + put_start_discard_s``)
 counts as failed.
 """
@@ -25,9 +26,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from kvcake.core.api import StoreEventKind
 from kvcake.core.ids import ClientId, ObjectKey, SegmentName
@@ -53,123 +55,138 @@ def default_quota(directory: Path) -> int:
     return max(1 << 20, min(int(st.f_blocks * st.f_frsize * 0.9), 1 << 50))
 
 
-class FileTierMixin:
-    lock: threading.RLock
-    clock: Callable[[], float]
-    segments: dict[SegmentName, Segment]
-    objects: dict[ObjectKey, ObjectMeta]
-    events: EventLog
+class FileTier:
+    """The file tier's records. Called with the state lock held (never takes it). Owns the
+    in-flight writes (``writes``: offset -> (key, writer, put_end time), put_end order), the
+    orphans among them, the complete files to unlink (``unlinks``, ranges still held) and the
+    counters; reads ``objects`` and adds its segment to ``segments`` (not a memory segment, so
+    no cache of the segment table goes stale)."""
 
-    def _init_file_tier(self) -> None:
-        self.file_tier: Segment | None = None  # where new puts get a file replica
-        # offset -> (key, writer, put_end time) of file writes in flight (put_end order)
-        self.file_writes: dict[int, tuple[ObjectKey, ClientId, float]] = {}
-        self.file_orphans: set[int] = set()  # in flight, but their object is gone
-        self.file_unlinks: list[int] = []  # complete files to unlink, ranges still held
-        self.file_full = 0  # puts that got no file replica: the tier's quota was full
-        self.file_failed = 0  # file writes reported failed or given up
+    def __init__(
+        self,
+        segments: dict[SegmentName, Segment],
+        objects: Mapping[ObjectKey, ObjectMeta],
+        clock: Callable[[], float],
+        events: EventLog,
+    ):
+        self.segments = segments
+        self.objects = objects
+        self.clock = clock
+        self.events = events
+        self.tier: Segment | None = None  # where new puts get a file replica
+        self.writes: dict[int, tuple[ObjectKey, ClientId, float]] = {}
+        self.orphans: set[int] = set()  # in flight, but their object is gone
+        self.unlinks: list[int] = []  # complete files to unlink, ranges still held
+        self.full = 0  # puts that got no file replica: the tier's quota was full
+        self.failed = 0  # file writes reported failed or given up
 
-    def mount_file_tier(self, directory: str, capacity: int) -> None:
+    def mount(self, directory: str, capacity: int) -> None:
         """Put new objects' file replicas under ``directory`` (idempotent; a tier replayed
         from the operation log keeps its recorded directory and capacity)."""
-        with self.lock:
-            seg = self.segments.get(FILE_SEGMENT)
-            if seg is None:
-                alloc = RangeAllocator(capacity)
-                seg = Segment(FILE_SEGMENT, FILE_OWNER, "", FILE, alloc, directory)
-                self.segments[FILE_SEGMENT] = seg
-            elif seg.endpoint != directory:
-                log.warning(
-                    "file tier: the replayed tier lives in %s; %s is not used",
-                    seg.endpoint,
-                    directory,
-                )
-            self.file_tier = seg
+        seg = self.segments.get(FILE_SEGMENT)
+        if seg is None:
+            alloc = RangeAllocator(capacity)
+            seg = Segment(FILE_SEGMENT, FILE_OWNER, "", FILE, alloc, directory)
+            self.segments[FILE_SEGMENT] = seg
+        elif seg.endpoint != directory:
+            log.warning(
+                "file tier: the replayed tier lives in %s; %s is not used", seg.endpoint, directory
+            )
+        self.tier = seg
 
-    def _reserve_file(self, obj: ObjectMeta) -> None:
-        seg = self.file_tier
+    def reserve(self, obj: ObjectMeta) -> None:
+        seg = self.tier
         if seg is None:
             return
         off = seg.allocator.allocate(obj.size)
         if off is None:
-            self.file_full += 1
+            self.full += 1
             return
         obj.replicas.append(Replica(seg.name, off, obj.size, FILE, complete=False))
 
-    def _file_put_end(self, obj: ObjectMeta, client: ClientId) -> None:
+    def put_end(self, obj: ObjectMeta, client: ClientId) -> None:
         for rep in obj.replicas:
             if rep.tier is FILE and not rep.complete:
-                self.file_writes[rep.offset] = (obj.key, client, self.clock())
+                self.writes[rep.offset] = (obj.key, client, self.clock())
 
-    def _free_file(self, rep: Replica) -> None:
-        if rep.offset in self.file_writes:
-            self.file_orphans.add(rep.offset)  # held until its writer reports
+    def free(self, rep: Replica) -> None:
+        if rep.offset in self.writes:
+            self.orphans.add(rep.offset)  # held until its writer reports
         elif rep.complete:
-            self.file_unlinks.append(rep.offset)
+            self.unlinks.append(rep.offset)
         elif (seg := self.segments.get(FILE_SEGMENT)) is not None:
             seg.allocator.release(rep.offset)  # reserved, never written
 
-    def writing_file(self, obj: ObjectMeta) -> bool:
+    def writing(self, obj: ObjectMeta) -> bool:
         """Its file is being written: eviction keeps its memory copies until then."""
-        return bool(self.file_writes) and any(
-            r.tier is FILE and not r.complete for r in obj.replicas
-        )
+        return bool(self.writes) and any(r.tier is FILE and not r.complete for r in obj.replicas)
 
-    def file_done(self, client: ClientId, key: str, offset: int, ok: bool) -> None:
-        """The writer of the file replica at ``offset`` reports (caller holds the lock)."""
-        entry = self.file_writes.get(offset)
+    def done(self, client: ClientId, key: str, offset: int, ok: bool) -> None:
+        """The writer of the file replica at ``offset`` reports."""
+        entry = self.writes.get(offset)
         if entry is None or entry[0] != key or entry[1] != client:
             return  # unknown, a duplicate, or given up already
-        del self.file_writes[offset]
+        del self.writes[offset]
         if not ok:
-            self.file_failed += 1
+            self.failed += 1
         obj = self.objects.get(ObjectKey(key))
         rep = None
-        if obj is not None and offset not in self.file_orphans:
+        if obj is not None and offset not in self.orphans:
             rep = next((r for r in obj.replicas if r.tier is FILE and r.offset == offset), None)
-        self.file_orphans.discard(offset)
+        self.orphans.discard(offset)
         if obj is None or rep is None or not ok:
             if obj is not None and rep is not None:
                 obj.replicas.remove(rep)
-            self.file_unlinks.append(offset)  # a partial or orphaned file: remove it
+            self.unlinks.append(offset)  # a partial or orphaned file: remove it
             return
         rep.complete = True
         if obj.status is Status.COMPLETE:
             self.events.emit(StoreEventKind.STORED, (obj.key,), FILE.value)
 
-    def abandon_file_writes(self, client: ClientId | None, older_than: float) -> int:
+    def abandon(self, client: ClientId | None, older_than: float) -> int:
         """Count as failed the writes of ``client`` (gone) or, with ``client=None``, those in
-        flight since before ``older_than``. Caller holds the lock."""
+        flight since before ``older_than``."""
         stale = []
-        for off, (key, writer, t0) in self.file_writes.items():
+        for off, (key, writer, t0) in self.writes.items():
             if client is None and t0 >= older_than:
                 break  # put_end order: the rest are newer
             if client is None or writer == client:
                 stale.append((off, key, writer))
         for off, key, writer in stale:
-            self.file_done(writer, key, off, ok=False)
+            self.done(writer, key, off, ok=False)
         return len(stale)
 
-    def reap_files(self, limit: int = REAP_BATCH, unlink: Callable[[str], None] = os.unlink) -> int:
-        """Unlink up to ``limit`` dropped files (outside the lock), then release their ranges."""
-        if not self.file_unlinks:  # the housekeeper's every tick: no lock when idle
-            return 0
-        with self.lock:
-            batch = self.file_unlinks[:limit]
-            del self.file_unlinks[:limit]
-            seg = self.segments.get(FILE_SEGMENT)
-        if not batch or seg is None:
-            return 0
-        for off in batch:
-            with contextlib.suppress(FileNotFoundError):
-                try:
-                    unlink(file_path(seg.endpoint, off))
-                except OSError as exc:  # the range is released anyway: a new file replaces it
-                    log.warning(
-                        "file tier: cannot unlink %s: %s", file_path(seg.endpoint, off), exc
-                    )
-        with self.lock:
-            if self.segments.get(FILE_SEGMENT) is seg:
-                for off in batch:
-                    seg.allocator.release(off)
-        return len(batch)
+    def take_unlinks(self, limit: int) -> tuple[list[int], Segment | None]:
+        """Up to ``limit`` files to unlink, and the tier's segment (their ranges' owner)."""
+        batch = self.unlinks[:limit]
+        del self.unlinks[:limit]
+        return batch, self.segments.get(FILE_SEGMENT)
+
+    def release(self, seg: Segment, batch: list[int]) -> None:
+        """The files of ``batch`` are gone: their ranges are reusable (unless the tier's
+        segment was replaced meanwhile)."""
+        if self.segments.get(FILE_SEGMENT) is seg:
+            for off in batch:
+                seg.allocator.release(off)
+
+
+def reap_files(
+    files: FileTier, lock: AbstractContextManager[Any], limit: int, unlink: Callable[[str], None]
+) -> int:
+    """Unlink up to ``limit`` dropped files, then release their ranges. ``lock`` is the state's:
+    held to take the batch and to release the ranges, not while the file system works."""
+    if not files.unlinks:  # the housekeeper's every tick: no lock when idle
+        return 0
+    with lock:
+        batch, seg = files.take_unlinks(limit)
+    if not batch or seg is None:
+        return 0
+    for off in batch:
+        with contextlib.suppress(FileNotFoundError):
+            try:
+                unlink(file_path(seg.endpoint, off))
+            except OSError as exc:  # the range is released anyway: a new file replaces it
+                log.warning("file tier: cannot unlink %s: %s", file_path(seg.endpoint, off), exc)
+    with lock:
+        files.release(seg, batch)
+    return len(batch)

@@ -1,4 +1,5 @@
-"""Replica copy and drop on the master (mixed into :class:`MasterState`; same lock).
+"""Replica copy and drop on the master (a part of
+:class:`~kvcake.store.master_state.MasterState`: :class:`ReplicaOps`).
 
 A client copies a readable object onto more memory segments in two phases, like a put:
 ``copy_start`` allocates the new replicas (not yet readable) and marks the object as in copy
@@ -9,51 +10,48 @@ These back Mooncake's ``create_copy_task`` / ``create_move_task`` in ``compat.mo
 
 A copy whose client never finishes is aborted by ``sweep_copies`` (housekeeping) once it is
 older than ``put_start_discard_s``, or when its client has expired.
+
+Invariants: called with the state lock held (takes no lock); owns ``copies`` (key -> (copying
+client, started at), at most ``MAX_COPIES``); an object in copy is marked ``copying``.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 
 from kvcake.core.api import StoreEventKind
 from kvcake.core.ids import ClientId, ObjectKey, SegmentName
-from kvcake.store.config import MasterConfig
+from kvcake.store.changes import Changes
 from kvcake.store.errors import InvalidParams, NoSpace, ObjectNotFound, ReplicaNotReady
 from kvcake.store.events import EventLog
-from kvcake.store.metadata import NodeTask, ObjectMeta, Replica, Segment, Status, Tier
+from kvcake.store.metadata import ObjectMeta, Replica, Segment, Status, Tier
+from kvcake.store.objtable import ObjectTable
 from kvcake.store.protocol import ReplicaDesc
+from kvcake.store.segtable import SegmentTable
 
 log = logging.getLogger(__name__)
 MAX_COPIES = 65_536  # copies in flight at once (a bound on the table)
 
 
-class ReplicaOpsMixin:
-    cfg: MasterConfig
-    clock: Callable[[], float]
-    lock: threading.RLock
-    segments: dict[SegmentName, Segment]
-    objects: OrderedDict[ObjectKey, ObjectMeta]
-    events: EventLog
-    copies: dict[ObjectKey, tuple[ClientId, float]]  # key -> (copying client, started at)
-    discarded: list[tuple[float, SegmentName, int]]  # (free at, segment, offset)
-    replicas_bad = 0  # replicas dropped because a reader found them failing their checksums
-
-    def _free(self, rep: Replica) -> None:
-        raise NotImplementedError
-
-    def _queue_task(self, segment: SegmentName, task: NodeTask) -> None:
-        raise NotImplementedError
-
-    def _drop_object(
-        self, obj: ObjectMeta, event: StoreEventKind | None = StoreEventKind.REMOVED
-    ) -> None:
-        raise NotImplementedError
-
-    def describe(self, rep: Replica) -> ReplicaDesc:
-        raise NotImplementedError
+class ReplicaOps:
+    def __init__(
+        self,
+        table: ObjectTable,
+        segs: SegmentTable,
+        discard_s: float,
+        events: EventLog,
+        changes: Changes,
+    ):
+        self.table = table
+        self.objects = table.objects
+        self.segs = segs
+        self.discard_s = discard_s  # a copy older than this is aborted (put_start_discard_s)
+        self.events = events
+        self.changes = changes
+        self.clock = table.clock
+        self.copies: dict[ObjectKey, tuple[ClientId, float]] = {}
+        self.replicas_bad = 0  # replicas dropped because a reader found them failing checksums
 
     def _readable(self, key: str) -> ObjectMeta:
         obj = self.objects.get(ObjectKey(key))
@@ -65,28 +63,27 @@ class ReplicaOpsMixin:
         """New (unreadable) memory replicas of ``key`` on each of ``targets``."""
         if not targets or len(set(targets)) != len(targets):
             raise InvalidParams("copy targets must be distinct segment names, at least one")
-        with self.lock:
-            obj = self._readable(key)
-            if obj.copying:
-                raise ReplicaNotReady(f"{key!r} is being copied")
-            if len(self.copies) >= MAX_COPIES:
-                raise NoSpace(f"{MAX_COPIES} copies in flight: retry later")
-            segs = [self._copy_target(obj, SegmentName(t)) for t in targets]
-            new: list[Replica] = []
-            for seg in segs:
-                off = seg.allocator.allocate(obj.size)
-                if off is None:
-                    for rep in new:
-                        self._free(rep)
-                    raise NoSpace(f"no room for {obj.size} B on {seg.name!r}")
-                new.append(Replica(seg.name, off, obj.size, Tier.MEMORY, complete=False))
-            obj.replicas.extend(new)
-            obj.copying = True
-            self.copies[obj.key] = (client, self.clock())
-            return [self.describe(r) for r in new]
+        obj = self._readable(key)
+        if obj.copying:
+            raise ReplicaNotReady(f"{key!r} is being copied")
+        if len(self.copies) >= MAX_COPIES:
+            raise NoSpace(f"{MAX_COPIES} copies in flight: retry later")
+        segs = [self._copy_target(obj, SegmentName(t)) for t in targets]
+        new: list[Replica] = []
+        for seg in segs:
+            off = seg.allocator.allocate(obj.size)
+            if off is None:
+                for rep in new:
+                    self.table.free(rep)
+                raise NoSpace(f"no room for {obj.size} B on {seg.name!r}")
+            new.append(Replica(seg.name, off, obj.size, Tier.MEMORY, complete=False))
+        obj.replicas.extend(new)
+        obj.copying = True
+        self.copies[obj.key] = (client, self.clock())
+        return [self.segs.describe(r) for r in new]
 
     def _copy_target(self, obj: ObjectMeta, name: SegmentName) -> Segment:
-        seg = self.segments.get(name)
+        seg = self.segs.segments.get(name)
         if seg is None or seg.tier is not Tier.MEMORY:
             raise InvalidParams(f"{name!r} is not a mounted memory segment")
         if any(r.segment == name for r in obj.replicas):
@@ -95,18 +92,18 @@ class ReplicaOpsMixin:
 
     def copy_end(self, client: ClientId, key: str, ok: bool) -> None:
         """The client wrote the new replicas (``ok``) or gave up: readable, or freed."""
-        with self.lock:
-            okey = ObjectKey(key)
-            started = self.copies.get(okey)
-            if started is None or started[0] != client:
-                raise InvalidParams(f"{key!r} has no copy in progress by this client")
-            obj = self.objects.get(okey)
-            if obj is None:  # removed with force meanwhile: its replicas are already freed
-                self.copies.pop(okey, None)
-                raise ObjectNotFound(f"{key!r} was removed during the copy")
-            self._finish_copy(obj, ok)
+        okey = ObjectKey(key)
+        started = self.copies.get(okey)
+        if started is None or started[0] != client:
+            raise InvalidParams(f"{key!r} has no copy in progress by this client")
+        obj = self.objects.get(okey)
+        if obj is None:  # removed with force meanwhile: its replicas are already freed
+            self.copies.pop(okey, None)
+            raise ObjectNotFound(f"{key!r} was removed during the copy")
+        self._finish_copy(obj, ok)
 
     def _finish_copy(self, obj: ObjectMeta, ok: bool) -> None:
+        self.changes.object(obj.key)
         self.copies.pop(obj.key, None)
         obj.copying = False
         pending = [r for r in obj.replicas if r.tier is Tier.MEMORY and not r.complete]
@@ -114,80 +111,59 @@ class ReplicaOpsMixin:
             if ok:
                 rep.complete = True
             else:
-                self._free(rep)
+                self.table.free(rep)
                 obj.replicas.remove(rep)
         if ok and pending:
             self.events.emit(StoreEventKind.STORED, (obj.key,), Tier.MEMORY.value)
 
-    def drop_replica(self, client: ClientId, key: str, segment: str) -> None:
+    def drop_replica(self, key: str, segment: str) -> None:
         """Forget the replica of ``key`` on ``segment``; another readable one must remain."""
-        with self.lock:
-            obj = self._readable(key)
-            if obj.copying:
-                raise ReplicaNotReady(f"{key!r} is being copied")
-            rep = next((r for r in obj.replicas if r.segment == segment and r.complete), None)
-            if rep is None:
-                raise InvalidParams(f"{key!r} has no replica on {segment!r}")
-            if len(obj.readable()) < 2:
-                raise InvalidParams(f"{key!r} has no other replica: remove the key instead")
-            self._drop_replica(obj, rep)
+        obj = self._readable(key)
+        if obj.copying:
+            raise ReplicaNotReady(f"{key!r} is being copied")
+        rep = next((r for r in obj.replicas if r.segment == segment and r.complete), None)
+        if rep is None:
+            raise InvalidParams(f"{key!r} has no replica on {segment!r}")
+        if len(obj.readable()) < 2:
+            raise InvalidParams(f"{key!r} has no other replica: remove the key instead")
+        self.table.drop_replica(obj, rep)
 
     def replica_bad(self, key: str, segment: str, offset: int, sums: list[int]) -> bool:
         """A reader found the replica at ``segment``/``offset`` failing ``sums``: drop exactly
         that replica if ``key`` still has it and still has those sums (a report about an older
         version, or a range reused since, changes nothing). The last readable replica takes
         the object with it: corrupt bytes are worse than a miss. Returns whether it dropped."""
-        with self.lock:
-            obj = self.objects.get(ObjectKey(key))
-            if obj is None or obj.status is not Status.COMPLETE or obj.sums != sums:
-                return False
-            # offset -1: the node of a disk tier names its copy by key (one per disk segment)
-            rep = next(
-                (
-                    r
-                    for r in obj.replicas
-                    if r.segment == segment
-                    and (r.offset == offset or (offset == -1 and r.tier is Tier.DISK))
-                ),
-                None,
-            )
-            if rep is None or not rep.complete:
-                return False
-            self.replicas_bad += 1
-            log.warning("replica of %r on %s at %d failed its checksums: dropped",
-                        key, segment, offset)  # fmt: skip
-            if len(obj.readable()) < 2:
-                self._drop_object(obj)
-            else:
-                self._drop_replica(obj, rep)
-            return True
-
-    def _drop_replica(self, obj: ObjectMeta, rep: Replica, publish: bool = True) -> None:
-        """Forget one replica of ``obj`` (another readable one remains); ``publish``: emit the
-        tier's eviction event if it was the tier's last copy (disk-tier eviction batches them)."""
-        # A reader holding a lease may still be copying from it: its space is reused only
-        # once the lease has run out (as for pre-empted puts).
-        if obj.lease_until > self.clock():
-            self.discarded.append((obj.lease_until, rep.segment, rep.offset))
+        obj = self.objects.get(ObjectKey(key))
+        if obj is None or obj.status is not Status.COMPLETE or obj.sums != sums:
+            return False
+        # offset -1: the node of a disk tier names its copy by key (one per disk segment)
+        rep = next(
+            (
+                r
+                for r in obj.replicas
+                if r.segment == segment
+                and (r.offset == offset or (offset == -1 and r.tier is Tier.DISK))
+            ),
+            None,
+        )
+        if rep is None or not rep.complete:
+            return False
+        self.replicas_bad += 1
+        log.warning("replica of %r on %s at %d failed its checksums: dropped", key, segment, offset)
+        if len(obj.readable()) < 2:
+            self.table.drop(obj)
         else:
-            self._free(rep)
-        obj.replicas.remove(rep)
-        if rep.tier is Tier.DISK:
-            self._queue_task(rep.segment, NodeTask("delete", obj.key, obj.size, 0))
-        if publish and not any(r.tier is rep.tier and r.complete for r in obj.replicas):
-            disk = rep.tier is not Tier.MEMORY
-            kind = StoreEventKind.EVICTED_DISK if disk else StoreEventKind.EVICTED_MEMORY
-            self.events.emit(kind, (obj.key,), rep.tier.value)
+            self.table.drop_replica(obj, rep)
+        return True
 
     def sweep_copies(self, live: Callable[[ClientId], bool]) -> int:
         """Abort copies older than ``put_start_discard_s`` or whose client is gone."""
-        with self.lock:
-            deadline = self.clock() - self.cfg.put_start_discard_s
-            stale = [k for k, (c, t0) in self.copies.items() if t0 < deadline or not live(c)]
-            for key in stale:
-                obj = self.objects.get(key)
-                if obj is None:
-                    self.copies.pop(key, None)
-                else:
-                    self._finish_copy(obj, ok=False)
-            return len(stale)
+        deadline = self.clock() - self.discard_s
+        stale = [k for k, (c, t0) in self.copies.items() if t0 < deadline or not live(c)]
+        for key in stale:
+            obj = self.objects.get(key)
+            if obj is None:
+                self.copies.pop(key, None)
+            else:
+                self._finish_copy(obj, ok=False)
+        return len(stale)

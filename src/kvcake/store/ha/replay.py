@@ -95,13 +95,12 @@ def build_state(
         seg = Segment(
             SegmentName(rec.name), cid, rec.host, Tier(rec.tier), alloc, rec.endpoint, rec.host_id
         )
-        state.segments[seg.name] = seg
+        state.parts.segs.add(seg)
         if seg.tier is Tier.FILE:  # the master's own (store/filetier.py): no client to expire
             continue
         info = state.clients.setdefault(cid, ClientInfo(cid, rec.host, now))
         info.segments.add(seg.name)
         state.rejoin.add(cid)
-    state._mem_segments = None
     for obj in objects:
         reps = [
             Replica(SegmentName(s), off, obj.size, Tier(t), complete=True)

@@ -1,0 +1,19 @@
+"""Where the master's state reports what a mutation changed (the HA journal's hook).
+
+The parts of :class:`~kvcake.store.master_state.MasterState` call :class:`Changes` at each
+mutation point, with the state lock held, naming the object key or segment name they touched.
+The base class forgets the marks (a master without an operation log);
+:class:`kvcake.store.ha.journal.Journal` keeps them until they are logged.
+"""
+
+from __future__ import annotations
+
+
+class Changes:
+    """Receives change marks; called with the state lock held. Must not call the state back."""
+
+    def object(self, key: str) -> None:
+        """The object ``key`` changed (its record must be logged again)."""
+
+    def segment(self, name: str) -> None:
+        """The segment ``name`` was mounted or dropped."""
