@@ -46,14 +46,16 @@ def test_unmounted_and_killed_nodes_are_logged_by_name(caplog: pytest.LogCapture
             procs.append(stores[name])
         assert watch.subscribed.wait(10)
         stores["store-0"].stop(signal.SIGTERM)  # unmounts: lost at once
-        wait_until(lambda: any(n == "store-0" for _, n, _ in watch.lost), timeout=10,
-                   every_s=0.1, what="store-0 lost", detail=lambda: caplog.text)  # fmt: skip
+        # on_event appends to `lost`, then logs: wait for the log line, the later of the two.
+        wait_until(lambda: "storage node store-0 lost" in caplog.text, timeout=10, every_s=0.1,
+                   what="store-0 lost in the log", detail=lambda: caplog.text)  # fmt: skip
+        assert "store-0" in [n for _, n, _ in watch.lost]
         assert "storage node store-0 lost (segment store-0 unregistered" in caplog.text
         assert "store-1" not in caplog.text
         stores["store-1"].stop(signal.SIGKILL)  # silent: lost when its TTL (1 s) expires
-        wait_until(lambda: any(n == "store-1" for _, n, _ in watch.lost), timeout=15,
-                   every_s=0.1, what="store-1 lost", detail=lambda: caplog.text)  # fmt: skip
-        assert "storage node store-1 lost" in caplog.text
+        wait_until(lambda: "storage node store-1 lost" in caplog.text, timeout=15, every_s=0.1,
+                   what="store-1 lost in the log", detail=lambda: caplog.text)  # fmt: skip
+        assert "store-1" in [n for _, n, _ in watch.lost]
     finally:
         watch.close()
         for p in reversed(procs):
