@@ -1,12 +1,11 @@
 """The parts a :class:`~kvcake.compat.mooncake.store.MooncakeDistributedStore` is composed of,
-and :func:`via`, which makes a facade method its current part's method."""
+and :func:`via`, which makes a store method its current part's method."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from kvcake.compat.mooncake._base import Conn
 from kvcake.compat.mooncake._kv import KvOps
@@ -18,6 +17,7 @@ from kvcake.compat.mooncake._segments import Segments
 from kvcake.compat.mooncake._sessions import Sessions
 from kvcake.compat.mooncake._setup import Lifecycle
 from kvcake.compat.mooncake._tensors import Tensors
+from kvcake.compat.mooncake._via import Via
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -59,40 +59,9 @@ class Parts:
 PART_NAMES = frozenset(f.name for f in fields(Parts))
 
 
-class Via(Generic[P, R]):
-    """``put = via("kv", KvOps.put)`` in the facade: ``store.put`` is the bound ``put`` of the
-    store's current ``kv`` part (its exact signature, no wrapper in between); on the class it is
-    a plain function taking the store first."""
-
-    def __init__(self, part: str, fn: Callable[Concatenate[Any, P], R]) -> None:
-        if part not in PART_NAMES:
-            raise TypeError(f"no part {part!r} (parts: {sorted(PART_NAMES)})")
-        self.part, self.name = part, fn.__name__
-        self._fn = fn
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        if name != self.name:  # a method serves under its own name only (no aliasing slips)
-            raise TypeError(f"{owner.__name__}.{name} is via {self.part}.{self.name}")
-
-    @overload
-    def __get__(self, obj: None, owner: type) -> Callable[Concatenate[Any, P], R]: ...
-    @overload
-    def __get__(self, obj: object, owner: type | None = None) -> Callable[P, R]: ...
-    def __get__(self, obj: Any, owner: Any = None) -> Any:
-        if obj is None:
-            return self._unbound()
-        return getattr(getattr(obj._parts, self.part), self.name)
-
-    def _unbound(self) -> Callable[..., R]:
-        part, name = self.part, self.name
-
-        @functools.wraps(self._fn)
-        def call(store: Any, *args: Any, **kwargs: Any) -> R:
-            method: Callable[..., R] = getattr(getattr(store._parts, part), name)
-            return method(*args, **kwargs)
-
-        return call
-
-
 def via(part: str, fn: Callable[Concatenate[Any, P], R]) -> Via[P, R]:
-    return Via(part, fn)
+    """``put = via("kv", KvOps.put)`` in the store: ``store.put`` is its current ``kv`` part's
+    ``put`` (the parts are swapped as a whole while a dummy is attached)."""
+    if part not in PART_NAMES:
+        raise TypeError(f"no part {part!r} (parts: {sorted(PART_NAMES)})")
+    return Via(f"_parts.{part}", fn)

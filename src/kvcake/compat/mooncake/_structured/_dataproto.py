@@ -1,4 +1,4 @@
-"""The DataProto methods of ``MooncakeBundleTransfer``. A DataProto is stored as one structured
+"""The DataProto part of ``MooncakeBundleTransfer``. A DataProto is stored as one structured
 object per *stage* (members ``batch.{field}`` and ``non_tensor_batch.{field}[.{part}]``); its
 ref maps each field to its stage's object. Appending to a new stage writes a new object;
 appending to an existing stage writes only the new members plus a manifest listing old and new
@@ -31,11 +31,14 @@ from kvcake.compat.mooncake._structured._types import (
 )
 
 
-class DataProtoMethods:
-    _bundles: BundleStore
-    _objects: StructuredObjects
+class DataProtos:
+    """DataProtos as structured objects over the transfer's bundle store and structured-object
+    part (both owned by the ``MooncakeBundleTransfer`` and shared). Keeps no state of its own:
+    refs returned are the caller's; thread safety is the store's."""
 
-    def remove_bundle(self, ref: Any) -> None: ...
+    def __init__(self, bundles: BundleStore, objects: StructuredObjects) -> None:
+        self._bundles = bundles
+        self._objects = objects
 
     def put(
         self,
@@ -115,7 +118,7 @@ class DataProtoMethods:
         """Removes every stage object of the DataProto."""
         ref = resolve_dataproto_ref(ref)
         for key in dict.fromkeys(r.manifest_key for r in ref.stage_refs.values()):
-            self.remove_bundle({"manifest_key": key})
+            self._bundles.remove({"manifest_key": key})
 
     def cleanup_dataproto_append(self, previous: Any, appended: Any) -> None:
         """Removes what an append wrote (a rejected one) and leaves ``previous`` intact."""
@@ -123,7 +126,7 @@ class DataProtoMethods:
         for stage, stage_ref in new.stage_refs.items():
             before = old.stage_refs.get(stage)
             if before is None:
-                self.remove_bundle(stage_ref)
+                self._bundles.remove(stage_ref)
             elif before.manifest_key != stage_ref.manifest_key:
                 self._bundles.remove_own(stage_ref)
 
@@ -167,7 +170,7 @@ class DataProtoMethods:
         else:
             stage_ref = self._objects.put(StructuredObjectPayload(header, members), partition, opts)
             if existing is not None and existing.manifest_key != stage_ref.manifest_key:
-                self.remove_bundle(existing)
+                self._bundles.remove(existing)
         return _next_ref(ref, rows, namespace, partition, stage, stage_ref, where, encoded, meta)
 
     def _extend_stage(

@@ -10,7 +10,7 @@ import numpy as np
 
 from kvcake.compat.mooncake._structured import _manifest as M
 from kvcake.compat.mooncake._structured._bundle import BundleStore
-from kvcake.compat.mooncake._structured._dataproto import DataProtoMethods
+from kvcake.compat.mooncake._structured._dataproto import DataProtos
 from kvcake.compat.mooncake._structured._fields import bytes_view
 from kvcake.compat.mooncake._structured._objects import StructuredObjects
 from kvcake.compat.mooncake._structured._port import Port
@@ -21,13 +21,19 @@ from kvcake.compat.mooncake._structured._types import (
     StructuredObjectReadSpec,
     StructuredObjectResult,
 )
+from kvcake.compat.mooncake._via import Via
 
 DEFAULT_BUNDLE_CHUNK_BYTES = 64 * 1024**2
 WRAPPED = "__mooncake_wrapped_object__"
 Ref = RemoteBundleRef | Mapping[str, Any]
 
 
-class MooncakeBundleTransfer(DataProtoMethods):
+class MooncakeBundleTransfer:
+    """Owns the bundle store (chunked objects in ``store``), the structured-object part over it
+    and the DataProto part over both; the DataProto methods are that part's (``Via``). Holds no
+    lock: thread safety is the store's. Results are fresh memory the caller owns, except
+    ``materialize_into``'s, which fill the caller's destinations."""
+
     def __init__(
         self,
         store: Any,
@@ -41,6 +47,16 @@ class MooncakeBundleTransfer(DataProtoMethods):
         self.buffer_pool = buffer_pool  # kept; kvcake registers caller memory directly
         self._bundles = BundleStore(Port(store), self.key_prefix, self.default_chunk_bytes)
         self._objects = StructuredObjects(self._bundles)
+        self._dataprotos = DataProtos(self._bundles, self._objects)
+
+    put = Via("_dataprotos", DataProtos.put)
+    put_dataproto = Via("_dataprotos", DataProtos.put_dataproto)
+    append_dataproto_fields = Via("_dataprotos", DataProtos.append_dataproto_fields)
+    get = Via("_dataprotos", DataProtos.get)
+    get_dataproto = Via("_dataprotos", DataProtos.get_dataproto)
+    dataproto_manifest_view = Via("_dataprotos", DataProtos.dataproto_manifest_view)
+    cleanup_dataproto = Via("_dataprotos", DataProtos.cleanup_dataproto)
+    cleanup_dataproto_append = Via("_dataprotos", DataProtos.cleanup_dataproto_append)
 
     def put_bundle(
         self,
