@@ -7,11 +7,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
 
+import kvcake.commands as pkg
 from kvcake import __version__
+from kvcake.core import auth
 from kvcake.core.errors import KvcakeError
 
 
@@ -23,7 +26,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kvcake {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    import kvcake.commands as pkg
 
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
         if not info.name.startswith("_"):
@@ -42,13 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     if not sys.stdout.isatty():  # rich cuts tables to 80 columns when piped or logged
-        import os
-
         os.environ.setdefault("COLUMNS", "200")
     try:
         if hasattr(args, "auth_secret_file"):  # commands that serve: the shared secret
-            from kvcake.core import auth
-
             auth.setup_process(args.auth_secret_file, getattr(args, "config", None))
         return int(args.func(args) or 0)
     except KvcakeError as exc:

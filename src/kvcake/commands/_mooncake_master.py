@@ -9,9 +9,20 @@ import logging
 import sys
 from typing import Any
 
+from fastapi import FastAPI
+
+from kvcake.commands import store
+from kvcake.commands._common import serve_until_signal
+from kvcake.commands._ha_master import run_master
 from kvcake.compat.mooncake import gflags, master_flags
 from kvcake.compat.mooncake.master_program import PROG, VERSION, Plan, catalog, plan
+from kvcake.core import auth
 from kvcake.core.errors import KvcakeError
+from kvcake.net.httpserve import HttpThread
+from kvcake.store.config import MasterConfig
+from kvcake.store.ha.config import HaConfig
+from kvcake.store.master_server import Master
+from kvcake.store.metadata_http import metadata_router
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,13 +50,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(p: Plan) -> int:
-    from kvcake.commands import store
-    from kvcake.commands._common import serve_until_signal
-    from kvcake.core import auth
-    from kvcake.store.config import MasterConfig
-    from kvcake.store.ha.config import HaConfig
-    from kvcake.store.master_server import Master
-
     parser = argparse.ArgumentParser(prog="kvcake")
     store.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["master", *p.kvcake_argv])
@@ -56,7 +60,6 @@ def _run(p: Plan) -> int:
         if p.metadata_port is not None:
             raise KvcakeError("with --enable_ha, give --http_metadata_server_port the value of "
                               "--metrics_port (kvcake's HA master serves both on one port)")  # fmt: skip
-        from kvcake.commands._ha_master import run_master
 
         return run_master(cfg, ha)
     server = _WithMetadata(Master(cfg, cluster=ha.cluster), p.host, p.metadata_port)
@@ -73,11 +76,6 @@ class _WithMetadata:
     def start(self) -> None:
         self.master.start()
         if self.port is not None:
-            from fastapi import FastAPI
-
-            from kvcake.net.httpserve import HttpThread
-            from kvcake.store.metadata_http import metadata_router
-
             app = FastAPI(title="kvcake metadata", docs_url=None, redoc_url=None, openapi_url=None)
             app.include_router(metadata_router(self.master.metadata_kv))
             self.http = HttpThread(app, self.host, self.port, "metadata-http", self.master.auth)

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvcake.core import auth
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
@@ -42,7 +44,6 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--netns-delay-ms", type=float, default=0.0, help="with --netns: one-way "
                    "delay added to master and instance RPC")  # fmt: skip
-    from kvcake.core import auth
 
     auth.add_cli_args(p)  # exported to every child (KVCAKE_AUTH_SECRET_FILE)
     p.set_defaults(func=_up)
@@ -66,6 +67,7 @@ def _run_dir(args: argparse.Namespace) -> str:
     if args.run_dir:
         return str(args.run_dir)
     if args.config:
+        # lazy: CLI start-up
         from kvcake.fleet import cluster as vllm_cluster
         from kvcake.launch.launcher import load_serve_file
 
@@ -76,6 +78,7 @@ def _run_dir(args: argparse.Namespace) -> str:
 
 
 def _refuse_if_running(run_dir: str) -> bool:
+    # lazy: CLI start-up
     from kvcake.launch.runstate import live_cluster
 
     st = live_cluster(run_dir)
@@ -89,10 +92,12 @@ def _refuse_if_running(run_dir: str) -> bool:
 
 
 def _up(args: argparse.Namespace) -> int:
+    # lazy: CLI start-up
     from kvcake.launch.launcher import Cluster, load_serve_file
     from kvcake.serve.config import default_cluster_file
 
     path = args.config or str(default_cluster_file())
+    # lazy: CLI start-up
     from kvcake.fleet.cluster import is_vllm_config, up
 
     if is_vllm_config(path):  # a fleet of vLLM engines (configs/vllm.toml)
@@ -106,6 +111,7 @@ def _up(args: argparse.Namespace) -> int:
     if args.detach:
         return _detach(args, conf, path)
     if args.netns:  # emulated hosts (network namespaces)
+        # lazy: CLI start-up
         from kvcake.launch.netns_up import up_netns
 
         return up_netns(path, conf, args.netns_rate, args.netns_delay_ms)
@@ -162,6 +168,7 @@ def _state(run_dir: str) -> dict[str, Any] | None:
 
 
 def _status(args: argparse.Namespace) -> int:
+    # lazy: CLI start-up
     import httpx
 
     run_dir = _run_dir(args)
@@ -185,6 +192,7 @@ def _status(args: argparse.Namespace) -> int:
     except httpx.HTTPError as exc:
         print(f"proxy not answering: {exc!r}")
         return 1
+    # lazy: CLI start-up
     from kvcake.proxy.health import summary
 
     print(f"{summary(view.get('health'))}   indexed KV blocks: {view.get('indexed_blocks', 0)}")
@@ -198,10 +206,12 @@ def _status(args: argparse.Namespace) -> int:
 def _print_leader(master: str) -> None:
     """With ``[ha]`` the pool is ``etcd://...``: name the master that leads *now* (the process
     list above shows each master's own ports, whoever leads)."""
+    # lazy: CLI start-up
     from kvcake.store.ha.resolve import SCHEME, parse_etcd_address
 
     if not master.startswith(SCHEME):
         return
+    # lazy: CLI start-up
     from kvcake.store.ha.election import read_leader
     from kvcake.store.ha.etcd import Etcd, EtcdError
 
@@ -222,6 +232,7 @@ def _print_leader(master: str) -> None:
 
 def _signal_recorded(st: dict[str, Any]) -> None:
     """SIGTERM each recorded process that is still the one the launcher started."""
+    # lazy: CLI start-up
     from kvcake.launch.runstate import pid_is
 
     for name, p in st["processes"].items():
@@ -234,6 +245,7 @@ def _signal_recorded(st: dict[str, Any]) -> None:
 
 
 def _down(args: argparse.Namespace) -> int:
+    # lazy: CLI start-up
     from kvcake.launch.runstate import pid_is
 
     run_dir = _run_dir(args)

@@ -17,6 +17,12 @@ import json
 import time
 from typing import Any
 
+from rich.console import Console
+
+from kvcake.core.trace import read_trace, scale_time
+from kvcake.data import sample_trace_path
+from kvcake.replay.cli import print_summary
+
 QUESTIONS = (
     "What is the capital of France?",
     "What is a famous museum there?",
@@ -48,6 +54,7 @@ def register(sub: Any) -> None:
 
 
 def _chat_turn(url: str, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    # lazy: CLI start-up
     import httpx
 
     body = {
@@ -79,8 +86,7 @@ def _chat_turn(url: str, messages: list[dict[str, str]], max_tokens: int) -> dic
 
 
 def _conversation(args: argparse.Namespace) -> None:
-    from rich.console import Console
-
+    # lazy: CLI start-up
     from kvcake.launch.launcher import Cluster, load_serve_file
     from kvcake.serve.config import default_cluster_file
 
@@ -109,13 +115,10 @@ def _conversation(args: argparse.Namespace) -> None:
 
 
 def _replay(args: argparse.Namespace) -> dict[str, Any]:
-    from rich.console import Console
+    # lazy: CLI start-up
     from rich.progress import Progress
 
-    from kvcake.core.trace import read_trace, scale_time
-    from kvcake.data import sample_trace_path
     from kvcake.launch.launcher import Cluster, load_serve_file
-    from kvcake.replay.cli import print_summary
     from kvcake.replay.runner import ReplayOptions, RequestRecord, run_replay
     from kvcake.serve.config import default_cluster_file
 
@@ -147,8 +150,6 @@ def _replay(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     t0 = time.monotonic()
     _conversation(args)
     d = _replay(args)

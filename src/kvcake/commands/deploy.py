@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kvcake.core.errors import ConfigError
+
 DEFAULT_IMAGE = "kvcake:latest"
 
 
@@ -45,6 +47,7 @@ def register(sub: Any) -> None:
 
 def _yaml(obj: Any, many: bool = False) -> str:
     """YAML with multi-line strings (the TOML in the ConfigMap) as readable ``|`` blocks."""
+    # lazy: CLI start-up
     import yaml
 
     class Dumper(yaml.SafeDumper):
@@ -60,7 +63,7 @@ def _yaml(obj: Any, many: bool = False) -> str:
 
 
 def render_all(config: str | None, out: Path, image: str, namespace: str) -> list[Path]:
-
+    # lazy: CLI start-up
     from kvcake.deploy.grafana import grafana_dashboard
     from kvcake.deploy.render import k8s_manifests, k8s_targets, prometheus_config
     from kvcake.deploy.vllm_fleet import vllm_manifests, vllm_targets
@@ -97,7 +100,7 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _scrape_config(args: argparse.Namespace) -> int:
-    from kvcake.core.errors import ConfigError
+    # lazy: CLI start-up
     from kvcake.deploy.render import local_targets, prometheus_config
 
     try:

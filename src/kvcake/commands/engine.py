@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from typing import Any
+
+from kvcake.core.api import SamplingParams
+from kvcake.core.config import load_config
+from kvcake.core.costmodel import save_calibration
+from kvcake.core.errors import ConfigError
 
 
 def register(sub: Any) -> None:
@@ -58,7 +64,7 @@ def register(sub: Any) -> None:
 
 
 def _engine_config(args: argparse.Namespace, num_kv_blocks: int | None = None) -> Any:
-    from kvcake.core.config import load_config
+    # lazy: CLI start-up
     from kvcake.engine.config import EngineConfig
 
     over = {"model": args.model, "threads": args.threads, "num_kv_blocks": num_kv_blocks}
@@ -66,8 +72,7 @@ def _engine_config(args: argparse.Namespace, num_kv_blocks: int | None = None) -
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from kvcake.core.api import SamplingParams
-    from kvcake.core.errors import ConfigError
+    # lazy: CLI start-up
     from kvcake.engine.llm import LLM
 
     try:
@@ -102,22 +107,20 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from kvcake.core.config import load_config
-    from kvcake.core.costmodel import save_calibration
-    from kvcake.core.errors import ConfigError
+    # lazy: CLI start-up
     from kvcake.engine.calibrate import EMULATED_GRID, TORCH_GRID, calibrate
     from kvcake.engine.config import EmulatedConfig
 
     be: Any
     if args.backend == "torch":
+        # lazy: CLI start-up
         from kvcake.engine.torch_backend import TorchBackend
 
         grid = TORCH_GRID
         be = TorchBackend(_engine_config(args, num_kv_blocks=96))
         vocab = be.model_config.vocab
     else:
+        # lazy: CLI start-up
         from kvcake.engine.emulated import EmulatedBackend
 
         grid = EMULATED_GRID

@@ -15,6 +15,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
 from kvcake.core.errors import ConfigError
 
 OUTCOMES = ("stop", "length", "abort", "error", "rejected")
@@ -118,6 +121,7 @@ def make_filter(args: argparse.Namespace) -> Filter:
         )
     if args.tier and args.tier not in TIERS:
         raise ConfigError(f"--tier {args.tier!r}: give one of {', '.join(TIERS)}")
+    # lazy: CLI start-up
     from kvcake.serve.attribution import REASONS
 
     if args.reason and args.reason not in REASONS:
@@ -191,8 +195,6 @@ def _fmt(v: Any, spec: str = "") -> str:
 
 
 def table(records: list[dict[str, Any]]) -> Any:
-    from rich.table import Table
-
     t = Table(show_edge=False, pad_edge=False)
     for col in ("time", "request", "outcome", "prefill", "decode", "prompt", "out", "TTFT s",
                 "local", "pool", "ssd", "computed", "miss reasons"):  # fmt: skip
@@ -226,7 +228,6 @@ def _logs(args: argparse.Namespace) -> int:
         for r in hits:
             print(json.dumps(r))
         return 0
-    from rich.console import Console
 
     console = Console()
     if not hits:

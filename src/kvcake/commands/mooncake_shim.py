@@ -32,9 +32,11 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # lazy: CLI start-up
     from kvcake.compat.mooncake import shim
 
     if args.action == "install":
+        # lazy: CLI start-up
         from kvcake.compat.mooncake import programs
 
         pkg = shim.install(args.target)
@@ -47,6 +49,7 @@ def _run(args: argparse.Namespace) -> int:
         gone = shim.uninstall(args.target)
         print(f"kvcake mooncake shim removed: {gone}" if gone else "no kvcake mooncake shim found")
         return 0
+    # lazy: CLI start-up
     from kvcake.compat.mooncake import programs
 
     bin_dir = programs.scripts_dir(args.target)

@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvcake.conductor.config import load_conductor_config
 from kvcake.core.costmodel import PRESETS
+from kvcake.core.errors import ConfigError
+from kvcake.core.trace import read_trace, write_trace
 
 HARDWARE = tuple(sorted(PRESETS))  # = sim.plan.search.HARDWARE
 
@@ -84,18 +87,20 @@ def register(sub: Any) -> None:
 
 def load_any(path: str, tokenizer: str = "smollm2", time_unit: str = "auto") -> list[Any]:
     """Mooncake records from a trace or a request log (tokenized here, outside the sim)."""
+    # lazy: CLI start-up
     from kvcake.core.requestlog import is_mooncake_trace, read_request_log, to_trace
-    from kvcake.core.trace import read_trace
 
     if is_mooncake_trace(path):
         return read_trace(path)
     reqs = read_request_log(path, time_unit)
     codec: Any
     if tokenizer == "bytes":
+        # lazy: CLI start-up
         from kvcake.proxy.textcodec import ByteCodec
 
         codec = ByteCodec(512)
     else:
+        # lazy: CLI start-up
         from kvcake.proxy.textcodec import ModelCodec
 
         codec = ModelCodec("smollm2")
@@ -103,11 +108,9 @@ def load_any(path: str, tokenizer: str = "smollm2", time_unit: str = "auto") -> 
 
 
 def _plan(args: argparse.Namespace) -> int:
+    # lazy: CLI start-up
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from kvcake.conductor.config import load_conductor_config
-    from kvcake.core.errors import ConfigError
-    from kvcake.core.trace import write_trace
     from kvcake.sim.plan import PlanConfig, Planner
     from kvcake.sim.plan.report import answers, write_plan
 

@@ -5,9 +5,14 @@ trace against any OpenAI endpoint). Heavy imports happen inside the handlers."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
+from kvcake.commands import _up as launcher_cli
 from kvcake.core import auth
+from kvcake.core.api import Role
+from kvcake.core.config import KVLayoutConfig, load_config
+from kvcake.replay import cli as replay_cli
 
 _INSTANCE_FLAGS = (
     ("--id", str, "instance id (default: <role>-<port>)"),
@@ -72,9 +77,6 @@ def register(sub: Any) -> None:
     auth.add_cli_args(p)  # the proxy signs its calls to the instances with it
     p.set_defaults(func=_proxy)
 
-    from kvcake.commands import _up as launcher_cli
-    from kvcake.replay import cli as replay_cli
-
     launcher_cli.register(sub)
     replay_cli.register(sub)
 
@@ -84,8 +86,7 @@ def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 
 
 def _instance(args: argparse.Namespace) -> int:
-    from kvcake.core.api import Role
-    from kvcake.core.config import KVLayoutConfig, load_config
+    # lazy: CLI start-up
     from kvcake.instance.main import run_instance
     from kvcake.serve.config import InstanceConfig
 
@@ -103,7 +104,7 @@ def _instance(args: argparse.Namespace) -> int:
 
 
 def _proxy(args: argparse.Namespace) -> int:
-    from kvcake.core.config import KVLayoutConfig, load_config
+    # lazy: CLI start-up
     from kvcake.proxy.main import run_proxy
     from kvcake.serve.config import load_proxy_config
 
@@ -116,8 +117,8 @@ def _proxy(args: argparse.Namespace) -> int:
     kv = load_config(KVLayoutConfig, toml_path=args.config, section="kv")
     # `kvcake up` writes the proxy's config next to its run record (cluster.json): the
     # dashboard reads restarts and the master's address from there.
-    from pathlib import Path
 
+    # lazy: CLI start-up
     from kvcake.launch.launcher import STATE_FILE
 
     run_state = str(Path(args.config).with_name(STATE_FILE)) if args.config else ""

@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
+from kvcake.conductor.config import FIELD_HELP as CONDUCTOR_HELP
+from kvcake.conductor.config import ConductorConfig
+from kvcake.core.errors import ConfigError
 from kvcake.data import sample_trace_path
+from kvcake.sim.config import FIELD_HELP, SimConfig, load_sim_config
 
 EXPERIMENT_NAMES = ("cache-capacity", "prefill-scheduling", "global-vs-local", "capacity",
                     "replicas", "bandwidth", "pd-ratio", "overload")  # fmt: skip
@@ -27,10 +35,6 @@ class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def register(sub: Any) -> None:
-    from kvcake.conductor.config import FIELD_HELP as CONDUCTOR_HELP
-    from kvcake.conductor.config import ConductorConfig
-    from kvcake.sim.config import FIELD_HELP, SimConfig
-
     fmt = _DefaultsFormatter
     p = sub.add_parser("sim", help="trace-driven cluster simulator and the paper's experiments",
                        description=__doc__)  # fmt: skip
@@ -93,11 +97,7 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from kvcake.conductor.config import ConductorConfig
-    from kvcake.sim.config import SimConfig, load_sim_config
+    # lazy: CLI start-up
     from kvcake.sim.runner import simulate
     from kvcake.sim.traces import load_workload
 
@@ -116,15 +116,13 @@ def _run(args: argparse.Namespace) -> int:
         t.add_row(k, f"{v:,.4g}")
     Console().print(t)
     if args.json:
-        import json
-
         Path(args.json).write_text(json.dumps(summ, indent=1) + "\n")
     return 0
 
 
 def _check_traces(specs: list[str]) -> None:
     """Fail before any work (and outside worker processes) when a trace is missing."""
-    from kvcake.core.errors import ConfigError
+    # lazy: CLI start-up
     from kvcake.sim.traces import SYNTH_PRESETS
 
     for spec in specs:
@@ -135,7 +133,7 @@ def _check_traces(specs: list[str]) -> None:
 
 
 def _ctx(args: argparse.Namespace) -> Any:
-    from kvcake.core.errors import ConfigError
+    # lazy: CLI start-up
     from kvcake.sim.experiments import Context
     from kvcake.sim.experiments.common import workload
 
@@ -149,9 +147,7 @@ def _ctx(args: argparse.Namespace) -> Any:
 
 
 def _print(res: Any) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+    # lazy: CLI start-up
     from kvcake.sim.experiments.common import fmt
 
     t = Table(title=res.title)
@@ -166,7 +162,7 @@ def _print(res: Any) -> None:
 
 
 def run_experiment(name: str, ctx: Any) -> Any:
-    from kvcake.core.errors import ConfigError
+    # lazy: CLI start-up
     from kvcake.sim.experiments import EXPERIMENTS
 
     if name not in EXPERIMENTS:
@@ -181,6 +177,7 @@ def run_experiment(name: str, ctx: Any) -> Any:
 
 
 def workload_name(spec: str) -> str:
+    # lazy: CLI start-up
     from kvcake.sim.experiments.common import workload
 
     return workload(spec)[0]
@@ -197,6 +194,7 @@ def _one(arg: tuple[str, Any]) -> Any:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
+    # lazy: CLI start-up
     from kvcake.sim.experiments import EXPERIMENTS
     from kvcake.sim.experiments.common import pmap
     from kvcake.sim.experiments.report import write_report
@@ -205,8 +203,6 @@ def _reproduce(args: argparse.Namespace) -> int:
     names = list(EXPERIMENTS) if args.only in ("", "all") else args.only.split(",")
     unknown = [n for n in names if n not in EXPERIMENTS]
     if unknown:
-        from kvcake.core.errors import ConfigError
-
         raise ConfigError(f"--only: unknown experiment(s) {', '.join(unknown)}; choose from "
                           f"{', '.join(EXPERIMENTS)}")  # fmt: skip
     ctx = _ctx(args)
@@ -216,6 +212,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     for n in names:
         _print(done[n])
     # the report covers every experiment: earlier results in --out fill in those not rerun
+    # lazy: CLI start-up
     from kvcake.sim.experiments.common import ExpResult
 
     results = []

@@ -7,7 +7,11 @@ import dataclasses
 from typing import Any, TypeVar
 
 from kvcake.commands._common import serve_until_signal, wait_for_signal
+from kvcake.compat.mooncake import master_flags  # mooncake_master's flag names (compat)
 from kvcake.core import auth
+from kvcake.core.config import load_config
+from kvcake.store.config import MasterConfig, StoreServerConfig
+from kvcake.store.ha.config import HaConfig
 
 T = TypeVar("T")
 
@@ -28,9 +32,6 @@ def _add_config_flags(p: argparse.ArgumentParser, cls: type, with_config: bool =
 
 
 def register(sub: Any) -> None:
-    from kvcake.store.config import MasterConfig, StoreServerConfig
-    from kvcake.store.ha.config import HaConfig
-
     m = sub.add_parser(
         "master",
         help="run the store master (metadata, allocation, eviction, directory, /metrics)",
@@ -43,7 +44,6 @@ def register(sub: Any) -> None:
     )
     _add_config_flags(m, MasterConfig)
     _add_config_flags(m, HaConfig, with_config=False)
-    from kvcake.compat.mooncake import master_flags  # mooncake_master's flag names (compat)
 
     master_flags.add_flags(m)
     auth.add_cli_args(m)
@@ -63,26 +63,25 @@ def register(sub: Any) -> None:
 
 def _load(args: argparse.Namespace, cls: type[T], section: str) -> T:
     """``cls`` from --config's ``[section]``, the environment, and the flags given."""
-    from kvcake.core.config import load_config
 
     over = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     return load_config(cls, toml_path=args.config, section=section, overrides=over)
 
 
 def _master(args: argparse.Namespace) -> int:
-    from kvcake.compat.mooncake import master_flags
-    from kvcake.store.config import MasterConfig
-    from kvcake.store.ha.config import HaConfig
+    # lazy: CLI start-up
     from kvcake.store.master_server import Master
 
     master_flags.apply(args)
     cfg = _load(args, MasterConfig, "master")
     ha = _load(args, HaConfig, "ha")
     if ha.enabled:
+        # lazy: CLI start-up
         from kvcake.commands._ha_master import run_master
 
         return run_master(cfg, ha)
     master = Master(cfg, cluster=ha.cluster)
+    # lazy: CLI start-up
     from kvcake.core.memtrace import install_from_env
 
     install_from_env("master")  # KVCAKE_TRACEMALLOC=DIR: heap snapshots on SIGUSR2 (soak.py)
@@ -104,7 +103,7 @@ def _vllm_events(master: Any) -> str:
 
 
 def _store_server(args: argparse.Namespace) -> int:
-    from kvcake.store.config import StoreServerConfig
+    # lazy: CLI start-up
     from kvcake.store.server import StoreServer
 
     cfg = _load(args, StoreServerConfig, "store")

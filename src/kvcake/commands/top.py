@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
+
+from kvcake.core.errors import ConfigError, KvcakeError
 
 
 def register(sub: Any) -> None:
@@ -25,8 +30,6 @@ def register(sub: Any) -> None:
 
 
 def _addresses(args: argparse.Namespace) -> tuple[str, str]:
-    from kvcake.core.errors import ConfigError
-
     url, master = args.url or "", args.master_http or ""
     if not url:
         try:
@@ -45,12 +48,9 @@ def _addresses(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _top(args: argparse.Namespace) -> int:
-    import time
-
-    from rich.console import Console
+    # lazy: CLI start-up
     from rich.live import Live
 
-    from kvcake.core.errors import KvcakeError
     from kvcake.proxy.top_view import fetch, render
 
     if args.interval <= 0:

@@ -9,6 +9,9 @@ import sys
 from typing import Any
 
 from kvcake.commands._common import wait_for_signal
+from kvcake.core import auth
+from kvcake.core.config import load_config, parse_size
+from kvcake.core.errors import ConfigError
 
 
 def register(sub: Any) -> None:
@@ -43,7 +46,6 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--config", help="TOML file with a [transfer] section")
     p.add_argument("--io-timeout-s", type=float, help="override transfer.io_timeout_s")
-    from kvcake.core import auth
 
     auth.add_cli_args(p)
     p.set_defaults(func=_server)
@@ -61,9 +63,6 @@ def register(sub: Any) -> None:
 
 
 def _parse_segments(specs: list[str]) -> list[tuple[str, int]]:
-    from kvcake.core.config import parse_size
-    from kvcake.core.errors import ConfigError
-
     out = []
     for spec in specs:
         name, sep, size = spec.rpartition(":")
@@ -77,8 +76,7 @@ def _parse_segments(specs: list[str]) -> list[tuple[str, int]]:
 
 
 def _server(args: argparse.Namespace) -> int:
-    from kvcake.core.config import load_config
-    from kvcake.core.errors import ConfigError
+    # lazy: CLI start-up
     from kvcake.transfer import DirectoryService, TransferConfig, TransferEngine
 
     cfg = load_config(
@@ -121,6 +119,7 @@ def _server(args: argparse.Namespace) -> int:
 
 
 def _cleanup(args: argparse.Namespace) -> int:
+    # lazy: CLI start-up
     from kvcake.transfer.shm import SHM_DIR, cleanup_stale
 
     removed = cleanup_stale(dry_run=args.dry_run)
