@@ -141,8 +141,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--integrity",
         action="store_true",
-        help="the cost of checksums: the same cells with client.verify on and off, alternating "
-        "per round (one client each, same master and node); prints on/off ratios",
+        help="the cost of checksums: the same cells with client.verify on and off, "
+        "interleaved (one client each, same master and node); prints on/off ratios",
+    )
+    ap.add_argument(
+        "--slice",
+        type=int,
+        default=16,
+        help="with --integrity: operations per slice, slices alternating between the two "
+        "modes (0: a whole round per mode)",
     )
     peer.add_mooncake_flag(ap, "store")
     args = ap.parse_args(argv)
@@ -191,8 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def integrity_cost(args: argparse.Namespace) -> int:
-    """Verification on vs off (docs/store.md, "Integrity"): per cell, rounds alternate between
-    the two clients so drift on this shared machine hits both; ratio = median on / median off."""
+    """Verification on vs off (docs/store.md, "Integrity"; benchmarks/integrity_cost.py)."""
+    import integrity_cost as ic
+
     from kvcake.store.client import Client
 
     master, minfo = spawn(["master", "--port", "0", "--http-port", "-1"], "master")
@@ -202,21 +210,20 @@ def integrity_cost(args: argparse.Namespace) -> int:
     peer.SERVER_PIDS[:] = [master.pid, node.pid]
     kw = {"master": minfo["rpc"], "protocol": args.protocol}
     clients = {v: Client(verify=v, **kw) for v in (True, False)}  # type: ignore[arg-type]
-    print(f"integrity cost, protocol={args.protocol}, {args.repeats} rounds per mode")
-    print("on/off: op/s with verification over op/s without (wall clock); cpu: CPU time per op")
-    print("without over with (client + master + node: less sensitive to a busy machine)")
-    print("| size | batch | put on/off | get on/off | put cpu | get cpu | put op/s | get op/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        f"integrity cost, protocol={args.protocol}, {args.repeats} rounds, slices of "
+        f"{args.slice or 'a whole round'} operations alternating between the modes"
+    )
+    print(
+        "ratios: time without verification over time with it (1.0x = free); cpu: the same "
+        "for CPU time of client + master + node"
+    )
+    print(ic.HEADER, flush=True)
     try:
         for label in args.sizes.split(","):
             for batch in (1, BATCH):
-                on, off = _integrity_cell(clients, label, batch, args.repeats)
-                print(
-                    f"| {label} | {batch} | {on[0] / off[0]:.2f}x | {on[1] / off[1]:.2f}x "
-                    f"| {off[2] / on[2]:.2f}x | {off[3] / on[3]:.2f}x "
-                    f"| {on[0]:,.0f} | {on[1]:,.0f} |",
-                    flush=True,
-                )
+                got = ic.cell(clients, label, SIZES[label], batch, args.repeats, args.slice)
+                print(ic.report(label, batch, got), flush=True)
     finally:
         for c in clients.values():
             c.close()
@@ -224,21 +231,6 @@ def integrity_cost(args: argparse.Namespace) -> int:
             p.terminate()
             p.wait(10)
     return 0
-
-
-def _integrity_cell(
-    clients: dict[bool, Any], label: str, batch: int, repeats: int
-) -> tuple[list[float], list[float]]:
-    """Medians per mode (on, off): put op/s, get op/s, put CPU us/op, get CPU us/op."""
-    got: dict[bool, list[list[float]]] = {v: [[], [], [], []] for v in (True, False)}
-    for r in range(repeats):
-        for v in (True, False) if r % 2 == 0 else (False, True):
-            tag = f"{label}-{'on' if v else 'off'}-{r}"
-            put, get = bench_cell(clients[v], tag, SIZES[label], batch, 1)
-            for i, x in enumerate((put.ops_per_s, get.ops_per_s, put.cpu_us, get.cpu_us)):
-                got[v][i].append(x)
-    on, off = ([statistics.median(x) for x in got[v]] for v in (True, False))
-    return on, off
 
 
 def run_mooncake(python: str, args: argparse.Namespace) -> dict[tuple[str, int], tuple[Cell, Cell]]:

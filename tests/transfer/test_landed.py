@@ -83,35 +83,54 @@ def test_a_path_killed_midway_reports_the_retried_bytes_again(
 
 
 @pytest.mark.parametrize("size", [4096, CHUNK, 5 * CHUNK + 777])
-def test_a_write_tells_of_each_piece_before_it_is_sent(
-    make_engine: EngineFactory, size: int
-) -> None:
+def test_a_write_tells_of_each_piece_once_it_is_sent(make_engine: EngineFactory, size: int) -> None:
     a = make_engine(protocol="tcp")
     b = make_engine()
     dst = bytearray(size)
     b.register_memory("b", dst)
     src = pattern(size, seed=size + 1)
     told: list[tuple[int, int]] = []
-    before: list[bool] = []  # was the piece still absent at the target when told?
-
-    def landed(x: int, y: int) -> None:
-        told.append((x, y))
-        before.append(dst[x:y] != src[x:y])
-
     sums = LandingSums("w", 0, memoryview(src))
 
     def both(x: int, y: int) -> None:
-        landed(x, y)
+        told.append((x, y))
         sums.landed(x, y)
 
     a.write("b", 0, src, both)
     assert dst == src
-    assert all(before)
     seen = bytearray(size)
     for x, y in told:
         seen[x:y] = b"\x01" * (y - x)
     assert all(seen)
+    assert None not in sums._sums  # every chunk was summed as it went out, not afterwards
     assert sums.final() == checksums("w", src)
+
+
+def test_write_many_writes_every_item_in_one_batch_and_fails_bad_ones_alone(
+    make_engine: EngineFactory,
+) -> None:
+    # Slices of one chunk (the default): each chunk is summed whole on whichever lane sends it
+    a = make_engine(protocol="tcp", config=cfg(slice_size=CHUNK, lane_bytes=CHUNK, streams=3))
+    b = make_engine()
+    one, two = bytearray(4 * CHUNK), bytearray(CHUNK)
+    b.register_memory("one", one)
+    b.register_memory("two", two)
+    srcs = [pattern(3 * CHUNK + 5, seed=3), bytes(pattern(CHUNK - 9, seed=4)), b"x" * 10, b"y"]
+    sums = LandingSums("m", 0, memoryview(srcs[0]))
+    res = a.write_many(
+        [
+            ("one", 7, srcs[0], sums.landed),
+            ("two", 9, srcs[1], None),  # read-only bytes may be written
+            ("two", CHUNK - 5, srcs[2], None),  # runs past the segment's end
+            ("nowhere", 0, srcs[3], None),
+        ]
+    )
+    assert [r.ok for r in res.results] == [True, True, False, False]
+    assert res.results[2].error_type == "OutOfRange"
+    assert one[7 : 7 + len(srcs[0])] == srcs[0] and two[9:] == srcs[1]
+    assert two[:9] == bytes(9)  # nothing of the refused item landed before its range
+    assert None not in sums._sums  # summed as it went out
+    assert sums.final() == checksums("m", srcs[0])
 
 
 def test_read_many_reads_every_item_in_one_batch_and_fails_bad_ones_alone(

@@ -476,7 +476,7 @@ class TransferEngine:
         landed: Landed | None = None,
     ) -> None:
         """Write any (unregistered, possibly read-only) buffer to a target segment.
-        ``landed``: told of each piece before it is sent over TCP (``types.Landed``)."""
+        ``landed``: told of each piece right after it is sent over TCP (``types.Landed``)."""
         self._unregistered(Op.WRITE, target_segment, target_offset, data, landed)
 
     def read_into(
@@ -490,20 +490,33 @@ class TransferEngine:
         """Fill each unregistered writable buffer from ``(segment, offset, buffer, landed)`` in
         ONE batch (a load's network reads pipelined over the lanes instead of one round trip
         each); a bad item fails alone in the result. ``landed`` as for :meth:`read_into`."""
+        return self._many(Op.READ, items)
+
+    def write_many(
+        self, items: Sequence[tuple[str, int, BufferLike, Landed | None]]
+    ) -> BatchResult:
+        """Write each unregistered buffer to ``(segment, offset)`` in ONE batch (a batch put's
+        values pipelined over the lanes, each summed by its ``landed`` while the others are on
+        the wire); a bad item fails alone. ``landed`` as for :meth:`write`."""
+        return self._many(Op.WRITE, items)
+
+    def _many(
+        self, op: Op, items: Sequence[tuple[str, int, BufferLike, Landed | None]]
+    ) -> BatchResult:
         batch = self._new_batch(len(items), collectable=False)
         by_owner: dict[tuple[str, str, tuple[PathInfo, ...]], list[Job]] = {}
         for i, (segment, offset, buf, landed) in enumerate(items):
             try:
                 view = as_byte_view(buf)
-                if view.readonly or not view.nbytes:
-                    raise InvalidRequest("read_many needs writable, non-empty buffers")
+                if (op is Op.READ and view.readonly) or not view.nbytes:
+                    raise InvalidRequest(f"{op.name.lower()}_many: empty or read-only buffer")
                 target = self.registry.target(segment)
                 check_range(segment, target.size, offset, view.nbytes)
                 name = self._transport_for(target).name
             except TransferError as exc:
                 batch.fail_request(i, exc)
                 continue
-            job = Job(Op.READ, view, target, offset, view.nbytes, [i], batch, landed=landed)
+            job = Job(op, view, target, offset, view.nbytes, [i], batch, landed=landed)
             by_owner.setdefault((name, target.owner, target.paths), []).append(job)
         return self._run_to_end(batch, self._owner_tasks(batch, by_owner))
 

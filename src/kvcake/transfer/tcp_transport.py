@@ -139,13 +139,13 @@ def _frame_landed(frame: list[Slice]) -> Callable[[int, int, int], None] | None:
 
 def _send_telling(sock: socket.socket, parts: list[Buffer], told: dict[int, Slice]) -> None:
     """``send_all(parts)``; each write slice of ``told`` is told to its job (``Job.landed``)
-    right before its part is sent, so its listener reads it first and the send then finds it
-    in the cache (the store sums a put's value this way: store/landing.py)."""
+    right after its part is sent, while the peer takes it in and the bytes the send just read
+    are still in the cache (the store sums a put's value this way: store/landing.py)."""
     start = 0
     for i, s in told.items():  # in part order
         assert s.job.landed is not None
-        s.job.landed(s.offset, s.offset + s.length)
         send_all(sock, parts[start : i + 1])
+        s.job.landed(s.offset, s.offset + s.length)
         start = i + 1
     if start < len(parts):
         send_all(sock, parts[start:])
@@ -246,9 +246,9 @@ class TcpTransport(Transport):
         n = local.nbytes
         if op is Op.WRITE:
             meta = CODEC.encode(WriteReq(target.name, offset))
-            if landed is not None:
-                landed(0, n)
             send_all(ep.sock, [framing.pack_header(rid, len(meta), n) + meta, local])
+            if landed is not None:  # summed while the peer takes the bytes in (types.Landed)
+                landed(0, n)
         else:
             meta = CODEC.encode(ReadReq(target.name, offset, n))
             ep.sock.sendall(framing.pack_header(rid, len(meta), 0) + meta)

@@ -11,9 +11,11 @@ from kvcake.core.ids import BatchId, SegmentName
 # ``landed(start, end)``: for a read, bytes ``[start, end)`` of its local buffer have just
 # arrived, in order within one attempt of one slice, and nothing else writes them before the
 # next call (the reader may hash them while they are in the cache); for a write, those bytes
-# are about to be sent (the writer may hash them first: the send then reads them from the
-# cache). Called in the thread that moves them (several lanes may call at once); a retried
-# slice is reported again. The shared-memory transport copies in one go and does not call it.
+# have just been handed to the kernel and the reply is not read yet (the writer may hash them
+# while the send has left them in the cache and the peer is still taking them in, so the hash
+# overlaps the transfer instead of delaying it). Called in the thread that moves them (several
+# lanes may call at once); a retried slice is reported again. The shared-memory transport
+# copies in one go and does not call it.
 Landed = Callable[[int, int], None]
 
 
