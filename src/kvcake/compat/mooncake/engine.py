@@ -10,27 +10,24 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
-import itertools
 import json
 import logging
 import os
-import threading
 import weakref
-from enum import IntEnum
 
 from kvcake.compat.mooncake._metadata import check_metadata_server
-from kvcake.compat.mooncake._te_memory import MemoryMethods, _view
+from kvcake.compat.mooncake._te_memory import Endpoint, EngineMemory
 from kvcake.compat.mooncake._te_peers import Peers, RegionTable, take_notifies
+from kvcake.compat.mooncake._te_transfers import Transfers
+from kvcake.compat.mooncake._te_types import Read, TransferNotify, TransferOpcode, Write, _Opcode
+from kvcake.compat.mooncake._via import Via
 from kvcake.core.errors import KvcakeError
-from kvcake.core.ids import BatchId, SegmentName
-from kvcake.transfer import DirectoryService, MemoryBackend, Op, TransferRequest
+from kvcake.transfer import DirectoryService, MemoryBackend
 from kvcake.transfer import TransferEngine as _KvEngine
 
 log = logging.getLogger(__name__)
 SUPPORT_CUDA = SUPPORT_EFA = SUPPORT_HIP = SUPPORT_MUSA = False
 SUPPORT_INTRA_NVLINK = SUPPORT_MNNVL = False
-MAX_BATCHES = 4096  # outstanding async batches per engine
 PEER_UNREACHABLE = -102  # what the wheel's send_probe answers for a peer that is not there
 _LIVE: weakref.WeakSet[TransferEngine] = weakref.WeakSet()
 
@@ -43,45 +40,23 @@ def _close_all() -> None:
             engine._close()
 
 
-class TransferOpcode(IntEnum):
-    Read = 0
-    Write = 1
+class TransferEngine:
+    """Mooncake's ``TransferEngine`` over kvcake's, composed of two parts sharing the
+    ``Endpoint`` (the kvcake engine, the segment name, the registered regions, the peers):
+    ``EngineMemory`` (registration, managed buffers, raw buffer access) and ``Transfers``
+    (sync / async transfers, batch status). Their methods are the engine's (``Via``); the
+    engine itself owns the lifecycle (its directory service and kvcake engine), notifications
+    and probes. Thread safety: the parts' (async batches under a lock); initialize must not
+    race other calls. The caller owns the memory behind every address it passes."""
 
-    def __str__(self) -> str:
-        return f"TransferOpcode.{self.name}"
-
-
-Read, Write = TransferOpcode.Read, TransferOpcode.Write
-_Opcode = TransferOpcode
-
-
-def _op(opcode: _Opcode) -> Op:
-    """Mooncake's opcode (enum or int) as the Transfer Engine's operation."""
-    return Op.WRITE if TransferOpcode(opcode) is TransferOpcode.Write else Op.READ
-
-
-class TransferNotify:
-    def __init__(self, name: str = "", msg: str = ""):
-        self.name, self.msg = name, msg
-
-    def __repr__(self) -> str:
-        return f"TransferNotify(name={self.name!r}, msg={self.msg!r})"
-
-
-class TransferEngine(MemoryMethods):
     TransferOpcode: type[_Opcode] = TransferOpcode
 
     def __init__(self) -> None:
-        self._engine: _KvEngine | None = None
         self._dir: DirectoryService | None = None
         self._backend = MemoryBackend()
-        self._peers = Peers(self._backend)
-        self._local = RegionTable()
-        self._managed: dict[int, ctypes.Array[ctypes.c_char]] = {}
-        self._name = ""
-        self._lock = threading.Lock()
-        self._ids = itertools.count(1)
-        self._batches: dict[int, tuple[BatchId | None, int]] = {}  # id -> (kvcake batch, rc)
+        self._ep = Endpoint(RegionTable(), Peers(self._backend))
+        self._memory = EngineMemory(self._ep)
+        self._transfers = Transfers(self._ep)
         _LIVE.add(self)
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -99,7 +74,7 @@ class TransferEngine(MemoryMethods):
         device_name: str,
         metadata_type: str,
     ) -> int:
-        if self._engine is not None:
+        if self._ep.engine is not None:
             return -1
         proto = {"tcp": "tcp", "auto": "auto", "shm": "shm"}.get(protocol)
         if proto is None or check_metadata_server(metadata_server):
@@ -112,22 +87,22 @@ class TransferEngine(MemoryMethods):
         try:
             self._dir = DirectoryService(host, int(port or 0), backend=self._backend)
             self._dir.start()
-            self._engine = _KvEngine(self._dir.address, host, (host,), proto)
+            self._ep.engine = _KvEngine(self._dir.address, host, (host,), proto)
         except (OSError, ValueError, KvcakeError) as exc:
             log.error("initialize: %s", exc)
             self._close()
             return -1
-        self._name = f"{host}:{self.get_rpc_port()}"
+        self._ep.name = f"{host}:{self.get_rpc_port()}"
         return 0
 
     def get_rpc_port(self) -> int:
         return int(self._dir.address.rsplit(":", 1)[1]) if self._dir is not None else 0
 
     def _close(self) -> None:
-        self._peers.close()
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
+        self._ep.peers.close()
+        if self._ep.engine is not None:
+            self._ep.engine.close()
+            self._ep.engine = None
         if self._dir is not None:
             self._dir.stop()
             self._dir = None
@@ -137,229 +112,42 @@ class TransferEngine(MemoryMethods):
             self._close()
 
     def get_local_topology(self, device_name: str | None = None) -> str:
-        addrs = self._engine.addresses if self._engine is not None else []
+        addrs = self._ep.engine.addresses if self._ep.engine is not None else []
         return json.dumps({"cpu:0": {"tcp": addrs, "rdma": []}})
 
-    # --- transfers ----------------------------------------------------------------------------
+    # --- memory (EngineMemory) ---------------------------------------------------------------
+    register_memory = Via("_memory", EngineMemory.register_memory)
+    unregister_memory = Via("_memory", EngineMemory.unregister_memory)
+    batch_register_memory = Via("_memory", EngineMemory.batch_register_memory)
+    batch_unregister_memory = Via("_memory", EngineMemory.batch_unregister_memory)
+    allocate_managed_buffer = Via("_memory", EngineMemory.allocate_managed_buffer)
+    free_managed_buffer = Via("_memory", EngineMemory.free_managed_buffer)
+    get_first_buffer_address = Via("_memory", EngineMemory.get_first_buffer_address)
+    read_bytes_from_buffer = Via("_memory", EngineMemory.read_bytes_from_buffer)
+    write_bytes_to_buffer = Via("_memory", EngineMemory.write_bytes_to_buffer)
 
-    def _request(
-        self, target: str, local: int, remote: int, length: int, op: Op
-    ) -> TransferRequest | tuple[Op, memoryview, str, int]:
-        """A registered-local request for a kvcake batch, or (op, view, segment, offset) for a
-        local buffer that was never registered (copied with write/read_into)."""
-        if length <= 0:
-            raise KvcakeError(f"length must be > 0, got {length}")
-        peer = self._local.find(remote, length) if target == self._name else None
-        region = peer or self._peers.locate(target, remote, length)
-        off = remote - region.base
-        mine = self._local.find(local, length)
-        if mine is None:
-            return (op, _view(local, length), region.segment, off)
-        return TransferRequest(
-            op,
-            SegmentName(mine.segment),
-            local - mine.base,
-            SegmentName(region.segment),
-            off,
-            length,
-        )
-
-    def _run(
-        self,
-        target: str,
-        locals_: list[int],
-        remotes: list[int],
-        lengths: list[int],
-        op: Op,
-        asynchronous: bool = False,
-    ) -> tuple[int, BatchId | None]:
-        eng = self._engine
-        if eng is None or not len(locals_) == len(remotes) == len(lengths) or not locals_:
-            return -1, None
-        try:
-            reqs = [
-                self._request(target, a, b, n, op)
-                for a, b, n in zip(locals_, remotes, lengths, strict=True)
-            ]
-            batch = [r for r in reqs if isinstance(r, TransferRequest)]
-            for r in reqs:
-                if not isinstance(r, TransferRequest):
-                    o, v, seg, off = r
-                    (eng.write if o is Op.WRITE else eng.read_into)(seg, off, v)
-            if asynchronous and batch:
-                return 0, eng.submit(batch)
-            if batch:
-                eng.transfer(batch).raise_for_errors()
-        except KvcakeError as exc:
-            log.error("transfer to %s failed: %s", target, exc)
-            return -1, None
-        return 0, None
-
-    def transfer_sync(
-        self,
-        target_hostname: str,
-        buffer: int,
-        peer_buffer_address: int,
-        length: int,
-        opcode: _Opcode,
-        notify: TransferNotify | None = None,
-        transport_hint: str = "",
-    ) -> int:
-        op = _op(opcode)
-        rc = self._run(target_hostname, [buffer], [peer_buffer_address], [length], op)[0]
-        return self._notify(target_hostname, notify) if rc == 0 else rc
-
-    def transfer_sync_write(
-        self,
-        target_hostname: str,
-        buffer: int,
-        peer_buffer_address: int,
-        length: int,
-        transport_hint: str = "",
-    ) -> int:
-        return self._run(target_hostname, [buffer], [peer_buffer_address], [length], Op.WRITE)[0]
-
-    def transfer_sync_read(
-        self,
-        target_hostname: str,
-        buffer: int,
-        peer_buffer_address: int,
-        length: int,
-        transport_hint: str = "",
-    ) -> int:
-        return self._run(target_hostname, [buffer], [peer_buffer_address], [length], Op.READ)[0]
-
-    def batch_transfer_sync(
-        self,
-        target_hostname: str,
-        buffers: list[int],
-        peer_buffer_addresses: list[int],
-        lengths: list[int],
-        opcode: _Opcode,
-        notify: TransferNotify | None = None,
-        transport_hint: str = "",
-    ) -> int:
-        op = _op(opcode)
-        rc = self._run(target_hostname, buffers, peer_buffer_addresses, lengths, op)[0]
-        return self._notify(target_hostname, notify) if rc == 0 else rc
-
-    def batch_transfer_sync_write(
-        self,
-        target_hostname: str,
-        buffers: list[int],
-        peer_buffer_addresses: list[int],
-        lengths: list[int],
-        transport_hint: str = "",
-    ) -> int:
-        return self._run(target_hostname, buffers, peer_buffer_addresses, lengths, Op.WRITE)[0]
-
-    def batch_transfer_sync_read(
-        self,
-        target_hostname: str,
-        buffers: list[int],
-        peer_buffer_addresses: list[int],
-        lengths: list[int],
-        transport_hint: str = "",
-    ) -> int:
-        return self._run(target_hostname, buffers, peer_buffer_addresses, lengths, Op.READ)[0]
-
-    def _async(
-        self, target: str, bufs: list[int], peers: list[int], lengths: list[int], op: Op
-    ) -> int:
-        with self._lock:
-            if len(self._batches) >= MAX_BATCHES:
-                return 0
-        rc, kv = self._run(target, bufs, peers, lengths, op, asynchronous=True)
-        if rc != 0:
-            return 0
-        with self._lock:
-            bid = next(self._ids)
-            self._batches[bid] = (kv, 0)
-        return bid
-
-    def batch_transfer_async(
-        self,
-        target_hostname: str,
-        buffers: list[int],
-        peer_buffer_addresses: list[int],
-        lengths: list[int],
-        opcode: _Opcode,
-        transport_hint: str = "",
-    ) -> int:
-        op = _op(opcode)
-        return self._async(target_hostname, buffers, peer_buffer_addresses, lengths, op)
-
-    def batch_transfer_async_write(
-        self,
-        target_hostname: str,
-        buffers: list[int],
-        peer_buffer_addresses: list[int],
-        lengths: list[int],
-        transport_hint: str = "",
-    ) -> int:
-        return self._async(target_hostname, buffers, peer_buffer_addresses, lengths, Op.WRITE)
-
-    def batch_transfer_async_read(
-        self,
-        target_hostname: str,
-        buffers: list[int],
-        peer_buffer_addresses: list[int],
-        lengths: list[int],
-        transport_hint: str = "",
-    ) -> int:
-        return self._async(target_hostname, buffers, peer_buffer_addresses, lengths, Op.READ)
-
-    def _collect(self, bid: int, block: bool) -> int:
-        """1 done, 0 pending, -1 failed or unknown; a finished batch id is freed."""
-        with self._lock:
-            entry = self._batches.get(bid)
-        if entry is None or self._engine is None:
-            return -1
-        kv, rc = entry
-        if kv is not None:
-            if not block and not self._engine.status(kv).done:
-                return 0
-            rc = 0 if self._engine.wait(kv).ok else -1
-        with self._lock:
-            self._batches.pop(bid, None)
-        return 1 if rc == 0 else -1
-
-    def get_batch_transfer_status(self, batch_ids: list[int]) -> int:
-        results = [self._collect(b, block=True) for b in batch_ids]
-        return 0 if all(r == 1 for r in results) else -1
-
-    def transfer_submit_write(
-        self,
-        target_hostname: str,
-        buffer: int,
-        peer_buffer_address: int,
-        length: int,
-        transport_hint: str = "",
-    ) -> int:
-        bid = self._async(target_hostname, [buffer], [peer_buffer_address], [length], Op.WRITE)
-        return bid if bid else -1
-
-    def transfer_check_status(self, batch_id: int) -> int:
-        return self._collect(batch_id, block=False)
+    # --- transfers (Transfers) ---------------------------------------------------------------
+    transfer_sync = Via("_transfers", Transfers.transfer_sync)
+    transfer_sync_write = Via("_transfers", Transfers.transfer_sync_write)
+    transfer_sync_read = Via("_transfers", Transfers.transfer_sync_read)
+    batch_transfer_sync = Via("_transfers", Transfers.batch_transfer_sync)
+    batch_transfer_sync_write = Via("_transfers", Transfers.batch_transfer_sync_write)
+    batch_transfer_sync_read = Via("_transfers", Transfers.batch_transfer_sync_read)
+    batch_transfer_async = Via("_transfers", Transfers.batch_transfer_async)
+    batch_transfer_async_write = Via("_transfers", Transfers.batch_transfer_async_write)
+    batch_transfer_async_read = Via("_transfers", Transfers.batch_transfer_async_read)
+    get_batch_transfer_status = Via("_transfers", Transfers.get_batch_transfer_status)
+    transfer_submit_write = Via("_transfers", Transfers.transfer_submit_write)
+    transfer_check_status = Via("_transfers", Transfers.transfer_check_status)
 
     # --- notifications and probes -------------------------------------------------------------
-
-    def _notify(self, target: str, notify: TransferNotify | None) -> int:
-        if notify is None:
-            return 0
-        try:
-            self._peers.notify(target, notify.name, notify.msg)
-        except KvcakeError as exc:
-            log.error("notify %s: %s", target, exc)
-            return -1
-        return 0
 
     def get_notifies(self) -> list[TransferNotify]:
         return [TransferNotify(n, m) for n, m in take_notifies(self._backend)]
 
     def send_probe(self, peer_server_name: str) -> int:
         try:
-            self._peers.client(peer_server_name).list()
+            self._ep.peers.client(peer_server_name).list()
         except KvcakeError:
             return PEER_UNREACHABLE
         return 0
