@@ -148,24 +148,10 @@ class Lifecycle:
             return code
         host, _, _port = local_hostname.partition(":")
         try:
-            if enable_ssd_offload:
-                # Mooncake names the segment "host:port"; each store of a process has its own
-                # (two SSD stores of one process on one hostname must not collide).
-                name = local_hostname if _port else f"store-{host}-{os.getpid()}-{next(_NODES)}"
-                self._conn.client = self._start_node(
-                    master_server_addr, host, global_segment_size, ssd_offload_path, name
-                )
-            else:
-                cfg = ClientConfig(
-                    master=master_server_addr or "127.0.0.1:50051",
-                    hostname=host or "127.0.0.1",
-                    protocol=proto,
-                    segment_size=global_segment_size,
-                )
-                # Mooncake names a client's segment by its hostname, "host:port" (the engine's
-                # port unless one is given); preferred_segments and replica calls use that name.
-                name = local_hostname if _port else f"{host or '127.0.0.1'}:{{port}}"
-                self._conn.client = _client(cfg, name, with_port=not _port)
+            ssd = ssd_offload_path if enable_ssd_offload else None
+            self._conn.client = self._connect(
+                local_hostname, master_server_addr, proto, global_segment_size, ssd
+            )
         except StoreError as exc:
             log.error("setup failed: %s", exc)
             return E.INTERNAL_ERROR if exc.code == E.RPC_FAIL else exc.code
@@ -176,6 +162,27 @@ class Lifecycle:
         port = _port or self._conn.client.engine.addresses[0].rsplit(":", 1)[1]
         self._conn.hostname = f"{host or '127.0.0.1'}:{port}"
         return 0
+
+    def _connect(
+        self, local_hostname: str, master: str, proto: str, segment: int, ssd_path: str | None
+    ) -> Client:
+        """The kvcake client: a storage node's (with a disk tier in ``ssd_path``) or a plain one."""
+        host, _, _port = local_hostname.partition(":")
+        if ssd_path is not None:
+            # Mooncake names the segment "host:port"; each store of a process has its own
+            # (two SSD stores of one process on one hostname must not collide).
+            name = local_hostname if _port else f"store-{host}-{os.getpid()}-{next(_NODES)}"
+            return self._start_node(master, host, segment, ssd_path, name)
+        cfg = ClientConfig(
+            master=master or "127.0.0.1:50051",
+            hostname=host or "127.0.0.1",
+            protocol=proto,
+            segment_size=segment,
+        )
+        # Mooncake names a client's segment by its hostname, "host:port" (the engine's port
+        # unless one is given); preferred_segments and replica calls use that name.
+        name = local_hostname if _port else f"{host or '127.0.0.1'}:{{port}}"
+        return _client(cfg, name, with_port=not _port)
 
     def _start_node(self, master: str, host: str, segment: int, path: str, name: str) -> Client:
         """A client with a disk tier: kvcake's store-server, in this process."""

@@ -15,6 +15,7 @@ from typing import Any
 from kvcake.compat.mooncake._structured import _catalog_util as U
 from kvcake.compat.mooncake._structured._catalog_append import Appender, Rows
 from kvcake.compat.mooncake._structured._catalog_state import Lifetimes, Publications
+from kvcake.compat.mooncake._via import Via
 
 
 @dataclass
@@ -25,15 +26,20 @@ class Entry:
 
 class DataProtoCatalog:
     """Owns the rows (partition -> key -> Entry), the fragment lifetimes (``Lifetimes``) and the
-    publications' first answers (``Publications``); ``publish_append`` is the ``Appender``'s,
-    over the same three. Answers are deep copies: the caller owns them. No lock: the host
-    serializes one catalog's calls (the wheel's catalog is an actor)."""
+    publications' first answers (``Publications``); ``publish_append`` is the ``Appender``'s
+    (over the same three), ``release_read`` and ``ack_retired`` the lifetimes' (``Via``).
+    Answers are deep copies: the caller owns them. No lock: the host serializes one catalog's
+    calls (the wheel's catalog is an actor)."""
 
     def __init__(self) -> None:
         self._partitions: Rows = {}
         self._life = Lifetimes()
         self._publications = Publications()
         self._appender = Appender(self._partitions, self._life, self._publications)
+
+    publish_append = Via("_appender", Appender.publish_append)
+    release_read = Via("_life", Lifetimes.release_read)
+    ack_retired = Via("_life", Lifetimes.ack_retired)
 
     def update(
         self,
@@ -64,28 +70,8 @@ class DataProtoCatalog:
         result = self._update(partition, keys, tags, handle, managed=handle is not None)
         return self._publications.record(op, result)
 
-    def publish_append(
-        self,
-        operation_id: str,
-        fragment_id: str,
-        partition: str,
-        keys: Sequence[str],
-        *,
-        previous_handle: Mapping[str, Any],
-        handle: Mapping[str, Any],
-    ) -> dict[str, Any]:
-        """A managed fragment replaced by its appended handle (:mod:`._catalog_append`)."""
-        return self._appender.publish_append(
-            operation_id, fragment_id, partition, keys,
-            previous_handle=previous_handle, handle=handle,
-        )  # fmt: skip
-
     def ack_publication(self, operation_id: str) -> None:
         self._publications.forget(U.nonempty(operation_id, "operation_id"))
-
-    def release_read(self, token: int) -> dict[str, Any]:
-        """Ends a pinned read (again: no effect); fragments it alone kept alive retire."""
-        return self._life.release_read(token)
 
     def drain(self) -> dict[str, Any]:
         """Retires every managed fragment and forgets everything; the catalog takes no more
@@ -94,10 +80,6 @@ class DataProtoCatalog:
         self._partitions.clear()
         self._publications.clear()
         return result
-
-    def ack_retired(self, handles: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Forgets retired handles whose objects the caller removed."""
-        return self._life.ack_retired(handles)
 
     def _update(
         self,
@@ -184,10 +166,7 @@ class DataProtoCatalog:
         )
         if not chosen:
             raise ValueError("requested keys do not contain any fields")
-        for key in keys:
-            absent = [f for f in chosen if f not in entries[key].fields]
-            if absent:
-                raise ValueError(f"fields are not ready for key {key!r}: {absent}")
+        _check_ready(entries, keys, chosen)
         groups: dict[tuple[U.Location, ...], list[str]] = {}
         for name in chosen:
             groups.setdefault(tuple(entries[k].fields[name] for k in keys), []).append(name)
@@ -231,6 +210,13 @@ class DataProtoCatalog:
         if not entries:
             del self._partitions[partition]
         return self._life.retired_result()
+
+
+def _check_ready(entries: dict[str, Entry], keys: Sequence[str], chosen: Sequence[str]) -> None:
+    for key in keys:
+        absent = [f for f in chosen if f not in entries[key].fields]
+        if absent:
+            raise ValueError(f"fields are not ready for key {key!r}: {absent}")
 
 
 def _merged_meta(handles: Any) -> dict[str, Any]:

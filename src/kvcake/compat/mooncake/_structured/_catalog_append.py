@@ -49,13 +49,7 @@ class Appender:
             return self._reject(op, problem)
         entries = self._partitions[partition]
         new_fields = [f for f in ref.field_index if f not in prev_ref.field_index]
-        for row, key in enumerate(keys):
-            for name in new_fields:
-                old = entries[key].fields.get(name)
-                if old is not None:
-                    self._life.drop(old[0])
-                entries[key].fields[name] = (fid, row)
-                self._life.ref(fid)
+        self._point(entries, keys, new_fields, fid)
         self._life.replace(fid, canonical)
         result = {
             "keys": list(keys),
@@ -64,6 +58,18 @@ class Appender:
             **self._life.retired_result(),
         }
         return self._publications.record(op, result)
+
+    def _point(
+        self, entries: dict[str, Any], keys: Sequence[str], names: list[str], fid: str
+    ) -> None:
+        """Each row's new fields point at the fragment's row (what they pointed at loses a ref)."""
+        for row, key in enumerate(keys):
+            for name in names:
+                old = entries[key].fields.get(name)
+                if old is not None:
+                    self._life.drop(old[0])
+                entries[key].fields[name] = (fid, row)
+                self._life.ref(fid)
 
     def _append_problem(
         self, fid: str, prev: Any, prev_ref: Any, ref: Any, partition: str, keys: Sequence[str]
