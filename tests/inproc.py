@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcake.core.api import LoadReport, PrefillTask, Role
+from kvcake.core.api import DecodeTarget, KVReservation, LoadReport, PrefillTask, Role
 from kvcake.core.config import KVLayoutConfig
 from kvcake.core.ids import InstanceId, RequestId
 from kvcake.engine.block_manager import KVCacheFull
 from kvcake.instance.instance import Instance
 from kvcake.instance.main import build_instance
 from kvcake.serve.config import InstanceConfig
-from kvcake.serve.wire import InstanceError, InstanceState
+from kvcake.serve.wire import InstanceError, InstanceState, ReserveKV
 
 BT = 16  # tokens per block
 
@@ -25,6 +25,7 @@ class Local:
         self.instance_id, self.role = inst.instance_id, inst.role
         self.info, self.alive = inst.info(), True
         self.state: InstanceState | None = None
+        self.url = f"inproc://{inst.instance_id}"  # resolved by InProcPeers
 
     async def fetch_state(self, since: int) -> InstanceState:
         first, last = self.inst.event_bounds()
@@ -38,12 +39,6 @@ class Local:
             return LoadReport(self.instance_id, self.role, 0.0)
         return self.state.load
 
-    async def reserve_kv(self, rid: RequestId, n: int) -> Any:
-        try:
-            return await self.inst.reserve_kv(rid, n)
-        except KVCacheFull as exc:  # what the HTTP layer turns it into
-            raise InstanceError(str(exc), 503, "kv_full") from exc
-
     async def submit_prefill(self, task: PrefillTask) -> Any:
         return await self.inst.submit_prefill(task)
 
@@ -52,6 +47,23 @@ class Local:
 
     async def abort(self, rid: RequestId, writer_stopped: bool = False) -> bool:
         return await self.inst.abort(rid, writer_stopped)
+
+
+class InProcPeers:
+    """A prefill instance's decode peers in this process: ``reserve_kv`` called directly (what
+    the decode instance's HTTP layer would answer, a full KV as ``kv_full``)."""
+
+    def __init__(self, insts: dict[str, Instance]):
+        self.insts = insts
+
+    async def reserve(self, target: DecodeTarget, req: ReserveKV) -> KVReservation:
+        d = self.insts[str(target.instance_id)]
+        try:
+            return await d.reserve_kv(
+                req.request_id, req.num_tokens, req.prompt_tokens, req.block_hashes, req.sampling
+            )
+        except KVCacheFull as exc:
+            raise InstanceError(str(exc), 503, "kv_full") from exc
 
 
 def make_instances(
@@ -65,6 +77,8 @@ def make_instances(
         cfg = InstanceConfig(id=name, kv_blocks=blocks, time_scale=scale, **base)  # type: ignore[arg-type]
         out[name] = build_instance(role, cfg, kv, InstanceId(name))
         out[name].start()
+    for inst in out.values():
+        inst.prefill.d.peers = InProcPeers(out)
     return out
 
 

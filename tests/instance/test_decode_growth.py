@@ -28,9 +28,9 @@ def test_answers_longer_than_decode_memory_preempt_and_finish(pool: tuple[str, s
     d0 = insts["d0"]
     real_reserve = d0.reserve_kv
 
-    async def spy(rid: RequestId, n: int) -> object:
+    async def spy(rid: RequestId, n: int, *prompt: object) -> object:
         reserved.append(n)
-        return await real_reserve(rid, n)
+        return await real_reserve(rid, n, *prompt)  # type: ignore[arg-type]
 
     d0.reserve_kv = spy  # type: ignore[method-assign]
     try:

@@ -7,15 +7,17 @@ import time
 
 import pytest
 
+from kvcake.core.api import SamplingParams
 from kvcake.core.errors import EngineError
 from kvcake.core.ids import BlockHash, InstanceId, RequestId
 from kvcake.engine.block_manager import BlockManager, KVCacheFull
 from kvcake.instance import kvblocks
-from kvcake.instance.kvblocks import KVBlocks
+from kvcake.instance.kvblocks import KVBlocks, Prompt
 from kvcake.instance.prefill_worker import AbortLog
 from kvcake.instance.store_glue import PoolWriter
 
 R1, R2 = RequestId("r1"), RequestId("r2")
+PROMPT = Prompt((300,) * 20, (BlockHash(1),), SamplingParams())  # what the prefill handed over
 
 
 def owner(blocks: int = 8) -> KVBlocks:
@@ -24,24 +26,24 @@ def owner(blocks: int = 8) -> KVBlocks:
 
 def test_abort_with_the_writer_confirmed_frees_at_once() -> None:
     kv = owner()
-    assert len(kv.reserve(R1, 40)) == 3
+    assert len(kv.reserve(R1, 40, PROMPT)) == 3
     kv.release(R1, writer_stopped=True)
     assert kv.check()["used"] == 0
 
 
 def test_unconfirmed_abort_fences_until_the_ack_or_the_quarantine(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     kv = owner(4)
-    kv.reserve(R1, 64)  # all 4 blocks
+    kv.reserve(R1, 64, PROMPT)  # all 4 blocks
     kv.release(R1, writer_stopped=False)
     acct = kv.check()
     assert acct["fenced"] == 4 and acct["used"] == 4
     with pytest.raises(KVCacheFull):  # nobody else gets the fenced blocks
-        kv.reserve(R2, 16)
+        kv.reserve(R2, 16, PROMPT)
     with pytest.raises(EngineError):  # and the id cannot be reserved again meanwhile
-        kv.reserve(R1, 16)
+        kv.reserve(R1, 16, PROMPT)
     kv.release(R1, writer_stopped=True)  # the late acknowledgement
     assert kv.check()["used"] == 0
-    kv.reserve(R2, 64)
+    kv.reserve(R2, 64, PROMPT)
     kv.release(R2, writer_stopped=False)
     assert kv.check()["fenced"] == 4
     later = time.monotonic() + kvblocks.FENCE_QUARANTINE_S + 1.0
@@ -52,10 +54,12 @@ def test_unconfirmed_abort_fences_until_the_ack_or_the_quarantine(monkeypatch) -
 
 def test_take_hands_the_table_over_and_grow_reports_full() -> None:
     kv = owner(4)
-    kv.reserve(R1, 16)
+    kv.reserve(R1, 16, PROMPT)
     assert kv.owns(R1)
-    table = kv.take(R1)
-    assert table is not None and not kv.owns(R1)
+    taken = kv.take(R1)
+    assert taken is not None and not kv.owns(R1)
+    table, prompt = taken
+    assert prompt is PROMPT  # the prompt travels with its reservation
     assert kv.grow(table, 64) and not kv.grow(table, 80)
     kv.free(table)
     assert kv.check()["used"] == 0

@@ -21,7 +21,7 @@ import pytest
 
 from kvcake.conductor import Conductor
 from kvcake.conductor.config import ConductorConfig
-from kvcake.core.api import BlockSource, PrefillTask, Role, SamplingParams
+from kvcake.core.api import BlockSource, DecodeTarget, PrefillTask, Role, SamplingParams
 from kvcake.core.hashing import block_hashes
 from kvcake.core.ids import InstanceId, RequestId
 from kvcake.instance.instance import Instance
@@ -68,14 +68,15 @@ async def _client(router: Router, rid: str, prompt: list[int], n: int, stage: st
 
 async def _fetch_abort(insts: dict[str, Instance], rid: str, prompt: list[int],
                        hit: dict[str, str]) -> None:  # fmt: skip
-    """What the router does for an abort during a pool fetch: reserve, prefill with a fetch of
-    pool blocks (slowed down to open the window), abort the prefill, then the decode."""
+    """What the router does for an abort during a pool fetch: prefill (which reserves on the
+    decode instance) with a fetch of pool blocks (slowed down to open the window), abort the
+    prefill, then the decode."""
     p, d = insts["p1"], insts["d0"]
-    res = await d.reserve_kv(RequestId(rid), len(prompt) + BT)
+    target = DecodeTarget(d.instance_id, "inproc://d0", len(prompt) + BT)
     hashes = tuple(block_hashes(prompt, BT))
     task = PrefillTask(
         RequestId(rid), tuple(prompt), hashes, SamplingParams(max_tokens=4),
-        (BlockSource(0, len(hashes) - 1, None),), res,
+        (BlockSource(0, len(hashes) - 1, None),), target,
     )  # fmt: skip
     fut = asyncio.ensure_future(p.submit_prefill(task))
     while "fetching" not in hit.get(rid, ""):

@@ -56,14 +56,13 @@ class Scripted:
     def load_report(self) -> LoadReport:
         return LoadReport(self.instance_id, self.role, 0.0, kv_blocks_total=4096)
 
-    async def reserve_kv(self, rid: RequestId, n: int) -> Any:
-        if KINDS[_kind_of.get(rid.split(".")[0], 0)] == "reserve_full":
-            raise InstanceError("full", 503, "kv_full")
-        return None
+    url = "scripted://"
 
     async def submit_prefill(self, task: PrefillTask) -> PrefillResult:
         kind = KINDS[task.prompt_tokens[0]]
         await asyncio.sleep(0)
+        if task.decode is not None and kind == "reserve_full":  # gave up waiting for its KV
+            raise InstanceError("full", 503, "kv_full")
         if kind == "prefill_error":
             raise InstanceError("boom", 500)
         if kind == "prefill_unavailable":
@@ -74,10 +73,8 @@ class Scripted:
         n = len(task.prompt_tokens)
         return PrefillResult(task.request_id, first, n, 0, n)
 
-    async def stream_tokens(
-        self, rid: RequestId, first: int, n: int, sp: SamplingParams, prompt: tuple[int, ...]
-    ) -> AsyncIterator[TokenChunk]:
-        kind = KINDS[prompt[0]]
+    async def stream_tokens(self, rid: RequestId, first: int) -> AsyncIterator[TokenChunk]:
+        kind = KINDS[_kind_of[rid.split(".")[0]]]
         if kind == "max_tokens_1":
             yield TokenChunk(rid, (), FinishReason.LENGTH)
             return

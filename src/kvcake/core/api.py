@@ -89,15 +89,29 @@ class BlockSource:
 
 
 @dataclass(frozen=True)
+class DecodeTarget:
+    """The decode instance a prefill writes its KV into. The prefill instance asks it for the
+    reservation itself (``InstanceAPI.reserve_kv`` at ``url``), handing it the prompt on the
+    way, so neither the reservation nor the prompt goes back through the proxy."""
+
+    instance_id: InstanceId
+    url: str  # the decode instance's RPC address
+    num_tokens: int  # tokens to reserve KV for: the prompt plus a margin
+    wait_s: float = 30.0  # how long a full decode KV memory is waited for (then ``kv_full``)
+
+
+@dataclass(frozen=True)
 class PrefillTask:
-    """One prefill. ``decode`` is ``None`` when the same instance will decode (colocated)."""
+    """One prefill, the only message that carries the prompt from the proxy. ``block_hashes``
+    are the proxy's (computed once; the prefill checks them cheaply). ``decode`` is ``None``
+    when the same instance will decode (colocated)."""
 
     request_id: RequestId
     prompt_tokens: tuple[int, ...]
     block_hashes: tuple[BlockHash, ...]
     sampling: SamplingParams
     fetch: tuple[BlockSource, ...] = ()
-    decode: KVReservation | None = None
+    decode: DecodeTarget | None = None
 
 
 @dataclass(frozen=True)
@@ -272,18 +286,25 @@ class InstanceAPI(ABC):
     role: Role
 
     @abstractmethod
-    async def reserve_kv(self, request_id: RequestId, num_tokens: int) -> KVReservation:
-        """Decode side: reserve blocks for ``num_tokens`` of prompt KV (raises if full)."""
+    async def reserve_kv(
+        self,
+        request_id: RequestId,
+        num_tokens: int,
+        prompt_tokens: tuple[int, ...],
+        block_hashes: tuple[BlockHash, ...],
+        sampling: SamplingParams,
+    ) -> KVReservation:
+        """Decode side, asked by the request's prefill instance: reserve blocks for
+        ``num_tokens`` of prompt KV (raises if full) and keep the prompt, its block hashes and
+        sampling for the decode (``stream_tokens`` then needs only the first token)."""
 
     @abstractmethod
     async def submit_prefill(self, task: PrefillTask) -> PrefillResult:
-        """Prefill side: fetch the named prefix, compute the rest, write KV into
-        ``task.decode`` (layer by layer) and return the first token."""
+        """Prefill side: reserve KV on ``task.decode``, fetch the named prefix, compute the
+        rest, write KV into the reservation (layer by layer) and return the first token."""
 
     @abstractmethod
-    def stream_tokens(
-        self, request_id: RequestId, first_token: int, prompt_len: int, sampling: SamplingParams
-    ) -> AsyncIterator[TokenChunk]:
+    def stream_tokens(self, request_id: RequestId, first_token: int) -> AsyncIterator[TokenChunk]:
         """Decode side: join the batch once the reserved KV is complete; yield tokens."""
 
     @abstractmethod

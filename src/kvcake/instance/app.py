@@ -25,6 +25,7 @@ from kvcake.serve.wire import (
     AbortRequest,
     InstanceError,
     InstanceState,
+    InstanceUnavailable,
     ReserveKV,
     StreamRequest,
     decode,
@@ -50,7 +51,9 @@ def _error(exc: Exception) -> Response:
     else:
         log.exception("internal error")
         status, kind = 500, "internal_error"
-    return Response(error_body(str(exc), kind), status_code=status, media_type=JSON)
+    # A decode peer this instance could not reach is named, so the proxy stops routing there.
+    peer = exc.instance if isinstance(exc, InstanceUnavailable) else None
+    return Response(error_body(str(exc), kind, peer), status_code=status, media_type=JSON)
 
 
 async def _now(value: Any) -> Any:
@@ -98,7 +101,9 @@ def build_app(inst: Instance) -> FastAPI:
     async def reserve(request: Request) -> Response:
         async def run() -> Any:
             r = decode(await request.body(), ReserveKV)
-            return await inst.reserve_kv(r.request_id, r.num_tokens)
+            return await inst.reserve_kv(
+                r.request_id, r.num_tokens, r.prompt_tokens, r.block_hashes, r.sampling
+            )
 
         return await _guard(run)
 
@@ -128,12 +133,10 @@ def build_app(inst: Instance) -> FastAPI:
     async def stream(request: Request) -> Response:
         try:
             s = decode(await request.body(), StreamRequest)
-            inst.check_stream(s.request_id, s.prompt_len)
+            inst.check_stream(s.request_id)
         except Exception as exc:
             return _error(exc)
-        chunks = inst.stream_tokens(
-            s.request_id, s.first_token, s.prompt_len, s.sampling, s.prompt_tokens
-        )
+        chunks = inst.stream_tokens(s.request_id, s.first_token)
         return StreamingResponse(
             _ndjson(inst, s.request_id, chunks), media_type="application/x-ndjson"
         )

@@ -2,7 +2,9 @@
 
 A request joins once its prompt KV is complete (the proxy calls ``stream_tokens`` only after the
 prefill instance confirmed every KV write), holding the blocks reserved for its prompt plus a
-small margin. Each iteration takes up to ``max_batch`` running sequences, **grows** their block
+small margin and the prompt the prefill instance handed over with the reservation. The prompt's
+block hashes came with it (the proxy's); the loop extends that chain as the answer fills blocks,
+so every block is hashed once (``_chain``). Each iteration takes up to ``max_batch`` running sequences, **grows** their block
 tables by one block when the next token needs it, runs one backend decode step and hands every
 new token to the request's asyncio queue.
 
@@ -31,10 +33,10 @@ from typing import Any
 
 from kvcake.core.api import FinishReason, SamplingParams, TokenChunk
 from kvcake.core.hashing import block_hashes
-from kvcake.core.ids import RequestId
+from kvcake.core.ids import BlockHash, RequestId
 from kvcake.engine.backend import DecodeSeq, EngineBackend
 from kvcake.engine.sampling import finish_reason
-from kvcake.instance.kvblocks import KVBlocks
+from kvcake.instance.kvblocks import KVBlocks, Prompt
 from kvcake.instance.store_glue import PoolWriter
 from kvcake.serve.online_fit import OnlineFit
 
@@ -62,8 +64,9 @@ class _Running:
     queue: asyncio.Queue[TokenChunk]
     loop: asyncio.AbstractEventLoop
     sampling: SamplingParams
+    tokens: list[int]  # prompt + output
+    hashes: list[BlockHash]  # of the full blocks of ``tokens`` named so far (``_chain``)
     generated: int = 1  # the first token came from prefill
-    tokens: list[int] | None = None  # prompt + output, when the proxy sent the prompt
     preempted_at: float = 0.0
 
 
@@ -104,19 +107,12 @@ class DecodeLoop:
         return len(rs), sum(r.seq.context_len for r in rs)
 
     def join(
-        self,
-        rid: RequestId,
-        table: list[int],
-        prompt_len: int,
-        first_token: int,
-        sampling: SamplingParams,
-        prompt_tokens: tuple[int, ...] = (),
+        self, rid: RequestId, table: list[int], prompt: Prompt, first_token: int
     ) -> asyncio.Queue[TokenChunk]:
         queue: asyncio.Queue[TokenChunk] = asyncio.Queue()
-        seq = DecodeSeq(rid, table, prompt_len, first_token, sampling)
-        run = _Running(seq, queue, asyncio.get_running_loop(), sampling)
-        if prompt_tokens:
-            run.tokens = [*prompt_tokens, first_token]
+        seq = DecodeSeq(rid, table, len(prompt.tokens), first_token, prompt.sampling)
+        run = _Running(seq, queue, asyncio.get_running_loop(), prompt.sampling,
+                       [*prompt.tokens, first_token], list(prompt.hashes))  # fmt: skip
         with self._cv:
             if self._reason(run, first_token) is not None:  # the prefill's token ends it
                 self._end(run, self._reason(run, first_token), None)  # type: ignore[arg-type]
@@ -194,8 +190,7 @@ class DecodeLoop:
                 if r.seq.request_id not in self._running:
                     continue  # aborted meanwhile (its blocks are already released)
                 r.generated += 1
-                if r.tokens is not None:
-                    r.tokens.append(tok)
+                r.tokens.append(tok)
                 reason = self._reason(r, tok)
                 if reason is FinishReason.STOP:  # the stop token itself is not output
                     self._end(r, reason, None)
@@ -224,11 +219,7 @@ class DecodeLoop:
         """Caller holds ``_cv``."""
         self._running.pop(r.seq.request_id, None)
         self.preemptions += 1
-        if r.tokens is None:  # the proxy did not send the prompt: it cannot be recomputed
-            self._end(r, FinishReason.ERROR, "out of KV memory (no prompt to recompute from)")
-            return
-        toks = r.tokens[: r.seq.num_computed]
-        hashes = block_hashes(toks, self.d.kv.block_tokens, salt=r.sampling.cache_salt)
+        hashes = self._chain(r, r.seq.num_computed)
         self.d.kv.register(r.seq.block_table[: len(hashes)], hashes)
         self.d.kv.free(r.seq.block_table)
         r.seq.block_table = []
@@ -238,10 +229,8 @@ class DecodeLoop:
     def _resume(self, r: _Running) -> None:
         """Recompute a preempted request's KV (prompt + output so far), if memory allows."""
         d, n = self.d, r.seq.num_computed
-        assert r.tokens is not None
         toks = r.tokens[:n]
-        hashes = block_hashes(toks, d.kv.block_tokens, salt=r.sampling.cache_salt)
-        table = d.kv.lookup_prefix(hashes, keep_tokens=n)
+        table = d.kv.lookup_prefix(self._chain(r, n), keep_tokens=n)
         cached = len(table) * d.kv.block_tokens
         if not d.kv.grow(table, n + 1):
             d.kv.free(table)
@@ -275,7 +264,7 @@ class DecodeLoop:
             self._joining.remove(r)
         if r in self._preempted:
             self._preempted.remove(r)
-        if error is None and reason is not FinishReason.ABORT and r.tokens is not None:
+        if error is None and reason is not FinishReason.ABORT:
             self._keep_kv(r)
         self.d.kv.free(r.seq.block_table)
         r.seq.block_table = []
@@ -285,9 +274,8 @@ class DecodeLoop:
         """Name the full blocks of prompt + answer (KV computed for ``num_computed`` tokens) so
         they stay cached here, and put the answer's blocks into the pool: the next turn of the
         conversation starts with this whole exchange as its prefix."""
-        assert r.tokens is not None
         kv, bt = self.d.kv, self.d.kv.block_tokens
-        hashes = block_hashes(r.tokens[: r.seq.num_computed], bt, salt=r.sampling.cache_salt)
+        hashes = self._chain(r, r.seq.num_computed)
         table = r.seq.block_table[: len(hashes)]
         kv.register(table, hashes)
         first_new = (len(r.tokens) - r.generated) // bt  # the prompt's full blocks
@@ -296,6 +284,17 @@ class DecodeLoop:
             self.d.writer.put(
                 hashes[first_new:], table[first_new:], block=False, tenant=r.sampling.tenant
             )
+
+    def _chain(self, r: _Running, n: int) -> list[BlockHash]:
+        """Hashes of the full blocks of ``r``'s first ``n`` tokens: the prompt's came with it,
+        each later block is hashed once, when first needed after it filled."""
+        bt, have = self.d.kv.block_tokens, len(r.hashes)
+        full = n // bt
+        if full > have:
+            parent = r.hashes[-1] if have else None  # no block yet: the salted root
+            salt = "" if have else r.sampling.cache_salt
+            r.hashes.extend(block_hashes(r.tokens[have * bt : full * bt], bt, parent, salt))
+        return r.hashes[:full]
 
     @staticmethod
     def _emit(r: _Running, chunk: TokenChunk) -> None:

@@ -38,12 +38,13 @@ from kvcake.core.api import (
     segment_of,
 )
 from kvcake.core.errors import EngineError
-from kvcake.core.ids import InstanceId, RequestId
+from kvcake.core.ids import BlockHash, InstanceId, RequestId
 from kvcake.engine.backend import EngineBackend
 from kvcake.engine.block_manager import KVCacheFull
 from kvcake.instance.decode_loop import DecodeDeps, DecodeLoop
-from kvcake.instance.kvblocks import KVBlocks
+from kvcake.instance.kvblocks import KVBlocks, Prompt
 from kvcake.instance.kvlink import KVLink
+from kvcake.instance.peers import HttpPeers
 from kvcake.instance.prefill_worker import AbortLog, PrefillDeps, PrefillWorker
 from kvcake.instance.store_glue import PoolWriter
 from kvcake.serve.online_fit import OnlineFit
@@ -121,6 +122,7 @@ class Instance(InstanceAPI):
         self.prefill = PrefillWorker(PrefillDeps(
             str(instance_id), backend, self.kv, self.compute, self.aborted, self.metrics,
             self.fit, max_context, vocab_size, self.time_scale, link, pool, self.writer,
+            HttpPeers() if link is not None else None,
         ))  # fmt: skip
         self.decoder = DecodeLoop(DecodeDeps(
             str(instance_id), backend, self.kv, self.compute, self.metrics, self.fit,
@@ -216,14 +218,28 @@ class Instance(InstanceAPI):
         )
 
     # --- InstanceAPI ---------------------------------------------------------------------------
-    async def reserve_kv(self, request_id: RequestId, num_tokens: int) -> KVReservation:
+    async def reserve_kv(
+        self,
+        request_id: RequestId,
+        num_tokens: int,
+        prompt_tokens: tuple[int, ...],
+        block_hashes: tuple[BlockHash, ...],
+        sampling: SamplingParams,
+    ) -> KVReservation:
         self._check_accepting(Role.DECODE)
-        if not 1 <= num_tokens <= self.max_context:
-            raise BadRequest(f"num_tokens {num_tokens} outside [1, {self.max_context}]")
+        n = len(prompt_tokens)
+        if not 1 <= n <= num_tokens <= self.max_context:
+            raise BadRequest(f"need 1 <= prompt ({n}) <= num_tokens ({num_tokens}) "
+                             f"<= {self.max_context}")  # fmt: skip
+        if any(not 0 <= t < self.vocab_size for t in prompt_tokens):
+            raise BadRequest(f"token ids must be in [0, {self.vocab_size})")
+        if len(block_hashes) != n // self.kv.block_tokens:  # checked by the prefill instance
+            raise BadRequest("block_hashes must name every full block of the prompt")
         if request_id in self.aborted:  # the abort overtook the reservation
             raise InstanceError(f"request {request_id} was aborted", 409, "aborted")
         try:
-            blocks = self.kv.reserve(request_id, num_tokens)
+            blocks = self.kv.reserve(request_id, num_tokens,
+                                     Prompt(prompt_tokens, block_hashes, sampling))  # fmt: skip
         except KVCacheFull:
             raise
         except EngineError as exc:
@@ -240,7 +256,7 @@ class Instance(InstanceAPI):
             raise InstanceError("this instance has no Transfer Engine (no directory configured)")
         return await self.prefill.submit(task)
 
-    def check_stream(self, request_id: RequestId, prompt_len: int) -> None:
+    def check_stream(self, request_id: RequestId) -> None:
         """Validate a stream call before the HTTP response starts."""
         if self.role is Role.PREFILL:
             raise InstanceError("a prefill instance does not decode", 400, "wrong_role")
@@ -248,21 +264,13 @@ class Instance(InstanceAPI):
             raise InstanceError(f"no KV for request {request_id} on {self.instance_id}", 409)
 
     async def stream_tokens(
-        self,
-        request_id: RequestId,
-        first_token: int,
-        prompt_len: int,
-        sampling: SamplingParams,
-        prompt_tokens: tuple[int, ...] = (),
+        self, request_id: RequestId, first_token: int
     ) -> AsyncIterator[TokenChunk]:
-        if prompt_tokens and len(prompt_tokens) != prompt_len:
-            raise BadRequest("prompt_tokens does not have prompt_len tokens")
-        table = self.kv.take(request_id)
-        if table is None:
+        taken = self.kv.take(request_id)
+        if taken is None:
             raise InstanceError(f"no KV for request {request_id}", 409)
-        queue = self.decoder.join(
-            request_id, table, prompt_len, first_token, sampling, prompt_tokens
-        )
+        table, prompt = taken
+        queue = self.decoder.join(request_id, table, prompt, first_token)
         while True:
             chunk = await queue.get()
             yield chunk

@@ -3,11 +3,12 @@
 Every block of the instance is in exactly one place at a time, and :meth:`KVBlocks.check`
 verifies the sum (``used + cached + free == capacity``, and every reference is held by someone):
 
-* a **reservation** (decode side): blocks lent to a prefill instance to write a prompt's KV into;
+* a **reservation** (decode side): blocks lent to a prefill instance to write a prompt's KV into,
+  kept with the request's :class:`Prompt` (the prefill handed it over when it reserved);
 * a **fence**: an aborted reservation whose writer has not confirmed it stopped writing — the
   blocks stay allocated (nobody else gets them) until the prefill acknowledges or the fence's
   quarantine ends (see docs/serve.md "Abort and fencing");
-* a **kept table** (colocated): a prefilled request's blocks waiting for its decode;
+* a **kept table** (colocated): a prefilled request's blocks (and prompt) waiting for its decode;
 * a table held by the prefill worker, the decode loop or a background pool put (counted in
   ``num_used``, owned by that caller until it frees them);
 * the **cache** (named, unreferenced, LRU-evictable) or the **free** list.
@@ -24,7 +25,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kvcake.core.api import KVEvent, KVEventKind
+from kvcake.core.api import KVEvent, KVEventKind, SamplingParams
 from kvcake.core.errors import EngineError
 from kvcake.core.ids import BlockHash, InstanceId, RequestId
 from kvcake.engine.block_manager import BlockManager, KVCacheFull
@@ -34,10 +35,22 @@ RESERVATION_TTL_S = 300.0  # a reservation nobody streams from is reclaimed afte
 FENCE_QUARANTINE_S = 90.0  # > the prefill's KV write timeout (60 s): no write can land after it
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """What the decode side needs of a request besides its blocks, received once with them:
+    the prompt (to decode from and to recompute after a preemption), its full blocks' hashes
+    (the proxy's, continued by the decode loop, never recomputed) and the sampling."""
+
+    tokens: tuple[int, ...]
+    hashes: tuple[BlockHash, ...]
+    sampling: SamplingParams
+
+
 @dataclass
 class Reserved:
     blocks: list[int]
     num_tokens: int
+    prompt: Prompt
     created: float = field(default_factory=time.monotonic)
 
 
@@ -50,7 +63,7 @@ class KVBlocks:
         self._events = EventLog(instance_id, blocks)
         self._reserved: dict[RequestId, Reserved] = {}
         self._fenced: dict[RequestId, tuple[list[int], float]] = {}  # rid -> (blocks, until)
-        self._kept: dict[RequestId, list[int]] = {}
+        self._kept: dict[RequestId, tuple[list[int], Prompt]] = {}
 
     # --- plain block accounting ---------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -105,29 +118,30 @@ class KVBlocks:
             return self._bm.num_used
 
     # --- reservations and fences (decode side) ------------------------------------------------
-    def reserve(self, rid: RequestId, num_tokens: int) -> list[int]:
+    def reserve(self, rid: RequestId, num_tokens: int, prompt: Prompt) -> list[int]:
         """Blocks for ``num_tokens`` tokens lent to ``rid``'s prefill (raises ``KVCacheFull``)."""
         with self._lock:
             self._expire()
             if rid in self._reserved or rid in self._fenced:
                 raise EngineError(f"request {rid} already has a reservation")
             blocks = self._bm.allocate(self.blocks_for(num_tokens))
-            self._reserved[rid] = Reserved(blocks, num_tokens)
+            self._reserved[rid] = Reserved(blocks, num_tokens, prompt)
             return blocks
 
-    def take(self, rid: RequestId) -> list[int] | None:
-        """The request's table for decoding: its reservation, or its colocated kept table."""
+    def take(self, rid: RequestId) -> tuple[list[int], Prompt] | None:
+        """The request's table and prompt for decoding: its reservation, or its colocated
+        kept table."""
         with self._lock:
             res = self._reserved.pop(rid, None)
-            return res.blocks if res is not None else self._kept.pop(rid, None)
+            return (res.blocks, res.prompt) if res is not None else self._kept.pop(rid, None)
 
     def owns(self, rid: RequestId) -> bool:
         with self._lock:
             return rid in self._reserved or rid in self._kept
 
-    def keep(self, rid: RequestId, table: list[int]) -> None:
+    def keep(self, rid: RequestId, table: list[int], prompt: Prompt) -> None:
         with self._lock:
-            self._kept[rid] = table
+            self._kept[rid] = (table, prompt)
 
     def release(self, rid: RequestId, writer_stopped: bool) -> None:
         """Abort: free the request's blocks — a reservation at once only when its writer has
@@ -143,7 +157,7 @@ class KVBlocks:
                 self._bm.free(self._fenced.pop(rid)[0])  # the late acknowledgement
             kept = self._kept.pop(rid, None)
             if kept is not None:
-                self._bm.free(kept)
+                self._bm.free(kept[0])
 
     def expire(self) -> None:
         with self._lock:
@@ -178,7 +192,7 @@ class KVBlocks:
             self._bm.check()
             reserved = sum(len(r.blocks) for r in self._reserved.values())
             fenced = sum(len(b) for b, _ in self._fenced.values())
-            kept = sum(len(b) for b in self._kept.values())
+            kept = sum(len(b) for b, _ in self._kept.values())
             used = self._bm.num_used
             assert reserved + fenced + kept <= used, (reserved, fenced, kept, used)
             return {

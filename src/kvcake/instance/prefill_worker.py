@@ -1,6 +1,7 @@
 """The prefill side of an instance: one prefill at a time on a dedicated thread.
 
-For a task it (1) reuses the longest locally cached prefix, (2) reads further prefix blocks the
+For a task it (0) reserves the decode instance's KV itself (``instance.peers``: the prompt goes
+along, the reservation comes back here, neither through the proxy), (1) reuses the longest locally cached prefix, (2) reads further prefix blocks the
 conductor named (``Accept.fetch``) from the **store pool** into fresh local blocks — the store
 client picks the replica; the live system never reads another instance's memory, which is why
 the conductor's ``BlockSource.holder`` for such blocks is the pool — and keeps them (live
@@ -27,17 +28,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvcake.core.api import PrefillResult, PrefillTask
-from kvcake.core.hashing import block_hashes
+from kvcake.core.api import KVReservation, PrefillResult, PrefillTask
+from kvcake.core.hashing import hash_block, salted_root
 from kvcake.core.ids import BlockHash, RequestId
 from kvcake.core.pools import started_pool
 from kvcake.engine.backend import EngineBackend
-from kvcake.instance.kvblocks import KVBlocks
+from kvcake.instance.kvblocks import KVBlocks, Prompt
 from kvcake.instance.kvlink import KVLink, KVSender, PoolLink
+from kvcake.instance.peers import Peers, reserve_waiting
 from kvcake.instance.store_glue import PoolWriter
 from kvcake.serve import attribution
 from kvcake.serve.online_fit import OnlineFit
-from kvcake.serve.wire import BadRequest, InstanceError
+from kvcake.serve.wire import BadRequest, InstanceError, ReserveKV
 
 ABORT_ACK_TIMEOUT_S = 70.0  # > KVSender's write timeout: the ack always comes
 
@@ -91,6 +93,7 @@ class PrefillDeps:
     link: KVLink | None = None
     pool: PoolLink | None = None
     writer: PoolWriter | None = None
+    peers: Peers | None = None  # reaches the decode instances (reservations)
 
 
 class PrefillWorker:
@@ -127,10 +130,28 @@ class PrefillWorker:
             self._queue[task.request_id] = (len(task.prompt_tokens) - cached, predicted)
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._exec, self._run, task, time.perf_counter())
+            res, waited = await self._reserve(task)
+            return await loop.run_in_executor(
+                self._exec, self._run, task, res, waited, time.perf_counter()
+            )
         finally:
             with self._qlock:
                 self._queue.pop(task.request_id, None)
+
+    async def _reserve(self, task: PrefillTask) -> tuple[KVReservation | None, float]:
+        """The decode instance's reservation, asked for right before the prefill runs (the
+        proxy's gate lets one prefill at a time reach this instance), and the wait for it."""
+        if task.decode is None:
+            return None, 0.0
+        if self.d.peers is None:
+            raise InstanceError("this instance has no decode peers (no Transfer Engine)")
+        req = ReserveKV(
+            task.request_id, task.decode.num_tokens, task.prompt_tokens, task.block_hashes,
+            task.sampling,
+        )  # fmt: skip
+        return await reserve_waiting(
+            self.d.peers, task.decode, req, lambda: task.request_id in self.d.aborted
+        )
 
     async def abort(self, rid: RequestId) -> bool:
         """Mark ``rid`` aborted; returns once nothing writes for it any more (see module doc)."""
@@ -149,26 +170,30 @@ class PrefillWorker:
             raise BadRequest(f"prompt of {n} tokens outside [1, {d.max_context}]")
         if any(not 0 <= t < d.vocab_size for t in task.prompt_tokens):
             raise BadRequest(f"token ids must be in [0, {d.vocab_size})")
-        salt = task.sampling.cache_salt  # the tenant's chain (core.hashing.salted_root)
-        if list(task.block_hashes) != block_hashes(
-            task.prompt_tokens, d.kv.block_tokens, salt=salt
-        ):
+        if not _hashes_fit(task, d.kv.block_tokens):
             raise BadRequest("block_hashes do not match the prompt (wrong kv_block_tokens?)")
 
     # --- on the prefill thread -------------------------------------------------------------
-    def _run(self, task: PrefillTask, queued_at: float) -> PrefillResult:
+    def _run(
+        self, task: PrefillTask, res: KVReservation | None, waited: float, queued_at: float
+    ) -> PrefillResult:
         rid = task.request_id
         ev = threading.Event()
         self._active[rid] = ev
         try:
             if rid in self.d.aborted:
                 raise Aborted(rid)
-            return self._prefill(task, queued_at)
+            result = self._prefill(task, res, queued_at)
+            if res is not None:  # the proxy's service fit leaves the decode-KV wait out
+                result.timings["decode_wait_s"] = waited
+            return result
         finally:
             ev.set()
             self._active.pop(rid, None)
 
-    def _prefill(self, task: PrefillTask, queued_at: float) -> PrefillResult:
+    def _prefill(
+        self, task: PrefillTask, res: KVReservation | None, queued_at: float
+    ) -> PrefillResult:
         d, be, rid = self.d, self.d.backend, task.request_id
         t0 = time.perf_counter()
         n_tokens = len(task.prompt_tokens)
@@ -179,10 +204,10 @@ class PrefillWorker:
         t_fetch = time.perf_counter()
         sender: KVSender | None = None
         try:
-            if task.decode is not None:
+            if res is not None:
                 if d.link is None:
                     raise InstanceError("this instance has no Transfer Engine")
-                sender = d.link.sender(table, task.decode)
+                sender = d.link.sender(table, res)
                 sender.send_blocks(0, first_new)
 
             def on_layer(layer: int) -> None:
@@ -270,10 +295,28 @@ class PrefillWorker:
         if d.writer is not None and first_new < len(hashes):
             d.writer.put(hashes[first_new:], table[first_new : len(hashes)], block=True,
                          tenant=task.sampling.tenant)  # fmt: skip
-        if task.decode is None:
-            d.kv.keep(task.request_id, table)  # colocated: the decode loop takes these blocks
+        if task.decode is None:  # colocated: the decode loop takes these blocks
+            d.kv.keep(task.request_id, table,
+                      Prompt(task.prompt_tokens, task.block_hashes, task.sampling))  # fmt: skip
         else:
             d.kv.free(table)
+
+
+def _hashes_fit(task: PrefillTask, bt: int) -> bool:
+    """The proxy's block hashes against the prompt, cheaply: one per full block, the first
+    chained on the request's salted root (block size and tenant agree) and the last on the
+    one before it (the prompt's end agrees). The proxy is trusted (its calls are signed): this
+    catches a misconfigured block size or salt, not a forger, and costs two hashes instead of
+    the whole chain."""
+    toks, hs = task.prompt_tokens, task.block_hashes
+    n = len(toks) // bt
+    if len(hs) != n:
+        return False
+    if n == 0:
+        return True
+    if hash_block(salted_root(task.sampling.cache_salt), toks[:bt]) != hs[0]:
+        return False
+    return n == 1 or hash_block(hs[-2], toks[(n - 1) * bt : n * bt]) == hs[-1]
 
 
 def _single_thread(name: str) -> Any:

@@ -19,7 +19,7 @@ from kvcake.core.api import (
     SamplingParams,
     TokenChunk,
 )
-from kvcake.core.ids import InstanceId, RequestId
+from kvcake.core.ids import BlockHash, InstanceId, RequestId
 from kvcake.serve.wire import (
     AbortAck,
     AbortRequest,
@@ -29,32 +29,14 @@ from kvcake.serve.wire import (
     InstanceUnavailable,
     ReserveKV,
     StreamRequest,
+    client_auth,
     decode,
     encode,
+    raise_for,
 )
 
 T = TypeVar("T")
 _TRANSPORT_ERRORS = (httpx.TransportError, httpx.RemoteProtocolError)
-
-
-def _signer() -> Any:
-    """The shared secret's HMAC header on every instance call (none without a secret)."""
-    from kvcake.core.auth import resolve
-    from kvcake.core.http_auth import INSTANCE_HTTP
-    from kvcake.net.httpserve import client_auth
-
-    return client_auth(resolve(None), INSTANCE_HTTP)
-
-
-def _raise_for(resp_status: int, body: bytes, url: str, iid: str | None = None) -> None:
-    try:
-        err: dict[str, Any] = decode(body, dict)["error"]
-        msg, kind = str(err.get("message")), str(err.get("type"))
-    except Exception:
-        msg, kind = body[:200].decode(errors="replace"), "instance_error"
-    if resp_status == 503 and kind != "kv_full":
-        raise InstanceUnavailable(f"{url}: {msg}", iid)
-    raise InstanceError(f"{url}: {msg}", resp_status, kind)
 
 
 class RemoteInstance(InstanceAPI):
@@ -69,18 +51,18 @@ class RemoteInstance(InstanceAPI):
         self.state: InstanceState | None = None
         self.alive = True
         self._http = httpx.AsyncClient(
-            base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0), auth=_signer()
+            base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0), auth=client_auth()
         )
 
     @classmethod
     async def connect(cls, url: str, timeout_s: float = 600.0) -> RemoteInstance:
-        async with httpx.AsyncClient(timeout=5.0, auth=_signer()) as http:
+        async with httpx.AsyncClient(timeout=5.0, auth=client_auth()) as http:
             try:
                 r = await http.get(url.rstrip("/") + "/rpc/info")
             except _TRANSPORT_ERRORS as exc:
                 raise InstanceUnavailable(f"{url}: {exc!r}") from exc
         if r.status_code != 200:
-            _raise_for(r.status_code, r.content, url)
+            raise_for(r.status_code, r.content, url)
         return cls(url, decode(r.content, InstanceInfo), timeout_s)
 
     async def close(self) -> None:
@@ -95,7 +77,7 @@ class RemoteInstance(InstanceAPI):
                 f"{self.instance_id} unreachable: {exc!r}", self.instance_id
             ) from exc
         if r.status_code != 200:
-            _raise_for(r.status_code, r.content, str(self.instance_id), self.instance_id)
+            raise_for(r.status_code, r.content, str(self.instance_id), self.instance_id)
         return r
 
     async def _post(self, path: str, body: Any, tp: type[T], **kw: Any) -> T:
@@ -107,26 +89,30 @@ class RemoteInstance(InstanceAPI):
         self.state = decode(r.content, InstanceState)
         return self.state
 
-    async def reserve_kv(self, request_id: RequestId, num_tokens: int) -> KVReservation:
-        return await self._post("/rpc/reserve_kv", ReserveKV(request_id, num_tokens), KVReservation)
+    async def reserve_kv(
+        self,
+        request_id: RequestId,
+        num_tokens: int,
+        prompt_tokens: tuple[int, ...],
+        block_hashes: tuple[BlockHash, ...],
+        sampling: SamplingParams,
+    ) -> KVReservation:
+        """What a prefill instance asks of its decode peer (the proxy itself never reserves)."""
+        body = ReserveKV(request_id, num_tokens, prompt_tokens, block_hashes, sampling)
+        return await self._post("/rpc/reserve_kv", body, KVReservation)
 
     async def submit_prefill(self, task: PrefillTask) -> PrefillResult:
         return await self._post("/rpc/prefill", task, PrefillResult)
 
     async def stream_tokens(
-        self,
-        request_id: RequestId,
-        first_token: int,
-        prompt_len: int,
-        sampling: SamplingParams,
-        prompt_tokens: tuple[int, ...] = (),
+        self, request_id: RequestId, first_token: int
     ) -> AsyncIterator[TokenChunk]:
-        body = encode(StreamRequest(request_id, first_token, prompt_len, sampling, prompt_tokens))
+        body = encode(StreamRequest(request_id, first_token))
         finished = False
         try:
             async with self._http.stream("POST", "/rpc/stream", content=body) as r:
                 if r.status_code != 200:
-                    _raise_for(
+                    raise_for(
                         r.status_code, await r.aread(), str(self.instance_id), self.instance_id
                     )
                 async for line in r.aiter_lines():

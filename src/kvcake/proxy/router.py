@@ -1,5 +1,6 @@
-"""The life of one request in the proxy: place it (conductor), reserve decode KV, prefill,
-then relay the decode instance's tokens.
+"""The life of one request in the proxy: place it (conductor), prefill (the prefill instance
+reserves the decode KV itself), then relay the decode instance's tokens. The proxy hashes the
+prompt's blocks once and sends the prompt once (in the ``PrefillTask``).
 
 ``Router.run`` is an async generator of :class:`Event` s with **one terminal hook**: whatever
 way it ends — finished, first token already a stop token, rejected, an instance error, the
@@ -31,6 +32,7 @@ from typing import Any
 from kvcake.conductor import admission as adm
 from kvcake.core.api import (
     Accept,
+    DecodeTarget,
     FinishReason,
     PrefillResult,
     PrefillTask,
@@ -220,7 +222,7 @@ class Router:
             self.metrics.prefix_hits.inc(result.cached_tokens)
             out.kv = self._attribute(out, result)
             self.conductor.on_prefill_done(rid, time.monotonic() - self.t0)
-            async for ev in self._decode(life, result, sampling, out, tuple(tokens)):
+            async for ev in self._decode(life, result, sampling, out):
                 yield ev
         finally:
             self._end(life)
@@ -313,23 +315,19 @@ class Router:
                 self.cluster.record_wait(acc.prefill, ahead, t_gate - t_enq)
                 ppend.running_since, ppend.running_pred = t_gate, predicted
                 try:
-                    reservation = None
-                    if acc.prefill != acc.decode:
-                        # The prompt plus a margin; the decode loop grows it with the answer.
-                        margin = min(sampling.max_tokens, self.cluster.block_tokens)
-                        reservation = await self._reserve(d, rid, len(tokens) + margin)
-                        t_res = time.monotonic()
-                        self.cluster.record_decode_wait(acc.decode, t_res - t_gate)
-                        t_gate = t_res  # the service fit: prefill, not the decode-KV wait
-                    task = PrefillTask(rid, tuple(tokens), hashes, sampling, acc.fetch, reservation)
-                    result = await p.submit_prefill(task)
+                    result = await self._submit(p, d, acc, rid, tokens, hashes, sampling)
+                    if acc.prefill != acc.decode:  # the prefill reserved the decode KV first
+                        waited = result.timings.get("decode_wait_s", 0.0)
+                        self.cluster.record_decode_wait(acc.decode, waited)
+                        t_gate += waited  # the service fit: prefill, not the decode-KV wait
                 finally:
                     ppend.running_since = 0.0
                 self.cluster.record_service(
                     acc.prefill, len(tokens), result.cached_tokens, time.monotonic() - t_gate,
                     self.conductor.predictors.prefill.coefficients,
                 )  # fmt: skip
-            out.prefill_timings = dict(result.timings)
+            # What the instance measured of the prefill itself (the decode-KV wait went above).
+            out.prefill_timings = {k: v for k, v in result.timings.items() if k != "decode_wait_s"}
             return result
         finally:
             pend.requests -= 1
@@ -342,9 +340,8 @@ class Router:
             self.metrics.waiting.dec()
 
     async def _decode(
-        self, life: _Life, result: PrefillResult, sampling: SamplingParams, out: Outcome,
-        prompt: tuple[int, ...],
-    ) -> AsyncIterator[Event]:  # fmt: skip
+        self, life: _Life, result: PrefillResult, sampling: SamplingParams, out: Outcome
+    ) -> AsyncIterator[Event]:
         acc, rid = life.acc, life.attempt_id
         assert acc is not None and rid is not None
         d = self.cluster.instances[acc.decode]
@@ -359,7 +356,7 @@ class Router:
         yield Event((first,))
         self.metrics.running.inc()
         try:
-            stream = d.stream_tokens(rid, first, result.prompt_tokens, sampling, prompt)
+            stream = d.stream_tokens(rid, first)
             async for chunk in stream:
                 if chunk.token_ids:
                     now = time.perf_counter()
@@ -400,20 +397,33 @@ class Router:
         self.conductor.set_ttft_margin(margin)
         self.metrics.ttft_margin.set(margin)
 
-    async def _reserve(self, d: Any, rid: RequestId, n: int) -> Any:
-        """Reserve KV for the prompt on the decode instance. While it is full, wait for
-        requests to finish — up to the TTFT SLO, then reject (``no_capacity``)."""
-        deadline = time.monotonic() + self.reserve_wait_s
-        while True:
-            try:
-                return await d.reserve_kv(rid, n)
-            except InstanceError as exc:
-                if exc.kind != "kv_full" or time.monotonic() > deadline:
-                    if exc.kind == "kv_full":
-                        self.metrics.rejections.labels("decode_kv_full").inc()
-                        raise Rejected(f"decode KV memory full: {exc}", NO_CAPACITY) from exc
-                    raise
-            await asyncio.sleep(0.05)
+    async def _submit(
+        self,
+        p: Any,
+        d: Any,
+        acc: Accept,
+        rid: RequestId,
+        tokens: list[int],
+        hashes: tuple[Any, ...],
+        sampling: SamplingParams,
+    ) -> PrefillResult:
+        """The prefill task: the prompt, once. A disaggregated one names its decode instance,
+        where the prefill instance reserves the prompt plus a margin (the decode loop grows it
+        with the answer), waiting while that KV is full — up to the TTFT SLO, then a reject
+        (``no_capacity``)."""
+        target = None
+        if acc.prefill != acc.decode:
+            margin = min(sampling.max_tokens, self.cluster.block_tokens)
+            target = DecodeTarget(acc.decode, d.url, len(tokens) + margin, self.reserve_wait_s)
+        task = PrefillTask(rid, tuple(tokens), hashes, sampling, acc.fetch, target)
+        try:
+            result: PrefillResult = await p.submit_prefill(task)
+        except InstanceError as exc:
+            if exc.kind != "kv_full":
+                raise
+            self.metrics.rejections.labels("decode_kv_full").inc()
+            raise Rejected(f"decode KV memory full: {exc}", NO_CAPACITY) from exc
+        return result
 
     def _on_failure(self, acc: Accept, exc: Exception, decode_only: bool = False) -> None:
         """Stop routing to the instance that failed (the poller revives it if it answers)."""

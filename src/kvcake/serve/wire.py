@@ -3,17 +3,24 @@
 Bodies are the ``core.api`` dataclasses themselves, encoded and validated by ``msgspec`` (so the
 proxy, the instances and the simulator share one set of shapes). Endpoints of an instance::
 
-    POST /rpc/reserve_kv   ReserveKV          -> KVReservation
-    POST /rpc/prefill      PrefillTask        -> PrefillResult
-    POST /rpc/stream       StreamRequest      -> NDJSON stream of TokenChunk (one per line)
+    POST /rpc/prefill      PrefillTask        -> PrefillResult              (proxy -> prefill)
+    POST /rpc/reserve_kv   ReserveKV          -> KVReservation              (prefill -> decode)
+    POST /rpc/stream       StreamRequest      -> NDJSON stream of TokenChunk (proxy -> decode)
     POST /rpc/abort        AbortRequest       -> AbortAck (after the request stopped writing)
     POST /rpc/drain                           -> {}
     GET  /rpc/state?since=N                   -> InstanceState (load report + KV events)
     GET  /rpc/kv                              -> block accounting, checked (tests, debugging)
     GET  /health, GET /metrics
 
-Errors are ``{"error": {"message", "type"}}`` with status 400 (bad input), 409 (unknown or
-aborted request), 503 (draining / full) or 500; the client maps them back to exceptions.
+The request path says each thing once: the prompt goes from the proxy in the ``PrefillTask``
+only, and the prefill instance hands it to the decode instance with its ``ReserveKV`` (the one
+call that gets the reservation, which thus never passes through the proxy); the proxy's
+``StreamRequest`` names the request and its first token.
+
+Errors are ``{"error": {"message", "type"}}`` (plus ``instance`` when an *other* instance
+failed: a prefill whose decode peer was unreachable names it) with status 400 (bad input), 409
+(unknown or aborted request), 503 (draining / full) or 500; :func:`raise_for` maps them back to
+exceptions.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from kvcake.core.api import (
     SamplingParams,
 )
 from kvcake.core.errors import KvcakeError
-from kvcake.core.ids import InstanceId, RequestId
+from kvcake.core.ids import BlockHash, InstanceId, RequestId
 
 T = TypeVar("T")
 
@@ -59,19 +66,23 @@ class BadRequest(InstanceError):
 
 @dataclass(frozen=True)
 class ReserveKV:
+    """Sent by the prefill instance. The prompt comes along: the decode instance decodes from
+    it, recomputes it after a preemption and names prompt + answer blocks (continuing the chain
+    of ``block_hashes``, which it does not recompute)."""
+
     request_id: RequestId
     num_tokens: int
+    prompt_tokens: tuple[int, ...]
+    block_hashes: tuple[BlockHash, ...]
+    sampling: SamplingParams
 
 
 @dataclass(frozen=True)
 class StreamRequest:
+    """Sent by the proxy once the prefill answered: the decode instance has the rest."""
+
     request_id: RequestId
     first_token: int
-    prompt_len: int
-    sampling: SamplingParams
-    # Optional: the prompt itself, so the decode instance can name (and pool) the blocks of
-    # prompt + answer when the request ends — a later turn of the conversation reuses them.
-    prompt_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,5 +143,33 @@ def decode(data: bytes | str, tp: type[T]) -> T:
         raise BadRequest(f"malformed {tp.__name__}: {exc}") from exc
 
 
-def error_body(message: str, kind: str) -> bytes:
-    return encode({"error": {"message": message, "type": kind}})
+def error_body(message: str, kind: str, instance: str | None = None) -> bytes:
+    err: dict[str, Any] = {"message": message, "type": kind}
+    if instance:
+        err["instance"] = instance
+    return encode({"error": err})
+
+
+def raise_for(status: int, body: bytes, who: str, iid: str | None = None) -> None:
+    """Raise the exception an error answer of instance ``iid`` stands for: 503 (but a full KV)
+    is :class:`InstanceUnavailable`, naming the instance the body names (a peer of ``iid``)
+    or else ``iid``."""
+    try:
+        err: dict[str, Any] = decode(body, dict)["error"]
+        msg, kind = str(err.get("message")), str(err.get("type"))
+        iid = str(err.get("instance") or "") or iid
+    except Exception:
+        msg, kind = body[:200].decode(errors="replace"), "instance_error"
+    if status == 503 and kind != "kv_full":
+        raise InstanceUnavailable(f"{who}: {msg}", iid)
+    raise InstanceError(f"{who}: {msg}", status, kind)
+
+
+def client_auth() -> Any:
+    """The shared secret's HMAC header on every instance call (None without a secret): the
+    proxy's calls and a prefill instance's calls to its decode peer."""
+    from kvcake.core.auth import resolve
+    from kvcake.core.http_auth import INSTANCE_HTTP
+    from kvcake.net.httpserve import client_auth as sign
+
+    return sign(resolve(None), INSTANCE_HTTP)
