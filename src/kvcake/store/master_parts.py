@@ -48,6 +48,18 @@ class Parts:
     admin: AdminViews
 
 
+class PartCounter:
+    """A counter one part keeps, read as an attribute of the state that owns the parts
+    (``state.evicted_objects`` is ``state.parts.tiering.evicted_objects``)."""
+
+    def __init__(self, part: str, name: str):
+        self.part, self.name = part, name
+
+    def __get__(self, state: object, owner: type | None = None) -> int:
+        value = getattr(getattr(state, "parts"), self.part)  # noqa: B009
+        return int(getattr(value, self.name))
+
+
 def wire(
     cfg: MasterConfig, clock: Callable[[], float], owner_dead: OwnerDead, changes: Changes
 ) -> Parts:

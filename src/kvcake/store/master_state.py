@@ -36,7 +36,7 @@ from kvcake.store.changes import Changes
 from kvcake.store.config import MasterConfig
 from kvcake.store.errors import ObjectNotFound, SegmentNotFound
 from kvcake.store.filetier import FILE_SEGMENT, REAP_BATCH, reap_files
-from kvcake.store.master_parts import wire
+from kvcake.store.master_parts import PartCounter, wire
 from kvcake.store.membership import OwnerDead
 from kvcake.store.metadata import NodeTask, Tier
 from kvcake.store.patterns import match_regex, matcher
@@ -73,9 +73,7 @@ class MasterState:
         tenant's charge == the sizes of its objects."""
         with self.lock:
             self.parts.segs.check()
-            for obj in self.objects.values():
-                for rep in obj.replicas:
-                    assert rep.segment in self.segments, (obj.key, rep.segment)
+            self.parts.table.check()
             self.tenants.check(self.objects.values())
 
     def once(self, client: ClientId, rid: ReqId | None, apply: Callable[..., R], *args: Any) -> R:
@@ -96,10 +94,18 @@ class MasterState:
         with self.lock:
             return self.parts.clients.touch(client, host)
 
-    def mount(self, client: ClientId, host: str, name: SegmentName, capacity: int,
-              tier: Tier = Tier.MEMORY, endpoint: str = "",
-              existing: list[tuple[str, int]] | None = None,
-              existing_sums: list[list[int]] | None = None, host_id: str = "") -> list[str]:  # fmt: skip
+    def mount(
+        self,
+        client: ClientId,
+        host: str,
+        name: SegmentName,
+        capacity: int,
+        tier: Tier = Tier.MEMORY,
+        endpoint: str = "",
+        existing: list[tuple[str, int]] | None = None,
+        existing_sums: list[list[int]] | None = None,
+        host_id: str = "",
+    ) -> list[str]:
         """:meth:`Membership.mount <kvcake.store.membership.Membership.mount>`."""
         with self.lock:
             return self.parts.members.mount(
@@ -126,10 +132,6 @@ class MasterState:
     def expire_clients(self) -> list[ClientId]:
         with self.lock:
             return self.parts.members.expire_clients()
-
-    @property
-    def swept(self) -> int:
-        return self.parts.members.swept
 
     def put_start(
         self,
@@ -158,10 +160,6 @@ class MasterState:
     def put_revoke(self, client: ClientId, key: str) -> None:
         with self.lock:
             self.parts.table.drop(self.parts.writes.writing(client, key))
-
-    @property
-    def put_start_alloc_failures(self) -> int:
-        return self.parts.writes.put_start_alloc_failures
 
     def get_replicas(self, client: ClientId, key: str) -> tuple[int, list[ReplicaDesc]]:
         """Readable replicas of ``key`` and a fresh read lease on it."""
@@ -280,35 +278,20 @@ class MasterState:
 
     def mooncake_gauges(self) -> dict[str, Any]:
         with self.lock:
-            return self.parts.admin.mooncake_gauges(
-                {
-                    "master_active_clients": len(self.clients),
-                    "master_evicted_key_count": self.parts.tiering.evicted_objects,
-                    "master_evicted_size_bytes": self.parts.tiering.evicted_bytes,
-                    "master_put_start_failures": self.parts.writes.put_start_alloc_failures,
-                }
-            )
+            counters = {
+                "master_active_clients": len(self.clients),
+                "master_evicted_key_count": self.evicted_objects,
+                "master_evicted_size_bytes": self.evicted_bytes,
+                "master_put_start_failures": self.put_start_alloc_failures,
+            }
+            return self.parts.admin.mooncake_gauges(counters)
 
-    @property
-    def evicted_objects(self) -> int:
-        return self.parts.tiering.evicted_objects
-
-    @property
-    def evicted_bytes(self) -> int:
-        return self.parts.tiering.evicted_bytes
-
-    @property
-    def offloads(self) -> int:
-        return self.parts.tiering.offloads
-
-    @property
-    def promotions(self) -> int:
-        return self.parts.tiering.promotions
-
-    @property
-    def file_full(self) -> int:
-        return self.parts.files.full
-
-    @property
-    def file_failed(self) -> int:
-        return self.parts.files.failed
+    # Counters of the parts, read by metrics.py (a read of an int needs no lock).
+    evicted_objects = PartCounter("tiering", "evicted_objects")
+    evicted_bytes = PartCounter("tiering", "evicted_bytes")
+    offloads = PartCounter("tiering", "offloads")
+    promotions = PartCounter("tiering", "promotions")
+    file_full = PartCounter("files", "full")
+    file_failed = PartCounter("files", "failed")
+    swept = PartCounter("members", "swept")
+    put_start_alloc_failures = PartCounter("writes", "put_start_alloc_failures")

@@ -50,6 +50,12 @@ class ObjectTable:
         self.changes = changes
         self.clock = clock
 
+    def check(self) -> None:
+        """Assert that every replica lies in a mounted segment."""
+        for obj in self.objects.values():
+            for rep in obj.replicas:
+                assert rep.segment in self.segs.segments, (obj.key, rep.segment)
+
     def leased(self, obj: ObjectMeta) -> bool:
         return obj.lease_until > self.clock()
 

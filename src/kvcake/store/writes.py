@@ -89,9 +89,15 @@ class Writes:
         self.put_start_alloc_failures = 0  # put_starts refused: no space even after evicting
 
     def put_start(
-        self, client: ClientId, host: str, okey: ObjectKey, size: int, opts: PutOptions,
-        upsert: bool, tenant: str,
-    ) -> list[ReplicaDesc]:  # fmt: skip
+        self,
+        client: ClientId,
+        host: str,
+        okey: ObjectKey,
+        size: int,
+        opts: PutOptions,
+        upsert: bool,
+        tenant: str,
+    ) -> list[ReplicaDesc]:
         """Allocate replicas for ``okey`` (status PROCESSING); arguments already checked."""
         obj = self.objects.get(okey)
         if obj is not None:

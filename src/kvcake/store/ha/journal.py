@@ -74,10 +74,8 @@ class Journal(Changes):
 def seg_record(name: str, seg: Segment | None) -> Record:
     if seg is None:
         return SegGone(name)
-    return SegRec(
-        seg.name, seg.client, seg.host, seg.tier.value, seg.allocator.capacity, seg.endpoint,
-        seg.host_id,
-    )  # fmt: skip
+    cap = seg.allocator.capacity
+    return SegRec(seg.name, seg.client, seg.host, seg.tier.value, cap, seg.endpoint, seg.host_id)
 
 
 def obj_record(key: str, obj: ObjectMeta | None) -> Record:
