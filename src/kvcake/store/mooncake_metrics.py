@@ -5,7 +5,7 @@ so dashboards and scripts written for a Mooncake master read a kvcake master unc
 Mooncake's counters that carry no ``_total`` suffix (``master_evicted_key_count``,
 ``master_evicted_size_bytes``) are exported as gauges holding the running total, so the
 names stay exactly Mooncake's; ``master_put_start_failures_total`` is a counter. Read from the
-state at scrape time (``AdminMixin.mooncake_gauges``)."""
+state at scrape time (``MasterState.mooncake_gauges``, store/admin.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ _HELP = {
 
 class MooncakeMasterCollector(Collector):
     def __init__(self, state: Any):
-        self.state = state  # MasterState (AdminMixin.mooncake_gauges)
+        self.state = state  # MasterState (mooncake_gauges: store/admin.py)
 
     def collect(self) -> Iterator[Metric]:
         g = self.state.mooncake_gauges()
