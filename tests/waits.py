@@ -14,14 +14,15 @@ _REPR_MAX = 300  # a last value can be a whole response body: enough to recognis
 
 
 def wait_until(
-    cond: Callable[[], T],
+    cond: Callable[[], T | None],
     timeout: float = 10.0,
     every_s: float = 0.05,
     what: str = "the condition",
     ignore: tuple[type[BaseException], ...] = (),
     detail: Callable[[], object] | None = None,
 ) -> T:
-    """Call ``cond`` every ``every_s`` seconds until it returns a truthy value, and return it.
+    """Call ``cond`` every ``every_s`` seconds until it returns a truthy value, and return it
+    (a ``None`` from ``cond`` means "not yet", so ``Optional`` conditions type as their value).
 
     ``cond`` is called at least once and once more at the deadline. Exceptions of the
     ``ignore`` types count as "not yet" (a server still starting); any other propagates.

@@ -21,6 +21,7 @@ from kvcake.store.ha.election import read_leader
 from kvcake.store.ha.etcd import Etcd
 from tests.store.ha.gated import GatedLog
 from tests.store.procs import Proc, spawn
+from tests.waits import wait_until
 
 
 @dataclass
@@ -141,26 +142,22 @@ def spawn_master(etcd_url: str, cluster: str, *extra: str) -> Proc:
 
 def leader_proc(etcd: Etcd, cluster: str, masters: list[Proc], timeout: float = 30) -> Proc:
     """The master process the leader key names (once it serves)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def named() -> Proc | None:
         info = read_leader(etcd, cluster)
-        if info is not None and info.rpc:
-            pid = int(info.name.rsplit("/", 1)[1])
-            for m in masters:
-                if m.popen.pid == pid:
-                    return m
-        time.sleep(0.05)
-    raise AssertionError("no leader")
+        if info is None or not info.rpc:
+            return None
+        pid = int(info.name.rsplit("/", 1)[1])
+        return next((m for m in masters if m.popen.pid == pid), None)
+
+    return wait_until(named, timeout=timeout, what="a leader among the masters")
 
 
 def wait_line(proc: Proc, prefix: str, start: int = 0, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in proc.lines[start:]:
-            if line.startswith(prefix):
-                return line
-        time.sleep(0.05)
-    raise AssertionError(f"no {prefix!r} line in {timeout}s:\n{''.join(proc.lines)}")
+    return wait_until(
+        lambda: next((ln for ln in proc.lines[start:] if ln.startswith(prefix)), ""),
+        timeout=timeout, what=f"a {prefix!r} line", detail=lambda: "".join(proc.lines),
+    )  # fmt: skip
 
 
 @pytest.fixture

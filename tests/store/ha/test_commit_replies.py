@@ -22,6 +22,7 @@ from kvcake.store.ha.filelog import FileOpLog
 from kvcake.store.ha.oplog import LogFailed
 from kvcake.store.rpc import BufferedFrames
 from tests.store.ha.gated import GatedLog, rec
+from tests.waits import wait_until
 
 
 def test_on_commit_runs_once_on_the_committing_thread_before_wait_returns(
@@ -214,9 +215,7 @@ def test_a_retry_is_not_acknowledged_before_its_first_try_is_durable() -> None:
         assert not log.entries
         log.gate.set()
         conn.call(P.Heartbeat("c1", "h"))
-        deadline = time.monotonic() + 5
-        while not log.entries and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: log.entries, timeout=5, every_s=0.01, what="the heartbeat's commit")
         assert [r.name for _, recs in log.entries for r in recs] == ["seg-1"]  # type: ignore[attr-defined]
     finally:
         log.gate.set()

@@ -24,6 +24,7 @@ from kvcake.store.ha.election import read_leader
 from kvcake.store.ha.etcd import Etcd
 from tests.store.ha.conftest import EtcdServer, Relay, leader_proc, spawn_master, wait_line
 from tests.store.procs import Proc, spawn
+from tests.waits import wait_until
 
 OBJECTS = int(os.environ.get("KVCAKE_HA_OBJECTS", "10000"))  # the count (~55 s here)
 
@@ -168,12 +169,10 @@ def test_leader_cut_off_from_etcd_steps_down(etcd: EtcdServer) -> None:
 
 
 def _logged(proc: Proc, start: int, needles: tuple[str, ...], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(n in ln for ln in proc.lines[start:] for n in needles):
-            return True
-        time.sleep(0.05)
-    return False
+    return wait_until(
+        lambda: any(n in ln for ln in proc.lines[start:] for n in needles),
+        timeout=timeout, what=f"one of {needles} logged", detail=lambda: proc.lines[start:][-20:],
+    )  # fmt: skip
 
 
 def test_state_dir_restart_keeps_metadata(tmp_path: Path) -> None:
@@ -199,14 +198,9 @@ def test_state_dir_restart_keeps_metadata(tmp_path: Path) -> None:
             client.remove("k1", force=True)
             master.stop(signal.SIGKILL)  # no clean snapshot: the log alone must do
             master = spawn("master", *flags[:1], port, *flags[2:], ready="master")
-            deadline = time.monotonic() + 60
-            while True:  # the client reconnects; the node re-registers on its next heartbeat
-                try:
-                    got = bytes(client.get("k2"))
-                    break
-                except Exception as exc:
-                    assert time.monotonic() < deadline, f"not readable after restart: {exc!r}"
-                    time.sleep(0.2)
+            # the client reconnects; the node re-registers on its next heartbeat
+            got = wait_until(lambda: bytes(client.get("k2")), timeout=60, every_s=0.2,
+                             ignore=(Exception,), what="k2 readable after the restart")  # fmt: skip
             assert got == values["k2"]
             for k, v in values.items():
                 if k == "k1":
@@ -237,10 +231,8 @@ def test_mooncake_shim_follows_the_leader(etcd: EtcdServer) -> None:
         assert store.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", addr) == 0
         assert store.put("shim-key", b"v" * 100) == 0
         leader.stop(signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while store.get("shim-key") != b"v" * 100:  # b"" while no master leads
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_until(lambda: store.get("shim-key") == b"v" * 100, timeout=30, every_s=0.2,
+                   what="shim-key readable (b'' while no master leads)")  # fmt: skip
         assert store.put("shim-after", b"w") == 0
         assert store.get("shim-after") == b"w"
     finally:

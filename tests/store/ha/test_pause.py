@@ -34,6 +34,7 @@ from kvcake.store.ha.etcd import Etcd
 from kvcake.store.rpc import MasterConnection
 from tests.store.ha.conftest import EtcdServer, leader_proc, spawn_master
 from tests.store.procs import Proc, spawn, unreadable
+from tests.waits import wait_until
 
 
 @contextmanager
@@ -69,13 +70,11 @@ def pool(etcd: EtcdServer, cluster: str, node: bool) -> Iterator[tuple[str, Etcd
 
 
 def wait_leader(ectl: Etcd, cluster: str, proc: Proc, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def leads() -> bool:
         info = read_leader(ectl, cluster)
-        if info is not None and info.rpc and info.name.endswith(f"/{proc.popen.pid}"):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{proc.popen.pid} did not take over in {timeout}s")
+        return info is not None and bool(info.rpc) and info.name.endswith(f"/{proc.popen.pid}")
+
+    wait_until(leads, timeout=timeout, what=f"master {proc.popen.pid} leading")
 
 
 def retry(fn: Any, timeout: float = 20) -> Any:
