@@ -21,7 +21,7 @@ import socket
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, Union
 
 import msgspec
 from typing_extensions import Buffer
@@ -85,8 +85,6 @@ class Codec(Generic[M]):
 
 
 def typing_union(types: tuple[type, ...]) -> Any:
-    from typing import Union
-
     return Union[types]  # noqa: UP007  (a runtime-built union needs the subscript form)
 
 

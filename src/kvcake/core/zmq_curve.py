@@ -15,6 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+
 from kvcake.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -36,8 +40,6 @@ class CurveKeys:
 
 
 def require_curve() -> None:
-    import zmq
-
     if not zmq.has("curve"):
         raise ConfigError(
             "this libzmq has no CURVE support: with a shared secret, kvcake's KV events are "
@@ -46,9 +48,6 @@ def require_curve() -> None:
 
 
 def curve_keys(auth: Authenticator) -> CurveKeys:
-    import zmq
-    from zmq.utils import z85
-
     require_curve()
     server = z85.encode(auth.derive(SERVER_LABEL))
     client = z85.encode(auth.derive(CLIENT_LABEL))
@@ -70,9 +69,6 @@ class CurveServer:
     publisher has its own: a context has one ZAP endpoint), and its CURVE server sockets."""
 
     def __init__(self, auth: Authenticator):
-        import zmq
-        from zmq.auth.thread import ThreadAuthenticator
-
         self.keys = curve_keys(auth)
         self.ctx: Any = zmq.Context()
         self._zap = ThreadAuthenticator(self.ctx)

@@ -49,6 +49,7 @@ class LLM:
     def __init__(
         self, model: str = "smollm2", config: EngineConfig | None = None, **overrides: Any
     ) -> None:
+        # lazy: optional dependency (torch: engine.torch_backend imports it)
         from kvcake.engine.torch_backend import TorchBackend
 
         if config is None:

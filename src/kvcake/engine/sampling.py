@@ -42,6 +42,7 @@ def finish_reason(
 
 
 def _generator(seed: int | None, position: int) -> torch.Generator | None:
+    # lazy: optional dependency (torch)
     import torch
 
     if seed is None:
@@ -52,6 +53,7 @@ def _generator(seed: int | None, position: int) -> torch.Generator | None:
 
 
 def _sample_row(logits: torch.Tensor, sp: SamplingParams, position: int) -> int:
+    # lazy: optional dependency (torch)
     import torch
 
     probs = torch.softmax(logits.float() / sp.temperature, dim=-1)

@@ -6,9 +6,18 @@ import argparse
 import asyncio
 import json
 import os
+import tomllib
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from kvcake.conductor.config import ConductorConfig, load_conductor_config
+from kvcake.core.errors import ConfigError
+from kvcake.core.trace import read_trace, scale_time, time_window
+from kvcake.data import sample_trace_path
 
 
 def register(sub: Any) -> None:
@@ -58,16 +67,12 @@ def register(sub: Any) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    # lazy: CLI start-up
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from kvcake.core.trace import read_trace, scale_time, time_window
-    from kvcake.data import sample_trace_path
     from kvcake.replay.runner import ReplayOptions, RequestRecord, run_replay
 
     if args.compare_sim and not args.cluster_config:
-        from kvcake.core.errors import ConfigError
-
         raise ConfigError("--compare-sim needs --cluster-config (the file given to `kvcake up`)")
     if args.compare_sim:
         _check_modelled(args.cluster_config)
@@ -114,9 +119,6 @@ def _replay(args: argparse.Namespace) -> int:
 def _check_modelled(path: str) -> None:
     """compare-sim models kvcake's own instances; a vLLM-backed cluster file would silently be
     read as a default kvcake cluster."""
-    import tomllib
-
-    from kvcake.core.errors import ConfigError
 
     try:
         doc = tomllib.loads(Path(path).read_text())
@@ -129,7 +131,6 @@ def _check_modelled(path: str) -> None:
 
 def _conductor(cluster_config: str | None) -> Any:
     """The [conductor] settings the endpoint runs with (defaults without a cluster file)."""
-    from kvcake.conductor.config import ConductorConfig, load_conductor_config
 
     return load_conductor_config(cluster_config) if cluster_config else ConductorConfig()
 
@@ -145,8 +146,6 @@ _PERCENT = {"prefix_hit_rate", "effective_capacity"}
 
 
 def print_summary(console: Any, d: dict[str, Any], title: str) -> None:
-    from rich.table import Table
-
     t = Table(title=title)
     t.add_column("metric")
     t.add_column("value", justify="right")
@@ -161,6 +160,7 @@ def print_summary(console: Any, d: dict[str, Any], title: str) -> None:
 
 
 def _probe(console: Any, opts: Any, path: str) -> Any:
+    # lazy: CLI start-up
     from kvcake.launch.launcher import load_serve_file
     from kvcake.replay.compare_sim import probe_sim
     from kvcake.replay.live_probe import run_probe
@@ -177,8 +177,8 @@ def _compare(
     console: Any, recs: Any, summary: Any, opts: Any, args: Any, over: Any,
     loads: tuple[tuple[float, ...], tuple[float, ...]],
 ) -> None:  # fmt: skip
-    from rich.table import Table
 
+    # lazy: CLI start-up
     from kvcake.launch.launcher import load_serve_file
     from kvcake.replay.compare_sim import side_by_side, simulate_like
 

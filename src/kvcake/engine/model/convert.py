@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from kvcake.core.errors import EngineError
+from kvcake.engine.model.tokenizer import tokenizer_files_from_gguf
 
 CONVERT_VERSION = 1
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -117,6 +118,7 @@ def _hf_config(reader: Any) -> dict[str, Any]:
 
 
 def _tensors(reader: Any, cfg: dict[str, Any]) -> dict[str, np.ndarray]:
+    # lazy: optional dependency (gguf)
     from gguf import dequantize
 
     out: dict[str, np.ndarray] = {}
@@ -132,10 +134,9 @@ def _tensors(reader: Any, cfg: dict[str, Any]) -> dict[str, np.ndarray]:
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Write the checkpoint directory for ``gguf_path`` into ``out_dir`` (must not exist)."""
+    # lazy: optional dependencies (gguf, safetensors)
     from gguf import GGUFReader
     from safetensors.numpy import save_file
-
-    from kvcake.engine.model.tokenizer import tokenizer_files_from_gguf
 
     reader = GGUFReader(str(gguf_path))
     cfg = _hf_config(reader)

@@ -21,6 +21,7 @@ _DIGIT_SPLITTING_PRE = {"smollm", "llama3", "llama-bpe", "deepseek-llm"}
 
 def tokenizer_files_from_gguf(reader: Any) -> tuple[str, dict[str, Any]]:
     """``(tokenizer.json text, tokenizer_config dict)`` for a GGUF with a ``gpt2`` tokenizer."""
+    # lazy: optional dependency (tokenizers)
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     def field(key: str, default: Any = None) -> Any:
@@ -66,6 +67,7 @@ class TextTokenizer:
     """Encode/decode text and render chat messages for one checkpoint directory."""
 
     def __init__(self, ckpt_dir: Path) -> None:
+        # lazy: optional dependency (tokenizers)
         from tokenizers import Tokenizer
 
         path = ckpt_dir / "tokenizer.json"
@@ -102,6 +104,7 @@ class TextTokenizer:
     ) -> str:
         if not self.chat_template:
             raise EngineError("this model has no chat template; pass a plain prompt")
+        # lazy: optional dependency (jinja2)
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         for m in messages:

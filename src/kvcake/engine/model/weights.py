@@ -107,6 +107,7 @@ def _map_file(path: Path) -> dict[str, np.ndarray]:
 
 def map_weights(ckpt: Path) -> dict[str, Any]:
     """All tensors of the checkpoint as float32 torch tensors (mmap-backed where already fp32)."""
+    # lazy: optional dependency (torch)
     import torch
 
     files = sorted(ckpt.glob("*.safetensors"))

@@ -17,6 +17,7 @@ from kvcake.integrations.sglang.keys import LAYOUTS, PageLayoutError
 
 class HostPages:
     def __init__(self, pool: Any) -> None:
+        # lazy: optional dependency (torch)
         import torch
 
         layout = getattr(pool, "layout", None)

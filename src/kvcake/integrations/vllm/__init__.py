@@ -20,6 +20,7 @@ __all__ = ["KvcakeConnector"]
 
 def __getattr__(name: str) -> Any:
     if name == "KvcakeConnector":
+        # lazy: optional dependency (vllm: the connector imports it; config, keys, plan load without it)
         from kvcake.integrations.vllm.connector import KvcakeConnector
 
         return KvcakeConnector

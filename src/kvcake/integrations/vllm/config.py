@@ -9,6 +9,7 @@ from typing import Any
 
 from kvcake.core.config import require
 from kvcake.core.errors import ConfigError
+from kvcake.store.tenants import TENANT_RE
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,6 @@ class ConnectorConfig:
             require(getattr(self, name) > 0, f"{name} must be > 0")
         require(self.max_pending_saves >= 1, "max_pending_saves must be >= 1")
         require(self.load_layer_groups >= 1, "load_layer_groups must be >= 1")
-        from kvcake.store.tenants import TENANT_RE
 
         require(
             not self.tenant or bool(TENANT_RE.match(self.tenant)),

@@ -32,6 +32,7 @@ from kvcake.integrations.vllm.pd_wire import TRANSPORT_KEY
 from kvcake.integrations.vllm.pd_worker import PdWorker
 from kvcake.integrations.vllm.plan import BlockRun, Planner
 from kvcake.integrations.vllm.pool import PoolHandle
+from kvcake.integrations.vllm.stats import KvcakeConnectorStats, KvcakePromMetrics
 from kvcake.integrations.vllm.worker import Counters, Saver, log_for
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ def namer_for(vllm_config: VllmConfig, cfg: ConnectorConfig) -> BlockNamer:
 
 def tp_rank() -> int:
     try:
+        # lazy: optional dependency (vllm)
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
         return int(get_tensor_model_parallel_rank())
@@ -227,6 +229,7 @@ class KvcakeConnector(KVConnectorBase_V1):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        # lazy: optional dependency (vllm)
         from vllm.v1.request import RequestStatus
 
         self.planner.finished(request.request_id)
@@ -343,14 +346,11 @@ class KvcakeConnector(KVConnectorBase_V1):
         data = self.counters.take()
         if not data:
             return None
-        from kvcake.integrations.vllm.stats import KvcakeConnectorStats
 
         return KvcakeConnectorStats(data=data)
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> Any:
-        from kvcake.integrations.vllm.stats import KvcakeConnectorStats
-
         return KvcakeConnectorStats(data=dict(data or {}))
 
     @classmethod
@@ -361,8 +361,6 @@ class KvcakeConnector(KVConnectorBase_V1):
         labelnames: list[str],
         per_engine_labelvalues: dict[int, list[object]],
     ) -> Any:
-        from kvcake.integrations.vllm.stats import KvcakePromMetrics
-
         return KvcakePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import zmq
 
 from kvcake.core.auth import Authenticator, resolve
 from kvcake.core.errors import KvcakeError
@@ -140,8 +141,6 @@ class Inbox:
     def __init__(
         self, log: logging.Logger, max_queued: int = 4096, auth: Authenticator | None = None
     ):
-        import zmq
-
         self._zmq = zmq
         self.log = log
         self.auth = resolve(auth)  # the environment's shared secret unless given
@@ -181,8 +180,6 @@ class Notifier:
     full, and the prefill frees its blocks at the lease's end instead."""
 
     def __init__(self, max_peers: int = 32, hwm: int = 256, auth: Authenticator | None = None):
-        import zmq
-
         self._zmq = zmq
         self.auth = resolve(auth)
         self._ctx: Any = zmq.Context.instance()

@@ -15,6 +15,8 @@ from typing import Any
 
 from kvcake.core.errors import KvcakeError
 from kvcake.integrations.vllm.config import ConnectorConfig
+from kvcake.store.client import Client
+from kvcake.store.config import ClientConfig
 
 
 class PoolHandle:
@@ -31,9 +33,6 @@ class PoolHandle:
             threading.Thread(target=self._retry, name="kvcake-pool-connect", daemon=True).start()
 
     def _connect(self, first: bool) -> bool:
-        from kvcake.store.client import Client
-        from kvcake.store.config import ClientConfig
-
         try:
             client = Client(
                 ClientConfig(
