@@ -24,8 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
-import re
 import statistics
 import sys
 import tempfile
@@ -35,8 +35,9 @@ from typing import Any
 
 import httpx
 
+from kvcake.core.promtext import find, parse_metrics
+from kvcake.core.stats import tbt_of_times
 from kvcake.launch.launcher import Cluster, load_serve_file
-from kvcake.replay.runner import paper_tbt
 
 
 def mix(n: int, seed: int, lo: int, hi: int) -> list[tuple[list[int], int]]:
@@ -70,7 +71,9 @@ async def one(
             if doc.get("choices") and doc["choices"][0].get("text"):  # as `kvcake replay`
                 times.append(time.perf_counter())
     ttft = times[0] - t0 if times else None
-    return {"status": 200, "ttft": ttft, "tbt": paper_tbt(times), "tokens": len(times),
+    tbt = tbt_of_times(times)  # NaN with one token: None in the JSON (which has no NaN)
+    return {"status": 200, "ttft": ttft, "tbt": None if math.isnan(tbt) else tbt,
+            "tokens": len(times),
             "predicted_ttft": float(pred) if pred else None, "prompt": len(prompt)}  # fmt: skip
 
 
@@ -101,20 +104,20 @@ def run(args: argparse.Namespace, tmp: Path, admission: str, tag: str) -> dict[s
                 )
 
         res = asyncio.run(go())
-        metrics = httpx.get(c.url + "/metrics").text
-    m = re.search(r"^kvcake:ttft_prediction_error_median (\S+)", metrics, re.M)
+        metrics = parse_metrics(httpx.get(c.url + "/metrics").text)
     for r in res:
         r["met"] = (r["status"] == 200 and r["ttft"] is not None and r["ttft"] <= args.ttft_slo
-                    and (r["tbt"] or 0.0) <= args.tbt_slo)  # fmt: skip
-    margin = re.search(r"^kvcake:admission_ttft_margin (\S+)", metrics, re.M)
-    pat = r"^kvcake:cost_model_coefficient\{([^}]*)\} (\S+)"
-    fits = {}
-    for labels, v in re.findall(pat, metrics, re.M):
-        lab = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        fits[f"{lab.get('stage')}.{lab.get('coef')}"] = float(v)
+                    and (r["tbt"] is None or r["tbt"] <= args.tbt_slo))  # fmt: skip
+    fits = {f"{lab.get('stage')}.{lab.get('coef')}": v
+            for lab, v in find(metrics, "kvcake:cost_model_coefficient")}  # fmt: skip
+
+    def one_value(name: str) -> float | None:
+        got = find(metrics, name)
+        return got[0][1] if got else None
+
     return {"admission": admission, "results": res,
-            "ttft_error_median": float(m.group(1)) if m else None,
-            "ttft_margin": float(margin.group(1)) if margin else None, "fitted": fits}  # fmt: skip
+            "ttft_error_median": one_value("kvcake:ttft_prediction_error_median"),
+            "ttft_margin": one_value("kvcake:admission_ttft_margin"), "fitted": fits}  # fmt: skip
 
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from kvcake.conductor import PREFILL_POLICIES, Conductor, ConductorConfig, PrefixIndex
 from kvcake.core.api import ClusterSnapshot, DecodeState, KVIndex, PrefillState, RequestView
 from kvcake.core.ids import BlockHash, InstanceId, RequestId
+from kvcake.core.stats import percentile
 
 BLOCK_TOKENS = 512
 KV_BYTES_PER_TOKEN = 327_680  # LLaMA3-70B, bf16
@@ -80,9 +81,9 @@ def run(policy: str, index: KVIndex, args: argparse.Namespace, req: list[BlockHa
         "index": type(index).__name__,
         "decisions": len(times),
         "median_us": statistics.median(times) * 1e6,
-        "p99_us": times[int(0.99 * (len(times) - 1))] * 1e6,
+        "p99_us": percentile(times, 99) * 1e6,
         "min_us": times[0] * 1e6,
-        "p10_us": times[int(0.10 * (len(times) - 1))] * 1e6,
+        "p10_us": percentile(times, 10) * 1e6,
         # CPU time of this thread: excludes time the scheduler gave to other processes.
         "cpu_median_us": statistics.median(cpu) * 1e6,
         "fetch_decisions": fetches,

@@ -34,6 +34,8 @@ from typing import Any
 
 import httpx
 
+from kvcake.core.stats import percentile
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -187,8 +189,7 @@ def worker(master: str, prefix: str, seconds: float, size: int) -> None:
             client.put(f"{prefix}/{n}", value)
             lat.append(time.time() - now)
             n += 1
-        lat = sorted(lat) or [float("nan")]
-        p50, p99 = lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
+        p50, p99 = percentile(lat, 50) * 1e3, percentile(lat, 99) * 1e3
         print(f"ops={n} p50_ms={p50:.1f} p99_ms={p99:.1f}", flush=True)
 
 

@@ -35,6 +35,7 @@ import httpx
 import numpy as np
 
 from kvcake.core.ports import free_port
+from kvcake.core.promtext import parse_metrics, total
 from kvcake.fleet import lmcache_mp as mp
 from kvcake.fleet.procs import (
     VllmEngine,
@@ -52,14 +53,12 @@ CONFIGS = ("plain", "lmcache", "kvcake", "lmcache_kvcake")
 PREFIX, TAIL, COLD, CHUNK = 1792, 256, 2048, 256
 
 
-def series(url: str, name: str, label: str = "") -> float:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-               if ln.startswith((name + "{", name + " ")) and label in ln)  # fmt: skip
+def series(url: str, name: str, **labels: str) -> float:
+    return total(parse_metrics(httpx.get(url + "/metrics", timeout=10).text), name, **labels)
 
 
 def external(engine: VllmEngine) -> float:
-    return series(engine.url, "vllm:prompt_tokens_by_source_total", "external_kv_transfer")
+    return series(engine.url, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
 
 
 def ttft(engine: VllmEngine, prompt: list[int]) -> float:

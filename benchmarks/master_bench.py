@@ -141,8 +141,13 @@ def worker_ops(src: str, seconds: float, procs: int = 4, threads: int = 4) -> di
 def _evicted(http: str) -> float:
     with urllib.request.urlopen(f"http://{http}/metrics", timeout=5) as r:
         text = r.read().decode()
-    m = re.search(r"^kvcake_store_evicted_objects (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
+    # prometheus-client's parser directly (not kvcake.core.promtext): the worker runs against
+    # any tree, older ones too
+    from prometheus_client.parser import text_string_to_metric_families
+
+    got = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+           if s.name == "kvcake_store_evicted_objects"]  # fmt: skip
+    return float(got[0]) if got else 0.0
 
 
 def worker_evict(src: str, objects: int) -> dict[str, Any]:

@@ -31,10 +31,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.nemesis import checker
 from benchmarks.nemesis.cluster import Settings
 from benchmarks.nemesis.hosts import netns_unavailable
 from benchmarks.nemesis.run import recheck, run_schedule
+
+from kvcake.core.stats import percentile
 
 
 def say(line: str) -> None:
@@ -66,8 +67,8 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
     for kind in sorted(gaps):
         if not gaps[kind]:
             continue
-        g = [checker.percentile(gaps[kind], q) for q in (0.5, 0.95, 1.0)]
-        f = [checker.percentile(firsts[kind], q) for q in (0.5, 1.0)]
+        g = [percentile(gaps[kind], q) for q in (50, 95, 100)]
+        f = [percentile(firsts[kind], q) for q in (50, 100)]
         lines.append(f"{kind:22s} {len(gaps[kind]):3d} {g[0]:10.2f} {g[1]:6.2f} {g[2]:6.2f}   "
                      f"{f[0]:16.2f} {f[1]:6.2f}")  # fmt: skip
     return lines

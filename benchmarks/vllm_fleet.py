@@ -26,6 +26,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from kvcake.core.promtext import parse_metrics, total
+from kvcake.core.stats import percentile
 from kvcake.fleet.procs import VllmEngine
 
 BS = 32
@@ -113,19 +115,11 @@ def ideal_hit_rate(reqs: list[Request]) -> float:
 def hit_counters(engines: list[VllmEngine]) -> tuple[float, float]:
     q = h = 0.0
     for e in engines:
-        text = httpx.get(e.url + "/metrics", timeout=10).text
-        for line in text.splitlines():
-            name = line.split("{", 1)[0]
-            if name in ("vllm:prefix_cache_queries_total",):
-                q += float(line.rsplit(" ", 1)[1])
-            elif name in ("vllm:prefix_cache_hits_total", "vllm:external_prefix_cache_hits_total"):
-                h += float(line.rsplit(" ", 1)[1])
+        m = parse_metrics(httpx.get(e.url + "/metrics", timeout=10).text)
+        q += total(m, "vllm:prefix_cache_queries_total")
+        h += total(m, "vllm:prefix_cache_hits_total")
+        h += total(m, "vllm:external_prefix_cache_hits_total")
     return q, h
-
-
-def pct(ordered: list[float], q: float) -> float:
-    """The ``q`` quantile of an ascending list (nearest rank below)."""
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def run_all(threads: list[threading.Thread]) -> None:
@@ -164,7 +158,7 @@ def replay(route: Route, engines: list[VllmEngine], reqs: list[Request],
     ttfts.sort()
     return {
         "ttft_p50": statistics.median(ttfts),
-        "ttft_p99": pct(ttfts, 0.99),
+        "ttft_p99": percentile(ttfts, 99),
         "req_per_s": len(reqs) / wall,
         "hit_rate": (h1 - h0) / max(1.0, q1 - q0),
         "shared": shared_share(spans),
@@ -251,8 +245,8 @@ def open_replay(route: Route, engines: list[VllmEngine], reqs: list[Request],
     ttfts.sort()
     return {
         "ttft_p50": statistics.median(ttfts),
-        "ttft_p90": pct(ttfts, 0.9),
-        "ttft_p99": pct(ttfts, 0.99),
+        "ttft_p90": percentile(ttfts, 90),
+        "ttft_p99": percentile(ttfts, 99),
         "attained": sum(t <= slo_s for t in ttfts) / len(ttfts),
         "req_per_s": len(reqs) / (max(s[2] for s in spans) - t0),
         "hit_rate": (h1 - h0) / max(1.0, q1 - q0),

@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from kvcake.core.promtext import parse_metrics, total
 from kvcake.fleet.procs import (
     VllmEngine,
     VllmEngineSpec,
@@ -74,9 +75,7 @@ def ask(engine: VllmEngine, prompt: list[int], params: dict[str, Any] | None = N
 
 
 def metrics(engine: VllmEngine, name: str) -> float:
-    text = httpx.get(engine.url + "/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))  # fmt: skip
+    return total(parse_metrics(httpx.get(engine.url + "/metrics", timeout=10).text), name)
 
 
 class Reader:

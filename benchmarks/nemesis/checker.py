@@ -262,10 +262,3 @@ def outages(ops: list[Op], faults: list[Fault], end: float) -> list[Outage]:
         gap = max(b - a for a, b in itertools.pairwise(marks))
         out.append(Outage(None if first is None else first - f.start, gap))
     return out
-
-
-def percentile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    if not s:
-        return math.nan
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -21,6 +20,7 @@ import httpx
 from benchmarks.nemesis.hosts import Hosts
 
 from kvcake.core.ports import free_port
+from kvcake.core.promtext import find, parse_metrics
 from kvcake.launch.ha_pool import LEADER, etcd_alive
 from kvcake.launch.supervisor import die_with_parent
 
@@ -248,8 +248,10 @@ class Cluster:
                                   auth=self.http_auth())  # fmt: skip
             except httpx.HTTPError:
                 continue
-            got = re.search(r"^kvcake_store_evicted_objects(?:_total)?\S* (\S+)", r.text, re.M)
-            if r.status_code == 200 and got:
+            if r.status_code != 200:
+                continue
+            got = find(parse_metrics(r.text), "kvcake_store_evicted_objects")
+            if got:
                 self.scrapes += 1
                 key = str(p.log)
-                self.evicted[key] = max(self.evicted.get(key, 0), int(float(got[1])))
+                self.evicted[key] = max(self.evicted.get(key, 0), int(got[0][1]))

@@ -17,7 +17,7 @@ from kvcake.core.errors import ConfigError
 from kvcake.core.ports import free_ports
 from kvcake.core.trace import TraceRecord
 from kvcake.launch.launcher import Cluster, toml_dump
-from kvcake.replay.runner import ReplayOptions, paper_tbt, run_replay
+from kvcake.replay.runner import ReplayOptions, run_replay
 from tests.cluster import make_cluster
 
 
@@ -65,12 +65,6 @@ def test_toml_dump_round_trips(tmp_path: Path) -> None:
     p.write_text(toml_dump({"kv": conf.kv, "cluster": conf.cluster, "proxy": conf.proxy}))
     again = load_serve_file(p)
     assert again.proxy == conf.proxy and again.cluster == conf.cluster
-
-
-def test_paper_tbt() -> None:
-    assert paper_tbt([0.0]) is None
-    times = [0.0, *[0.1 * i for i in range(1, 20)], 3.0]  # 19 gaps of 0.1 and one of 1.1
-    assert paper_tbt(times) == pytest.approx((1.1 + 0.1) / 2)
 
 
 def test_replay_against_cluster(emulated_cluster: Cluster) -> None:

@@ -13,8 +13,9 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
+from kvcake.core.promtext import parse_metrics, total
 from kvcake.launch.launcher import Cluster
-from kvcake.proxy.top_view import Snapshot, parse_metrics, render, total
+from kvcake.proxy.top_view import Snapshot, render
 
 PROMPT = "kvcake top draws the cluster every second " * 6
 

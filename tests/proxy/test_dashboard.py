@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvcake.core.promtext import parse_metrics, total
 from kvcake.launch.launcher import Cluster
 from kvcake.proxy.dashboard.history import History, Sample, tier_tokens
 from kvcake.proxy.dashboard.routes import MAX_STREAMS
-from kvcake.proxy.top_view import parse_metrics, total
 
 ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "src" / "kvcake" / "proxy" / "dashboard" / "static"

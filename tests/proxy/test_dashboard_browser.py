@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
+from kvcake.core.promtext import parse_metrics, total
 from kvcake.launch.launcher import Cluster
-from kvcake.proxy.top_view import parse_metrics, total
 from tests.cluster import make_cluster
 
 PREFIX = "a shared system prompt that every request of the dashboard test starts with " * 4

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from kvcake.core.promtext import find, parse_metrics
 from kvcake.launch.launcher import Cluster
 from kvcake.transfer.metadata import DirectoryClient
 from tests.cluster import make_cluster
@@ -46,10 +47,8 @@ def wait_for(cond: Callable[[], Any], timeout: float = 15.0) -> Any:
 
 
 def gauge(c: Cluster, name: str) -> float:
-    for line in httpx.get(c.url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"no {name}")
+    (got,) = find(parse_metrics(httpx.get(c.url + "/metrics", timeout=10).text), name)
+    return got[1]
 
 
 def cli(*args: str) -> str:

@@ -32,6 +32,7 @@ from kvcake.conductor.conductor import Conductor
 from kvcake.conductor.config import ConductorConfig
 from kvcake.conductor.index import PrefixIndex
 from kvcake.conductor.predictors import Predictors, PrefillTimeModel
+from kvcake.core import promtext
 from kvcake.core.api import Accept, ClusterSnapshot, DecodeState, PrefillState, RequestView
 from kvcake.core.costmodel import PrefillCoefficients
 from kvcake.core.hashing import block_hashes
@@ -84,21 +85,19 @@ class Placement:
         return self.prefill.id != self.decode.id
 
 
+WANT = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:generation_tokens_total",
+)
+
+
 def parse_metrics(text: str) -> dict[str, float]:
-    """Sums of the vLLM series the adapter reads (all label sets)."""
-    want = (
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        "vllm:kv_cache_usage_perc",
-        "vllm:generation_tokens_total",
-    )
-    out = dict.fromkeys(want, 0.0)
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in out:
-            with contextlib.suppress(ValueError, IndexError):
-                out[name] += float(line.rsplit(" ", 1)[1])
-    return out
+    """Sums of the vLLM series the adapter reads (all label sets); ``ValueError`` when ``text``
+    is not Prometheus text."""
+    series = promtext.parse_metrics(text)
+    return {name: promtext.total(series, name) for name in WANT}
 
 
 @dataclass
@@ -191,7 +190,11 @@ class VllmFleet:
                 log.warning("vLLM engine %s at %s stopped answering", e.id, e.url)
             e.healthy = False
             return
-        m = parse_metrics(r.text)
+        try:
+            m = parse_metrics(r.text)
+        except ValueError as exc:  # not Prometheus text: this scrape tells nothing
+            log.warning("vLLM engine %s: unreadable /metrics (%s)", e.id, exc)
+            return
         e.running = m["vllm:num_requests_running"]
         e.waiting = m["vllm:num_requests_waiting"]
         e.kv_usage = m["vllm:kv_cache_usage_perc"]

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+from kvcake.core.promtext import Series, parse_metrics, total
 
 
 @dataclass(frozen=True)
@@ -25,21 +24,6 @@ class Snapshot:
     proxy: Series
     master: Series = field(default_factory=dict)
     errors: tuple[str, ...] = ()
-
-
-def parse_metrics(text: str) -> Series:
-    out: Series = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
-    return out
-
-
-def total(series: Series, name: str, **match: str) -> float:
-    return sum(
-        v for (n, lbl), v in series.items()
-        if n == name and all(dict(lbl).get(k) == x for k, x in match.items())
-    )  # fmt: skip
 
 
 def fetch(proxy_url: str, master_http: str = "", timeout_s: float = 2.0) -> Snapshot:
@@ -67,7 +51,7 @@ def fetch(proxy_url: str, master_http: str = "", timeout_s: float = 2.0) -> Snap
     return Snapshot(time.time(), cluster, proxy, master, tuple(errors))
 
 
-def _pct(num: float, den: float) -> str:
+def _percent(num: float, den: float) -> str:
     return f"{100 * num / den:.1f}%" if den > 0 else "-"
 
 
@@ -82,7 +66,7 @@ def _instances(s: Snapshot) -> Table:
         t.add_row(
             iid, row["role"], "yes" if row["alive"] else Text("DOWN", style="bold red"),
             str(row["running"]), str(row["queued"]), f"{q:.3f}s",
-            f"{row['kv_used']}/{row['kv_total']}", _pct(row["kv_used"], row["kv_total"]),
+            f"{row['kv_used']}/{row['kv_total']}", _percent(row["kv_used"], row["kv_total"]),
             str(row.get("cached_blocks", 0)),
         )  # fmt: skip
     return t
@@ -102,7 +86,7 @@ def _traffic(s: Snapshot, prev: Snapshot | None) -> Table:
     if prev is not None:
         dh = hits - total(prev.proxy, "kvcake:prefix_cache_hits_total")
         dq = queries - total(prev.proxy, "kvcake:prefix_cache_queries_total")
-        recent = _pct(dh, dq)
+        recent = _percent(dh, dq)
     t.add_row(
         f"{total(p, 'kvcake:request_success_total'):.0f}",
         f"{total(p, 'kvcake:request_errors_total'):.0f}",
@@ -111,7 +95,7 @@ def _traffic(s: Snapshot, prev: Snapshot | None) -> Table:
         f"{total(p, 'kvcake:num_requests_waiting'):.0f}",
         f"{total(p, 'kvcake:prompt_tokens_total'):.0f}",
         f"{total(p, 'kvcake:generation_tokens_total'):.0f}",
-        _pct(hits, queries), recent,
+        _percent(hits, queries), recent,
     )  # fmt: skip
     return t
 
@@ -126,7 +110,7 @@ def _pool(s: Snapshot) -> Table:
         d = dict(lbl)
         used = s.master.get(("kvcake_store_segment_used_bytes", lbl), 0.0)
         t.add_row(d.get("segment", ""), d.get("tier", ""), f"{used / 2**20:.1f} MiB",
-                  f"{cap / 2**20:.1f} MiB", _pct(used, cap))  # fmt: skip
+                  f"{cap / 2**20:.1f} MiB", _percent(used, cap))  # fmt: skip
     objs = total(s.master, "kvcake_store_objects")
     ev = total(s.master, "kvcake_store_evicted_objects")
     t.caption = f"objects {objs:.0f}, evicted {ev:.0f}"

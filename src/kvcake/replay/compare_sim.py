@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcake.core.stats import percentile
 from kvcake.core.trace import TraceRecord
 from kvcake.replay.live_probe import Overheads
 from kvcake.replay.runner import ReplayOptions, ReplaySummary
@@ -156,11 +157,11 @@ def simulate_like(
     return {
         "completed": facts["completed"],
         "rejected": facts["rejected"],
-        "ttft_p50": _pct(ttft, 50),
-        "ttft_p90": _pct(ttft, 90),
-        "ttft_p99": _pct(ttft, 99),
-        "tbt_p50": _pct(tbt, 50),
-        "tbt_p99": _pct(tbt, 99),
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p90": percentile(ttft, 90),
+        "ttft_p99": percentile(ttft, 99),
+        "tbt_p50": percentile(tbt, 50),
+        "tbt_p99": percentile(tbt, 99),
         "prefix_hit_rate": facts["prefix_hit_rate"],
         "effective_capacity": facts["effective_capacity"],
         "cpu_slowdown": facts["cpu_slowdown"],
@@ -190,11 +191,6 @@ def inst_kv_bytes_per_token(inst: Any) -> int:
     else:
         cm = preset(inst.preset if inst.backend == "emulated" else "smollm2-135m/cpu")
     return max(cm.model.kv_bytes_per_token, 1)
-
-
-def _pct(a: np.ndarray, q: float) -> float:
-    a = a[~np.isnan(a)]
-    return float(np.percentile(a, q)) if a.size else float("nan")
 
 
 def side_by_side(

@@ -68,7 +68,9 @@ def overheads(
     dispatch = max(0.0, gap_m - gap_s)
     first = max(0.0, min(r.ttft_s or 0.0 for r in ok) - float(sim_ttft[0]) - dispatch)
     tbts = [r.tbt_s for r in ok if r.tbt_s is not None]
-    tbt = max(0.0, statistics.median(tbts) - float(np.median(sim_tbt))) if tbts else 0.0
+    # (one-token requests have no TBT on either side: None measured, NaN simulated)
+    tbt = max(0.0, statistics.median(tbts) - float(np.median(sim_tbt))) \
+        if tbts and sim_tbt.size else 0.0  # fmt: skip
     return Overheads(dispatch, first, tbt, len(ok), prompt_tokens)
 
 

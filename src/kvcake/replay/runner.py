@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
-import numpy as np
 
+from kvcake.core.stats import percentile, tbt_of_times
 from kvcake.core.trace import TraceRecord, tokens_from_hash_ids
 
 
@@ -80,15 +80,6 @@ class ReplaySummary:
         d = asdict(self)
         d.pop("per_request")
         return d
-
-
-def paper_tbt(times: Sequence[float]) -> float | None:
-    """Mean of the longest 10% of inter-token gaps (at least one gap)."""
-    gaps = np.diff(np.asarray(times))
-    if gaps.size == 0:
-        return None
-    k = max(1, math.ceil(gaps.size * 0.1))
-    return float(np.sort(gaps)[-k:].mean())
 
 
 def prepare(
@@ -149,7 +140,8 @@ async def _one(
     rec.status = "ok"
     rec.latency_s = time.perf_counter() - t0
     rec.ttft_s = times[0] - t0 if times else None
-    rec.tbt_s = paper_tbt(times)
+    tbt = tbt_of_times(times)  # NaN with one token; the record says None (JSON has no NaN)
+    rec.tbt_s = None if math.isnan(tbt) else tbt
     if not rec.output_tokens:
         rec.output_tokens = len(times)
 
@@ -184,10 +176,6 @@ async def run_replay(
     return summarize(reqs, time.perf_counter() - start, opts)
 
 
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
-
-
 def summarize(reqs: list[RequestRecord], duration: float, opts: ReplayOptions) -> ReplaySummary:
     ok = [r for r in reqs if r.status == "ok"]
     sent = [r for r in reqs if r.status != "dropped"]
@@ -206,11 +194,11 @@ def summarize(reqs: list[RequestRecord], duration: float, opts: ReplayOptions) -
         errors=sum(r.status == "error" for r in reqs),
         dropped=sum(r.status == "dropped" for r in reqs),
         duration_s=duration,
-        ttft_p50=_pct(ttft, 50),
-        ttft_p90=_pct(ttft, 90),
-        ttft_p99=_pct(ttft, 99),
-        tbt_p50=_pct(tbt, 50),
-        tbt_p99=_pct(tbt, 99),
+        ttft_p50=percentile(ttft, 50),
+        ttft_p90=percentile(ttft, 90),
+        ttft_p99=percentile(ttft, 99),
+        tbt_p50=percentile(tbt, 50),
+        tbt_p99=percentile(tbt, 99),
         output_tokens_per_s=sum(r.output_tokens for r in ok) / max(duration, 1e-9),
         requests_per_s=len(ok) / max(duration, 1e-9),
         prefix_hit_rate=sum(r.cached_tokens for r in ok) / max(prompt_total, 1),

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcake.core.stats import meets_slo, percentile
 from kvcake.sim.request import Outcome, SimRequest, tbt_many
 
 _OUTCOME_CODE = {
@@ -30,7 +31,8 @@ class LoadSeries:
 
 @dataclass
 class SimResult:
-    """Arrays are indexed by request (trace order). Times in seconds; NaN where not reached."""
+    """Arrays are indexed by request (trace order). Times in seconds; NaN where not reached
+    (and ``tbt`` NaN for a request with one output token: no gap, no TBT; core.stats)."""
 
     arrival: np.ndarray
     ttft: np.ndarray
@@ -81,7 +83,7 @@ class SimResult:
 
     @property
     def completed(self) -> np.ndarray:
-        return self.outcome == 0
+        return np.asarray(self.outcome == 0)
 
     def rejected(self) -> int:
         return int(np.count_nonzero((self.outcome == 1) | (self.outcome == 2)))
@@ -90,10 +92,12 @@ class SimResult:
         return int(np.count_nonzero(self.outcome == 2))
 
     def effective(self, tbt_threshold_s: float, ttft_threshold_s: float = 30.0) -> np.ndarray:
-        """Requests served with TTFT and TBT within the thresholds (paper §5)."""
+        """Requests served with TTFT and TBT within the thresholds (paper §5); a request
+        without a TBT (one output token: NaN) meets any TBT threshold."""
         ok = self.completed
         with np.errstate(invalid="ignore"):
-            return ok & (self.ttft <= ttft_threshold_s) & (self.tbt <= tbt_threshold_s)
+            out: np.ndarray = ok & (self.ttft <= ttft_threshold_s)
+        return np.asarray(out & meets_slo(self.tbt, tbt_threshold_s))
 
     def effective_share(self, tbt_threshold_s: float, ttft_threshold_s: float = 30.0) -> float:
         return float(self.effective(tbt_threshold_s, ttft_threshold_s).mean()) if self.n else 0.0
@@ -122,9 +126,9 @@ class SimResult:
             "rejected": float(self.rejected()),
             "rejected_after_prefill": float(self.rejected_after_prefill()),
             "avg_ttft_s": self.mean("ttft"),
-            "p90_ttft_s": _pct(self.ttft[self.completed], 90),
+            "p90_ttft_s": percentile(self.ttft[self.completed], 90),
             "avg_tbt_s": self.mean("tbt"),
-            "p90_tbt_s": _pct(self.tbt[self.completed], 90),
+            "p90_tbt_s": percentile(self.tbt[self.completed], 90),
             "avg_queue_s": self.mean("queue"),
             "avg_prefill_compute_s": self.mean("prefill_compute", completed_only=False),
             "total_prefill_compute_s": float(np.nansum(self.prefill_compute)),
@@ -135,8 +139,3 @@ class SimResult:
             "wall_s": self.wall_s,
             "events_per_s": self.events / self.wall_s if self.wall_s else 0.0,
         }
-
-
-def _pct(a: np.ndarray, q: float) -> float:
-    a = a[~np.isnan(a)]
-    return float(np.percentile(a, q)) if a.size else float("nan")

@@ -7,6 +7,8 @@ from enum import StrEnum
 
 import numpy as np
 
+from kvcake.core.stats import tbt_count, tbt_counts, tbt_of_gaps
+
 
 class Outcome(StrEnum):
     PENDING = "pending"
@@ -81,34 +83,33 @@ class SimRequest:
         return self.prefill_start - self.arrival
 
     def tbt(self) -> float:
-        """Mean of the longest 10% of inter-token gaps (paper §5); 0 without gaps."""
+        """The paper's TBT (core.stats: mean of the longest 10% of gaps); NaN without gaps."""
         return tbt_from_runs(self.gaps)
 
 
 def tbt_from_runs(runs: list[tuple[int, float, float]]) -> float:
-    """TBT from arithmetic runs of gaps: the mean of the ``ceil(10%)`` largest gaps."""
+    """:func:`kvcake.core.stats.tbt_of_gaps` of gaps stored as arithmetic runs
+    ``(count, first gap, increment)``; NaN without gaps."""
     total = sum(n for n, _, _ in runs)
-    if total == 0:
-        return 0.0
-    k = max(1, math.ceil(0.1 * total))
-    if len(runs) == 1 and runs[0][2] >= 0:
+    if len(runs) == 1 and runs[0][2] >= 0 and total:
         n, g0, inc = runs[0]
+        k = tbt_count(total)
         # the k largest of an increasing run are its last k: closed form
         return g0 + inc * (n - 1 - (k - 1) / 2.0)
+    if not total:
+        return tbt_of_gaps([])
     arr = np.array(runs, dtype=float)
     counts = arr[:, 0].astype(np.int64)
     starts = np.repeat(np.cumsum(counts) - counts, counts)
     k_in_run = np.arange(total) - starts
-    gaps = np.repeat(arr[:, 1], counts) + np.repeat(arr[:, 2], counts) * k_in_run
-    top = np.partition(gaps, total - k)[total - k :]
-    return float(top.mean())
+    return tbt_of_gaps(np.repeat(arr[:, 1], counts) + np.repeat(arr[:, 2], counts) * k_in_run)
 
 
 def tbt_many(run_lists: list[list[tuple[int, float, float]]]) -> np.ndarray:
     """:func:`tbt_from_runs` for many requests in one vectorised pass (expands every gap once,
     sorts by (request, gap), and sums each request's top ``ceil(10%)`` with a cumulative sum)."""
     nreq = len(run_lists)
-    out = np.zeros(nreq)
+    out = np.full(nreq, np.nan)  # no gaps, no TBT
     flat = [run for runs in run_lists for run in runs]
     if not flat:
         return out
@@ -118,7 +119,7 @@ def tbt_many(run_lists: list[list[tuple[int, float, float]]]) -> np.ndarray:
     # A request's top k gaps are among the top k of each of its runs, and a run is monotonic:
     # expand only its last k gaps (first k if it decreases). Same result, far fewer gaps.
     req_gaps = np.bincount(run_req, weights=counts, minlength=nreq).astype(np.int64)
-    k_run = np.maximum(1, np.ceil(0.1 * req_gaps).astype(np.int64))[run_req]
+    k_run = tbt_counts(req_gaps)[run_req]
     keep = np.minimum(counts, k_run)
     first = arr[:, 1] + arr[:, 2] * np.where(arr[:, 2] >= 0, counts - keep, 0)
     counts = keep
@@ -132,7 +133,7 @@ def tbt_many(run_lists: list[list[tuple[int, float, float]]]) -> np.ndarray:
     key = gap_req + (gaps - gaps.min()) / span
     sorted_gaps = gaps[np.argsort(key)]
     per_req = np.bincount(gap_req, minlength=nreq)
-    k = np.minimum(np.maximum(1, np.ceil(0.1 * req_gaps).astype(np.int64)), per_req)
+    k = np.minimum(tbt_counts(req_gaps), per_req)
     end = np.cumsum(per_req)
     csum = np.concatenate(([0.0], np.cumsum(sorted_gaps)))
     has = per_req > 0

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from kvcake.core import auth as _auth
 from kvcake.core import integrity, native
+from kvcake.core.backoff import pauses
 from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.store import protocol as P
 from kvcake.store.config import ClientConfig
@@ -286,17 +287,17 @@ class Client(ReadPath):
         sums = self._sums(keys, values, checksums)
         results = self._put_once(keys, values, options, upsert, tenant, sums)
         deadline = time.monotonic() + self.cfg.space_wait_s
-        pause = 0.005
+        waits = pauses(0.005, 0.1)
         while True:
             waiting = [i for i, r in enumerate(results) if isinstance(r, SpacePending)]
             if not waiting:
                 return results
+            pause = next(waits)
             if time.monotonic() + pause > deadline:
                 for i in waiting:  # callers (and Mooncake's API) know only NoSpace
                     results[i] = NoSpace(str(results[i]))
                 return results
             time.sleep(pause)
-            pause = min(pause * 2, 0.1)
             again = self._put_once(
                 [keys[i] for i in waiting], [values[i] for i in waiting], options, upsert, tenant,
                 [sums[i] for i in waiting],

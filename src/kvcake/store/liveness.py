@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from kvcake.core.backoff import backoff_s
 from kvcake.core.errors import KvcakeError
 from kvcake.store import protocol as P
 from kvcake.store.rpc import MasterConnection
@@ -113,7 +114,7 @@ class Heartbeater:
         backing off to the interval while they keep failing (no leader elected yet)."""
         if not self._failed:
             return self.interval
-        return min(self.interval, RETRY_S * 2 ** min(self._failed - 1, 8))
+        return backoff_s(min(self._failed, 9), RETRY_S, self.interval)  # <= 8 doublings
 
     def _run(self) -> None:
         while not self._stop.wait(self._pause()):

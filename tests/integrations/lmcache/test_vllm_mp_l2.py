@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from kvcake.core.ports import free_port
+from kvcake.core.promtext import parse_metrics, total
 from kvcake.fleet import lmcache_mp as mp
 from kvcake.fleet.procs import VllmEngine, VllmEngineSpec, default_model_dir
 from tests.integrations.lmcache.conftest import LMC_PYTHON
@@ -32,16 +33,14 @@ PROMPT_LEN = 600  # two full chunks (512 tokens) and a partial one, which LMCach
 L2_PREFIX = "lmcache-l2/"
 
 
-def series(url: str, name: str, label: str = "") -> float:
-    """Sum of one Prometheus series over the label sets containing ``label``."""
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith((name + "{", name + " ")) and label in line)  # fmt: skip
+def series(url: str, name: str, **labels: str) -> float:
+    """Sum of one Prometheus series over the label sets that include ``labels``."""
+    return total(parse_metrics(httpx.get(url + "/metrics", timeout=10).text), name, **labels)
 
 
 def external_tokens(engine: VllmEngine) -> float:
     """Prompt tokens vLLM got from its KV connector (here: LMCache)."""
-    return series(engine.url, "vllm:prompt_tokens_by_source_total", 'source="external_kv_transfer"')
+    return series(engine.url, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
 
 
 @dataclass
@@ -110,8 +109,8 @@ def test_prefix_comes_back_from_kvcake_after_l1_is_cleared(stack: Stack) -> None
     assert l1_objects(stack) > 0  # the prefix is in LMCache's L1 too ...
     stack.server.clear_l1()
     assert l1_objects(stack) == 0  # ... and no longer
-    reads = 'op="GetReplicas"'  # kvcake master: one per key read
-    reads_before = series(stack.master_http, "kvcake_store_master_requests_total", reads)
+    reads = {"op": "GetReplicas"}  # kvcake master: one per key read
+    reads_before = series(stack.master_http, "kvcake_store_master_requests_total", **reads)
 
     second = complete(stack.engine, prompt)
     assert second == first  # greedy: the prefix loaded from kvcake gives the same answer
@@ -121,6 +120,6 @@ def test_prefix_comes_back_from_kvcake_after_l1_is_cleared(stack: Stack) -> None
     assert series(stack.server.url, "lmcache_mp_lookup_hit_l1_tokens_total") == 0
     assert series(stack.server.url, "lmcache_mp_l2_prefetch_load_completed_chunks_total") == 2
     # ... and kvcake's pool served both chunks.
-    reads_after = series(stack.master_http, "kvcake_store_master_requests_total", reads)
+    reads_after = series(stack.master_http, "kvcake_store_master_requests_total", **reads)
     assert reads_before == 0 and reads_after >= 2, (reads_before, reads_after)
     assert len(l2_keys(stack)) == 2  # nothing new stored: the same content-addressed keys

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from kvcake.core.ports import free_port
+from kvcake.core.promtext import parse_metrics, total
 from kvcake.fleet.procs import VllmEngine, VllmEngineSpec, default_model_dir, start_engine
 from tests.store.procs import Proc, spawn
 
@@ -41,12 +42,7 @@ def complete(engine: VllmEngine, prompt: list[int], max_tokens: int = 12) -> lis
 
 def metric(engine: VllmEngine, name: str) -> float:
     """Sum of a Prometheus series on the engine's /metrics (all label sets)."""
-    text = httpx.get(engine.url + "/metrics", timeout=10).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name + "{") or line.startswith(name + " ")
-    )
+    return total(parse_metrics(httpx.get(engine.url + "/metrics", timeout=10).text), name)
 
 
 def wait_log(engine: VllmEngine, needle: str, count: int = 1, timeout_s: float = 30) -> bool:

@@ -258,8 +258,8 @@ def test_cluster_config_roles(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         load(bad)
     engines = [
-        VllmEngine(VllmEngineSpec(n, 9000 + i, "/m", kv_role=KV_ROLES[r], kv_events_port=7000 + i),
-                   Path("/dev/null"), None)  # type: ignore[arg-type]
+        VllmEngine.of(VllmEngineSpec(n, 9000 + i, "/m", kv_role=KV_ROLES[r],
+                                     kv_events_port=7000 + i), tmp_path)
         for i, (n, r) in enumerate([("vllm-0", "both"), *cfg.roles()])
     ]  # fmt: skip
     argv = proxy_argv("127.0.0.1:1", 0, 32, engines)
@@ -342,7 +342,9 @@ def test_metrics_parsing_reads_the_generation_counter() -> None:
         "# TYPE vllm:generation_tokens_total counter\n"
         'vllm:generation_tokens_total{engine="0",model_name="m"} 40.0\n'
         'vllm:generation_tokens_total{engine="1",model_name="m"} 2.0\n'
-        'vllm:num_requests_running{engine="0"} 3.0\nvllm:bogus 1\nnot a metric line\n'
+        'vllm:num_requests_running{engine="0"} 3.0\nvllm:bogus 1\n'
     )
     m = parse_metrics(text)
     assert m["vllm:generation_tokens_total"] == 42.0 and m["vllm:num_requests_running"] == 3.0
+    with pytest.raises(ValueError):  # prometheus-client's parser: the adapter skips the scrape
+        parse_metrics(text + "not a metric line\n")

@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from kvcake.proxy.top_view import Series, total
+from kvcake.core.promtext import Series, total
 
 HITS, QUERIES = "kvcake:prefix_cache_hits_total", "kvcake:prefix_cache_queries_total"
 BY_TIER = "kvcake:kv_tier_tokens_total"  # the proxy's attribution, labels `tier`, `node`

@@ -25,13 +25,13 @@ from collections import deque
 from typing import Any, Protocol
 
 from kvcake.core.ids import BlockHash
+from kvcake.core.promtext import Series, total
 from kvcake.proxy.dashboard.history import HITS, QUERIES, History, series_of
 from kvcake.proxy.dashboard.sources import PoolReport, RunRecord
 from kvcake.proxy.metrics import ProxyMetrics
 from kvcake.proxy.pool_events import block_of
 from kvcake.proxy.router import Outcome
 from kvcake.proxy.state import LiveCluster
-from kvcake.proxy.top_view import Series, total
 from kvcake.serve.events import POOL
 
 VERSION = 1

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from kvcake.proxy.top_view import parse_metrics, total
+from kvcake.core.promtext import parse_metrics, total
 
 
 @dataclass(frozen=True)

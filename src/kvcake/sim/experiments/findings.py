@@ -21,7 +21,7 @@ class Comparison:
         self.rows.append((quantity, paper, ours))
 
 
-def _pct(x: float) -> str:
+def _percent(x: float) -> str:
     return "-" if x != x else f"{x:.0%}"
 
 
@@ -35,8 +35,11 @@ def _range(xs: list[float], f: Callable[[float], str]) -> str:
 
 # the paper's Table 1 cache ratios, by the trace a workload name stands for (the published
 # files are conversation_trace.jsonl, toolagent_trace.jsonl, synthetic_trace.jsonl)
-PAPER_CACHE_RATIO = (("conversation", "40%"), ("tool", "59% (tool&agent)"),
-                     ("synthetic", "66% (synthetic)"))  # fmt: skip
+PAPER_CACHE_RATIO = (
+    ("conversation", "40%"),
+    ("tool", "59% (tool&agent)"),
+    ("synthetic", "66% (synthetic)"),
+)
 
 
 def paper_cache_ratio(name: str) -> str:
@@ -53,27 +56,44 @@ def _cache_capacity(r: ExpResult) -> Comparison:
         ys = [y / mx for y in s["hit_rate"]]
         at = dict(zip(caps, ys, strict=True))
         near = next((cap for cap, y in zip(caps, ys, strict=True) if y >= 0.95), None)
-        c.add(f"{name}: 3M-token cache, share of the maximum hit rate", "< 50%",
-              _pct(at.get(3_000_000, float("nan"))))  # fmt: skip
-        c.add(f"{name}: capacity reaching ~all (>= 95%) of the maximum", "~5e7 tokens",
-              f"{near:.0e} tokens" if near else f"> {caps[-1]:.0e} tokens")  # fmt: skip
-        c.add(f"{name}: maximum (unbounded) hit rate", f"cache ratio {paper_cache_ratio(name)}",
-              _pct(s["max"]))  # fmt: skip
+        c.add(
+            f"{name}: 3M-token cache, share of the maximum hit rate",
+            "< 50%",
+            _percent(at.get(3_000_000, float("nan"))),
+        )
+        c.add(
+            f"{name}: capacity reaching ~all (>= 95%) of the maximum",
+            "~5e7 tokens",
+            f"{near:.0e} tokens" if near else f"> {caps[-1]:.0e} tokens",
+        )
+        c.add(
+            f"{name}: maximum (unbounded) hit rate",
+            f"cache ratio {paper_cache_ratio(name)}",
+            _percent(s["max"]),
+        )
         a3 = at.get(3_000_000)
         if a3 is not None and a3 >= 0.5:
-            src = (" It is a core.synth stand-in whose reuse comes from a fixed pool of system "
-                   "prompts and documents, not the paper's trace." if name.endswith("-synth")
-                   else "")  # fmt: skip
-            c.diffs.append(f"{name}: a 3M-token cache already reaches {a3:.0%} of the maximum "
-                           f"(paper: under 50%) and the curve saturates by "
-                           f"{near or caps[-1]:.0e} tokens: the reused prefixes of this workload "
-                           f"fit in fewer tokens than the paper's.{src}")  # fmt: skip
+            src = (
+                " It is a core.synth stand-in whose reuse comes from a fixed pool of system "
+                "prompts and documents, not the paper's trace."
+                if name.endswith("-synth")
+                else ""
+            )
+            c.diffs.append(
+                f"{name}: a 3M-token cache already reaches {a3:.0%} of the maximum "
+                f"(paper: under 50%) and the curve saturates by "
+                f"{near or caps[-1]:.0e} tokens: the reused prefixes of this workload "
+                f"fit in fewer tokens than the paper's.{src}"
+            )
         if near is not None and near > 1e8:
-            c.diffs.append(f"{name}: 95% of the maximum needs {near:.0e} tokens, more than the "
-                           "paper's ~50M.")  # fmt: skip
+            c.diffs.append(
+                f"{name}: 95% of the maximum needs {near:.0e} tokens, more than the paper's ~50M."
+            )
     if not c.diffs and 3_000_000 in caps:
-        c.diffs.append("Same shape as the paper on every workload: under half of the maximum at "
-                       "3M tokens, >= 95% of it by 1e8 tokens.")  # fmt: skip
+        c.diffs.append(
+            "Same shape as the paper on every workload: under half of the maximum at "
+            "3M tokens, >= 95% of it by 1e8 tokens."
+        )
     elif 3_000_000 not in caps:
         c.diffs.append("This grid has no 3M-token point; see the table for the curve.")
     return c
@@ -85,25 +105,40 @@ def _sched(r: ExpResult) -> Comparison:
     for p in order:
         c.add(f"avg TTFT, {p} (s)", f"{PAPER_TTFT[p]:.2f}", f"{d[p]['avg_ttft_s']:.2f}")
     for p in ("random", "local-cache-aware", "global-cache-aware"):
-        c.add(f"{p} / load-balancing TTFT", f"{PAPER_TTFT[p] / PAPER_TTFT['least-load']:.2f}x",
-              f"{d[p]['avg_ttft_s'] / d['least-load']['avg_ttft_s']:.2f}x")  # fmt: skip
+        c.add(
+            f"{p} / load-balancing TTFT",
+            f"{PAPER_TTFT[p] / PAPER_TTFT['least-load']:.2f}x",
+            f"{d[p]['avg_ttft_s'] / d['least-load']['avg_ttft_s']:.2f}x",
+        )
     ours = sorted(order, key=lambda p: -d[p]["avg_ttft_s"])
-    c.diffs.append("Ordering (worst to best): " + " > ".join(ours) + (
-        " - the same as the paper's." if ours == order else " - the paper's is "
-        + " > ".join(order) + "."))  # fmt: skip
+    c.diffs.append(
+        "Ordering (worst to best): "
+        + " > ".join(ours)
+        + (
+            " - the same as the paper's."
+            if ours == order
+            else " - the paper's is " + " > ".join(order) + "."
+        )
+    )
     bal = [d[p]["avg_ttft_s"] / PAPER_TTFT[p] for p in order[1:]]
-    c.diffs.append(f"The balanced policies' absolute TTFTs are {_range(bal, lambda x: f'{x:.2f}')}"
-                   "x the paper's.")  # fmt: skip
+    c.diffs.append(
+        f"The balanced policies' absolute TTFTs are {_range(bal, lambda x: f'{x:.2f}')}"
+        "x the paper's."
+    )
     rr = d["random"]["avg_ttft_s"] / d["least-load"]["avg_ttft_s"]
     pr = PAPER_TTFT["random"] / PAPER_TTFT["least-load"]
-    c.diffs.append(f"Random placement is {rr:.1f}x load-balancing here vs {pr:.1f}x in the paper; "
-                   f"its average queue is {d['random']['avg_queue_s']:.1f} s vs "
-                   f"{d['least-load']['avg_queue_s']:.1f} s, so queueing, not prefill, makes "
-                   "the gap.")  # fmt: skip
-    c.diffs.append(f"Hit rates: load-balancing {d['least-load']['hit_rate']:.0%}, local "
-                   f"cache-aware {d['local-cache-aware']['hit_rate']:.0%}, global "
-                   f"{d['global-cache-aware']['hit_rate']:.0%} - the cache-aware gains come "
-                   "from reuse, as in the paper.")  # fmt: skip
+    c.diffs.append(
+        f"Random placement is {rr:.1f}x load-balancing here vs {pr:.1f}x in the paper; "
+        f"its average queue is {d['random']['avg_queue_s']:.1f} s vs "
+        f"{d['least-load']['avg_queue_s']:.1f} s, so queueing, not prefill, makes "
+        "the gap."
+    )
+    c.diffs.append(
+        f"Hit rates: load-balancing {d['least-load']['hit_rate']:.0%}, local "
+        f"cache-aware {d['local-cache-aware']['hit_rate']:.0%}, global "
+        f"{d['global-cache-aware']['hit_rate']:.0%} - the cache-aware gains come "
+        "from reuse, as in the paper."
+    )
     return c
 
 
@@ -116,26 +151,39 @@ def _gl(r: ExpResult) -> Comparison:
         hit_ca.append(gl["hit_rate"] / ca["hit_rate"] if ca["hit_rate"] else float("nan"))
         pre_lb.append(1 - gl["prefill_s"] / lb["prefill_s"])
         pre_ca.append(1 - gl["prefill_s"] / ca["prefill_s"])
-        c.add(f"{name}: global / local hit rate (local+LB; local+cache-aware)", "up to 2.36x",
-              f"{hit_lb[-1]:.2f}x; {hit_ca[-1]:.2f}x")  # fmt: skip
-        c.add(f"{name}: prefill time saved (vs local+LB; local+cache-aware)", "up to 48%",
-              f"{pre_lb[-1]:.0%}; {pre_ca[-1]:.0%}")  # fmt: skip
-    c.diffs.append(f"Against load-balanced local caches the global cache gives "
-                   f"{_range(hit_lb, lambda x: f'{x:.2f}x')} the hit rate (paper: up to 2.36x) "
-                   f"and {_range(pre_lb, _pct)} less prefill time (paper: up to 48%).")  # fmt: skip
-    c.diffs.append(f"Against cache-aware placement on local caches the gain shrinks to "
-                   f"{_range(hit_ca, lambda x: f'{x:.2f}x')} hit rate and "
-                   f"{_range(pre_ca, _pct)} prefill time: steering requests to the holder "
-                   "captures most of the reuse; fetching adds the rest when the holder is "
-                   "busy.")  # fmt: skip
+        c.add(
+            f"{name}: global / local hit rate (local+LB; local+cache-aware)",
+            "up to 2.36x",
+            f"{hit_lb[-1]:.2f}x; {hit_ca[-1]:.2f}x",
+        )
+        c.add(
+            f"{name}: prefill time saved (vs local+LB; local+cache-aware)",
+            "up to 48%",
+            f"{pre_lb[-1]:.0%}; {pre_ca[-1]:.0%}",
+        )
+    c.diffs.append(
+        f"Against load-balanced local caches the global cache gives "
+        f"{_range(hit_lb, lambda x: f'{x:.2f}x')} the hit rate (paper: up to 2.36x) "
+        f"and {_range(pre_lb, _percent)} less prefill time (paper: up to 48%)."
+    )
+    c.diffs.append(
+        f"Against cache-aware placement on local caches the gain shrinks to "
+        f"{_range(hit_ca, lambda x: f'{x:.2f}x')} hit rate and "
+        f"{_range(pre_ca, _percent)} prefill time: steering requests to the holder "
+        "captures most of the reuse; fetching adds the rest when the holder is "
+        "busy."
+    )
     return c
 
 
 def _overload(r: ExpResult) -> Comparison:
     c = Comparison()
     for row in r.rows:  # TBT SLO, policy, rejected, after prefill, vs baseline, paper, ...
-        c.add(f"rejected, {row[1]} (TBT SLO {row[0]} ms)", f"{row[5]} ({row[6]})",
-              f"{row[2]} ({row[4]})")  # fmt: skip
+        c.add(
+            f"rejected, {row[1]} (TBT SLO {row[0]} ms)",
+            f"{row[5]} ({row[6]})",
+            f"{row[2]} ({row[4]})",
+        )
     slos = sorted({row[0] for row in r.rows}, key=float)
     for slo in slos:
         rows = {row[1]: row for row in r.rows if row[0] == slo}
@@ -150,7 +198,8 @@ def _overload(r: ExpResult) -> Comparison:
             f"At {slo} ms: baseline {b} ({base[3]} after a wasted prefill), early {e} "
             f"({early[4]}), prediction {p} ({pred[4]}); paper -9.8% / -14.2%. The paper's order "
             f"(baseline > early > prediction) {'holds' if order_ok else 'does not hold'}. "
-            f"Effective requests: {base[7]} / {early[7]} / {pred[7]}.")  # fmt: skip
+            f"Effective requests: {base[7]} / {early[7]} / {pred[7]}."
+        )
         c.diffs.append(_early_rejection_note(slo, b, e, int(base[3]), int(early[3])))
     return c
 
@@ -169,57 +218,105 @@ def _capacity(r: ExpResult) -> Comparison:
                 gains.append(m / v - 1)
             else:
                 zero.append(f"{k} at {t} ms")
-        rel = ", ".join(f"{d[k]['capacity_rps'][j]:.2f}" for k in ("vllm", "vllm-prefix",
-                                                                   "vllm-chunked"))  # fmt: skip
-        c.add(f"capacity at TBT {t} ms, req/s: Mooncake 8P+8D (vLLM, +prefix, +chunked)",
-              "Mooncake +59% to +498%", f"{m:.2f} ({rel})")  # fmt: skip
-    c.add("Mooncake 8P+8D gain over the vLLM baselines, 100-300 ms", "+59% to +498%",
-          _range(gains, lambda x: f"{x:+.0%}"))  # fmt: skip
+        rel = ", ".join(
+            f"{d[k]['capacity_rps'][j]:.2f}" for k in ("vllm", "vllm-prefix", "vllm-chunked")
+        )
+        c.add(
+            f"capacity at TBT {t} ms, req/s: Mooncake 8P+8D (vLLM, +prefix, +chunked)",
+            "Mooncake +59% to +498%",
+            f"{m:.2f} ({rel})",
+        )
+    c.add(
+        "Mooncake 8P+8D gain over the vLLM baselines, 100-300 ms",
+        "+59% to +498%",
+        _range(gains, lambda x: f"{x:+.0%}"),
+    )
     base_keys = ("vllm", "vllm-prefix", "vllm-chunked")
     if "mooncake-best" in d:
         sp = d.get("best_split", ["?", "?"])
-        g2 = [d["mooncake-best"]["capacity_rps"][j] / d[k]["capacity_rps"][j] - 1
-              for j in range(min(3, len(th))) for k in base_keys if d[k]["capacity_rps"][j]]  # fmt: skip
-        c.add(f"Mooncake {sp[0]}P+{sp[1]}D (best split here) gain over the vLLM baselines, "
-              "100-300 ms", "+59% to +498%", _range(g2, lambda x: f"{x:+.0%}"))  # fmt: skip
+        g2 = [
+            d["mooncake-best"]["capacity_rps"][j] / d[k]["capacity_rps"][j] - 1
+            for j in range(min(3, len(th)))
+            for k in base_keys
+            if d[k]["capacity_rps"][j]
+        ]
+        c.add(
+            f"Mooncake {sp[0]}P+{sp[1]}D (best split here) gain over the vLLM baselines, "
+            "100-300 ms",
+            "+59% to +498%",
+            _range(g2, lambda x: f"{x:+.0%}"),
+        )
     best_base = max(base_keys, key=lambda k: d[k]["capacity_rps"][0])
     if not d[best_base]["capacity_rps"][0] and not d["mooncake"]["capacity_rps"][0]:
-        c.diffs.append(f"No system meets the 90% target at {th[0]} ms at any speed of the grid "
-                       "(every capacity is 0): this trace overloads the 16-node cluster even at "
-                       f"{speeds[0]}x, so the paper's comparison cannot be made here.")  # fmt: skip
+        c.diffs.append(
+            f"No system meets the 90% target at {th[0]} ms at any speed of the grid "
+            "(every capacity is 0): this trace overloads the 16-node cluster even at "
+            f"{speeds[0]}x, so the paper's comparison cannot be made here."
+        )
     elif not d[best_base]["capacity_rps"][0]:
-        c.diffs.append(f"Every vLLM baseline has capacity 0 at {th[0]} ms (no speed of the grid "
-                       "meets the 90% target), while Mooncake 8P+8D reaches "
-                       f"{d['mooncake']['capacity_rps'][0]:.2f} req/s: the gain is unbounded on "
-                       "this grid, wider than the paper's +59% to +498%.")  # fmt: skip
+        c.diffs.append(
+            f"Every vLLM baseline has capacity 0 at {th[0]} ms (no speed of the grid "
+            "meets the 90% target), while Mooncake 8P+8D reaches "
+            f"{d['mooncake']['capacity_rps'][0]:.2f} req/s: the gain is unbounded on "
+            "this grid, wider than the paper's +59% to +498%."
+        )
     else:
-        c.diffs.append(f"The strongest baseline at {th[0]} ms is {best_base} "
-                       f"({d[best_base]['capacity_rps'][0]:.2f} req/s vs Mooncake 8P+8D "
-                       f"{d['mooncake']['capacity_rps'][0]:.2f}).")  # fmt: skip
+        c.diffs.append(
+            f"The strongest baseline at {th[0]} ms is {best_base} "
+            f"({d[best_base]['capacity_rps'][0]:.2f} req/s vs Mooncake 8P+8D "
+            f"{d['mooncake']['capacity_rps'][0]:.2f})."
+        )
     if gains:
         lo, hi = min(gains), max(gains)
-        rel = ("within" if lo >= 0.59 and hi <= 4.98 else "narrower than" if hi < 4.98
-               and lo > 0.59 else "wider than" if lo < 0.59 and hi > 4.98 else
-               "below" if hi < 0.59 else "partly outside")  # fmt: skip
-        c.diffs.append(f"Mooncake's gain over the baselines with a non-zero capacity at "
-                       f"100-300 ms: {_range(gains, lambda x: f'{x:+.0%}')}, {rel} the paper's "
-                       "+59% to +498%" + (" (our baselines share Mooncake's conductor routing, "
-                                          "a generous router)" if hi < 4.98 else "") + ".")  # fmt: skip
+        rel = (
+            "within"
+            if lo >= 0.59 and hi <= 4.98
+            else "narrower than"
+            if hi < 4.98 and lo > 0.59
+            else "wider than"
+            if lo < 0.59 and hi > 4.98
+            else "below"
+            if hi < 0.59
+            else "partly outside"
+        )
+        c.diffs.append(
+            f"Mooncake's gain over the baselines with a non-zero capacity at "
+            f"100-300 ms: {_range(gains, lambda x: f'{x:+.0%}')}, {rel} the paper's "
+            "+59% to +498%"
+            + (
+                " (our baselines share Mooncake's conductor routing, a generous router)"
+                if hi < 4.98
+                else ""
+            )
+            + "."
+        )
     if zero:
-        c.diffs.append("No speed of the grid met the 90% target for " + ", ".join(zero)
-                       + " (capacity 0: gain unbounded).")  # fmt: skip
-    capped = [k for k in d if isinstance(d[k], dict) and "capacity_rps" in d[k]
-              and any(abs(x - top) < 1e-9 for x in d[k]["capacity_rps"])]  # fmt: skip
+        c.diffs.append(
+            "No speed of the grid met the 90% target for "
+            + ", ".join(zero)
+            + " (capacity 0: gain unbounded)."
+        )
+    capped = [
+        k
+        for k in d
+        if isinstance(d[k], dict)
+        and "capacity_rps" in d[k]
+        and any(abs(x - top) < 1e-9 for x in d[k]["capacity_rps"])
+    ]
     if capped:
-        c.diffs.append(f"{', '.join(capped)} still meet the target at the top of the grid "
-                       f"({speeds[-1]}x): those capacities are lower bounds, so the gains "
-                       "over them are understated.")  # fmt: skip
+        c.diffs.append(
+            f"{', '.join(capped)} still meet the target at the top of the grid "
+            f"({speeds[-1]}x): those capacities are lower bounds, so the gains "
+            "over them are understated."
+        )
     moon_tbt = [run["avg_tbt_s"] * 1000 for run in d["mooncake"]["runs"]]
     vll_tbt = [run["avg_tbt_s"] * 1000 for run in d["vllm"]["runs"]]
-    c.diffs.append(f"Average TBT across the speed grid: Mooncake {_range(moon_tbt, lambda x: f'{x:.0f}')}"
-                   f" ms, vLLM {_range(vll_tbt, lambda x: f'{x:.0f}')} ms; with TBT far below "
-                   "the thresholds Mooncake is bounded by TTFT (prefill capacity), so its "
-                   "curve is flat in the threshold.")  # fmt: skip
+    c.diffs.append(
+        f"Average TBT across the speed grid: Mooncake {_range(moon_tbt, lambda x: f'{x:.0f}')}"
+        f" ms, vLLM {_range(vll_tbt, lambda x: f'{x:.0f}')} ms; with TBT far below "
+        "the thresholds Mooncake is bounded by TTFT (prefill capacity), so its "
+        "curve is flat in the threshold."
+    )
     return c
 
 
@@ -232,14 +329,22 @@ def _replicas(r: ExpResult) -> Comparison:
     nodes = max(int(arr.max()), 1)
     mean_all = float(arr.mean())
     multi = float((arr >= 2).mean())
-    c.add("hottest blocks replicated on several prefill nodes", "yes (Fig. 11)",
-          f"mean {mean_all:.1f} replicas, >= 2 replicas in {multi:.0%} of samples")  # fmt: skip
-    c.add("replica counts change with demand over time", "yes",
-          f"per-block range {int(arr.min())}-{nodes} over the trace")  # fmt: skip
-    c.diffs.append(f"The 10 hottest prefixes average {mean_all:.1f} replicas (max {nodes}) and "
-                   f"have >= 2 in {multi:.0%} of the 30-s samples: the paper's replication of "
-                   "hot blocks by Algorithm 1 appears; the paper gives no per-block counts to "
-                   "compare numerically.")  # fmt: skip
+    c.add(
+        "hottest blocks replicated on several prefill nodes",
+        "yes (Fig. 11)",
+        f"mean {mean_all:.1f} replicas, >= 2 replicas in {multi:.0%} of samples",
+    )
+    c.add(
+        "replica counts change with demand over time",
+        "yes",
+        f"per-block range {int(arr.min())}-{nodes} over the trace",
+    )
+    c.diffs.append(
+        f"The 10 hottest prefixes average {mean_all:.1f} replicas (max {nodes}) and "
+        f"have >= 2 in {multi:.0%} of the 30-s samples: the paper's replication of "
+        "hot blocks by Algorithm 1 appears; the paper gives no per-block counts to "
+        "compare numerically."
+    )
     return c
 
 
@@ -248,16 +353,23 @@ def _bandwidth(r: ExpResult) -> Comparison:
     keys = sorted(d, key=float)
     hi = d[keys[-1]]["avg_ttft_s"]
     for k in keys:
-        c.add(f"avg TTFT at {k} Gbps (x the {keys[-1]}-Gbps TTFT)",
-              "sharp rise below ~100 Gbps" if float(k) < 100 else "flat",
-              f"{d[k]['avg_ttft_s']:.2f} s ({d[k]['avg_ttft_s'] / hi:.2f}x)")  # fmt: skip
+        c.add(
+            f"avg TTFT at {k} Gbps (x the {keys[-1]}-Gbps TTFT)",
+            "sharp rise below ~100 Gbps" if float(k) < 100 else "flat",
+            f"{d[k]['avg_ttft_s']:.2f} s ({d[k]['avg_ttft_s'] / hi:.2f}x)",
+        )
     below = [d[k]["avg_ttft_s"] / hi for k in keys if float(k) < 100]
     above = [d[k]["avg_ttft_s"] / hi for k in keys if float(k) >= 100]
     knee = bool(below and above and min(below) > max(above) * 1.5)
-    c.diffs.append(f"Below 100 Gbps TTFT is {_range(below, lambda x: f'{x:.1f}x')} the best; "
-                   f"from 100 Gbps up {_range(above, lambda x: f'{x:.2f}x')}: "
-                   + ("the paper's knee at ~100 Gbps." if knee
-                      else "no sharp knee at ~100 Gbps, unlike the paper."))  # fmt: skip
+    c.diffs.append(
+        f"Below 100 Gbps TTFT is {_range(below, lambda x: f'{x:.1f}x')} the best; "
+        f"from 100 Gbps up {_range(above, lambda x: f'{x:.2f}x')}: "
+        + (
+            "the paper's knee at ~100 Gbps."
+            if knee
+            else "no sharp knee at ~100 Gbps, unlike the paper."
+        )
+    )
     return c
 
 
@@ -266,27 +378,40 @@ def _pd(r: ExpResult) -> Comparison:
     splits = list(d)
     best = max(splits, key=lambda k: d[k]["effective_share"])
     c.add("split with the highest effective capacity", "balanced ratio", best)
-    c.add("too few prefill nodes", "TTFT rises",
-          f"{splits[0]}: avg TTFT {d[splits[0]]['avg_ttft_s']:.1f} s")  # fmt: skip
-    c.add("too few decode nodes", "TBT rises",
-          f"{splits[-1]}: avg TBT {d[splits[-1]]['avg_tbt_s'] * 1000:.1f} ms")  # fmt: skip
+    c.add(
+        "too few prefill nodes",
+        "TTFT rises",
+        f"{splits[0]}: avg TTFT {d[splits[0]]['avg_ttft_s']:.1f} s",
+    )
+    c.add(
+        "too few decode nodes",
+        "TBT rises",
+        f"{splits[-1]}: avg TBT {d[splits[-1]]['avg_tbt_s'] * 1000:.1f} ms",
+    )
     tt = [d[k]["avg_ttft_s"] for k in splits]
     tb = [d[k]["avg_tbt_s"] for k in splits]
     inner = best not in (splits[0], splits[-1])
-    c.diffs.append(f"Effective share peaks at {best} ({d[best]['effective_share']:.1%})"
-                   + (", an interior split as in the paper." if inner
-                      else ", an end of the grid, unlike the paper's interior peak.")
-                   + f" TTFT {'falls' if tt[0] > tt[-1] else 'does not fall'} and TBT "
-                   f"{'rises' if tb[-1] > tb[0] else 'does not rise'} as nodes move from "
-                   "decode to prefill.")  # fmt: skip
+    c.diffs.append(
+        f"Effective share peaks at {best} ({d[best]['effective_share']:.1%})"
+        + (
+            ", an interior split as in the paper."
+            if inner
+            else ", an end of the grid, unlike the paper's interior peak."
+        )
+        + f" TTFT {'falls' if tt[0] > tt[-1] else 'does not fall'} and TBT "
+        f"{'rises' if tb[-1] > tb[0] else 'does not rise'} as nodes move from "
+        "decode to prefill."
+    )
     even = next((k for k in splits if k.startswith("8P")), None)
     if even and even != best:
         e = d[even]
-        c.diffs.append(f"The even split {even} reaches only {e['effective_share']:.1%} "
-                       f"(avg TTFT {e['avg_ttft_s']:.1f} s, avg TBT {e['avg_tbt_s'] * 1000:.1f} "
-                       f"ms): at this speed the prefill side saturates first, because our "
-                       "decode-time model leaves decode far from its limit, so the best split "
-                       "is prefill-heavy.")  # fmt: skip
+        c.diffs.append(
+            f"The even split {even} reaches only {e['effective_share']:.1%} "
+            f"(avg TTFT {e['avg_ttft_s']:.1f} s, avg TBT {e['avg_tbt_s'] * 1000:.1f} "
+            f"ms): at this speed the prefill side saturates first, because our "
+            "decode-time model leaves decode far from its limit, so the best split "
+            "is prefill-heavy."
+        )
     return c
 
 

@@ -11,7 +11,6 @@ over both ends' NICs, puts of computed blocks, see :mod:`kvcake.sim.pooled`).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -25,6 +24,7 @@ from kvcake.conductor.config import ConductorConfig
 from kvcake.core.config import require
 from kvcake.core.costmodel import DEFAULT_PRESET, PRESETS, CostModel, load_calibration, preset
 from kvcake.core.errors import ConfigError
+from kvcake.core.stats import percentile
 from kvcake.core.trace import TraceRecord
 from kvcake.sim.config import SimConfig
 from kvcake.sim.runner import simulate
@@ -198,13 +198,10 @@ def _evaluate(arg: tuple[str, SimConfig, float]) -> Point:
     variant, cfg, target = arg
     r = simulate(_RECORDS, cfg)
     ok = r.completed
-    with np.errstate(invalid="ignore"):
-        good = ok & (r.ttft <= cfg.conductor.ttft_slo_s) & (r.tbt <= cfg.conductor.tbt_slo_s)
-    share = float(good.mean()) if r.n else 0.0
+    share = r.effective_share(cfg.conductor.tbt_slo_s, cfg.conductor.ttft_slo_s)
 
-    def pct(a: np.ndarray, q: float) -> float:
-        a = a[ok & ~np.isnan(a)]
-        return float(np.percentile(a, q)) if a.size else math.inf
+    def pct(a: np.ndarray, q: float) -> float:  # of the completed requests; NaN when none
+        return percentile(a[ok], q)
 
     rej = r.rejected()
     pool = cfg.pool_tokens_per_node if cfg.fetch_source == "pool" and variant == "disagg-pool" \

@@ -26,6 +26,7 @@ from collections import OrderedDict
 import msgspec
 
 from kvcake.core.auth import Authenticator
+from kvcake.core.backoff import pauses
 from kvcake.store import protocol as P
 from kvcake.store.errors import RpcFailed, Unauthorized
 from kvcake.store.ha.election import read_leader_term
@@ -108,7 +109,7 @@ class FailoverConnection(MasterConnection):
         """As MasterConnection.call, following the leader for up to ``failover_s``;
         ``retries=0`` (a best-effort call) makes one attempt and does not wait for a leader."""
         deadline = time.monotonic() + (0 if retries == 0 else self.failover_s)
-        pause = 0.05
+        waits = pauses(0.05, 0.2)
         while True:
             try:
                 if retries is None:
@@ -119,10 +120,10 @@ class FailoverConnection(MasterConnection):
             except RpcFailed:
                 self.close()
                 self.address = ""
+                pause = next(waits)
                 if time.monotonic() + pause > deadline:
                     raise
                 time.sleep(pause)
-                pause = min(pause * 2, 0.2)
 
     def shutdown(self) -> None:
         self.close()
