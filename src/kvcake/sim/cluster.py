@@ -17,9 +17,14 @@ from kvcake.sim.sched import Scheduler, build_scheduler, make_index
 
 class ClusterBase:
     def __init__(
-        self, cfg: SimConfig, eq: EventQueue, scheduler: Scheduler | None, *, colocated: bool,
+        self,
+        cfg: SimConfig,
+        eq: EventQueue,
+        scheduler: Scheduler | None,
+        *,
+        colocated: bool,
         cost_model: CostModel | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cfg = cfg
         self.eq = eq
         # the instances' times (a live host may slow them: sim.livehost); the conductor
@@ -36,10 +41,12 @@ class ClusterBase:
         """The conductor's decision for ``req`` arriving at ``now``; ``None`` (and the request
         recorded as rejected) unless it was accepted."""
         view = RequestView(
-            RequestId(str(req.rid)), now, req.prompt_len,
+            RequestId(str(req.rid)),
+            now,
+            req.prompt_len,
             cast(tuple[BlockHash, ...], req.blocks),  # NewType: same ints
             self.cfg.conductor.expected_output_tokens,
-        )  # fmt: skip
+        )
         decision = self.scheduler.schedule(view, self.snapshot(now))
         if not isinstance(decision, Accept):
             req.outcome = Outcome.REJECTED

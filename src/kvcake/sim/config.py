@@ -37,8 +37,10 @@ def parse_failures(spec: str, prefill: int, decode: int) -> list[tuple[str, int,
         ok = kind in ("p", "d") and num.isdigit() and at.replace(".", "", 1).isdigit()
         require(ok, f"sim.failures: {part!r} is not NODE@SECONDS (e.g. p0@300, d1@600)")
         n = int(num)
-        require(n < (prefill if kind == "p" else decode),
-                f"sim.failures: {part!r} names a node that does not exist")  # fmt: skip
+        require(
+            n < (prefill if kind == "p" else decode),
+            f"sim.failures: {part!r} names a node that does not exist",
+        )
         out.append((kind, n, float(at)))
     return out
 
@@ -95,12 +97,18 @@ class SimConfig:
         require(self.link_gbps > 0, "sim.link_gbps must be positive")
         require(self.prefill_chunk_tokens >= 1, "sim.prefill_chunk_tokens must be >= 1")
         require(self.decode_kv_tokens >= 1, "sim.decode_kv_tokens must be >= 1")
-        require(isinstance(self.conductor, ConductorConfig),
-                "sim.conductor must be a ConductorConfig ([conductor] section)")  # fmt: skip
-        require(self.fetch_source in FETCH_SOURCES, f"sim.fetch_source must be one of "
-                f"{FETCH_SOURCES}, got {self.fetch_source!r}")  # fmt: skip
-        require(self.pool_tokens_per_node >= 0 and self.ssd_tokens_per_node >= 0,
-                "sim.pool_tokens_per_node and sim.ssd_tokens_per_node must be >= 0")  # fmt: skip
+        require(
+            isinstance(self.conductor, ConductorConfig),
+            "sim.conductor must be a ConductorConfig ([conductor] section)",
+        )
+        require(
+            self.fetch_source in FETCH_SOURCES,
+            f"sim.fetch_source must be one of {FETCH_SOURCES}, got {self.fetch_source!r}",
+        )
+        require(
+            self.pool_tokens_per_node >= 0 and self.ssd_tokens_per_node >= 0,
+            "sim.pool_tokens_per_node and sim.ssd_tokens_per_node must be >= 0",
+        )
         require(self.ssd_gbps > 0, "sim.ssd_gbps must be positive")
         require(self.index_lag_s >= 0, "sim.index_lag_s must be >= 0")
         require(0 <= self.predictor_noise < 1, "sim.predictor_noise must be in [0, 1)")
@@ -122,7 +130,7 @@ class SimConfig:
     def nodes(self) -> int:
         return self.prefill_nodes + self.decode_nodes
 
-    def with_(self, **changes: Any) -> SimConfig:
+    def with_(self, **changes: Any) -> SimConfig:  # any field: values checked by __post_init__
         """A copy with ``changes``; conductor field names (``prefill_policy``, ``tbt_slo_s``, ...)
         change ``self.conductor`` (the two sets of names are disjoint)."""
         cond, own = split_overrides(changes)
@@ -132,7 +140,7 @@ class SimConfig:
 
 
 def load_sim_config(
-    toml_path: str | os.PathLike[str] | None = None, overrides: Mapping[str, Any] | None = None
+    toml_path: str | os.PathLike[str] | None = None, overrides: Mapping[str, object] | None = None
 ) -> SimConfig:
     """``[sim]`` and ``[conductor]`` of ``toml_path`` (< ``KVCAKE_SIM_*`` / ``KVCAKE_CONDUCTOR_*``
     < ``overrides``, flat: conductor field names go to the conductor). Old ``[sim]`` conductor

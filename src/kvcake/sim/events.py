@@ -11,8 +11,10 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from enum import IntEnum
-from typing import Any
+from typing import Any, TypeVar, overload
 
+P = TypeVar("P")
+# Stored type-erased: one heap holds every kind of event; ``schedule`` checks each pair.
 Handler = Callable[[float, Any], None]
 
 
@@ -37,7 +39,15 @@ class EventQueue:
         self.now = 0.0
         self.processed = 0
 
-    def schedule(self, time: float, prio: int, handler: Handler, payload: Any = None) -> None:
+    @overload
+    def schedule(self, time: float, prio: int, handler: Callable[[float, None], None]) -> None: ...
+
+    @overload
+    def schedule(
+        self, time: float, prio: int, handler: Callable[[float, P], None], payload: P
+    ) -> None: ...
+
+    def schedule(self, time: float, prio: int, handler: Handler, payload: object = None) -> None:
         if time < self.now:
             raise ValueError(f"cannot schedule into the past ({time} < {self.now})")
         self._seq += 1

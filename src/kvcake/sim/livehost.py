@@ -47,8 +47,10 @@ class LiveHost:
     cpu_slowdown: float = 1.0  # compute times x this (see cpu_factor)
 
     def __post_init__(self) -> None:
-        require(self.dispatch_s >= 0 and self.first_token_s >= 0 and self.tbt_extra_s >= 0,
-                "LiveHost overheads must be >= 0")  # fmt: skip
+        require(
+            self.dispatch_s >= 0 and self.first_token_s >= 0 and self.tbt_extra_s >= 0,
+            "LiveHost overheads must be >= 0",
+        )
         require(self.cpu_slowdown >= 1, "LiveHost.cpu_slowdown must be >= 1")
 
 

@@ -37,9 +37,12 @@ from kvcake.sim.sched import Scheduler
 
 class MooncakeCluster(ClusterBase):
     def __init__(
-        self, cfg: SimConfig, eq: EventQueue, scheduler: Scheduler | None = None,
+        self,
+        cfg: SimConfig,
+        eq: EventQueue,
+        scheduler: Scheduler | None = None,
         cost_model: CostModel | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(cfg, eq, scheduler, colocated=False, cost_model=cost_model)
         self.kvbpt = self.cm.model.kv_bytes_per_token
         self.bw = cfg.link_bytes_per_s
@@ -70,14 +73,25 @@ class MooncakeCluster(ClusterBase):
     def snapshot(self, now: float) -> ClusterSnapshot:
         """The conductor's view at ``now`` (built per decision: it is the hot path)."""
         bw = self.bw
-        pre = tuple([
-            PrefillState(n.iid, n.queued_seconds(now), n.queued_requests, bw) for n in self.prefill
-        ])  # fmt: skip
-        dec = tuple([
-            DecodeState(n.iid, n.batch.size, n.batch.context_with_pending(now), n.capacity,
-                        n.pending_reqs, n.pending_ctx)
-            for n in self.decode
-        ])  # fmt: skip
+        pre = tuple(
+            [
+                PrefillState(n.iid, n.queued_seconds(now), n.queued_requests, bw)
+                for n in self.prefill
+            ]
+        )
+        dec = tuple(
+            [
+                DecodeState(
+                    n.iid,
+                    n.batch.size,
+                    n.batch.context_with_pending(now),
+                    n.capacity,
+                    n.pending_reqs,
+                    n.pending_ctx,
+                )
+                for n in self.decode
+            ]
+        )
         return ClusterSnapshot(now, pre, dec, self.index, self.cfg.block_tokens, self.kvbpt, bw)
 
     # --- arrival --------------------------------------------------------------------------

@@ -35,9 +35,12 @@ from kvcake.sim.sched import Scheduler
 
 class PooledCluster(MooncakeCluster):
     def __init__(
-        self, cfg: SimConfig, eq: EventQueue, scheduler: Scheduler | None = None,
+        self,
+        cfg: SimConfig,
+        eq: EventQueue,
+        scheduler: Scheduler | None = None,
         live: LiveHost | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.live = live
         cm = slowed(cfg.cost_model(), live.cpu_slowdown) if live is not None else None
         super().__init__(cfg, eq, scheduler, cm)
@@ -68,18 +71,32 @@ class PooledCluster(MooncakeCluster):
         proxy counts it in flight until then), and failed nodes are unhealthy."""
         bw, nics, dp, dd = self.bw, self.nics, self.dead_p, self.dead_d
         # PrefillNode.queued_seconds / queued_requests inlined (built for every arrival)
-        pre = tuple([
-            PrefillState(n.iid, max(max(n.busy_until - now, 0.0) + n.queued_pred,
-                                    nics[n.idx].tx_free - now),
-                         len(n.queue) + (n.current is not None) + len(n.batch), bw,
-                         n.idx not in dp)
-            for n in self.prefill
-        ])  # fmt: skip
-        dec = tuple([
-            DecodeState(n.iid, n.batch.size, n.batch.context_with_pending(now), n.capacity,
-                        n.pending_reqs, n.pending_ctx, n.idx not in dd)
-            for n in self.decode
-        ])  # fmt: skip
+        pre = tuple(
+            [
+                PrefillState(
+                    n.iid,
+                    max(max(n.busy_until - now, 0.0) + n.queued_pred, nics[n.idx].tx_free - now),
+                    len(n.queue) + (n.current is not None) + len(n.batch),
+                    bw,
+                    n.idx not in dp,
+                )
+                for n in self.prefill
+            ]
+        )
+        dec = tuple(
+            [
+                DecodeState(
+                    n.iid,
+                    n.batch.size,
+                    n.batch.context_with_pending(now),
+                    n.capacity,
+                    n.pending_reqs,
+                    n.pending_ctx,
+                    n.idx not in dd,
+                )
+                for n in self.decode
+            ]
+        )
         return ClusterSnapshot(now, pre, dec, self.index, self.cfg.block_tokens, self.kvbpt, bw)
 
     # --- fetch source: the pool ---------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from kvcake.core.trace import TraceRecord
 from kvcake.sim.config import SimConfig
@@ -24,6 +24,8 @@ class Cluster(Protocol):
 
 
 ClusterFactory = Callable[[SimConfig, EventQueue, Scheduler | None], Cluster]
+# ``(period s, fn(now, cluster))``: run every period while requests remain.
+Observer = tuple[float, Callable[[float, Cluster], None]]
 
 
 def _factory(system: str) -> ClusterFactory:
@@ -57,7 +59,7 @@ def simulate(
     cfg: SimConfig,
     *,
     scheduler: Scheduler | None = None,
-    observers: Sequence[tuple[float, Callable[[float, Any], None]]] = (),
+    observers: Sequence[Observer] = (),
     live: LiveHost | None = None,
 ) -> SimResult:
     """Replay ``records`` (timestamps re-based to the first one, divided by ``cfg.speedup``).
@@ -84,7 +86,7 @@ def simulate(
         eq.schedule(r.arrival, Prio.ARRIVAL, cluster.arrive, r)
     n = len(reqs)
 
-    def sample(now: float, _: Any) -> None:
+    def sample(now: float, _: None) -> None:
         pl, dl = cluster.loads(now)
         result_load.t.append(now)
         result_load.prefill.append(pl)
@@ -92,8 +94,10 @@ def simulate(
         if len(cluster.finished) < n:
             eq.schedule(now + cfg.sample_interval_s, Prio.SAMPLE, sample)
 
-    def observe(interval: float, fn: Callable[[float, Any], None]) -> Callable[[float, Any], None]:
-        def run(now: float, _: Any) -> None:
+    def observe(
+        interval: float, fn: Callable[[float, Cluster], None]
+    ) -> Callable[[float, None], None]:
+        def run(now: float, _: None) -> None:
             fn(now, cluster)
             if len(cluster.finished) < n:
                 eq.schedule(now + interval, Prio.SAMPLE, run)

@@ -36,7 +36,10 @@ def noisy_predictors(cm: CostModel, noise: float, seed: int = 0, n: int = 64) ->
     if noise <= 0:
         return Predictors.from_cost_model(cm)
     rng = np.random.default_rng([seed, 17])
-    jitter = lambda: max(0.05, 1.0 + noise * float(rng.standard_normal()))  # noqa: E731
+
+    def jitter() -> float:
+        return max(0.05, 1.0 + noise * float(rng.standard_normal()))
+
     pre = []
     for _ in range(n):
         L = int(rng.integers(64, 32_768))

@@ -16,16 +16,34 @@ from kvcake.core.trace import TRACE_BLOCK_TOKENS, TraceRecord, read_trace
 
 # paper: 23,608 requests, avg input 8,596, avg output 182, cache ratio 59%
 TOOL_AGENT = SynthConfig(
-    requests=23_608, rate=6.5, system_prompts=400, system_tokens=5000, documents=400,
-    document_tokens=2500, document_prob=0.4, user_tokens_mean=2000.0, output_tokens_mean=182.0,
-    turns_mean=1.3, think_time_s=20.0, seed=1,
-)  # fmt: skip
+    requests=23_608,
+    rate=6.5,
+    system_prompts=400,
+    system_tokens=5000,
+    documents=400,
+    document_tokens=2500,
+    document_prob=0.4,
+    user_tokens_mean=2000.0,
+    output_tokens_mean=182.0,
+    turns_mean=1.3,
+    think_time_s=20.0,
+    seed=1,
+)
 # paper: 3,993 requests, avg input 15,325, avg output 149, cache ratio 66%, Poisson arrivals
 SYNTHETIC = SynthConfig(
-    requests=3_993, rate=1.1, system_prompts=20, system_tokens=2000, documents=90,
-    document_tokens=11000, document_prob=0.9, user_tokens_mean=1200.0,
-    output_tokens_mean=149.0, turns_mean=1.6, think_time_s=30.0, seed=2,
-)  # fmt: skip
+    requests=3_993,
+    rate=1.1,
+    system_prompts=20,
+    system_tokens=2000,
+    documents=90,
+    document_tokens=11000,
+    document_prob=0.9,
+    user_tokens_mean=1200.0,
+    output_tokens_mean=149.0,
+    turns_mean=1.6,
+    think_time_s=30.0,
+    seed=2,
+)
 
 SYNTH_PRESETS = {"toolagent-synth": TOOL_AGENT, "synthetic-synth": SYNTHETIC}
 
@@ -39,8 +57,10 @@ def load_workload(spec: str) -> tuple[str, list[TraceRecord]]:
     try:
         recs = read_trace(p)
     except UnicodeDecodeError as exc:
-        raise TraceError(f"{p}: not UTF-8 text (byte {exc.start}: {exc.reason}); a trace is "
-                         "JSONL, one Mooncake record per line") from None  # fmt: skip
+        raise TraceError(
+            f"{p}: not UTF-8 text (byte {exc.start}: {exc.reason}); a trace is "
+            "JSONL, one Mooncake record per line"
+        ) from None
     if not recs:
         raise TraceError(f"{p}: the trace has no requests (empty file)")
     return p.stem.removesuffix("_trace"), recs

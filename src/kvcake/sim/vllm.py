@@ -143,8 +143,10 @@ class ColocatedInstance(DecodeBatch):
             self.extra = (c.time(req.prompt_len, p0), 0.0)
             steps = 1
         else:
-            self.extra = (c.c0 + c.c1 * budget + c.c2 * (2 * p0 * budget + budget**2),
-                          2 * c.c2 * budget**2)  # fmt: skip
+            self.extra = (
+                c.c0 + c.c1 * budget + c.c2 * (2 * p0 * budget + budget**2),
+                2 * c.c2 * budget**2,
+            )
             steps = full
         self._chunk = budget
         self.start_epoch(now, max_steps=steps)
@@ -155,8 +157,11 @@ class ColocatedInstance(DecodeBatch):
         assert req is not None
         before = self.chunk_pos
         left = req.prompt_len - before
-        self.chunk_pos = min(req.prompt_len, before + steps * self._chunk) if left >= self._chunk \
-            else (req.prompt_len if steps else before)  # fmt: skip
+        self.chunk_pos = (
+            min(req.prompt_len, before + steps * self._chunk)
+            if left >= self._chunk
+            else (req.prompt_len if steps else before)
+        )
         if self.chunk_pos > before:
             req.prefill_compute += self.cl.cm.prefill_time(self.chunk_pos, before)
         if self.chunk_pos >= req.prompt_len:
@@ -190,12 +195,15 @@ class VLLMCluster(ClusterBase):
         pre = tuple(PrefillState(n.iid, n.queued_seconds(now), len(n.waiting)) for n in self.inst)
         dec = tuple(
             DecodeState(
-                n.iid, n.size, n.context_with_pending(now), cap,
+                n.iid,
+                n.size,
+                n.context_with_pending(now),
+                cap,
                 len(n.waiting) + (n.prefilling is not None),
                 sum(r.prompt_len for r in n.waiting),
             )
             for n in self.inst
-        )  # fmt: skip
+        )
         kvb = self.cm.model.kv_bytes_per_token
         bw = self.cfg.link_bytes_per_s
         return ClusterSnapshot(now, pre, dec, self.index, self.cfg.block_tokens, kvb, bw)

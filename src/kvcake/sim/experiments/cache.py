@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -14,6 +14,8 @@ from kvcake.core.trace import TraceRecord
 from kvcake.sim.cache import LRUBlockCache
 from kvcake.sim.config import SimConfig
 from kvcake.sim.experiments.common import Context, ExpResult, new_figure, pmap, run, workload
+from kvcake.sim.mooncake import MooncakeCluster
+from kvcake.sim.runner import Cluster
 from kvcake.sim.traces import leading_run
 
 CAPACITIES = [int(v) for v in (1e4, 3e4, 1e5, 3e5, 1e6, 3e6, 1e7, 3e7, 1e8, 3e8, 1e9)]
@@ -29,8 +31,9 @@ CACHE_MODELS = {
 }
 
 
-def lru_hit_rate(records: Sequence[TraceRecord], capacity_tokens: int, block: int = 512,
-                 model: str = "paper") -> float:  # fmt: skip
+def lru_hit_rate(
+    records: Sequence[TraceRecord], capacity_tokens: int, block: int = 512, model: str = "paper"
+) -> float:
     """One global LRU over blocks; a request hits its longest cached prefix. ``model`` picks
     the weighting and eviction order (:data:`CACHE_MODELS`)."""
     if model == "paper":
@@ -91,20 +94,26 @@ def cache_capacity(ctx: Context) -> ExpResult:
     ax.grid(alpha=0.3)
     cols = ["workload", *[f"{c:.0e}" for c in caps], "unbounded"]
     res = ExpResult("cache-capacity", "Hit rate vs cache capacity (Fig. 9)", cols, rows, data)
-    res.notes.append(f"Cache model `{ctx.cache_model}` (--cache-model): "
-                     f"{CACHE_MODELS[ctx.cache_model]}. The other choice: "
-                     + "; ".join(f"`{k}`: {v}" for k, v in CACHE_MODELS.items()
-                                 if k != ctx.cache_model) + ".")  # fmt: skip
+    res.notes.append(
+        f"Cache model `{ctx.cache_model}` (--cache-model): "
+        f"{CACHE_MODELS[ctx.cache_model]}. The other choice: "
+        + "; ".join(f"`{k}`: {v}" for k, v in CACHE_MODELS.items() if k != ctx.cache_model)
+        + "."
+    )
     return res.with_figure(fig, ctx.out_dir)
 
 
 def _gl_point(arg: tuple[str, str]) -> dict[str, float]:
     spec, policy = arg
-    cfg = SimConfig(prefill_nodes=10, decode_nodes=6,
-                    cache_tokens=3_000_000).with_(prefill_policy=policy)  # fmt: skip
+    cfg = SimConfig(prefill_nodes=10, decode_nodes=6, cache_tokens=3_000_000).with_(
+        prefill_policy=policy
+    )
     r = run(spec, cfg)
-    return {"hit_rate": r.hit_rate(), "prefill_s": r.summary()["total_prefill_compute_s"],
-            "avg_ttft_s": r.mean("ttft")}  # fmt: skip
+    return {
+        "hit_rate": r.hit_rate(),
+        "prefill_s": r.summary()["total_prefill_compute_s"],
+        "avg_ttft_s": r.mean("ttft"),
+    }
 
 
 GL_VARIANTS = [
@@ -140,20 +149,32 @@ def global_vs_local(ctx: Context) -> ExpResult:
         off = (j - (k - 1) / 2) * w
         a1.bar(x + off, [data[n][p]["hit_rate"] for n in names], w, label=lab)
         a2.bar(x + off, [data[n][p]["prefill_s"] / 3600 for n in names], w, label=lab)
-    for ax, yl, t in ((a1, "hit rate (share of prompt tokens)", "Cache hit rate"),
-                      (a2, "prefill GPU time (instance-hours)", "Prefill computation time")):  # fmt: skip
+    for ax, yl, t in (
+        (a1, "hit rate (share of prompt tokens)", "Cache hit rate"),
+        (a2, "prefill GPU time (instance-hours)", "Prefill computation time"),
+    ):
         ax.set_xticks(x, names)
         ax.set_ylabel(yl)
         ax.set_title(f"{t}: 10 prefill nodes x 3M tokens")
         ax.legend(fontsize=8)
         ax.grid(axis="y", alpha=0.3)
-    cols = ["workload", "hit: local LB", "hit: local CA", "hit: global",
-            "global/local LB", "global/local CA", "prefill saved vs LB", "prefill saved vs CA"]  # fmt: skip
+    cols = [
+        "workload",
+        "hit: local LB",
+        "hit: local CA",
+        "hit: global",
+        "global/local LB",
+        "global/local CA",
+        "prefill saved vs LB",
+        "prefill saved vs CA",
+    ]
     res = ExpResult("global-vs-local", "Global vs local KV cache (Fig. 10)", cols, rows, data)
-    res.notes.append("10 prefill + 6 decode nodes, 3M-token DRAM cache per prefill node, 1x. "
-                     "local LB = each node uses only its own cache, requests placed by load "
-                     "(least-load); local CA = local-cache-aware placement, no fetches; global = "
-                     "global-cache-aware (fetches from other nodes).")  # fmt: skip
+    res.notes.append(
+        "10 prefill + 6 decode nodes, 3M-token DRAM cache per prefill node, 1x. "
+        "local LB = each node uses only its own cache, requests placed by load "
+        "(least-load); local CA = local-cache-aware placement, no fetches; global = "
+        "global-cache-aware (fetches from other nodes)."
+    )
     return res.with_figure(fig, ctx.out_dir)
 
 
@@ -185,25 +206,33 @@ def replicas(ctx: Context) -> ExpResult:
     t: list[float] = []
     series: list[list[int]] = []
 
-    def observe(now: float, cluster: Any) -> None:
+    def observe(now: float, cluster: Cluster) -> None:
         t.append(now)
-        series.append(cluster.replica_counts(hot))
+        # SimConfig() below is the default system, mooncake: a MooncakeCluster
+        series.append(cast(MooncakeCluster, cluster).replica_counts(hot))
 
     cfg = SimConfig()
     run(ctx.main_trace, cfg, observers=[(30.0, observe)])
     arr = np.array(series) if series else np.zeros((0, len(hot)))
     fig, (ax,) = new_figure(width=8)
     for j, h in enumerate(hot):
-        ax.step(np.array(t) / 60, arr[:, j], where="post", lw=1.2,
-                label=f"block {h} ({counts[h]} uses)")  # fmt: skip
+        ax.step(
+            np.array(t) / 60, arr[:, j], where="post", lw=1.2, label=f"block {h} ({counts[h]} uses)"
+        )
     ax.set_xlabel("trace time (min)")
     ax.set_ylabel(f"replicas (of {cfg.prefill_nodes} prefill nodes)")
     ax.set_title(f"Replicas of the hottest blocks over time ({name}, global-cache-aware)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
-    rows = [[f"{h}", counts[h], f"{arr[:, j].mean():.2f}", int(arr[:, j].max())]
-            for j, h in enumerate(hot)]  # fmt: skip
-    res = ExpResult("replicas", "Replica counts of the hottest blocks (Fig. 11)",
-                    ["block", "uses", "mean replicas", "max replicas"], rows,
-                    {"t": t, "blocks": hot, "replicas": arr.tolist()})  # fmt: skip
+    rows = [
+        [f"{h}", counts[h], f"{arr[:, j].mean():.2f}", int(arr[:, j].max())]
+        for j, h in enumerate(hot)
+    ]
+    res = ExpResult(
+        "replicas",
+        "Replica counts of the hottest blocks (Fig. 11)",
+        ["block", "uses", "mean replicas", "max replicas"],
+        rows,
+        {"t": t, "blocks": hot, "replicas": arr.tolist()},
+    )
     return res.with_figure(fig, ctx.out_dir)

@@ -48,8 +48,12 @@ def _run(arg: tuple[str, str, str, float, tuple[int, int]]) -> dict[str, Any]:
     else:
         cfg = cfg.with_(system=system)
     r = run(spec, cfg)
-    return {"share": [r.effective_share(t / 1000) for t in THRESHOLDS_MS],
-            "avg_ttft_s": r.mean("ttft"), "avg_tbt_s": r.mean("tbt"), "wall_s": r.wall_s}  # fmt: skip
+    return {
+        "share": [r.effective_share(t / 1000) for t in THRESHOLDS_MS],
+        "avg_ttft_s": r.mean("ttft"),
+        "avg_tbt_s": r.mean("tbt"),
+        "wall_s": r.wall_s,
+    }
 
 
 def capacity_at(speeds: list[float], shares: list[float], target: float = TARGET) -> float:
@@ -73,16 +77,23 @@ def capacity(ctx: Context) -> ExpResult:
     split, split_share = best_split(ctx, spec)
     grid = [(spec, sysn, pol, sp, split) for sysn, _, pol in SYSTEMS for sp in speeds]
     out = pmap(_run, grid, ctx.jobs)
-    data: dict[str, Any] = {"speeds": speeds, "thresholds_ms": THRESHOLDS_MS, "rate": rate,
-                            "best_split": list(split), "best_split_share": split_share}  # fmt: skip
+    data: dict[str, Any] = {
+        "speeds": speeds,
+        "thresholds_ms": THRESHOLDS_MS,
+        "rate": rate,
+        "best_split": list(split),
+        "best_split_share": split_share,
+    }
     rows = []
     fig, (ax,) = new_figure(width=8)
     for k, (sysn, lab, _) in enumerate(SYSTEMS):
         if sysn == "mooncake-best":
             lab = f"Mooncake ({split[0]}P+{split[1]}D, best split on this trace)"
         runs = out[k * len(speeds) : (k + 1) * len(speeds)]
-        caps = [capacity_at(speeds, [r["share"][j] for r in runs]) * rate
-                for j in range(len(THRESHOLDS_MS))]  # fmt: skip
+        caps = [
+            capacity_at(speeds, [r["share"][j] for r in runs]) * rate
+            for j in range(len(THRESHOLDS_MS))
+        ]
         data[sysn] = {"capacity_rps": caps, "runs": runs}
         rows.append([lab, *[f"{c:.2f}" for c in caps]])
         ax.plot(THRESHOLDS_MS, caps, marker="o", label=lab)
@@ -92,11 +103,14 @@ def capacity(ctx: Context) -> ExpResult:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     cols = ["system", *[f"{t} ms" for t in THRESHOLDS_MS]]
-    res = ExpResult("capacity", "Effective request capacity vs TBT threshold (Figs. 1/6/7)",
-                    cols, rows, data)  # fmt: skip
-    res.notes.append(f"speeds {speeds} x native {rate:.2f} req/s; capacity = largest speed with "
-                     f">= {TARGET:.0%} effective (TTFT <= 30 s, TBT <= threshold), interpolated. "
-                     f"vLLM baselines: 16 colocated instances; Mooncake {split[0]}P+{split[1]}D is "
-                     "the best split of the pd-ratio grid under the pd-ratio rule, searched on "
-                     "this trace.")  # fmt: skip
+    res = ExpResult(
+        "capacity", "Effective request capacity vs TBT threshold (Figs. 1/6/7)", cols, rows, data
+    )
+    res.notes.append(
+        f"speeds {speeds} x native {rate:.2f} req/s; capacity = largest speed with "
+        f">= {TARGET:.0%} effective (TTFT <= 30 s, TBT <= threshold), interpolated. "
+        f"vLLM baselines: 16 colocated instances; Mooncake {split[0]}P+{split[1]}D is "
+        "the best split of the pd-ratio grid under the pd-ratio rule, searched on "
+        "this trace."
+    )
     return res.with_figure(fig, ctx.out_dir)

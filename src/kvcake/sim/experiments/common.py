@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -18,10 +18,15 @@ from kvcake.core.errors import TraceError
 from kvcake.core.trace import TraceRecord
 from kvcake.sim.config import SimConfig
 from kvcake.sim.metrics import SimResult
-from kvcake.sim.runner import simulate
+from kvcake.sim.runner import Observer, simulate
 from kvcake.sim.traces import ideal_prefill_s, load_workload
 
-Observer = tuple[float, Callable[[float, Any], None]]  # (period s, fn(now, cluster))
+if TYPE_CHECKING:  # matplotlib is the optional "sim" extra, imported when a figure is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+T = TypeVar("T")
+R = TypeVar("R")
 _WORKLOADS: dict[str, tuple[str, list[TraceRecord]]] = {}
 
 
@@ -34,8 +39,10 @@ def workload(spec: str) -> tuple[str, list[TraceRecord]]:
             raise TraceError(f"--trace {spec}: the trace has no requests")
         ts = [r.timestamp_ms for r in recs]
         if max(ts) <= min(ts):
-            raise TraceError(f"--trace {spec}: all {len(recs)} requests have the same timestamp "
-                             "(zero time span): the experiments need a request rate")  # fmt: skip
+            raise TraceError(
+                f"--trace {spec}: all {len(recs)} requests have the same timestamp "
+                "(zero time span): the experiments need a request rate"
+            )
         _WORKLOADS[spec] = (name, recs)
     return _WORKLOADS[spec]
 
@@ -83,7 +90,7 @@ class ExpResult:
     name: str
     title: str
     columns: list[str]
-    rows: list[list[Any]]
+    rows: list[list[Any]]  # JSON cells (ExpResult.load reads them back)
     data: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     png: str = ""
@@ -95,14 +102,21 @@ class ExpResult:
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"{self.name}.json"
         doc = {
-            "name": self.name, "title": self.title, "columns": self.columns, "rows": self.rows,
-            "data": self.data, "notes": self.notes, "png": self.png, "wall_s": self.wall_s,
-            "quick": self.quick, "trace": self.trace,
-        }  # fmt: skip
+            "name": self.name,
+            "title": self.title,
+            "columns": self.columns,
+            "rows": self.rows,
+            "data": self.data,
+            "notes": self.notes,
+            "png": self.png,
+            "wall_s": self.wall_s,
+            "quick": self.quick,
+            "trace": self.trace,
+        }
         path.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
         return path
 
-    def with_figure(self, fig: Any, out_dir: Path) -> ExpResult:
+    def with_figure(self, fig: Figure, out_dir: Path) -> ExpResult:
         """Save ``fig`` as ``out_dir/NAME.png`` and record it; returns self."""
         self.png = save_figure(fig, out_dir, self.name)
         return self
@@ -113,13 +127,13 @@ class ExpResult:
         return cls(**doc)
 
 
-def _jsonable(o: Any) -> Any:
+def _jsonable(o: object) -> object:
     if hasattr(o, "tolist"):
         return o.tolist()
     return str(o)
 
 
-def fmt(v: Any) -> str:
+def fmt(v: object) -> str:
     if isinstance(v, float):
         if v != v:
             return "-"
@@ -127,7 +141,7 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
-def pmap(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int) -> list[Any]:
+def pmap(fn: Callable[[T], R], items: Sequence[T], jobs: int) -> list[R]:
     """Map over independent simulations, in ``jobs`` processes when > 1 (fork keeps the
     loaded traces)."""
     if jobs <= 1 or len(items) <= 1 or os.name != "posix":
@@ -138,7 +152,9 @@ def pmap(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int) -> list[Any]
         return list(ex.map(fn, items))
 
 
-def new_figure(ncols: int = 1, width: float = 7.0, height: float = 4.5) -> Any:
+def new_figure(
+    ncols: int = 1, width: float = 7.0, height: float = 4.5
+) -> tuple[Figure, list[Axes]]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -148,7 +164,7 @@ def new_figure(ncols: int = 1, width: float = 7.0, height: float = 4.5) -> Any:
     return fig, list(axes[0])
 
 
-def save_figure(fig: Any, out_dir: Path, name: str) -> str:
+def save_figure(fig: Figure, out_dir: Path, name: str) -> str:
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)

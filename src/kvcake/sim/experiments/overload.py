@@ -18,8 +18,11 @@ from kvcake.sim.experiments.common import (
     workload,
 )
 
-POLICIES = [("per-stage", "baseline (per-stage)"), ("early-rejection", "early rejection"),
-            ("prediction", "prediction-based")]  # fmt: skip
+POLICIES = [
+    ("per-stage", "baseline (per-stage)"),
+    ("early-rejection", "early rejection"),
+    ("prediction", "prediction-based"),
+]
 PAPER = {"per-stage": 4183, "early-rejection": 3771, "prediction": 3589}
 SPEEDUP = 2.0  # the paper's replay speed
 # Rule (not a constant tuned to one trace): the decode SLO must bind for overload to exist, so
@@ -37,14 +40,16 @@ def tbt_slos(spec: str) -> list[float]:
 
 def _run(arg: tuple[str, str, float]) -> dict[str, Any]:
     spec, policy, slo = arg
-    cfg = SimConfig(speedup=SPEEDUP).with_(admission_policy=policy, tbt_slo_s=slo,
-                                           ttft_slo_s=TTFT_SLO_S)  # fmt: skip
+    cfg = SimConfig(speedup=SPEEDUP).with_(
+        admission_policy=policy, tbt_slo_s=slo, ttft_slo_s=TTFT_SLO_S
+    )
     r = run(spec, cfg)
     s: dict[str, Any] = r.summary(slo)
     s["load_t"], s["load_prefill"], s["load_decode"] = r.load.t, r.load.prefill, r.load.decode
     pl, dl = np.array(r.load.prefill), np.array(r.load.decode)
-    s["load_corr"] = float(np.corrcoef(pl, dl)[0, 1]) if len(pl) > 2 and pl.std() and dl.std() \
-        else float("nan")  # fmt: skip
+    s["load_corr"] = (
+        float(np.corrcoef(pl, dl)[0, 1]) if len(pl) > 2 and pl.std() and dl.std() else float("nan")
+    )
     return s
 
 
@@ -61,9 +66,19 @@ def overload(ctx: Context) -> ExpResult:
         for (p, lab), o in zip(POLICIES, runs, strict=True):
             rel = (o["rejected"] - base) / base if base else float("nan")
             prel = (PAPER[p] - PAPER["per-stage"]) / PAPER["per-stage"]
-            rows.append([f"{slo * 1000:g}", lab, int(o["rejected"]),
-                         int(o["rejected_after_prefill"]), f"{rel:+.1%}", PAPER[p], f"{prel:+.1%}",
-                         f"{o['effective_share']:.1%}", f"{o['load_corr']:.2f}"])  # fmt: skip
+            rows.append(
+                [
+                    f"{slo * 1000:g}",
+                    lab,
+                    int(o["rejected"]),
+                    int(o["rejected_after_prefill"]),
+                    f"{rel:+.1%}",
+                    PAPER[p],
+                    f"{prel:+.1%}",
+                    f"{o['effective_share']:.1%}",
+                    f"{o['load_corr']:.2f}",
+                ]
+            )
             data[f"{p}@{slo * 1000:g}ms"] = o
     runs = out[:k]  # the plot: the first (binding) SLO
     fig, axes = new_figure(k, width=5.0)
@@ -77,11 +92,22 @@ def overload(ctx: Context) -> ExpResult:
         ax.set_ylabel("mean load relative to SLO")
         ax.legend(fontsize=7, loc="upper right")
         ax.grid(alpha=0.3)
-    cols = ["TBT SLO ms", "policy", "rejected", "after prefill", "vs baseline", "paper",
-            "paper vs baseline", "effective", "corr(prefill, decode load)"]  # fmt: skip
+    cols = [
+        "TBT SLO ms",
+        "policy",
+        "rejected",
+        "after prefill",
+        "vs baseline",
+        "paper",
+        "paper vs baseline",
+        "effective",
+        "corr(prefill, decode load)",
+    ]
     res = ExpResult("overload", "Overload scheduling (arXiv Table 3)", cols, rows, data)
-    res.notes.append(f"8P+8D, {workload(spec)[0]} trace at {SPEEDUP}x, TTFT SLO {TTFT_SLO_S} s; "
-                     f"TBT SLOs {', '.join(f'{m:g}' for m in TBT_STEP_MULTIPLES)} x the "
-                     f"uncontended decode step ({decode_step_s(spec) * 1000:.2f} ms); "
-                     "effective = completed within both SLOs; load sampled every 10 s.")  # fmt: skip
+    res.notes.append(
+        f"8P+8D, {workload(spec)[0]} trace at {SPEEDUP}x, TTFT SLO {TTFT_SLO_S} s; "
+        f"TBT SLOs {', '.join(f'{m:g}' for m in TBT_STEP_MULTIPLES)} x the "
+        f"uncontended decode step ({decode_step_s(spec) * 1000:.2f} ms); "
+        "effective = completed within both SLOs; load sampled every 10 s."
+    )
     return res.with_figure(fig, ctx.out_dir)

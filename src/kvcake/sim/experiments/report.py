@@ -88,14 +88,26 @@ PAPER: dict[str, tuple[str, str, str]] = {
         "wastes the prefills its decode re-check rejects (after-prefill column).",
     ),
 }
-ORDER = ["cache-capacity", "prefill-scheduling", "global-vs-local", "capacity", "replicas",
-         "bandwidth", "pd-ratio", "overload"]  # fmt: skip
+ORDER = [
+    "cache-capacity",
+    "prefill-scheduling",
+    "global-vs-local",
+    "capacity",
+    "replicas",
+    "bandwidth",
+    "pd-ratio",
+    "overload",
+]
 
 
 def _table(header: list[str], rows: list[list[str]] | list[tuple[str, str, str]]) -> list[str]:
     esc = [[str(c).replace("|", "/") for c in row] for row in rows]
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *["| " + " | ".join(row) + " |" for row in esc], ""]  # fmt: skip
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *["| " + " | ".join(row) + " |" for row in esc],
+        "",
+    ]
 
 
 def write_report(results: list[ExpResult], out_dir: Path, command: str, wall_s: float) -> Path:
@@ -128,8 +140,11 @@ def write_report(results: list[ExpResult], out_dir: Path, command: str, wall_s: 
     for n in ORDER:
         paper, split, _ = PAPER[n]
         r = by_name.get(n)
-        status = "not run (no result in this directory)" if r is None else (
-            f"{'--quick run' if r.quick else 'run'}, {r.wall_s:.0f} s")  # fmt: skip
+        status = (
+            "not run (no result in this directory)"
+            if r is None
+            else (f"{'--quick run' if r.quick else 'run'}, {r.wall_s:.0f} s")
+        )
         overview.append([f"`{n}`", paper.split(":")[0], split, status])
     lines += _table(["experiment", "paper", "cluster", "status"], overview)
     for n in [*ORDER, *[r.name for r in results if r.name not in ORDER]]:
@@ -137,8 +152,14 @@ def write_report(results: list[ExpResult], out_dir: Path, command: str, wall_s: 
         paper, split, why = PAPER.get(n, ("", "", ""))
         why = why.replace("{trace}", r.trace or "given") if r is not None else why
         if r is None:
-            lines += [f"## `{n}`", "", f"**Paper:** {paper}", "",
-                      "Not run: no result for this experiment in the output directory.", ""]  # fmt: skip
+            lines += [
+                f"## `{n}`",
+                "",
+                f"**Paper:** {paper}",
+                "",
+                "Not run: no result for this experiment in the output directory.",
+                "",
+            ]
             continue
         lines += [f"## {r.title} — `{r.name}`", ""]
         if paper:

@@ -25,8 +25,12 @@ POLICIES = [
     ("local-cache-aware", "local cache-aware"),
     ("global-cache-aware", "global cache-aware"),
 ]
-PAPER_TTFT = {"random": 19.65, "least-load": 5.27, "local-cache-aware": 3.58,
-              "global-cache-aware": 3.07}  # fmt: skip
+PAPER_TTFT = {
+    "random": 19.65,
+    "least-load": 5.27,
+    "local-cache-aware": 3.58,
+    "global-cache-aware": 3.07,
+}
 BANDWIDTHS_GBPS = [24, 50, 100, 200, 400, 800]
 PD_SPLITS = [(4, 12), (6, 10), (8, 8), (10, 6), (12, 4)]
 # Rules, not constants tuned to one trace: the P/D experiment replays the trace at the speed
@@ -53,9 +57,17 @@ def _run(arg: tuple[str, SimConfig] | tuple[str, SimConfig, float]) -> dict[str,
 def prefill_scheduling(ctx: Context) -> ExpResult:
     spec = ctx.main_trace
     out = pmap(_run, [(spec, SimConfig().with_(prefill_policy=p)) for p, _ in POLICIES], ctx.jobs)
-    rows = [[lab, f"{o['avg_ttft_s']:.2f}", f"{PAPER_TTFT[p]:.2f}", f"{o['p90_ttft_s']:.2f}",
-             f"{o['hit_rate']:.1%}", f"{o['avg_queue_s']:.2f}"]
-            for (p, lab), o in zip(POLICIES, out, strict=True)]  # fmt: skip
+    rows = [
+        [
+            lab,
+            f"{o['avg_ttft_s']:.2f}",
+            f"{PAPER_TTFT[p]:.2f}",
+            f"{o['p90_ttft_s']:.2f}",
+            f"{o['hit_rate']:.1%}",
+            f"{o['avg_queue_s']:.2f}",
+        ]
+        for (p, lab), o in zip(POLICIES, out, strict=True)
+    ]
     fig, (ax,) = new_figure()
     x = np.arange(len(POLICIES))
     ax.bar(x - 0.2, [o["avg_ttft_s"] for o in out], 0.4, label="kvcake sim")
@@ -65,9 +77,13 @@ def prefill_scheduling(ctx: Context) -> ExpResult:
     ax.set_title(f"Prefill scheduling, 8P+8D, {workload(spec)[0]} trace at 1x")
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
-    res = ExpResult("prefill-scheduling", "Prefill scheduling policies (Fig. 5)",
-                    ["policy", "avg TTFT s", "paper s", "p90 TTFT s", "hit rate", "avg queue s"],
-                    rows, {p: o for (p, _), o in zip(POLICIES, out, strict=True)})  # fmt: skip
+    res = ExpResult(
+        "prefill-scheduling",
+        "Prefill scheduling policies (Fig. 5)",
+        ["policy", "avg TTFT s", "paper s", "p90 TTFT s", "hit rate", "avg queue s"],
+        rows,
+        {p: o for (p, _), o in zip(POLICIES, out, strict=True)},
+    )
     return res.with_figure(fig, ctx.out_dir)
 
 
@@ -75,8 +91,16 @@ def bandwidth(ctx: Context) -> ExpResult:
     spec = ctx.main_trace  # the paper used its synthetic trace; ours is whatever --trace names
     bws = BANDWIDTHS_GBPS[::2] if ctx.quick else BANDWIDTHS_GBPS
     out = pmap(_run, [(spec, SimConfig(link_gbps=float(b))) for b in bws], ctx.jobs)
-    rows = [[b, f"{o['avg_ttft_s']:.2f}", f"{o['p90_ttft_s']:.2f}", f"{o['avg_transfer_s']:.3f}",
-             f"{o['hit_rate']:.1%}"] for b, o in zip(bws, out, strict=True)]  # fmt: skip
+    rows = [
+        [
+            b,
+            f"{o['avg_ttft_s']:.2f}",
+            f"{o['p90_ttft_s']:.2f}",
+            f"{o['avg_transfer_s']:.3f}",
+            f"{o['hit_rate']:.1%}",
+        ]
+        for b, o in zip(bws, out, strict=True)
+    ]
     fig, (ax,) = new_figure()
     ax.plot(bws, [o["avg_ttft_s"] for o in out], marker="o", label="average TTFT")
     ax.plot(bws, [o["p90_ttft_s"] for o in out], marker="s", ls="--", label="P90 TTFT")
@@ -88,12 +112,18 @@ def bandwidth(ctx: Context) -> ExpResult:
     ax.set_title(f"TTFT vs bandwidth, 8P+8D, {workload(spec)[0]} trace at 1x")
     ax.legend()
     ax.grid(alpha=0.3)
-    res = ExpResult("bandwidth", "TTFT vs network bandwidth (Fig. 13)",
-                    ["Gbps", "avg TTFT s", "p90 TTFT s", "avg transfer s", "hit rate"], rows,
-                    {str(b): o for b, o in zip(bws, out, strict=True)})  # fmt: skip
-    res.notes.append(f"{workload(spec)[0]} trace (--trace) at 1x on 8P+8D; the paper's Fig. 13 "
-                     "used its synthetic trace (run with --trace synthetic_trace.jsonl from "
-                     "Mooncake's FAST25-release/traces/, or the synthetic-synth stand-in).")  # fmt: skip
+    res = ExpResult(
+        "bandwidth",
+        "TTFT vs network bandwidth (Fig. 13)",
+        ["Gbps", "avg TTFT s", "p90 TTFT s", "avg transfer s", "hit rate"],
+        rows,
+        {str(b): o for b, o in zip(bws, out, strict=True)},
+    )
+    res.notes.append(
+        f"{workload(spec)[0]} trace (--trace) at 1x on 8P+8D; the paper's Fig. 13 "
+        "used its synthetic trace (run with --trace synthetic_trace.jsonl from "
+        "Mooncake's FAST25-release/traces/, or the synthetic-synth stand-in)."
+    )
     return res.with_figure(fig, ctx.out_dir)
 
 
@@ -102,9 +132,16 @@ def pd_ratio(ctx: Context) -> ExpResult:
     speed, thr = pd_rule(spec)
     cfgs = [SimConfig(prefill_nodes=p, decode_nodes=d, speedup=speed) for p, d in PD_SPLITS]
     out = pmap(_run, [(spec, c, thr) for c in cfgs], ctx.jobs)
-    rows = [[f"{p}P+{d}D", f"{o['effective_share']:.1%}", f"{o['avg_ttft_s']:.2f}",
-             f"{o['avg_tbt_s'] * 1000:.1f}", f"{o['p90_tbt_s'] * 1000:.1f}"]
-            for (p, d), o in zip(PD_SPLITS, out, strict=True)]  # fmt: skip
+    rows = [
+        [
+            f"{p}P+{d}D",
+            f"{o['effective_share']:.1%}",
+            f"{o['avg_ttft_s']:.2f}",
+            f"{o['avg_tbt_s'] * 1000:.1f}",
+            f"{o['p90_tbt_s'] * 1000:.1f}",
+        ]
+        for (p, d), o in zip(PD_SPLITS, out, strict=True)
+    ]
     fig, (a1, a2) = new_figure(2, width=5.5)
     labels = [f"{p}P{d}D" for p, d in PD_SPLITS]
     a1.bar(labels, [o["effective_share"] for o in out])
@@ -113,23 +150,30 @@ def pd_ratio(ctx: Context) -> ExpResult:
     l1 = a2.plot(labels, [o["avg_ttft_s"] for o in out], marker="o", label="avg TTFT (s, log)")
     a2.set_yscale("log")
     a2b = a2.twinx()
-    l2 = a2b.plot(labels, [o["avg_tbt_s"] * 1000 for o in out], marker="s", color="C1",
-                  label="avg TBT (ms)")  # fmt: skip
+    l2 = a2b.plot(
+        labels, [o["avg_tbt_s"] * 1000 for o in out], marker="s", color="C1", label="avg TBT (ms)"
+    )
     a2.set_ylabel("average TTFT (s, log scale)")
     a2b.set_ylabel("average TBT (ms)", color="C1")
     a2.set_title("TTFT and TBT by P/D split")
-    a2.legend(l1 + l2, [ln.get_label() for ln in l1 + l2], loc="upper center")
+    a2.legend(l1 + l2, [str(ln.get_label()) for ln in l1 + l2], loc="upper center")
     for ax in (a1, a2):
         ax.grid(alpha=0.3)
     data: dict[str, Any] = {f"{p}P{d}D": o for (p, d), o in zip(PD_SPLITS, out, strict=True)}
-    res = ExpResult("pd-ratio", "Prefill/decode split of 16 nodes (Fig. 15)",
-                    ["split", "effective", "avg TTFT s", "avg TBT ms", "p90 TBT ms"], rows,
-                    data)  # fmt: skip
-    res.notes.append(f"{workload(spec)[0]} trace at {speed:.2f}x (rule: the speed at which its "
-                     f"prefill work, every reusable block reused, fills {PD_FILL_NODES} of the 16 "
-                     f"nodes); effective = TTFT <= 30 s and TBT <= {thr * 1000:.1f} ms (rule: "
-                     f"{PD_STEP_MULTIPLE:g} x the uncontended decode step, "
-                     f"{thr / PD_STEP_MULTIPLE * 1000:.1f} ms).")  # fmt: skip
+    res = ExpResult(
+        "pd-ratio",
+        "Prefill/decode split of 16 nodes (Fig. 15)",
+        ["split", "effective", "avg TTFT s", "avg TBT ms", "p90 TBT ms"],
+        rows,
+        data,
+    )
+    res.notes.append(
+        f"{workload(spec)[0]} trace at {speed:.2f}x (rule: the speed at which its "
+        f"prefill work, every reusable block reused, fills {PD_FILL_NODES} of the 16 "
+        f"nodes); effective = TTFT <= 30 s and TBT <= {thr * 1000:.1f} ms (rule: "
+        f"{PD_STEP_MULTIPLE:g} x the uncontended decode step, "
+        f"{thr / PD_STEP_MULTIPLE * 1000:.1f} ms)."
+    )
     return res.with_figure(fig, ctx.out_dir)
 
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvcake.core.costmodel import min_reuse_bandwidth
 from kvcake.core.errors import TraceError
@@ -74,8 +73,10 @@ def check_trace(records: Sequence[TraceRecord]) -> float:
     ts = [r.timestamp_ms for r in records]
     span = (max(ts) - min(ts)) / 1000.0
     if len(records) < 2 or span <= 0:
-        raise TraceError(f"all {len(records)} requests have the same timestamp: the trace has no "
-                         "time span, so it has no request rate to plan for")  # fmt: skip
+        raise TraceError(
+            f"all {len(records)} requests have the same timestamp: the trace has no "
+            "time span, so it has no request rate to plan for"
+        )
     return span
 
 
@@ -85,8 +86,13 @@ def lower_bound(records: Sequence[TraceRecord], hardware: str, span: float) -> f
 
 
 class Planner:
-    def __init__(self, records: list[TraceRecord], cfg: PlanConfig, name: str = "trace",
-                 progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        records: list[TraceRecord],
+        cfg: PlanConfig,
+        name: str = "trace",
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.records = records
         self.cfg = cfg
         span = check_trace(records)
@@ -97,16 +103,29 @@ class Planner:
             tbt, rule = cfg.tbt_slo_s, rule.replace("TBT SLO =", "TBT SLO given; rule:")
         self.plan = Plan(cfg, name, trace_stats(records), len(records) / span, ttft, tbt, rule)
         pname, cal = resolve_hardware(cfg.hardware)
-        self.base = SimConfig(preset=pname, calibration=cal, link_gbps=cfg.network_gbps,
-                              index_lag_s=cfg.index_lag_s, predictor_noise=cfg.predictor_noise,
-                              conductor=cfg.conductor).with_(ttft_slo_s=ttft, tbt_slo_s=tbt)  # fmt: skip
+        self.base = SimConfig(
+            preset=pname,
+            calibration=cal,
+            link_gbps=cfg.network_gbps,
+            index_lag_s=cfg.index_lag_s,
+            predictor_noise=cfg.predictor_noise,
+            conductor=cfg.conductor,
+        ).with_(ttft_slo_s=ttft, tbt_slo_s=tbt)
         self.work = lower_bound(records, cfg.hardware, span)
         self.progress = progress
 
     # --- configurations -------------------------------------------------------------------
 
-    def conf(self, v: str, p: int, d: int, *, pool: int | None = None, gbps: float | None = None,
-             traffic: float = 1.0) -> tuple[str, SimConfig]:  # fmt: skip
+    def conf(
+        self,
+        v: str,
+        p: int,
+        d: int,
+        *,
+        pool: int | None = None,
+        gbps: float | None = None,
+        traffic: float = 1.0,
+    ) -> tuple[str, SimConfig]:
         pool = self.cfg.memory[2] if pool is None else pool
         gbps = self.cfg.network_gbps if gbps is None else gbps
         return v, sim_config(self.base, self.cfg, v, p, d, pool, gbps, traffic)
@@ -208,19 +227,38 @@ class Planner:
         rec = pl.recommended[t0]
         if pooled is not None:  # pool sizes around the hardware's
             caps = [round(cfg.memory[2] * f) for f in CAPACITY_FACTORS]
-            pts = ev.run([self.conf("disagg-pool", pooled.prefill, pooled.decode, pool=c)
-                          for c in caps], cfg.target)  # fmt: skip
+            pts = ev.run(
+                [self.conf("disagg-pool", pooled.prefill, pooled.decode, pool=c) for c in caps],
+                cfg.target,
+            )
             # the sweep says from which hit rate on the pool pays; the recommendation keeps the
             # hardware's DRAM (shrinking the pool saves no node and costs headroom)
             pl.capacity_sweep = pts
             bws = sorted({b for b in BANDWIDTHS if b < cfg.network_gbps} | {cfg.network_gbps})
-            pl.bandwidth_sweep = ev.run([self.conf("disagg-pool", pooled.prefill, pooled.decode,
-                                                   pool=pooled.pool_tokens, gbps=b)
-                                         for b in bws], cfg.target)  # fmt: skip
+            pl.bandwidth_sweep = ev.run(
+                [
+                    self.conf(
+                        "disagg-pool",
+                        pooled.prefill,
+                        pooled.decode,
+                        pool=pooled.pool_tokens,
+                        gbps=b,
+                    )
+                    for b in bws
+                ],
+                cfg.target,
+            )
         for key, p in (("recommended", rec), ("pooled", pooled), ("local", local)):
             if p is not None:
-                pts = ev.run([self.conf(p.variant, p.prefill, p.decode, pool=p.pool_tokens,
-                                        traffic=t0 * m) for m in HEADROOM], cfg.target)  # fmt: skip
+                pts = ev.run(
+                    [
+                        self.conf(
+                            p.variant, p.prefill, p.decode, pool=p.pool_tokens, traffic=t0 * m
+                        )
+                        for m in HEADROOM
+                    ],
+                    cfg.target,
+                )
                 head = 1.0
                 for m, q in zip(HEADROOM, pts, strict=True):
                     if not q.meets:
@@ -242,19 +280,22 @@ class Planner:
         if pooled is None and local is None:
             return f"undecided: no configuration up to {self.cfg.max_nodes} nodes meets the SLOs"
         if local is None:
-            return (f"pays: only the pooled cluster meets the SLOs within {self.cfg.max_nodes} "
-                    "nodes")  # fmt: skip
+            return f"pays: only the pooled cluster meets the SLOs within {self.cfg.max_nodes} nodes"
         if pooled is None or pooled.nodes > local.nodes:
             return "does not pay: the pool costs nodes (or never meets the SLOs)"
         if pooled.nodes < local.nodes:
             saved = local.nodes - pooled.nodes
-            return (f"pays: {pooled.nodes} nodes with the pool vs {local.nodes} without "
-                    f"({saved} fewer, -{saved / local.nodes:.0%})")  # fmt: skip
+            return (
+                f"pays: {pooled.nodes} nodes with the pool vs {local.nodes} without "
+                f"({saved} fewer, -{saved / local.nodes:.0%})"
+            )
         hp = self.plan.headroom.get("pooled", (1.0, []))[0]
         hl = self.plan.headroom.get("local", (1.0, []))[0]
         if t == self.cfg.traffic[0] and hp >= hl * 1.1:
-            return (f"pays in headroom only: same {pooled.nodes} nodes, but the pooled cluster "
-                    f"holds {hp:g}x the traffic vs {hl:g}x")  # fmt: skip
+            return (
+                f"pays in headroom only: same {pooled.nodes} nodes, but the pooled cluster "
+                f"holds {hp:g}x the traffic vs {hl:g}x"
+            )
         return f"does not pay: the same {pooled.nodes} nodes meet the SLOs without a pool"
 
 
@@ -267,7 +308,7 @@ def stalled(shares: list[float], steps: int = 2, gain: float = 0.01) -> bool:
     return all(b - a < gain for a, b in itertools.pairwise(tail))
 
 
-def cheapest(points: Any) -> Point | None:
+def cheapest(points: Iterable[Point | None]) -> Point | None:
     ok = [p for p in points if p is not None]
     if not ok:
         return None
