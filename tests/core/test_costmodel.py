@@ -93,3 +93,16 @@ def test_bad_calibration_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown cost-model preset"):
         cmod.preset("gpt-5")
     assert math.isfinite(cm.prefill.c1)
+
+
+def test_the_online_mode_of_the_one_fitter() -> None:
+    # decode steps whose context grows in proportion to the batch cannot pin three terms
+    feats, t = cmod.decode_features([(b, 10 * b, 0.01 + 0.002 * b) for b in (1, 2, 4, 8)])
+    assert cmod.fit_least_squares(feats, t, relative=True) == ()
+    # times falling with the prompt: plain least squares fits a negative term, the online
+    # (relative) mode drops it and refits the rest
+    samples = [(L, 0, 1.0 - 1e-4 * L) for L in (100, 300, 500, 700, 900)]
+    feats, t = cmod.prefill_features(samples)
+    assert min(cmod.fit_least_squares(feats, t)) < 0
+    coef = cmod.fit_least_squares(feats, t, relative=True)
+    assert len(coef) == 3 and min(coef) >= 0 and coef[0] > 0

@@ -183,32 +183,82 @@ def min_reuse_bandwidth(model: ModelSpec, hw: HardwareSpec, prefix_len: int) -> 
 # --- fitting ----------------------------------------------------------------------------------
 
 
-def _lstsq(features: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, float]:
-    coef, *_ = np.linalg.lstsq(features, times, rcond=None)
-    pred = features @ coef
-    rel = np.abs(pred - times) / np.maximum(times, 1e-12)
-    return coef, float(np.mean(rel))
+def prefill_features(
+    samples: Iterable[tuple[int, int, float]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``[1, L-P, L^2-P^2]`` and times of the ``(prompt_len, prefix_len, seconds)``
+    samples that computed something (``L > P``)."""
+    rows = [(L, P, t) for L, P, t in samples if L > P]
+    feats = np.array([[1.0, L - P, L * L - P * P] for L, P, _ in rows]).reshape(-1, 3)
+    return feats, np.array([t for *_, t in rows], dtype=float)
+
+
+def decode_features(
+    samples: Iterable[tuple[int, int, float]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``[1, batch, context]`` and times of the ``(batch, total_context, seconds)``
+    samples with a batch."""
+    rows = [(b, c, t) for b, c, t in samples if b > 0]
+    feats = np.array([[1.0, b, c] for b, c, _ in rows], dtype=float).reshape(-1, 3)
+    return feats, np.array([t for *_, t in rows], dtype=float)
+
+
+def relative_error(features: np.ndarray, coef: Iterable[float], times: np.ndarray) -> float:
+    """Mean ``|predicted - measured| / measured`` (0 without samples)."""
+    if not times.size:
+        return 0.0
+    pred = features @ np.asarray(list(coef), dtype=float)
+    return float(np.mean(np.abs(pred - times) / np.maximum(times, 1e-12)))
+
+
+def fit_least_squares(
+    features: np.ndarray, times: np.ndarray, *, relative: bool = False
+) -> tuple[float, ...]:
+    """The one fitter of the cost model's coefficients from measured times.
+
+    ``relative=False``: ordinary least squares (``kvcake calibrate``: a designed grid).
+    ``relative=True`` (the instances' online fit over whatever their window holds): least
+    squares of the *relative* error (rows divided by the measured time: short prefills matter
+    as much as long ones, as they do for a TTFT SLO), non-negative (coefficients are times per
+    unit: a term that fits negative is dropped and the rest refitted), and empty when the
+    samples cannot pin every coefficient (rank too low: e.g. decode steps whose context grows
+    in proportion to the batch), since such a fit matches the window and extrapolates wildly."""
+    if not relative:
+        coef, *_ = np.linalg.lstsq(features, times, rcond=None)
+        return tuple(float(c) for c in coef)
+    if np.linalg.matrix_rank(features) < features.shape[1]:
+        return ()
+    w = 1.0 / np.maximum(times, 1e-9)
+    a, b = features * w[:, None], times * w
+    keep = list(range(features.shape[1]))
+    while keep:
+        coef, *_ = np.linalg.lstsq(a[:, keep], b, rcond=None)
+        if (coef >= 0).all():
+            out = [0.0] * features.shape[1]
+            for k, c in zip(keep, coef, strict=True):
+                out[k] = float(c)
+            return tuple(out)
+        keep.pop(int(np.argmin(coef)))
+    return ()
 
 
 def fit_prefill(samples: Iterable[tuple[int, int, float]]) -> tuple[PrefillCoefficients, float]:
     """Least squares over ``(prompt_len, prefix_len, seconds)``; returns coefficients and the mean
     relative error of the fit."""
-    rows = [(L, P, t) for L, P, t in samples if L > P]
-    if len(rows) < 3:
+    feats, t = prefill_features(samples)
+    if len(t) < 3:
         raise ValueError("need at least 3 prefill samples with prompt_len > prefix_len")
-    a = np.array([[1.0, L - P, L * L - P * P] for L, P, _ in rows])
-    coef, err = _lstsq(a, np.array([t for *_, t in rows]))
-    return PrefillCoefficients(*map(float, coef)), err
+    coef = fit_least_squares(feats, t)
+    return PrefillCoefficients(*coef), relative_error(feats, coef, t)
 
 
 def fit_decode(samples: Iterable[tuple[int, int, float]]) -> tuple[DecodeCoefficients, float]:
     """Least squares over ``(batch, total_context, seconds)``."""
-    rows = [r for r in samples if r[0] > 0]
-    if len(rows) < 3:
+    feats, t = decode_features(samples)
+    if len(t) < 3:
         raise ValueError("need at least 3 decode samples with batch > 0")
-    a = np.array([[1.0, b, c] for b, c, _ in rows])
-    coef, err = _lstsq(a, np.array([t for *_, t in rows]))
-    return DecodeCoefficients(*map(float, coef)), err
+    coef = fit_least_squares(feats, t)
+    return DecodeCoefficients(*coef), relative_error(feats, coef, t)
 
 
 # --- presets and calibration files ------------------------------------------------------------

@@ -8,8 +8,8 @@ Seeding and robustness: before any sample the seed (the calibration file of ``kv
 calibrate`` or the backend's preset, times ``time_scale``) is used as is. With a few samples, or
 samples that span too little of the input range to pin three coefficients, the seed is scaled by
 the median measured/predicted ratio (one robust number). A least-squares fit of the relative
-error (same three-term polynomials) replaces that only when it explains the window better and
-predicts positive times over the sampled range.
+error (``core.costmodel.fit_least_squares``, the fitter ``kvcake calibrate`` uses too) replaces
+that only when it explains the window better and predicts positive times over the sampled range.
 """
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcake.core.costmodel import DecodeCoefficients, PrefillCoefficients
+from kvcake.core.costmodel import (
+    DecodeCoefficients,
+    PrefillCoefficients,
+    decode_features,
+    fit_least_squares,
+    prefill_features,
+    relative_error,
+)
 
 MIN_FULL_FIT = 4  # samples (of >= 3 distinct sizes) before a full least-squares fit is tried
 
@@ -41,33 +48,6 @@ class Fitted:
             "prefill_samples": self.prefill_samples, "decode_samples": self.decode_samples,
             "prefill_error": self.prefill_error, "decode_error": self.decode_error,
         }  # fmt: skip
-
-
-def _rel_err(pred: np.ndarray, t: np.ndarray) -> float:
-    return float(np.mean(np.abs(pred - t) / np.maximum(t, 1e-9))) if t.size else 0.0
-
-
-def _relative_lstsq(feats: np.ndarray, t: np.ndarray) -> tuple[float, ...]:
-    """Non-negative least squares of the *relative* error (rows divided by the measured time:
-    short prefills matter as much as long ones, as they do for a TTFT SLO). Empty when the
-    samples cannot pin three coefficients (rank < 3: e.g. decode steps whose context grows in
-    proportion to the batch) — such a fit matches the window and extrapolates wildly.
-    Coefficients are times per unit and cannot be negative: a term that fits negative is
-    dropped and the rest refitted."""
-    if np.linalg.matrix_rank(feats) < feats.shape[1]:
-        return ()
-    w = 1.0 / np.maximum(t, 1e-9)
-    a, b = feats * w[:, None], t * w
-    keep = list(range(feats.shape[1]))
-    while keep:
-        coef, *_ = np.linalg.lstsq(a[:, keep], b, rcond=None)
-        if (coef >= 0).all():
-            out = [0.0] * feats.shape[1]
-            for k, c in zip(keep, coef, strict=True):
-                out[k] = float(c)
-            return tuple(out)
-        keep.pop(int(np.argmin(coef)))
-    return ()
 
 
 def _choose(
@@ -91,11 +71,11 @@ def _choose(
     shift = float(np.median(t - base))
     offset = (float(s[0] + shift), float(s[1]), float(s[2]))
     first = scaled if few == "scale" else offset
-    best, err = first, _rel_err(feats @ np.asarray(first), t)
+    best, err = first, relative_error(feats, first, t)
     if full:
         for cand in (scaled, offset, full):
             pred = feats @ np.asarray(cand)
-            e = _rel_err(pred, t)
+            e = relative_error(feats, cand, t)
             if e < err and bool(np.all(pred > 0)):
                 best, err = (float(cand[0]), float(cand[1]), float(cand[2])), e
     return best, err  # type: ignore[return-value]
@@ -135,19 +115,17 @@ class OnlineFit:
     def _fit(self, pre: list[tuple[int, int, float]], dec: list[tuple[int, int, float]]) -> Fitted:
         pc, pe = self._pseed, 0.0
         if pre:
-            feats = np.array([[1.0, L - P, L * L - P * P] for L, P, _ in pre])
+            feats, t = prefill_features(pre)
             full: tuple[float, ...] = ()
-            t = np.array([x for *_, x in pre])
             if len(pre) >= MIN_FULL_FIT and len({L - P for L, P, _ in pre}) >= 3:
-                full = _relative_lstsq(feats, t)
+                full = fit_least_squares(feats, t, relative=True)
             pc, pe = _choose(self._pseed, feats, t, full, self.few)
         dc, de = self._dseed, 0.0
         if dec:
-            feats = np.array([[1.0, b, c] for b, c, _ in dec])
+            feats, t = decode_features(dec)
             full = ()
-            t = np.array([x for *_, x in dec])
             if len(dec) >= MIN_FULL_FIT and len({b for b, _, _ in dec}) >= 3:
-                full = _relative_lstsq(feats, t)
+                full = fit_least_squares(feats, t, relative=True)
             dc, de = _choose(self._dseed, feats, t, full, self.few)
         return Fitted(pc, dc, len(pre), len(dec), pe, de)
 
