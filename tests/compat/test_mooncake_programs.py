@@ -21,6 +21,7 @@ import pytest
 from kvcake.compat.mooncake import programs, shim
 from kvcake.compat.mooncake import te_bench_data as D
 from kvcake.core.ports import free_port
+from tests.waits import wait_until
 
 KVCAKE = str(Path(sys.executable).parent / "kvcake")
 MB = 1024 * 1024
@@ -54,17 +55,21 @@ class Prog:
 
     def wait_line(self, prefix: str, timeout: float = 60) -> dict[str, str]:
         """``key=value`` pairs of the first stdout line starting with ``prefix``."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.out):
-                if line.startswith(prefix):
-                    return dict(re.findall(r"(\w+)=(\S*)", line))
-            if self.popen.poll() is not None:
+
+        def output() -> str:
+            return "".join(self.out) + "".join(self.err)
+
+        def found() -> dict[str, str] | None:
+            exited = self.popen.poll() is not None
+            if exited:
                 self.done(5)  # the readers drain the rest
-                if not any(x.startswith(prefix) for x in self.out):
-                    break
-            time.sleep(0.05)
-        raise AssertionError(f"no {prefix!r} line:\n{''.join(self.out)}{''.join(self.err)}")
+            line = next((x for x in list(self.out) if x.startswith(prefix)), None)
+            if line is not None:
+                return dict(re.findall(r"(\w+)=(\S*)", line))
+            assert not exited, f"exited without a {prefix!r} line:\n{output()}"
+            return None
+
+        return wait_until(found, timeout=timeout, what=f"a {prefix!r} line", detail=output)
 
     def done(self, timeout: float) -> int:
         """Wait for the exit, then for the last output lines."""

@@ -4,7 +4,6 @@ real master and store-server."""
 from __future__ import annotations
 
 import ctypes
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 from kvcake.compat.mooncake import MooncakeDistributedStore, ReplicateConfig, SoftPinAction
 from tests.store.procs import Proc
+from tests.waits import wait_until
 
 MB = 1024 * 1024
 
@@ -243,12 +243,8 @@ def test_ssd_offload_on_eviction_and_read_back(master_proc: Proc, tmp_path: Path
     values = {f"o{i}": bytes([i]) * (256 * 1024) for i in range(15)}  # 94% of a 4 MiB segment
     for k, v in values.items():
         assert s.put(k, v) == 0
-    deadline = time.monotonic() + 30
-    on_disk: list[str] = []
-    while time.monotonic() < deadline and not on_disk:
-        time.sleep(0.2)
-        on_disk = [f.name for f in tmp_path.rglob("*.obj")]
-    assert on_disk, "nothing was offloaded to the SSD tier"
+    wait_until(lambda: [f.name for f in tmp_path.rglob("*.obj")], timeout=30, every_s=0.2,
+               what="an object offloaded to the SSD tier")  # fmt: skip
     assert s.get_offload_rpc_read_count() == 0
     descs = {k: s.get_replica_desc(k) for k in values}
     disk_keys = [k for k, d in descs.items() if any(r.is_local_disk_replica() for r in d)]

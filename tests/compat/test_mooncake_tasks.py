@@ -4,24 +4,21 @@ the replica descriptors and bytes show what they did."""
 
 from __future__ import annotations
 
-import time
-
 from kvcake.compat.mooncake._types import ReplicateConfig, TaskStatus, TaskType
 from kvcake.compat.mooncake.store import MooncakeDistributedStore
 from tests.store.conftest import Factory
+from tests.waits import wait_until
 
 MB = 1024 * 1024
 
 
 def wait_task(s: MooncakeDistributedStore, tid: tuple[int, int]) -> object:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def finished() -> object:
         resp, code = s.query_task(tid)
         assert code == 0 and resp is not None
-        if resp.status in (TaskStatus.SUCCESS, TaskStatus.FAILED):
-            return resp
-        time.sleep(0.02)
-    raise AssertionError("task did not finish within 30 s")
+        return resp if resp.status in (TaskStatus.SUCCESS, TaskStatus.FAILED) else None
+
+    return wait_until(finished, timeout=30, every_s=0.02, what=f"task {tid} finished")
 
 
 def segments_of(s: MooncakeDistributedStore, key: str) -> list[str]:
