@@ -248,7 +248,7 @@ def test_vllm_config_renders_engines_with_the_connector(tmp_path: Path) -> None:
                                                          "readOnly": True}} in vols  # fmt: skip
     proxy = containers(objs, "kvcake-proxy")
     assert proxy["args"][:3] == ["-m", "kvcake", "vllm-proxy"]
-    engines = [parse_engine(a) for a in proxy["args"][1:] if a.startswith("vllm-")]
+    engines = [parse_engine(a) for a in proxy["args"][3:] if a.startswith("vllm-")]
     assert [str(e.id) for e in engines] == [f"vllm-{i}" for i in range(cfg.engines)]
     assert [e.events for e in engines] == [
         f"tcp://$(POD_IP):{5557 + i}" for i in range(cfg.engines)

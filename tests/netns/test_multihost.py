@@ -65,7 +65,7 @@ def test_pooled_kv_is_reused_from_another_host(cluster_factory) -> None:  # type
     while len(_pool_keys(c)) < 8 and time.monotonic() < deadline:
         time.sleep(0.3)
     assert len(_pool_keys(c)) >= 8, _pool_keys(c)
-    c.proc(holder).popen.kill()
+    c.proc(holder).proc.kill()
     deadline, again = time.monotonic() + 90, None
     while time.monotonic() < deadline:
         r = c.http("POST", "/v1/completions", json=body)

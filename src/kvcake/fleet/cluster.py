@@ -11,34 +11,24 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from kvcake.core.config import parse_size, require
+from kvcake.core.config import load_config, parse_size, read_toml, require
 from kvcake.core.errors import ConfigError
 from kvcake.core.ports import free_port
-from kvcake.fleet.children import (
-    VllmChild,
-    engine_child,
-    master_child,
-    proxy_argv,
-    proxy_child,
-    start_proxy,
-    store_child,
-)
+from kvcake.fleet.children import PROXY_READY, proxy_argv, start_proxy
 from kvcake.fleet.procs import (
     VllmEngine,
     VllmEngineSpec,
-    VllmStartError,
     default_model_dir,
     spawn_kvcake,
     start_engine,
+    wait_kv_line,
 )
-from kvcake.launch.runstate import proc_start_ticks
+from kvcake.launch.child import Child, stop_tiers
+from kvcake.launch.runstate import write_state
 from kvcake.launch.supervisor import Supervisor
 
 KV_ROLES = {"both": "kv_both", "prefill": "kv_producer", "decode": "kv_consumer"}
@@ -89,26 +79,23 @@ class VllmClusterConfig:
 
 
 def is_vllm_config(path: str | Path) -> bool:
+    """A cluster file for the vLLM fleet (it has a ``[vllm]`` section); False if unreadable."""
     try:
-        return "vllm" in tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError):
+        return "vllm" in read_toml(path)
+    except ConfigError:
         return False
 
 
 def load(path: str | Path) -> VllmClusterConfig:
-    raw = dict(tomllib.loads(Path(path).read_text()).get("vllm", {}))
-    known = {f.name for f in fields(VllmClusterConfig)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"{path}: unknown [vllm] key(s) {unknown}; known: {sorted(known)}")
-    if "cpus" in raw:
-        raw["cpus"] = tuple(str(c) for c in raw["cpus"])
-    if ("prefill" in raw or "decode" in raw) and "engines" not in raw:
-        raw["engines"] = 0  # a P/D file: no kv_both engines unless it asks
+    """``[vllm]`` of ``path`` (:func:`kvcake.core.config.load_config`: KVCAKE_VLLM_* variables
+    apply too)."""
+    raw = read_toml(path).get("vllm", {})
+    pd_only = isinstance(raw, dict) and ("prefill" in raw or "decode" in raw)
+    over = {"engines": 0} if pd_only and "engines" not in raw else None  # a P/D file
     try:
-        return VllmClusterConfig(**raw)
-    except TypeError as exc:  # e.g. a string where a number belongs
-        raise ConfigError(f"{path}: [vllm]: {exc}") from None
+        return load_config(VllmClusterConfig, toml_path=path, section="vllm", overrides=over)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 class VllmCluster:
@@ -119,8 +106,7 @@ class VllmCluster:
     def __init__(self, cfg: VllmClusterConfig):
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir) / (time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
-        self.children: list[VllmChild] = []
-        self.addresses: dict[str, dict[str, str]] = {}
+        self.children: list[Child] = []
         self.lock = threading.RLock()
         self.stopping = False
         self.url = ""
@@ -128,23 +114,30 @@ class VllmCluster:
     def say(self, msg: str) -> None:
         print(msg, flush=True)
 
-    def respawn(self, ch: VllmChild) -> None:
-        if isinstance(ch.holder, VllmEngine):
-            gone = ch.holder.reclaim_shm()  # a SIGKILLed engine never unlinks its queues
+    def respawn(self, ch: Child) -> None:
+        """Start ``ch`` again (same argv and ports) and wait until it is ready, as at start."""
+        if isinstance(ch, VllmEngine):
+            gone = ch.reclaim_shm()  # a SIGKILLed engine never unlinks its queues
             if gone:
                 self.say(f"{ch.name}: removed {len(gone)} shared-memory segment(s) it left")
-        ch.respawn()
+        ch.spawn(append=True)
+        if isinstance(ch, VllmEngine):
+            ch.wait_ready(self.cfg.startup_timeout_s)
+        elif ch.name == "proxy":
+            ch.wait_line(PROXY_READY, 120)
+        else:
+            wait_kv_line(ch, ch.argv[3], 60)  # python -m kvcake <command>
 
     def start(self) -> str:
         c = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        m = spawn_kvcake("master", "--port", str(c.master_port), "--http-port", "0")
-        self.children.append(master_child(m, "kvcake up output"))
-        self.addresses["master"] = m.info
+        m = spawn_kvcake("master", "--port", str(c.master_port), "--http-port", "0",
+                         log_dir=self.run_dir)  # fmt: skip
+        self.children.append(m)
+        m.pin({"--port": m.info["rpc"].rsplit(":", 1)[1]})  # every client's address stays valid
         rpc = m.info["rpc"]
-        s = spawn_kvcake("store-server", "--master", rpc, "--segment-size", c.store_size)
-        self.children.append(store_child(s, rpc, c.store_size, "kvcake up output"))
-        self.addresses["store-0"] = s.info
+        self.children.append(spawn_kvcake("store-server", "--master", rpc, "--segment-size",
+                                          c.store_size, name="store-0", log_dir=self.run_dir))  # fmt: skip
         model = c.model or default_model_dir()
         engines: list[VllmEngine] = []
         for i, (name, role) in enumerate(c.roles()):
@@ -154,54 +147,35 @@ class VllmCluster:
                 max_model_len=c.max_model_len, kv_cache_gib=c.kv_cache_gib,
                 cpu=c.cpus[i % len(c.cpus)], kv_events_port=free_port(),
             )  # fmt: skip
-            engines.append(start_engine(spec, self.run_dir))
+            e = start_engine(spec, self.run_dir)
+            e.info.update(url=e.url, events=str(spec.kv_events_port))
+            engines.append(e)
+            self.children.append(e)
         for e in engines:
             e.wait_ready(c.startup_timeout_s)
-            self.children.append(engine_child(e, self.run_dir, c.startup_timeout_s))
-            self.addresses[e.spec.name] = {"url": e.url, "events": str(e.spec.kv_events_port)}
         argv = proxy_argv(rpc, c.proxy_port, c.block_size, engines)
-        log = self.run_dir / "proxy.log"
-        proxy, self.url = start_proxy(argv, log)
-        self.children.append(proxy_child(proxy, self.url, argv, log))
-        self.addresses["proxy"] = {"url": self.url}
-        deadline = time.monotonic() + 60
-        while httpx.get(self.url + "/health", timeout=5).status_code != 200:
-            if time.monotonic() > deadline:
-                raise VllmStartError("the proxy sees no healthy engine")
-            time.sleep(0.5)
+        proxy = start_proxy(argv, self.run_dir / "proxy.log")
+        self.children.append(proxy)
+        self.url = proxy.info["url"]
+        proxy.wait_http(self.url + "/health", 60, interval_s=0.5)  # the proxy sees an engine
         self.write_state()
         return self.url
 
     def write_state(self) -> None:
-        procs = {}
-        for ch in self.children:
-            pid = int(ch.proc.pid)
-            procs[ch.name] = {"pid": pid, "start_ticks": proc_start_ticks(pid),
-                              "restarts": ch.restarts, "last_exit": ch.last_exit,
-                              "alive": ch.proc.poll() is None, "log": ch.log,
-                              "addresses": self.addresses.get(ch.name, {})}  # fmt: skip
-        doc = {"supervisor_pid": os.getpid(), "supervisor_start_ticks": proc_start_ticks(os.getpid()),
-               "url": self.url, "run_dir": str(self.run_dir), "processes": procs,
-               "instances": {n: a["url"] for n, a in self.addresses.items() if n.startswith("vllm-")}}  # fmt: skip
-        text = json.dumps(doc, indent=2)
-        for path in (self.run_dir / "cluster.json", Path(self.cfg.run_dir) / "latest.json"):
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(text)
-            tmp.replace(path)
+        procs = {
+            ch.name: {"pid": ch.proc.pid, "start_ticks": ch.start_ticks, "restarts": ch.restarts,
+                      "last_exit": ch.last_exit, "alive": ch.proc.poll() is None,
+                      "log": str(ch.log), "addresses": dict(ch.info)}
+            for ch in self.children if ch.proc is not None
+        }  # fmt: skip
+        instances = {ch.name: ch.info["url"] for ch in self.children if isinstance(ch, VllmEngine)}
+        paths = [self.run_dir / "cluster.json", Path(self.cfg.run_dir) / "latest.json"]
+        write_state(paths, self.url, self.run_dir, procs, instances=instances)
 
     def stop(self) -> None:
         with self.lock:
             self.stopping = True
-        for ch in reversed(self.children):
-            h = ch.holder
-            if isinstance(h, subprocess.Popen):
-                h.terminate()
-                try:
-                    h.wait(10)
-                except subprocess.TimeoutExpired:
-                    h.kill()
-            else:
-                h.stop()
+        stop_tiers(([ch] for ch in reversed(self.children)), 20.0)
         self.children.clear()
         (Path(self.cfg.run_dir) / "latest.json").unlink(missing_ok=True)
 

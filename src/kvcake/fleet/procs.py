@@ -10,22 +10,19 @@ of a distribution named ``vllm``), so engines run ``python -m vllm.entrypoints.o
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
+import re
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
-
-import httpx
+from typing import Any, ClassVar, Self
 
 from kvcake.core.errors import KvcakeError
 from kvcake.fleet import shm_orphans
-from kvcake.launch.supervisor import die_with_parent
+from kvcake.launch.child import Child
 
 CONNECTOR = "KvcakeConnector"
 CONNECTOR_MODULE = "kvcake.integrations.vllm"
@@ -110,58 +107,49 @@ def default_model_dir() -> str:
 
 
 @dataclass
-class VllmEngine:
-    spec: VllmEngineSpec
-    log_path: Path
-    proc: subprocess.Popen[bytes]
-    _log: IO[bytes] | None = None
+class VllmEngine(Child):
+    """A vLLM engine (:class:`kvcake.launch.child.Child`: its own process group, so a stop
+    reaches the engine core and worker too). ``VllmEngine.of(spec, log_dir).spawn()``."""
+
+    TAIL: ClassVar[int] = 30  # lines of its log in a start error (vLLM's tracebacks are long)
+    spec: VllmEngineSpec = field(kw_only=True)
     # /dev/shm psm_* segments that existed before the engine started (see shm_orphans).
     shm_before: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(
+        cls, spec: VllmEngineSpec, log_dir: Path, argv: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> VllmEngine:  # fmt: skip
+        """``spec``'s engine (``argv`` / ``env``: another command line for it), not started."""
+        return cls(spec.name, argv or spec.argv(), log_dir / f"{spec.name}.log",
+                   env=env or spec.env(), group=True, error=VllmStartError, spec=spec)  # fmt: skip
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.spec.port}"
 
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+    def describe(self) -> str:
+        return f"vLLM {self.name}"
+
+    def spawn(self, append: bool = False) -> Self:
+        self.shm_before = shm_orphans.segments()
+        return super().spawn(append)
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = "\n".join(self.log_text().splitlines()[-30:])
-                raise VllmStartError(
-                    f"vLLM {self.spec.name} exited ({self.proc.returncode}):\n{tail}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            time.sleep(1.0)
-        tail = "\n".join(self.log_text().splitlines()[-30:])
-        raise VllmStartError(f"vLLM {self.spec.name} not healthy after {timeout_s:.0f} s:\n{tail}")
+        self.wait_http(self.url + "/health", timeout_s, interval_s=1.0)
 
-    def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM the engine's process group (API server, engine core, worker), then SIGKILL."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout_s)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers of the group
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)
-        if self._log is not None:
-            self._log.close()
+    def reap(self, timeout_s: float) -> None:
+        super().reap(timeout_s)
         self.reclaim_shm()
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        super().stop(grace_s)
 
     def reclaim_shm(self) -> list[str]:
         """Unlink the message-queue segments a killed engine left in /dev/shm (only ones that
         appeared since it started and that no live process uses)."""
-        if self.proc.poll() is None:
+        if self.proc is None or self.proc.poll() is None:
             return []
         # The engine core and worker may still be exiting (their maps keep the segments in
         # use): wait, briefly, until nothing of the process group is left.
@@ -178,68 +166,29 @@ class VllmEngine:
 def start_engine(spec: VllmEngineSpec, log_dir: Path) -> VllmEngine:
     """Start one engine in its own process group (so stop() reaches its children); returns at
     once: call ``wait_ready``."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{spec.name}.log"
-    log = log_path.open("wb")
-    before = shm_orphans.segments()
-    proc = subprocess.Popen(
-        spec.argv(),
-        env=spec.env(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        preexec_fn=die_with_parent,
-    )
-    return VllmEngine(spec, log_path, proc, log, before)
+    return VllmEngine.of(spec, log_dir).spawn()
 
 
-@dataclass
-class KvcakeProc:
-    """A ``python -m kvcake <command>`` child and what its ready line said (``key=value``)."""
-
-    proc: subprocess.Popen[str]
-    info: dict[str, str]
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+def wait_kv_line(ch: Child, command: str, timeout_s: float) -> dict[str, str]:
+    """Wait for ``kvcake <command>``'s ready line (``<command> key=value ...``); its pairs go
+    into ``ch.info``."""
+    line = ch.wait_line(rf"(?m)^{re.escape(command)} (?P<ready>[^\n]*)\n", timeout_s).pop("ready")
+    ch.info.update(re.findall(r"(\w+)=(\S*)", line))
+    return ch.info
 
 
-def spawn_kvcake(command: str, *flags: str, timeout_s: float = 60.0) -> KvcakeProc:
-    """Start ``kvcake master`` / ``kvcake store-server`` and wait for its ready line."""
-    import re
-    import threading
-
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvcake", command, *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        start_new_session=True,
-        preexec_fn=die_with_parent,
-    )
-    lines: list[str] = []
-    info: dict[str, str] = {}
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if len(lines) < 200:
-                lines.append(line)
-            if line.startswith(command) and not ready.is_set():
-                info.update(re.findall(r"(\w+)=(\S*)", line))
-                ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(timeout_s):
-        proc.kill()
-        proc.wait(5)
-        raise VllmStartError(f"kvcake {command} did not start:\n{''.join(lines)}")
-    return KvcakeProc(proc, info)
+def spawn_kvcake(
+    command: str, *flags: str, timeout_s: float = 60.0, name: str = "",
+    log_dir: Path | None = None,
+) -> Child:  # fmt: skip
+    """Start ``kvcake master`` / ``kvcake store-server`` (its log ``<log_dir>/<name>.log``, a
+    fresh temporary folder without ``log_dir``) and wait for its ready line."""
+    log = (log_dir or Path(tempfile.mkdtemp(prefix="kvcake-"))) / f"{name or command}.log"
+    argv = [sys.executable, "-m", "kvcake", command, *flags]
+    ch = Child(name or command, argv, log, error=VllmStartError).spawn()
+    try:
+        wait_kv_line(ch, command, timeout_s)
+    except BaseException:
+        ch.stop(5)
+        raise
+    return ch

@@ -21,7 +21,7 @@ import httpx
 
 from kvcake.core.errors import ConfigError
 from kvcake.core.ports import free_port
-from kvcake.launch.supervisor import Child, ClusterStartError
+from kvcake.launch.child import Child, ClusterStartError
 
 if TYPE_CHECKING:
     from kvcake.launch.launcher import Cluster
@@ -55,17 +55,10 @@ def start_etcd(cl: Cluster) -> str:
             "--advertise-client-urls", url, "--listen-peer-urls", purl,
             "--initial-advertise-peer-urls", purl, "--initial-cluster", f"kvcake={purl}",
             "--log-level", "warn"]  # fmt: skip
-    ch = Child("etcd", argv, cl.run_dir / "etcd.log")
-    cl._popen(ch, "wb")
-    with cl.lock:
-        cl.children.append(ch)
+    ch = cl._spawn("etcd", argv, raw=True)
     ch.info["client"] = url
-    deadline = time.monotonic() + cl.conf.cluster.startup_timeout_s
-    while not etcd_alive(url):
-        assert ch.proc is not None
-        if ch.proc.poll() is not None or time.monotonic() > deadline:
-            raise ClusterStartError(cl._failure(ch, "did not start"))
-        time.sleep(0.1)
+    ch.wait_until(lambda: etcd_alive(url), cl.conf.cluster.startup_timeout_s,
+                  lambda: "did not start", interval_s=0.1)  # fmt: skip
     cl.say(f"  etcd         {url}")
     return f"{host}:{client}"
 
@@ -112,12 +105,10 @@ def wait_leader(cl: Cluster, masters: list[Child]) -> Child:
     deadline = time.monotonic() + cl.conf.cluster.startup_timeout_s
     while time.monotonic() < deadline:
         for m in masters:
-            hit = LEADER.search(m.log.read_text(errors="replace"))
+            hit = LEADER.search(m.log_text())
             if hit:
                 m.info.update(hit.groupdict())
                 return m
-            assert m.proc is not None
-            if m.proc.poll() is not None:
-                raise ClusterStartError(cl._failure(m, f"exited with {m.proc.returncode}"))
+            m.check_alive()
         time.sleep(0.05)
-    raise ClusterStartError(cl._failure(masters[0], "no master was elected leader in time"))
+    raise ClusterStartError(masters[0].failure("no master was elected leader in time"))

@@ -15,9 +15,6 @@ sends SIGTERM to the children in reverse order (then SIGKILL after a grace perio
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -25,21 +22,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from kvcake.launch.child import Child, stop_tiers
 from kvcake.launch.clusterfile import (  # noqa: F401  (re-exported: callers import them here)
     check_model,
     check_port_free,
     load_serve_file,
     toml_dump,
 )
-from kvcake.launch.runstate import proc_start_ticks, write_state
-from kvcake.launch.supervisor import (
-    Child,
-    ClusterStartError,
-    Supervisor,
-    die_with_parent,
-)
+from kvcake.launch.runstate import write_state
+from kvcake.launch.supervisor import Supervisor
 from kvcake.serve.config import InstanceConfig, ServeFile, load_proxy_config
 
 STATE_FILE = "cluster.json"
@@ -102,11 +93,9 @@ class Cluster:
                 rpc, dir_, http = (
                     ch.info[k].rsplit(":", 1)[1] for k in ("rpc", "directory", "http")
                 )
-                ch.argv = _set_flags(ch.argv, {"--port": rpc, "--directory-port": dir_,
-                                                "--http-port": http})  # fmt: skip
+                ch.pin({"--port": rpc, "--directory-port": dir_, "--http-port": http})
             elif ch.name == "directory":
-                dport = ch.info["directory"].rsplit(":", 1)[1]
-                ch.argv = _set_flags(ch.argv, {"--metadata-port": dport})
+                ch.pin({"--metadata-port": ch.info["directory"].rsplit(":", 1)[1]})
             elif "url" in ch.info:
                 self._pin_config_port(ch, int(ch.info["url"].rsplit(":", 1)[1].split("/")[0]))
 
@@ -210,68 +199,25 @@ class Cluster:
         ch = self._spawn("proxy", argv + (["--colocated"] if c.colocated else []))
         self._wait_line(ch, r"proxy on (?P<url>http://\S+)/v1")
         self.url = ch.info["url"]
-        self._wait_health(ch)
+        ch.wait_http(self.url + "/health", self.conf.cluster.startup_timeout_s)
 
-    # --- processes ---------------------------------------------------------------------------
-    def _spawn(self, name: str, args: list[str]) -> Child:
-        log = self.run_dir / f"{name}.log"
-        ch = Child(name, [sys.executable, "-m", "kvcake", *args], log)
-        self._popen(ch, "wb")
+    # --- processes (kvcake.launch.child) ------------------------------------------------------
+    def _spawn(self, name: str, args: list[str], raw: bool = False) -> Child:
+        """Start ``kvcake <args>`` (``raw``: ``args`` as they are) logging to its own file."""
+        argv = args if raw else [sys.executable, "-m", "kvcake", *args]
+        ch = Child(name, argv, self.run_dir / f"{name}.log").spawn()
         with self.lock:
             self.children.append(ch)
         return ch
-
-    def _popen(self, ch: Child, mode: str) -> None:
-        with ch.log.open(mode) as fh:
-            if mode == "ab":
-                fh.write(f"\n--- restart #{ch.restarts + 1} after: {ch.last_exit} ---\n".encode())
-                fh.flush()
-            env = dict(os.environ, PYTHONUNBUFFERED="1")
-            ch.proc = subprocess.Popen(ch.argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
-        ch.started = time.monotonic()
-        ch.start_ticks = proc_start_ticks(ch.proc.pid)
 
     def respawn(self, ch: Child) -> None:
         """Start an exited child again (same argv, ports pinned by ``_pin_ports``)."""
         with self.lock:
             if not self.stopping:
-                self._popen(ch, "ab")
+                ch.spawn(append=True)
 
     def _wait_line(self, ch: Child, pattern: str) -> None:
-        deadline = time.monotonic() + self.conf.cluster.startup_timeout_s
-        rx = re.compile(pattern)
-        while time.monotonic() < deadline:
-            m = rx.search(ch.log.read_text(errors="replace"))
-            if m:
-                ch.info.update(m.groupdict())
-                return
-            assert ch.proc is not None
-            if ch.proc.poll() is not None:
-                raise ClusterStartError(self._failure(ch, f"exited with {ch.proc.returncode}"))
-            time.sleep(0.05)
-        raise ClusterStartError(self._failure(ch, "did not become ready in time"))
-
-    def _wait_health(self, ch: Child) -> None:
-        deadline = time.monotonic() + self.conf.cluster.startup_timeout_s
-        why = ""
-        while time.monotonic() < deadline:
-            try:
-                r = httpx.get(self.url + "/health", timeout=2)
-                if r.status_code == 200:
-                    return
-                why = r.text[:500]
-            except httpx.HTTPError as exc:
-                why = repr(exc)
-            assert ch.proc is not None
-            if ch.proc.poll() is not None:
-                raise ClusterStartError(self._failure(ch, "exited"))
-            time.sleep(0.1)
-        raise ClusterStartError(self._failure(ch, f"never became ready ({why})"))
-
-    def _failure(self, ch: Child, what: str) -> str:
-        tail = ch.log.read_text(errors="replace").strip().splitlines()[-8:]
-        return f"{ch.name} {what} (log {ch.log}):\n    " + "\n    ".join(tail)
+        ch.wait_line(pattern, self.conf.cluster.startup_timeout_s)
 
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)
@@ -287,13 +233,7 @@ class Cluster:
         for ch in self.children:
             tier = {"proxy": 0, "store": 2, "master": 3, "directory": 3, "etcd": 4}
             tiers[tier.get(ch.name.split("-")[0], 1)].append(ch)
-        for group in tiers:
-            for ch in group:
-                if ch.proc is not None and ch.proc.poll() is None:
-                    ch.proc.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            for ch in group:
-                _wait(ch, max(0.1, deadline - time.monotonic()))
+        stop_tiers(tiers, grace_s)
         self.children.clear()
         state = self.run_dir / STATE_FILE
         if state.exists():
@@ -318,22 +258,3 @@ class Cluster:
     def dead_children(self) -> list[str]:
         return [c.name for c in self.children if c.proc is not None and c.proc.poll() is not None]
 
-
-def _set_flags(argv: list[str], values: dict[str, str]) -> list[str]:
-    out = list(argv)
-    for flag, v in values.items():
-        if flag in out:
-            out[out.index(flag) + 1] = v
-        else:
-            out += [flag, v]
-    return out
-
-
-def _wait(ch: Child, timeout: float) -> None:
-    if ch.proc is None:
-        return
-    try:
-        ch.proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        ch.proc.kill()
-        ch.proc.wait(5)

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import secrets
-import signal
 import subprocess
 import sys
 import threading
@@ -33,9 +31,9 @@ from typing import Any
 import httpx
 
 from kvcake.core.errors import KvcakeError
+from kvcake.launch.child import Child, stop_tiers
 from kvcake.launch.clusterfile import load_serve_file, toml_dump
 from kvcake.launch.netns import Network
-from kvcake.launch.supervisor import RestartState, die_with_parent
 from kvcake.serve.config import ServeFile
 
 
@@ -61,27 +59,18 @@ class NetnsOptions:
 
 
 @dataclass
-class Proc(RestartState):
-    """One process on one host (supervised: :mod:`.supervisor`)."""
+class Proc(Child):
+    """One process on one emulated host ``role`` (supervised: :mod:`.supervisor`); ``argv`` is
+    the command inside the namespace, ``wrap`` what runs it there (``Network.command``)."""
 
-    name: str
-    role: str  # the host it runs on
-    popen: subprocess.Popen[bytes]
-    log: Path
-    argv: list[str]  # the command inside the namespace; ports pinned once it is up
-    info: dict[str, str] = field(default_factory=dict)
+    role: str = ""
+    wrap: list[str] = field(default_factory=list)
 
-    @property
-    def proc(self) -> subprocess.Popen[bytes]:
-        return self.popen
+    def command(self) -> list[str]:
+        return [*self.wrap, *self.argv]
 
-
-def pin(argv: list[str], flag: str, value: str) -> list[str]:
-    """``argv`` with ``flag``'s value replaced: a restarted process must come back on the
-    port its peers already know (the first start asked for port 0)."""
-    out = list(argv)
-    out[out.index(flag) + 1] = value
-    return out
+    def describe(self) -> str:
+        return f"{self.name} on {self.role}"
 
 
 class NetnsCluster:
@@ -150,12 +139,8 @@ class NetnsCluster:
                        "--client-ttl-s", str(self.opts.client_ttl_s)],
                        r"master rpc=(?P<rpc>\S+) directory=(?P<directory>\S+) http=(?P<http>\S+)")  # fmt: skip
         self.directory = m.info["directory"]
-        for flag, key in (
-            ("--port", "rpc"),
-            ("--http-port", "http"),
-            ("--directory-port", "directory"),
-        ):
-            m.argv = pin(m.argv, flag, m.info[key].rsplit(":", 1)[1])
+        flags = {"--port": "rpc", "--http-port": "http", "--directory-port": "directory"}
+        m.pin({flag: m.info[key].rsplit(":", 1)[1] for flag, key in flags.items()})
         self.master = self.relayed("master", m.info["rpc"])
 
     def _start_ha_masters(self) -> None:
@@ -170,18 +155,16 @@ class NetnsCluster:
                 "--initial-cluster", f"kvc={peer}", "--log-level", "warn"]  # fmt: skip
         etcd = self.spawn("etcd", "etcd", argv, None, raw=True)
         deadline = time.monotonic() + self.opts.startup_timeout_s
-        while True:
+
+        def etcd_up() -> bool:
             with self.net.inside("etcd"):
-                if etcd_alive(url):
-                    break
-            self._check_alive(etcd)
-            if time.monotonic() > deadline:
-                raise NetnsClusterError(self._failure(etcd, "did not start"))
-            time.sleep(0.1)
+                return etcd_alive(url)
+
+        etcd.wait_until(etcd_up, self.opts.startup_timeout_s, lambda: "did not start", 0.1)
         argv = ["transfer-server", "--metadata", "--metadata-host", e]
         d = self.spawn("directory", "etcd", argv, r'"directory": "(?P<directory>[^"]+)"')
         self.directory = d.info["directory"]
-        d.argv = [*d.argv, "--metadata-port", self.directory.rsplit(":", 1)[1]]
+        d.pin({"--metadata-port": self.directory.rsplit(":", 1)[1]})
         for i in range(self.opts.ha_masters):
             role = f"master-{i}"
             argv = ["master", "--host", self.net[role].addr, "--port", "0", "--http-port", "0",
@@ -190,7 +173,7 @@ class NetnsCluster:
             self.spawn(role, role, argv, r"master standby")
         while not self.leader():
             if time.monotonic() > deadline:
-                raise NetnsClusterError(self._failure(self.proc("master-0"), "no leader"))
+                raise NetnsClusterError(self.proc("master-0").failure("no leader"))
             time.sleep(0.1)
         self.master = f"etcd://{e}:2379/kvcake"
 
@@ -201,7 +184,7 @@ class NetnsCluster:
         best, name = -1, ""
         for p in self.procs:
             if p.name.startswith("master-"):
-                for m in LEADER.finditer(p.log.read_text(errors="replace")):
+                for m in LEADER.finditer(p.log_text()):
                     if int(m["term"]) > best:
                         best, name = int(m["term"]), p.name
         return name
@@ -216,7 +199,7 @@ class NetnsCluster:
         argv = [sys.executable, "-m", "kvcake", "netns-relay", "--delay-ms",
                 str(self.opts.delay_ms), "--route", f"{addr}:0={target}"]  # fmt: skip
         p = self.spawn(name, role, argv, r"relay on (?P<addr>\S+) ->", raw=True)
-        p.argv = pin(p.argv, "--route", f"{p.info['addr']}={target}")
+        p.pin({"--route": f"{p.info['addr']}={target}"})
         return p.info["addr"]
 
     def _start_stores(self) -> None:
@@ -258,14 +241,13 @@ class NetnsCluster:
         p = self.spawn("proxy", "proxy", argv, r"proxy on (?P<url>http://\S+)/v1")
         self.url = p.info["url"]
         self._pin_config(cfg, "proxy", proxy, int(self.url.rsplit(":", 1)[1]))
-        deadline = time.monotonic() + self.opts.startup_timeout_s
-        while time.monotonic() < deadline:
+
+        def healthy() -> bool:  # asked from the client host
             with contextlib.suppress(httpx.HTTPError):
-                if self.http("GET", "/health", timeout=2).status_code == 200:
-                    return
-            self._check_alive(p)
-            time.sleep(0.2)
-        raise NetnsClusterError(self._failure(p, "never became healthy"))
+                return self.http("GET", "/health", timeout=2).status_code == 200
+            return False
+
+        p.wait_until(healthy, self.opts.startup_timeout_s, lambda: "never became healthy", 0.2)
 
     # --- processes ----------------------------------------------------------------------------
     def child_env(self, role: str = "") -> dict[str, str]:
@@ -283,18 +265,12 @@ class NetnsCluster:
         """Start ``kvcake <args>`` (``raw``: ``args`` as is) on host ``role``; with ``ready``,
         wait for that line."""
         argv = args if raw else [sys.executable, "-m", "kvcake", *args]
-        log = self.run_dir / f"{name}.log"
-        p = Proc(name, role, self._popen(role, argv, log, "wb"), log, argv)
-        self.procs.append(p)
+        p = Proc(name, argv, self.run_dir / f"{name}.log", env=self.child_env(role),
+                 error=NetnsClusterError, role=role, wrap=self.net.command(role, []))  # fmt: skip
+        self.procs.append(p.spawn())
         if ready:
             self.wait_line(p, ready)
         return p
-
-    def _popen(self, role: str, argv: list[str], log: Path, mode: str) -> subprocess.Popen[bytes]:
-        with log.open(mode) as fh:
-            return subprocess.Popen(self.net.command(role, argv), stdout=fh,
-                                    stderr=subprocess.STDOUT, env=self.child_env(role),
-                                    start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
 
     def _pin_config(self, path: Path, section: str, cfg: Any, port: int) -> None:
         """Rewrite a config file with the port its process got (asked for 0): a restart
@@ -304,8 +280,7 @@ class NetnsCluster:
     # --- supervision (launch/supervisor.py's Supervised) ----------------------------------------
     def respawn(self, ch: Proc) -> None:
         """Start ``ch`` again on its host, same command and ports, its log appended to."""
-        ch.popen = self._popen(ch.role, ch.argv, ch.log, "ab")
-        ch.started = time.monotonic()
+        ch.spawn(append=True)
 
     def write_state(self) -> None:
         self.on_change()
@@ -314,24 +289,7 @@ class NetnsCluster:
         print(msg, flush=True)
 
     def wait_line(self, p: Proc, pattern: str) -> None:
-        rx = re.compile(pattern)
-        deadline = time.monotonic() + self.opts.startup_timeout_s
-        while time.monotonic() < deadline:
-            m = rx.search(p.log.read_text(errors="replace"))
-            if m:
-                p.info.update({k: v for k, v in m.groupdict().items() if v is not None})
-                return
-            self._check_alive(p)
-            time.sleep(0.05)
-        raise NetnsClusterError(self._failure(p, "did not become ready in time"))
-
-    def _check_alive(self, p: Proc) -> None:
-        if p.popen.poll() is not None:
-            raise NetnsClusterError(self._failure(p, f"exited with {p.popen.returncode}"))
-
-    def _failure(self, p: Proc, what: str) -> str:
-        tail = p.log.read_text(errors="replace").strip().splitlines()[-12:]
-        return f"{p.name} on {p.role} {what} (log {p.log}):\n    " + "\n    ".join(tail)
+        p.wait_line(pattern, self.opts.startup_timeout_s)
 
     def proc(self, name: str) -> Proc:
         return next(p for p in self.procs if p.name == name)
@@ -357,17 +315,6 @@ class NetnsCluster:
         with self.lock:
             self.stopping = True  # no restart from here on
         last = [p for p in self.procs if p.name in ("etcd", "directory")]
-        for group in ([p for p in reversed(self.procs) if p not in last], last):
-            for p in group:
-                if p.popen.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        p.popen.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            for p in group:
-                try:
-                    p.popen.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    p.popen.kill()
-                    p.popen.wait(5)
+        stop_tiers(([p for p in reversed(self.procs) if p not in last], last), grace_s)
         self.procs.clear()
         self.net.close()

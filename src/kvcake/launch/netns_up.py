@@ -56,9 +56,9 @@ def _write_state(c: NetnsCluster, latest: Path) -> None:
     namespace, from which the endpoint is reachable."""
     from kvcake.launch.runstate import write_state
 
-    procs = {p.name: {"pid": p.popen.pid, "alive": p.popen.poll() is None, "restarts": p.restarts,
+    procs = {p.name: {"pid": p.proc.pid, "alive": p.alive(), "restarts": p.restarts,
                       "addresses": {"host": f"{c.net[p.role].addr} (netns {c.net[p.role].ns})"}}
-             for p in c.procs}  # fmt: skip
+             for p in c.procs if p.proc is not None}  # fmt: skip
     write_state([latest], c.url, c.run_dir, procs, instances=c.instances, master=c.master,
                 netns_client=c.net["client"].ns)  # fmt: skip
 

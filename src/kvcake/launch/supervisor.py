@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
-from kvcake.core.errors import KvcakeError
+from kvcake.launch.child import Child
 
 log = logging.getLogger(__name__)
 
@@ -42,46 +40,26 @@ class RestartPolicy:
         return float(min(self.max_s, self.base_s * 2 ** max(0, failures - 1)))
 
 
-@dataclass(kw_only=True)
-class RestartState:
-    """What the supervisor keeps per child; every child class of a cluster inherits it (the
-    launcher's ``Child``, ``VllmChild``, the netns ``Proc``)."""
-
-    started: float = field(default_factory=time.monotonic)  # the last (re)start
-    restarts: int = 0
-    failures: int = 0  # consecutive quick failures (the backoff)
-    restart_at: float | None = None
-    last_exit: str = ""
+C = TypeVar("C", bound=Child)
 
 
-def die_with_parent() -> None:
-    """``preexec_fn`` of every supervised child: SIGTERM when the thread that spawned it dies
-    (PR_SET_PDEATHSIG survives the exec chain), so a SIGKILLed ``kvcake up`` leaves no process
-    behind that nobody supervises. Linux only; elsewhere a no-op."""
-    try:
-        import ctypes
+class Supervised(Protocol[C]):
+    """What the supervisor needs from a cluster (``launcher.Cluster``, ``NetnsCluster``,
+    ``VllmCluster``); its children are :class:`kvcake.launch.child.Child` objects."""
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-class Supervised(Protocol):
-    """What the supervisor needs from a cluster (``launcher.Cluster``)."""
-
-    children: list[Any]
+    children: list[C]
     lock: threading.RLock
     stopping: bool
 
-    def respawn(self, ch: Any) -> None: ...
+    def respawn(self, ch: C) -> None: ...
 
     def write_state(self) -> None: ...
 
     def say(self, msg: str) -> None: ...
 
 
-class Supervisor:
-    def __init__(self, cluster: Supervised, policy: RestartPolicy | None = None):
+class Supervisor(Generic[C]):
+    def __init__(self, cluster: Supervised[C], policy: RestartPolicy | None = None):
         self.cluster = cluster
         self.policy = policy or RestartPolicy()
         self._stop = threading.Event()
@@ -96,8 +74,10 @@ class Supervisor:
             for ch in self.cluster.children:
                 self._check_child(ch, now)
 
-    def _check_child(self, ch: Any, now: float) -> None:
-        rc = ch.proc.poll() if ch.proc is not None else None
+    def _check_child(self, ch: C, now: float) -> None:
+        if ch.proc is None:
+            return
+        pid, rc = ch.proc.pid, ch.proc.poll()
         if rc is None:
             if ch.failures and now - ch.started > self.policy.stable_s:
                 ch.failures = 0
@@ -108,7 +88,7 @@ class Supervisor:
             delay = self.policy.delay(ch.failures)
             ch.restart_at = now + delay
             self.cluster.say(
-                f"supervisor: {ch.name} (pid {ch.proc.pid}) {ch.last_exit}; restarting in "
+                f"supervisor: {ch.name} (pid {pid}) {ch.last_exit}; restarting in "
                 f"{delay:.1f} s (restart #{ch.restarts + 1}, log {ch.log})"
             )
             self.cluster.write_state()
@@ -116,7 +96,8 @@ class Supervisor:
             ch.restart_at = None
             self.cluster.respawn(ch)
             ch.restarts += 1
-            self.cluster.say(f"supervisor: {ch.name} restarted (pid {ch.proc.pid})")
+            pid = ch.proc.pid if ch.proc is not None else 0
+            self.cluster.say(f"supervisor: {ch.name} restarted (pid {pid})")
             self.cluster.write_state()
 
     def start(self, interval_s: float = 0.2) -> None:
@@ -134,20 +115,3 @@ class Supervisor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-
-
-class ClusterStartError(KvcakeError):
-    """A process of the cluster failed to start; the message says which and why."""
-
-
-@dataclass
-class Child(RestartState):
-    """One supervised process of a cluster (its restart state, argv, log and what its ready
-    line said)."""
-
-    name: str
-    argv: list[str]
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-    info: dict[str, str] = field(default_factory=dict)  # what its ready line said (addresses)
-    start_ticks: int = 0  # /proc start time of ``proc``: `kvcake down` checks it before signalling

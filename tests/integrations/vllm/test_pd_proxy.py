@@ -34,7 +34,8 @@ def pd_proxy(cluster: Cluster) -> Iterator[str]:
                       roles={"a": "prefill", "b": "decode"})  # fmt: skip
     assert "--prefill" in argv and "--decode" in argv
     log = Path(tempfile.mkdtemp(prefix="kvcake-pd-proxy-")) / "proxy.log"
-    proc, url = start_proxy(argv, log)
+    proxy = start_proxy(argv, log)
+    url = proxy.info["url"]
     try:
         deadline = time.monotonic() + 30
         while httpx.get(url + "/health").status_code != 200:
@@ -44,8 +45,7 @@ def pd_proxy(cluster: Cluster) -> Iterator[str]:
         assert fleet["pd"] and fleet["engines"]["a"]["role"] == "prefill"
         yield url
     finally:
-        proc.terminate()
-        proc.wait(10)
+        proxy.stop()
 
 
 def test_pd_through_the_proxy_same_tokens_no_recompute(cluster: Cluster, pd_proxy: str) -> None:
