@@ -6,7 +6,6 @@ remove deletes the file; a missing or corrupt file is a typed error, never wrong
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from kvcake.store.errors import IntegrityError, InvalidParams, ObjectNotFound, T
 from kvcake.store.filetier import FILE_SEGMENT
 from kvcake.store.master_server import Master
 from kvcake.store.server import StoreServer
+from tests.waits import wait_until
 
 KB = 1024
 SEGMENT = 1 << 20
@@ -48,13 +48,6 @@ def files(m: Master) -> list[Path]:
     return sorted(p for p in root.rglob("*.obj"))
 
 
-def wait(cond: object, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond() and time.monotonic() < deadline:  # type: ignore[operator]
-        time.sleep(0.02)
-    assert cond(), "timed out"  # type: ignore[operator]
-
-
 def file_only(c: Client, key: str, segment: str) -> P.ReplicaDesc:
     """Drop ``key``'s memory copy (another readable one, its file, remains): forced eviction."""
     c.drop_replica(key, segment)
@@ -73,7 +66,8 @@ def test_puts_write_files_and_evicted_objects_read_back_exactly(
             c.put(k, value(i))
         assert c._writer is not None and c._writer.flush()
         assert all(p.is_relative_to(tmp_path / "poolA") for p in files(m))
-        wait(lambda: sum(1 for o in m.state.objects.values() if not o.memory()) > 0)
+        wait_until(lambda: any(not o.memory() for o in m.state.objects.values()), every_s=0.02,
+                   what="an object offloaded from memory")  # fmt: skip
         for i, k in enumerate(keys):  # memory held ~16 of them: the rest come from files
             assert bytes(c.get(k)) == value(i), k
         assert c.file_reads > 0
@@ -99,11 +93,12 @@ def test_remove_deletes_the_file(live: tuple[Master, StoreServer]) -> None:
         assert c._writer is not None and c._writer.flush()
         assert len(files(m)) == 2
         c.remove("gone")
-        wait(lambda: len(files(m)) == 1)
+        wait_until(lambda: len(files(m)) == 1, every_s=0.02, what="one file in the tier")
         assert bytes(c.get("kept")) == value(2)
         assert c.remove_all(force=True) == 1
-        wait(lambda: not files(m))
-        wait(lambda: m.state.segments[FILE_SEGMENT].allocator.allocated == 0)
+        wait_until(lambda: not files(m), every_s=0.02, what="no file left in the tier")
+        wait_until(lambda: m.state.segments[FILE_SEGMENT].allocator.allocated == 0, every_s=0.02,
+                   what="the file segment empty")  # fmt: skip
         m.state.check()
 
 

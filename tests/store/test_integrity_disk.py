@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import random
 import struct
-import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from kvcake.store.errors import ChecksumMismatch, IntegrityError, ObjectNotFound
 from kvcake.store.master_server import Master
 from kvcake.store.metadata import Tier
 from kvcake.store.server import StoreServer
+from tests.waits import wait_until
 
 
 def value(key: str, size: int) -> bytes:
@@ -81,13 +81,6 @@ def node(tmp_path: Path) -> Iterator[tuple[Master, StoreServer, Client]]:
     m.stop()
 
 
-def wait(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert cond(), "timed out"
-
-
 def failures(path: str) -> float:
     got = REGISTRY.get_sample_value("kvcake_store_integrity_failures_total", {"path": path})
     return got or 0.0
@@ -96,7 +89,7 @@ def failures(path: str) -> float:
 def _offload(m: Master, key: str) -> None:
     with m.state.lock:
         assert m.state.parts.tiering.start_offload(m.state.objects[ObjectKey(key)])
-    wait(lambda: not _copying(m, key))
+    wait_until(lambda: not _copying(m, key), every_s=0.02, what="the copy finished")
 
 
 def _copying(m: Master, key: str) -> bool:
@@ -130,7 +123,8 @@ def test_a_flipped_byte_in_a_disk_file_is_refused_on_read_and_promotion(node: tu
     for key in ("disk/read", "disk/promote"):
         c.put(key, value(key, CHUNK + 5000))
         _offload(m, key)
-        wait(lambda key=key: _tiers(m, key) == ["disk"])  # offloaded for space: memory freed
+        wait_until(lambda key=key: _tiers(m, key) == ["disk"], every_s=0.02,
+                   what=f"{key} on disk only")  # offloaded for space: memory freed  # fmt: skip
         assert c.get(key) == value(key, CHUNK + 5000)  # a clean disk copy verifies
         path = n.disk.path(key)
         raw = bytearray(path.read_bytes())
@@ -143,7 +137,8 @@ def test_a_flipped_byte_in_a_disk_file_is_refused_on_read_and_promotion(node: tu
     assert _tiers(m, "disk/read") == []  # the bad disk replica (the last one) dropped
     with m.state.lock:  # promotion of the corrupt file: the node refuses and reports it
         m.state.parts.tiering.start_promotion(m.state.objects[ObjectKey("disk/promote")])
-    wait(lambda: ObjectKey("disk/promote") not in m.state.objects)
+    wait_until(lambda: ObjectKey("disk/promote") not in m.state.objects, every_s=0.02,
+               what="disk/promote removed")  # fmt: skip
     assert not n.disk.path("disk/promote").exists()
     with pytest.raises(ObjectNotFound):
         c.get("disk/promote")
@@ -156,7 +151,7 @@ def test_a_restarted_node_adopts_only_files_with_the_objects_checksums(
     m, n, c = node
     c.put("keep", value("keep", 4096))
     _offload(m, "keep")
-    wait(lambda: Tier.DISK.value in _tiers(m, "keep"))
+    wait_until(lambda: Tier.DISK.value in _tiers(m, "keep"), every_s=0.02, what="keep on disk")
     legacy_file(n.disk, "legacy", b"l" * 4096)  # as if written by an older node
     sums = struct.unpack("<Q", n.disk.path("keep").read_bytes()[HEAD.size + 4 : HEAD.size + 12])
     assert list(sums) == checksums("keep", value("keep", 4096))  # the writer's, carried
