@@ -21,6 +21,7 @@ from kvcake.transfer.protocol import CODEC, Probe, ReadReq, WriteReq, WriteV
 from kvcake.transfer.tcp_transport import probe
 from kvcake.transfer.types import Op
 from tests.rawsock import raw, read_all
+from tests.waits import wait_until
 
 from .conftest import pattern
 
@@ -95,9 +96,8 @@ def test_without_the_secret_nothing_is_written_or_read(secured: tuple, who: str)
         assert {r.error_type for r in res.results} == {"AuthFailed"}
         assert not probe(target.addresses[0], 2.0, None if who == "none" else WRONG)
     assert bytes(mem) == before
-    deadline = time.monotonic() + 5
-    while target.server.auth_refused < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: target.server.auth_refused >= 2, timeout=5, every_s=0.01,
+               what="2 refusals counted")  # fmt: skip
     assert target.server.auth_refused >= 2
 
 

@@ -28,6 +28,7 @@ from kvcake.transfer import (
     cleanup_stale,
 )
 from kvcake.transfer.shm_transport import Liveness, ShmTransport
+from tests.waits import wait_until
 
 from .conftest import EngineFactory, ServerProc, pattern
 
@@ -85,10 +86,8 @@ def test_batch_table_is_bounded_and_swept(
         a.submit(req)  # three running batches fill the table
     with pytest.raises(TransferTimeout):
         a.wait(ids[0], timeout=0.01)  # still running: stays collectable for now
-    deadline = time.monotonic() + 10
-    while not all(a.status(b).done for b in ids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert all(a.status(b).done for b in ids)  # the silent peer timed out: they failed
+    # the silent peer timed out: they failed
+    wait_until(lambda: all(a.status(b).done for b in ids), what="every batch done")
     time.sleep(0.3)  # past batch_ttl_s: nobody collected them
     fresh = a.submit(req)  # sweeps the expired ones
     for b in ids:
@@ -105,12 +104,9 @@ def test_full_table_drops_the_oldest_finished_batch(make_engine: EngineFactory) 
     b.register_memory("b", bytearray(4096))
     req = [TransferRequest(Op.WRITE, S("a"), 0, S("b"), 0, 16)]
     first = a.submit(req)
-    deadline = time.monotonic() + 5
-    while not a.status(first).done and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: a.status(first).done, timeout=5, every_s=0.01, what="the first batch done")
     second = a.submit(req)  # finishes after first
-    while not a.status(second).done and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: a.status(second).done, timeout=5, every_s=0.01, what="the second done")
     third = a.submit(req)
     assert len(a._batches) <= 2 and third in a._batches
     with pytest.raises(UnknownBatch):
@@ -209,17 +205,14 @@ def test_connections_past_the_bound_are_closed_and_the_server_keeps_serving(
     server.max_conn_threads = 2
     host, port = server.addresses[0].rsplit(":", 1)
     held = [socket.create_connection((host, int(port))) for _ in range(2)]
-    deadline = time.monotonic() + 5
-    while len(server._conns) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: len(server._conns) >= 2, timeout=5, every_s=0.01, what="2 connections held")
     extra = socket.create_connection((host, int(port)))
     extra.settimeout(5)
     assert extra.recv(1) == b""  # closed by the server, not left hanging
     assert server.conns_refused == 1
     extra.close()
     held.pop().close()
-    while len(server._conns) > 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: len(server._conns) <= 1, timeout=5, every_s=0.01, what="a slot freed")
     reader = make_engine()
     out = bytearray(64)
     reader.read_into("m", 0, out)  # a fresh peer gets the freed slot

@@ -11,6 +11,7 @@ import pytest
 
 from kvcake.core.ids import SegmentName
 from kvcake.transfer import Op, TransferRequest
+from tests.waits import wait_until
 
 from .conftest import EngineFactory, pattern
 from .test_tcp_paths import NICS, cfg
@@ -86,9 +87,7 @@ def test_broken_path_avoided_until_probe_succeeds(make_engine: EngineFactory) ->
     time.sleep(0.25)
     sent.clear()
     a.transfer_sync_write("b", "a", 0, 0, 1 << 20)  # probe is due: started in the background
-    deadline = time.monotonic() + 5
-    while a.health.down() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: not a.health.down(), timeout=5, every_s=0.01, what="the path back up")
     assert a.health.probes[victim] >= 1
     assert a.health.down() == []
     sent.clear()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
-import time
 
 import pytest
 
@@ -18,6 +17,7 @@ from kvcake.transfer.metadata import LIMITS as DIR_LIMITS
 from kvcake.transfer.metadata import Reply
 from kvcake.transfer.protocol import CODEC, Ack, Fail, Probe, ReadReq, WriteReq
 from kvcake.transfer.tcp_transport import probe
+from tests.waits import wait_until
 
 from .conftest import EngineFactory, pattern
 
@@ -128,9 +128,7 @@ def test_many_bad_connections_leave_no_threads(target) -> None:  # type: ignore[
     for i in range(30):
         with connect(e) as s:
             s.sendall(struct.pack("<Q", i) * 5)
-    deadline = time.monotonic() + 5
-    while len(e.server._conns) > 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: not e.server._conns, timeout=5, every_s=0.01, what="every connection closed")
     assert len(e.server._conns) == 0
     still_serving(e, mem)
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import collections
-import time
 import zlib
 
 from kvcake.core.ids import SegmentName
 from kvcake.transfer import Op, TransferConfig, TransferRequest
+from tests.waits import wait_until
 
 from .conftest import EngineFactory, pattern
 
@@ -96,9 +96,8 @@ def test_endpoint_cap_and_sieve_eviction(make_engine: EngineFactory) -> None:
     for _ in range(3):
         a.transfer_sync_write("b", "a", 0, 0, 1 << 20)
     # A lane may still be handing its endpoint back when the batch is complete.
-    deadline = time.monotonic() + 5
-    while a.pool.stats()["busy"] and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_until(lambda: not a.pool.stats()["busy"], timeout=5, every_s=0.005,
+               what="every endpoint handed back")  # fmt: skip
     stats = a.pool.stats()
     assert max(peak) <= 2 and stats["open"] <= 2
     assert stats["evicted"] >= 1  # three NICs through two endpoints: someone was evicted
