@@ -10,12 +10,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.netns.test_multihost import _netns_list
+from tests.waits import wait_until
 
 
 def kvcake(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -58,24 +59,28 @@ def test_up_netns_detach_status_down(tmp_path: Path) -> None:
         # Supervised like `kvcake up`: a SIGKILLed instance comes back on its host and port.
         victim = st["processes"]["decode-0"]["pid"]
         os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        dec: dict[str, Any] = {}
+
+        def restarted() -> bool:
             now = json.loads((tmp_path / "runs" / "latest.json").read_text())
-            dec = now["processes"]["decode-0"]
-            if dec["restarts"] >= 1 and dec["pid"] != victim and alive(dec["pid"]):
-                break
-            time.sleep(0.5)
-        else:
-            raise AssertionError(f"decode-0 was not restarted: {dec}")
+            dec.update(now["processes"]["decode-0"])
+            return dec["restarts"] >= 1 and dec["pid"] != victim and alive(dec["pid"])
+
+        wait_until(restarted, timeout=120, every_s=0.5, what="decode-0 restarted",
+                   detail=lambda: dec)  # fmt: skip
         ask = ("import httpx,sys; r = httpx.post(sys.argv[1] + '/v1/completions', timeout=60,"
                " json={'prompt': 'hello', 'max_tokens': 4}); print(r.status_code)")  # fmt: skip
-        for _ in range(60):  # the proxy sees the instance again once its health probe passes
+        last = [""]
+
+        def answered() -> bool:
             out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", ask, url],
                                  capture_output=True, text=True, timeout=90)  # fmt: skip
-            if out.stdout.strip() == "200":
-                break
-            time.sleep(1)
-        assert out.stdout.strip() == "200", out.stdout + out.stderr
+            last[0] = out.stdout + out.stderr
+            return out.stdout.strip() == "200"
+
+        # the proxy sees the instance again once its health probe passes
+        wait_until(answered, timeout=120, every_s=1.0, what="a 200 from the proxy",
+                   detail=lambda: last[0])  # fmt: skip
         shown = kvcake("status", "--config", str(cfg), timeout=60).stdout
         assert re.search(r"decode-0 .* restarts [1-9]", shown), shown
     finally:
