@@ -26,10 +26,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
 
 from kvcake.core.api import StoreEventKind
 from kvcake.core.ids import ClientId, ObjectKey, SegmentName
@@ -171,7 +170,7 @@ class FileTier:
 
 
 def reap_files(
-    files: FileTier, lock: AbstractContextManager[Any], limit: int, unlink: Callable[[str], None]
+    files: FileTier, lock: threading.RLock, limit: int, unlink: Callable[[str], None]
 ) -> int:
     """Unlink up to ``limit`` dropped files, then release their ranges. ``lock`` is the state's:
     held to take the batch and to release the ranges, not while the file system works."""
