@@ -252,11 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     engines = args.engine + args.prefill + args.decode
     if not engines:
         ap.error("name at least one engine (--engine, or --prefill and --decode)")
-    import socket
-
-    import uvicorn
-
     from kvcake.conductor.config import ConductorConfig
+    from kvcake.net.httpserve import serve
+    from kvcake.net.listen import bind
 
     cfg = FleetConfig(block_tokens=args.block_tokens, prefill_timeout_s=args.prefill_timeout_s,
                       decode_idle_timeout_s=args.decode_idle_timeout_s,
@@ -265,13 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         fleet = VllmFleet(engines, cfg, args.master)
     except ValueError as exc:
         ap.error(str(exc))
-    sock = socket.socket()
-    sock.bind((args.host, args.port))
-    sock.listen(128)  # connections wait in the backlog until uvicorn accepts them
-    port = sock.getsockname()[1]
-    print(f"vllm-proxy url=http://{args.host}:{port}", flush=True)
-    server = uvicorn.Server(uvicorn.Config(build_app(fleet), log_level="warning"))
-    server.run(sockets=[sock])
+    sock = bind(args.host, args.port, "vllm-proxy (--port)")  # requests wait in the backlog
+    print(f"vllm-proxy url=http://{args.host}:{sock.getsockname()[1]}", flush=True)
+    serve(build_app(fleet), sock)
     return 0
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from kvcake.core.api import Role, segment_of
 from kvcake.core.config import KVLayoutConfig
 from kvcake.core.ids import InstanceId
+from kvcake.net.httpserve import RequireAuth, serve
 from kvcake.net.listen import bind
 from kvcake.serve.config import InstanceConfig
 
@@ -96,8 +97,6 @@ def build_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig, iid: Ins
 
 
 def run_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig) -> int:
-    import uvicorn
-
     from kvcake.core import auth as _auth
     from kvcake.instance.app import build_app
 
@@ -138,11 +137,7 @@ def run_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig) -> int:
     served: Any = app
     if secret is not None:  # every call but /health signed with the shared secret
         from kvcake.core.http_auth import INSTANCE_HTTP
-        from kvcake.net.httpserve import RequireAuth
 
         served = RequireAuth(app, secret, INSTANCE_HTTP)
-    server = uvicorn.Server(
-        uvicorn.Config(served, log_level="warning", timeout_graceful_shutdown=30, lifespan="on")
-    )
-    server.run(sockets=[sock])
+    serve(served, sock, lifespan="on", graceful_s=30)
     return 0

@@ -1,5 +1,9 @@
-"""Serve a FastAPI app with uvicorn on a background thread (the master and store-server are
-threaded processes; their HTTP is a side door for admin, health and metrics)."""
+"""kvcake's one way to run an HTTP server (uvicorn): :func:`serve` in the calling thread on a
+socket bound up front (the proxy, the instance, the vLLM fleet proxy: a port conflict fails at
+once with a message saying which setting to change, and the ready line names the bound port),
+:class:`HttpThread` on a background thread (the master and store-server are threaded processes;
+their HTTP is a side door for admin, health and metrics; Mooncake's HTTP metadata server). Both
+build their server with :func:`uvicorn_server`: warnings only, no access log."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import json
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Literal
 
 from kvcake.core import auth as _auth
 from kvcake.core.http_auth import HttpRefused, HttpVerifier, sign
@@ -98,6 +102,29 @@ async def _refuse(send: Any, exc: HttpRefused) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+Lifespan = Literal["auto", "on", "off"]
+
+
+def uvicorn_server(app: Any, lifespan: Lifespan = "off", graceful_s: int | None = None) -> Any:
+    """A ``uvicorn.Server`` for ``app``; ``graceful_s``: how long a stop waits for requests in
+    flight (None: until they end)."""
+    import uvicorn  # here: only a process that serves HTTP pays for loading it
+
+    cfg = uvicorn.Config(app, log_level="warning", access_log=False, lifespan=lifespan,
+                         timeout_graceful_shutdown=graceful_s)  # fmt: skip
+    return uvicorn.Server(cfg)
+
+
+def serve(
+    app: Any, sock: socket.socket, lifespan: Lifespan = "auto", graceful_s: int | None = None
+) -> None:
+    """Serve ``app`` on the listening ``sock`` in this thread until SIGINT / SIGTERM."""
+    try:
+        uvicorn_server(app, lifespan, graceful_s).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
 class HttpThread:
     """``h = HttpThread(app, "127.0.0.1", 0); h.start(); h.address; h.stop()``. The socket is
     bound in the constructor, so a busy port fails there with OSError and ``address`` is
@@ -113,8 +140,6 @@ class HttpThread:
     ):
         """``auth``: the shared secret every request (but ``/health``) must show, signed for
         the service ``name``; None = no secret, which is only allowed on loopback."""
-        import uvicorn
-
         _auth.check_bind(host, auth, name)
         if auth is not None:
             app = RequireAuth(app, auth, name)
@@ -126,8 +151,7 @@ class HttpThread:
             self.sock.close()
             raise
         self.sock.listen(128)
-        cfg = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-        self.server = uvicorn.Server(cfg)
+        self.server = uvicorn_server(app)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, name=name, daemon=True
         )

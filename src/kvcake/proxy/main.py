@@ -58,8 +58,7 @@ def run_proxy(
 ) -> int:
     """``run_state``: the cluster.json of the `kvcake up` run (the dashboard's restarts and
     master address); "" when the proxy was started by hand."""
-    import uvicorn
-
+    from kvcake.net.httpserve import serve
     from kvcake.net.listen import bind
     from kvcake.proxy.app import ProxyState, build_app
     from kvcake.proxy.metrics import ProxyMetrics
@@ -95,8 +94,5 @@ def run_proxy(
     )
     port = sock.getsockname()[1]
     print(f"kvcake proxy on http://{cfg.host}:{port}/v1", flush=True)
-    server = uvicorn.Server(
-        uvicorn.Config(build_app(st), log_level="warning", timeout_graceful_shutdown=10)
-    )
-    server.run(sockets=[sock])
+    serve(build_app(st), sock, graceful_s=10)
     return 0

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import json
 import os
-import tomllib
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -118,15 +117,15 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _check_modelled(path: str) -> None:
     """compare-sim models kvcake's own instances; a vLLM-backed cluster file would silently be
-    read as a default kvcake cluster."""
+    read as a default kvcake cluster. The file is loaded now (every section validated), so a
+    mistake in it fails before the replay runs."""
+    from kvcake.fleet.cluster import is_vllm_config
+    from kvcake.launch.clusterfile import load_serve_file
 
-    try:
-        doc = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"--cluster-config {path}: {exc}") from None
-    if "vllm" in doc:
+    if is_vllm_config(path):
         raise ConfigError(f"--cluster-config {path}: a vLLM-backed cluster ([vllm] section); "
                           "--compare-sim models kvcake's own instances only")  # fmt: skip
+    load_serve_file(path)
 
 
 def _conductor(cluster_config: str | None) -> Any:
