@@ -26,6 +26,7 @@ from kvcake.integrations.vllm.pd_wire import (
 from kvcake.integrations.vllm.pd_worker import PdWorker
 from kvcake.integrations.vllm.worker import Counters, log_for
 from kvcake.transfer import DirectoryService, TransferEngine
+from tests.waits import wait_until
 
 BS = 4
 LOG = log_for("test")
@@ -179,13 +180,8 @@ def directory() -> Any:
 
 def run_pull(w: PdWorker, job: PullJob) -> tuple[set[str], set[int]]:
     w.step(PdStep(pulls=[job]))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        _, recv = w.poll(set())
-        if recv:
-            return recv, w.load_errors()
-        time.sleep(0.01)
-    raise AssertionError("pull never finished")
+    recv = wait_until(lambda: w.poll(set())[1], timeout=10, every_s=0.01, what="the pull finished")
+    return recv, w.load_errors()
 
 
 def test_worker_pulls_every_layer_straight_into_its_blocks(directory: str) -> None:
