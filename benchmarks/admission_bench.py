@@ -15,7 +15,7 @@ which the online fits learn this cluster's service and queue under concurrency. 
 ``false_reject`` = share of the requests that met the SLOs in A that B rejected (goal <= 10%),
 ``accepted_miss`` = share of B's accepted requests that missed (goal <= 5%), and the median
 |predicted - measured| / measured TTFT of B's accepted requests, from the proxy's own
-``kvcake:ttft_prediction_error_median`` (goal <= 25%). ``--repeats`` runs A B A B ... on fresh
+``kvcake_proxy_ttft_prediction_error_median`` (goal <= 25%). ``--repeats`` runs A B A B ... on fresh
 clusters (the machine is noisy). Run: ``python benchmarks/admission_bench.py [--help]``.
 """
 
@@ -109,15 +109,15 @@ def run(args: argparse.Namespace, tmp: Path, admission: str, tag: str) -> dict[s
         r["met"] = (r["status"] == 200 and r["ttft"] is not None and r["ttft"] <= args.ttft_slo
                     and (r["tbt"] is None or r["tbt"] <= args.tbt_slo))  # fmt: skip
     fits = {f"{lab.get('stage')}.{lab.get('coef')}": v
-            for lab, v in find(metrics, "kvcake:cost_model_coefficient")}  # fmt: skip
+            for lab, v in find(metrics, "kvcake_proxy_cost_model_coefficient")}  # fmt: skip
 
     def one_value(name: str) -> float | None:
         got = find(metrics, name)
         return got[0][1] if got else None
 
     return {"admission": admission, "results": res,
-            "ttft_error_median": one_value("kvcake:ttft_prediction_error_median"),
-            "ttft_margin": one_value("kvcake:admission_ttft_margin"), "fitted": fits}  # fmt: skip
+            "ttft_error_median": one_value("kvcake_proxy_ttft_prediction_error_median"),
+            "ttft_margin": one_value("kvcake_proxy_admission_ttft_margin"), "fitted": fits}  # fmt: skip
 
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

@@ -209,7 +209,7 @@ def test_history_rates_per_tier_and_a_restart_is_dropped() -> None:
 
 
 def test_tiers_come_from_the_attribution_counters() -> None:
-    t = "kvcake:kv_tier_tokens_total"
+    t = "kvcake_proxy_kv_tier_tokens_total"
     series = {
         ("kvcake:prefix_cache_hits_total", ()): 30.0,
         ("kvcake:prefix_cache_queries_total", ()): 100.0,

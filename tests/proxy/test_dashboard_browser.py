@@ -169,7 +169,7 @@ def check_page(dom: Node, snap: dict[str, Any], metrics: dict[Any, float]) -> No
     assert stats["finished"] == f"{total(metrics, 'kvcake:request_success_total'):.0f}"
     assert stats["finished"] == f"{snap['requests']['finished']:.0f}"
     assert stats["prompt_tokens"] == f"{total(metrics, 'kvcake:prompt_tokens_total'):.0f}"
-    assert stats["rejected"] == f"{total(metrics, 'kvcake:request_rejections_total'):.0f}"
+    assert stats["rejected"] == f"{total(metrics, 'kvcake_proxy_request_rejections_total'):.0f}"
     hits = total(metrics, "kvcake:prefix_cache_hits_total")
     queries = total(metrics, "kvcake:prefix_cache_queries_total")
     assert stats["hit_rate"] == pct(hits / queries) == pct(snap["requests"]["hit_rate"])

@@ -49,7 +49,7 @@ def test_overload_is_rejected_with_429(emulated_cluster: Cluster, tmp_path: obje
         err = r429.json()["error"]
         assert err["code"] == "ttft_slo" and "ttft" in err["message"].lower()
         assert err["type"] == "ttft_slo" and int(r429.headers["retry-after"]) >= 1
-        assert "kvcake:request_rejections_total" in httpx.get(url + "/metrics").text
+        assert "kvcake_proxy_request_rejections_total" in httpx.get(url + "/metrics").text
         recent = httpx.get(url + "/dashboard/api/snapshot?recent=20").json()["recent"]
         rejected = [r for r in recent if r["finish"] == "rejected"]  # listed, with the reason
         assert len(rejected) == codes.count(429) and {r["error"] for r in rejected} == {"ttft_slo"}

@@ -1,6 +1,6 @@
 """Health tells the truth (issue 31): liveness apart from readiness; readiness from active
 checks naming what failed; `kvcake status`, `kvcake top`, the dashboard and the
-`kvcake:cluster_ready` gauge say the same."""
+`kvcake_proxy_cluster_ready` gauge say the same."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_ready_cluster_is_live_and_ready(cluster: Cluster) -> None:
     assert set(r.json()["checks"]) == {"instances", "peers", "master", "directory"}
     assert all(ch["ok"] for ch in r.json()["checks"].values())
     assert httpx.get(c.url + "/health/live").json() == {"status": "alive"}
-    assert gauge(c, "kvcake:cluster_ready") == 1.0
+    assert gauge(c, "kvcake_proxy_cluster_ready") == 1.0
     v = views(c)
     assert "ready" in v["status"] and "NOT READY" not in v["status"]
     assert "ready" in v["top"] and "NOT READY" not in v["top"] and v["dashboard"] == "ready"
@@ -92,7 +92,7 @@ def test_a_segment_missing_from_the_directory_is_named(cluster: Cluster) -> None
         assert body["failed"] == ["directory"] and "kv/decode-0" in body["error"]["message"]
         assert set(body["error"]) == {"message", "type", "param", "code"}
         assert httpx.get(c.url + "/health/live").status_code == 200  # never on a peer
-        assert gauge(c, "kvcake:cluster_ready") == 0.0
+        assert gauge(c, "kvcake_proxy_cluster_ready") == 0.0
         # Requests fail now; the failure rate is shown, but it is not what makes us unready.
         bad = httpx.post(c.url + "/v1/completions", json={"prompt": [7] * 40, "max_tokens": 2},
                          timeout=30)  # fmt: skip
@@ -103,7 +103,7 @@ def test_a_segment_missing_from_the_directory_is_named(cluster: Cluster) -> None
         body = wait_for(lambda: (b := ready(c).json())["recent_failures"] and b)
         assert body["failed"] == ["directory"]
         assert any("requests failed" in why for why in body["reasons"])
-        assert gauge(c, "kvcake:recent_request_failure_ratio") > 0
+        assert gauge(c, "kvcake_proxy_recent_request_failure_ratio") > 0
         v = views(c)
         for what in ("status", "top"):
             assert "NOT READY: directory" in v[what] and "kv/decode-0" in v[what], v[what]

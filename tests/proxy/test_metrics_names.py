@@ -46,7 +46,7 @@ def test_vllm_names_replace_the_ones_vllm_has() -> None:
     f = families(m)
     for kv_name, vllm_name in VLLM_NAMES.items():
         assert kv_name not in f and vllm_name in f, vllm_name
-    assert "kvcake:kv_tier_tokens" in f  # no vLLM twin: kept under kvcake's name
+    assert "kvcake_proxy_kv_tier_tokens" in f  # no vLLM twin: kept under kvcake's name
     assert m.registry.get_sample_value("kvcake:prompt_tokens_total", {"model_name": "smol"}) == 10
     (s,) = f["vllm:prompt_tokens"]
     assert s.labels == {"model_name": "smol", "component": "kvcake-proxy",  # type: ignore[attr-defined]

@@ -30,7 +30,7 @@ def test_models_health_metrics(emulated_cluster: Cluster) -> None:
         "kvcake:e2e_request_latency_seconds_bucket", "kvcake:prefix_cache_queries_total",
         "kvcake:prefix_cache_hits_total", "kvcake:num_requests_running",
         "kvcake:kv_cache_usage_perc", "kvcake:prompt_tokens_total",
-        "kvcake:generation_tokens_total", "kvcake:instance_queued_prefill_seconds",
+        "kvcake:generation_tokens_total", "kvcake_proxy_instance_queued_prefill_seconds",
     ):  # fmt: skip
         assert name in text, name
 

@@ -231,9 +231,9 @@ def test_metrics_agree_with_the_responses(cl: Cluster) -> None:
         for r, n in a["miss_reasons"].items():
             reasons[r] = reasons.get(r, 0) + n
     for (tier, node), n in tiers.items():
-        assert val("kvcake:kv_tier_tokens_total", tier=tier, node=node) == n, (tier, node)
+        assert val("kvcake_proxy_kv_tier_tokens_total", tier=tier, node=node) == n, (tier, node)
     for r, n in reasons.items():
-        assert val("kvcake:kv_miss_tokens_total", reason=r) == n, r
+        assert val("kvcake_proxy_kv_miss_tokens_total", reason=r) == n, r
     total = sum(d["usage"]["prompt_tokens"] for d in RESPONSES)
     assert val("kvcake:prompt_tokens_total") == total
     # the same series under vLLM's names, told apart by component

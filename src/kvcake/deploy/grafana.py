@@ -1,6 +1,7 @@
 """The Grafana dashboard (``deploy/grafana/kvcake.json``) over the metrics kvcake exports: the
-proxy's ``kvcake:*`` (vLLM's meanings), the instances' ``kvcake:instance_*`` and the store's
-``kvcake_store_*``. Built here, not hand-edited, so a test can check every queried series."""
+proxy's ``kvcake:*`` (vLLM's metrics) and ``kvcake_proxy_*``, the instances'
+``kvcake_instance_*`` and the store's ``kvcake_store_*``. Built here, not hand-edited, so a test
+can check every queried series."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ _P50 = "histogram_quantile(0.5, sum by (le) (rate({m}_bucket[1m])))"
 PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ("Requests finished / s", "reqps",
      [("sum by (finished_reason) (rate(kvcake:request_success_total[1m]))", "{{finished_reason}}"),
-      ("sum by (kind) (rate(kvcake:request_errors_total[1m]))", "error {{kind}}"),
-      ("sum by (reason) (rate(kvcake:request_rejections_total[1m]))", "429 {{reason}}")]),
+      ("sum by (kind) (rate(kvcake_proxy_request_errors_total[1m]))", "error {{kind}}"),
+      ("sum by (reason) (rate(kvcake_proxy_request_rejections_total[1m]))", "429 {{reason}}")]),
     ("Requests running / waiting", "short",
      [("kvcake:num_requests_running", "running"), ("kvcake:num_requests_waiting", "waiting")]),
     ("Time to first token", "s",
@@ -33,22 +34,22 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
       ("rate(kvcake:generation_tokens_total[1m])", "generated")]),
     ("KV cache usage per instance", "percentunit",
      [("kvcake:kv_cache_usage_perc", "{{instance}}")]),
-    ("Instances up", "short", [("kvcake:instance_up", "{{instance}} ({{role}})")]),
+    ("Instances up", "short", [("kvcake_proxy_instance_up", "{{instance}} ({{role}})")]),
     ("Predicted prefill queue per instance", "s",
-     [("kvcake:instance_queued_prefill_seconds", "{{instance}}")]),
+     [("kvcake_proxy_instance_queued_prefill_seconds", "{{instance}}")]),
     ("Instance: reused vs computed prompt tokens / s", "short",
-     [("sum by (instance) (rate(kvcake:instance_cached_tokens_total[1m]))", "{{instance}} reused"),
-      ("sum by (instance) (rate(kvcake:instance_computed_tokens_total[1m]))",
+     [("sum by (instance) (rate(kvcake_instance_cached_tokens_total[1m]))", "{{instance}} reused"),
+      ("sum by (instance) (rate(kvcake_instance_computed_tokens_total[1m]))",
        "{{instance}} computed")]),
     ("Instance: KV blocks in use, queued requests", "short",
-     [("kvcake:instance_kv_blocks_used", "{{instance}} blocks"),
-      ("kvcake:instance_queued_requests", "{{instance}} queued")]),
+     [("kvcake_instance_kv_blocks_used", "{{instance}} blocks"),
+      ("kvcake_instance_queued_requests", "{{instance}} queued")]),
     ("Instance: prefill time p90", "s",
      [("histogram_quantile(0.9, sum by (le, instance) "
-       "(rate(kvcake:instance_prefill_seconds_bucket[1m])))", "{{instance}}")]),
+       "(rate(kvcake_instance_prefill_seconds_bucket[1m])))", "{{instance}}")]),
     ("TTFT prediction error (median of last 256)", "percentunit",
-     [("kvcake:ttft_prediction_error_median", "median"),
-      ("kvcake:admission_ttft_margin", "admission margin")]),
+     [("kvcake_proxy_ttft_prediction_error_median", "median"),
+      ("kvcake_proxy_admission_ttft_margin", "admission margin")]),
     ("Pool: used / capacity per segment and tier", "percentunit",
      [("kvcake_store_segment_used_bytes / kvcake_store_segment_capacity_bytes",
        "{{segment}} {{tier}}")]),

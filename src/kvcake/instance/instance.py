@@ -56,17 +56,17 @@ FIRST_WARMUP_TOKEN = 300  # an ordinary token id in every vocabulary the backend
 class _Metrics:
     def __init__(self, role: Role) -> None:
         r = self.registry = CollectorRegistry()
-        self.prefill_s = Histogram("kvcake:instance_prefill_seconds", "Prefill compute", registry=r)
+        self.prefill_s = Histogram("kvcake_instance_prefill_seconds", "Prefill compute", registry=r)
         self.step_s = Histogram(
-            "kvcake:instance_decode_step_seconds", "Decode iteration", registry=r,
+            "kvcake_instance_decode_step_seconds", "Decode iteration", registry=r,
             buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
         )  # fmt: skip
-        self.cached_tokens = Counter("kvcake:instance_cached_tokens", "Reused", registry=r)
-        self.computed_tokens = Counter("kvcake:instance_computed_tokens", "Computed", registry=r)
-        self.generated = Counter("kvcake:instance_generated_tokens", "Decoded", registry=r)
-        self.kv_used = Gauge("kvcake:instance_kv_blocks_used", "KV blocks in use", registry=r)
-        self.running = Gauge("kvcake:instance_running_requests", "Decoding", registry=r)
-        self.queued = Gauge("kvcake:instance_queued_requests", "Waiting for prefill", registry=r)
+        self.cached_tokens = Counter("kvcake_instance_cached_tokens", "Reused", registry=r)
+        self.computed_tokens = Counter("kvcake_instance_computed_tokens", "Computed", registry=r)
+        self.generated = Counter("kvcake_instance_generated_tokens", "Decoded", registry=r)
+        self.kv_used = Gauge("kvcake_instance_kv_blocks_used", "KV blocks in use", registry=r)
+        self.running = Gauge("kvcake_instance_running_requests", "Decoding", registry=r)
+        self.queued = Gauge("kvcake_instance_queued_requests", "Waiting for prefill", registry=r)
         self.role = role
 
 

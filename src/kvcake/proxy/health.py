@@ -12,7 +12,7 @@
     ``kv/<id>`` (without it, prefill cannot write into a decode instance: every request 503s).
 
   The share of failed requests over the last minute is shown (a reason, and the gauge
-  ``kvcake:recent_request_failure_ratio``) but is not an input: failures follow from a broken
+  ``kvcake_proxy_recent_request_failure_ratio``) but is not an input: failures follow from a broken
   component, which the checks name; a client sending bad requests must not make us unready.
 
 ``kvcake status``, ``kvcake top`` and the dashboard show :meth:`Health.report` (through

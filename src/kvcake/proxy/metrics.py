@@ -105,27 +105,30 @@ class ProxyMetrics:
             "kvcake:kv_cache_usage_perc", "KV blocks in use (0-1)", ["instance"], registry=r
         )
         self.queued_prefill = Gauge(
-            "kvcake:instance_queued_prefill_seconds",
+            "kvcake_proxy_instance_queued_prefill_seconds",
             "Predicted prefill queue",
             ["instance"],
             registry=r,
         )
         self.instance_running = Gauge(
-            "kvcake:instance_running_requests",
+            "kvcake_proxy_instance_running_requests",
             "Requests running on an instance",
             ["instance"],
             registry=r,
         )
         self.instance_up = Gauge(
-            "kvcake:instance_up", "1 while the instance answers", ["instance", "role"], registry=r
+            "kvcake_proxy_instance_up",
+            "1 while the instance answers",
+            ["instance", "role"],
+            registry=r,
         )
         # proxy/health.py: readiness from active checks (1 = ready), and per check which fail
-        self.cluster_ready = Gauge("kvcake:cluster_ready", "1 while every readiness check passes",
+        self.cluster_ready = Gauge("kvcake_proxy_cluster_ready", "1 while every readiness check passes",
                                    registry=r)  # fmt: skip
-        self.health_check = Gauge("kvcake:health_check_ok", "1 while a readiness check passes",
+        self.health_check = Gauge("kvcake_proxy_health_check_ok", "1 while a readiness check passes",
                                   ["check"], registry=r)  # fmt: skip
         self.failure_ratio = Gauge(
-            "kvcake:recent_request_failure_ratio",
+            "kvcake_proxy_recent_request_failure_ratio",
             "Failed share of the requests of the last minute (shown, not a readiness input)",
             registry=r,
         )
@@ -144,40 +147,43 @@ class ProxyMetrics:
             "kvcake:request_success", "Finished requests", [*M, "finished_reason"], registry=r
         ))  # fmt: skip
         self.rejections = Counter(
-            "kvcake:request_rejections", "Requests rejected (HTTP 429)", ["reason"], registry=r
+            "kvcake_proxy_request_rejections",
+            "Requests rejected (HTTP 429)",
+            ["reason"],
+            registry=r,
         )
         self._request_phases(r, bound, M, max_model_len)
         self._attribution(r, bound, M)
         self.ttft_prediction_error = Histogram(
-            "kvcake:ttft_prediction_error_ratio",
+            "kvcake_proxy_ttft_prediction_error_ratio",
             "|predicted - measured| / measured TTFT of accepted requests",
             buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0),
             registry=r,
         )
         self.ttft_prediction_error_median = Gauge(
-            "kvcake:ttft_prediction_error_median",
+            "kvcake_proxy_ttft_prediction_error_median",
             "Median of the last 256 requests' |predicted - measured| / measured TTFT",
             registry=r,
         )
         self.ttft_margin = Gauge(
-            "kvcake:admission_ttft_margin",
+            "kvcake_proxy_admission_ttft_margin",
             "Factor on predicted TTFT in admission (p90 of recent measured/predicted, >= 1)",
             registry=r,
         )
         self.fitted = Gauge(
-            "kvcake:cost_model_coefficient",
+            "kvcake_proxy_cost_model_coefficient",
             "Cost-model coefficient the conductor predicts with (fitted online; seconds)",
             ["stage", "coef"],
             registry=r,
         )
         self.fit_error = Gauge(
-            "kvcake:cost_model_fit_error",
+            "kvcake_proxy_cost_model_fit_error",
             "Mean relative error of the online fit over the instances' recent samples",
             ["stage"],
             registry=r,
         )
         self.errors = Counter(
-            "kvcake:request_errors", "Requests that ended with an error", ["kind"], registry=r
+            "kvcake_proxy_request_errors", "Requests that ended with an error", ["kind"], registry=r
         )
         self.preemptions = _Preemptions(model_name)
         r.register(self.preemptions)
@@ -214,12 +220,12 @@ class ProxyMetrics:
 
     def _attribution(self, r: CollectorRegistry, bound: Any, M: list[str]) -> None:
         self.tier_tokens = bound(Counter(
-            "kvcake:kv_tier_tokens",
+            "kvcake_proxy_kv_tier_tokens",
             "Prompt tokens by where their KV came from (tier local / pool_dram / ssd / computed; "
             "node = storage node for pool_dram and ssd)", [*M, "tier", "node"], registry=r,
         ))  # fmt: skip
         self.miss_tokens = bound(Counter(
-            "kvcake:kv_miss_tokens", "Computed prompt tokens by why they were not reused",
+            "kvcake_proxy_kv_miss_tokens", "Computed prompt tokens by why they were not reused",
             [*M, "reason"], registry=r,
         ))  # fmt: skip
         self.by_source = bound(Counter(

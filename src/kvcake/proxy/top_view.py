@@ -62,7 +62,7 @@ def _instances(s: Snapshot) -> Table:
         t.add_column(col, justify="left" if col in ("id", "role") else "right")
     for row in s.cluster.get("instances", []):
         iid = str(row["id"])
-        q = total(s.proxy, "kvcake:instance_queued_prefill_seconds", instance=iid)
+        q = total(s.proxy, "kvcake_proxy_instance_queued_prefill_seconds", instance=iid)
         t.add_row(
             iid, row["role"], "yes" if row["alive"] else Text("DOWN", style="bold red"),
             str(row["running"]), str(row["queued"]), f"{q:.3f}s",
@@ -89,8 +89,8 @@ def _traffic(s: Snapshot, prev: Snapshot | None) -> Table:
         recent = _percent(dh, dq)
     t.add_row(
         f"{total(p, 'kvcake:request_success_total'):.0f}",
-        f"{total(p, 'kvcake:request_errors_total'):.0f}",
-        f"{total(p, 'kvcake:request_rejections_total'):.0f}",
+        f"{total(p, 'kvcake_proxy_request_errors_total'):.0f}",
+        f"{total(p, 'kvcake_proxy_request_rejections_total'):.0f}",
         f"{total(p, 'kvcake:num_requests_running'):.0f}",
         f"{total(p, 'kvcake:num_requests_waiting'):.0f}",
         f"{total(p, 'kvcake:prompt_tokens_total'):.0f}",

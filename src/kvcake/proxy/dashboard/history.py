@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from kvcake.core.promtext import Series, total
 
 HITS, QUERIES = "kvcake:prefix_cache_hits_total", "kvcake:prefix_cache_queries_total"
-BY_TIER = "kvcake:kv_tier_tokens_total"  # the proxy's attribution, labels `tier`, `node`
+BY_TIER = "kvcake_proxy_kv_tier_tokens_total"  # the proxy's attribution, labels `tier`, `node`
 
 
 def series_of(registry: CollectorRegistry) -> Series:
@@ -65,7 +65,7 @@ def sample(series: Series, at: float) -> Sample:
         queries=denom,
         tiers=tiers,
         finished=total(series, "kvcake:request_success_total"),
-        rejected=total(series, "kvcake:request_rejections_total"),
+        rejected=total(series, "kvcake_proxy_request_rejections_total"),
     )
 
 

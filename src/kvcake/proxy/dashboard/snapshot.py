@@ -80,8 +80,8 @@ def requests(s: Series) -> dict[str, Any]:
     hits, queries = total(s, HITS), total(s, QUERIES)
     return {
         "finished": total(s, "kvcake:request_success_total"),
-        "errors": total(s, "kvcake:request_errors_total"),
-        "rejected": total(s, "kvcake:request_rejections_total"),
+        "errors": total(s, "kvcake_proxy_request_errors_total"),
+        "rejected": total(s, "kvcake_proxy_request_rejections_total"),
         "running": total(s, "kvcake:num_requests_running"),
         "waiting": total(s, "kvcake:num_requests_waiting"),
         "prompt_tokens": total(s, "kvcake:prompt_tokens_total"),
@@ -95,7 +95,7 @@ def requests(s: Series) -> dict[str, Any]:
 def rejections(s: Series) -> dict[str, float]:
     out: dict[str, float] = {}
     for (name, labels), v in sorted(s.items()):
-        if name == "kvcake:request_rejections_total":
+        if name == "kvcake_proxy_request_rejections_total":
             reason = dict(labels).get("reason", "")
             out[reason] = out.get(reason, 0.0) + v
     return out
