@@ -28,6 +28,7 @@ secret (:meth:`Authenticator.derive`, :mod:`kvcake.core.zmq_curve`).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import hmac
@@ -36,7 +37,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,8 +108,13 @@ class AuthConfig:
         self.http_policy()  # ConfigError names a bad http_* setting
 
     def http_policy(self) -> HttpPolicy:
-        return HttpPolicy(self.http_window_s, self.http_max_skew_s, self.http_nonces,
-                          self.http_max_body, self.http_names)  # fmt: skip
+        return HttpPolicy(
+            self.http_window_s,
+            self.http_max_skew_s,
+            self.http_nonces,
+            self.http_max_body,
+            self.http_names,
+        )
 
     def secret_bytes(self) -> bytes:
         if self.secret_file is not None:
@@ -257,7 +263,7 @@ def _refuse(sock: socket.socket, reason: str) -> None:
 
 
 @contextlib.contextmanager
-def _timeout(sock: socket.socket, seconds: float) -> Any:
+def _timeout(sock: socket.socket, seconds: float) -> Iterator[None]:
     prev = sock.gettimeout()
     sock.settimeout(seconds)
     try:
@@ -277,12 +283,13 @@ class _Disabled:
         return "auth.DISABLED"
 
 
+# Any: the sentinel is passed where an ``Authenticator | None`` is expected (resolve() reads it).
 DISABLED: Any = _Disabled()
 
 
 def load_auth(
     toml_path: str | os.PathLike[str] | None = None,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Authenticator | None:
     """The ``[auth]`` settings from TOML < ``KVCAKE_AUTH_*`` < ``overrides``; None = no secret."""
@@ -318,7 +325,7 @@ def check_bind(host: str, auth: Authenticator | None, what: str) -> None:
         )
 
 
-def add_cli_args(parser: Any) -> None:
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """``--auth-secret-file`` for every command that serves or connects."""
     parser.add_argument(
         "--auth-secret-file",
@@ -336,7 +343,7 @@ def setup_process(
     """For a command: ``--auth-secret-file`` > ``KVCAKE_AUTH_*`` > ``[auth]`` of ``--config``,
     made the process default (exported as ``KVCAKE_AUTH_SECRET(_FILE)``, so every component
     of this process and every child it starts uses the same secret)."""
-    over: dict[str, Any] = {"secret_file": secret_file, "secret": "" if secret_file else None}
+    over: dict[str, object] = {"secret_file": secret_file, "secret": "" if secret_file else None}
     cfg = load_config(AuthConfig, toml_path=toml_path, section="auth", overrides=over)
     found = Authenticator.from_config(cfg)
     if found is not None:

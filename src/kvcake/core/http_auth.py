@@ -88,8 +88,9 @@ def body_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest() if body else EMPTY_BODY
 
 
-def _message(service: str, authority: str, t: str, nonce: str, method: str, target: bytes,
-             digest: str) -> bytes:  # fmt: skip
+def _message(
+    service: str, authority: str, t: str, nonce: str, method: str, target: bytes, digest: str
+) -> bytes:
     head = "\n".join((DOMAIN, service, authority, t, nonce, method.upper(), ""))
     return head.encode() + target + b"\n" + digest.encode()
 
@@ -149,8 +150,9 @@ class NonceCache:
                 self.refused_full += 1
                 raise HttpRefused(
                     f"too many signed requests: {self.capacity} nonces are live "
-                    "(auth.http_nonces); retry later", 503,
-                )  # fmt: skip
+                    "(auth.http_nonces); retry later",
+                    503,
+                )
             expiry = now + self.ttl_s
             self._seen[nonce] = expiry
             self._order.append((expiry, nonce))

@@ -14,7 +14,7 @@ import os
 import signal
 import tracemalloc
 from pathlib import Path
-from typing import Any
+from types import FrameType
 
 log = logging.getLogger(__name__)
 ENV = "KVCAKE_TRACEMALLOC"
@@ -30,7 +30,7 @@ def install_from_env(name: str) -> bool:
     tracemalloc.start(int(os.environ.get(f"{ENV}_FRAMES", "8")))
     count = itertools.count()
 
-    def dump(_sig: int, _frame: Any) -> None:
+    def dump(_sig: int, _frame: FrameType | None) -> None:
         path = out / f"{name}-{os.getpid()}-{next(count)}.snap"
         snap = tracemalloc.take_snapshot().filter_traces(
             (tracemalloc.Filter(False, tracemalloc.__file__),)

@@ -71,18 +71,20 @@ def read_lines(path: str | Path) -> list[tuple[int, str]]:
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise TraceError(f"{p}: not UTF-8 text (byte {exc.start}: {exc.reason}); give a JSONL "
-                         "file") from None  # fmt: skip
+        raise TraceError(
+            f"{p}: not UTF-8 text (byte {exc.start}: {exc.reason}); give a JSONL file"
+        ) from None
     return [(n, s) for n, s in enumerate(text.splitlines(), start=1) if s.strip()]
 
 
-def _timestamp(v: Any, line: int, unit: str) -> float:
+def _timestamp(v: object, line: int, unit: str) -> float:
     if isinstance(v, str):
         try:
             return datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp()
         except ValueError:
-            raise TraceError(f"not a number or ISO-8601 time: {v!r}", line=line,
-                             field="timestamp") from None  # fmt: skip
+            raise TraceError(
+                f"not a number or ISO-8601 time: {v!r}", line=line, field="timestamp"
+            ) from None
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
         raise TraceError(f"must be a non-negative number, got {v!r}", line=line, field="timestamp")
     ms = unit == "ms" or (unit == "auto" and v > MS_THRESHOLD)
@@ -91,11 +93,15 @@ def _timestamp(v: Any, line: int, unit: str) -> float:
 
 def _output(obj: dict[str, Any], line: int) -> int | None:
     usage = obj.get("usage")
-    for key, v in (("output_tokens", obj.get("output_tokens")),
-                   ("completion_tokens", obj.get("completion_tokens")),
-                   ("usage.completion_tokens",
-                    usage.get("completion_tokens") if isinstance(usage, dict) else None),
-                   ("max_tokens", obj.get("max_tokens"))):  # fmt: skip
+    for key, v in (
+        ("output_tokens", obj.get("output_tokens")),
+        ("completion_tokens", obj.get("completion_tokens")),
+        (
+            "usage.completion_tokens",
+            usage.get("completion_tokens") if isinstance(usage, dict) else None,
+        ),
+        ("max_tokens", obj.get("max_tokens")),
+    ):
         if v is not None:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise TraceError(f"must be a non-negative integer, got {v!r}", line=line, field=key)
@@ -112,8 +118,11 @@ def parse_request(text: str, line: int = 1, time_unit: str = "auto") -> LoggedRe
     if resp is not None and not isinstance(resp, str):
         raise TraceError("must be a string", line=line, field="response")
     if out is None and resp is None:
-        raise TraceError("no output length: give output_tokens, completion_tokens, "
-                         "usage.completion_tokens, max_tokens or response", line=line)  # fmt: skip
+        raise TraceError(
+            "no output length: give output_tokens, completion_tokens, "
+            "usage.completion_tokens, max_tokens or response",
+            line=line,
+        )
     if "block_hashes" in obj:
         return _hashed(obj, ts, out, line)
     if "prompt_token_ids" in obj:
@@ -123,17 +132,25 @@ def parse_request(text: str, line: int = 1, time_unit: str = "auto") -> LoggedRe
             or not ids
             or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
         ):
-            raise TraceError("must be a non-empty list of token ids", line=line,
-                             field="prompt_token_ids")  # fmt: skip
+            raise TraceError(
+                "must be a non-empty list of token ids", line=line, field="prompt_token_ids"
+            )
         return LoggedRequest(ts, token_ids=tuple(ids), output_tokens=out, response=resp)
     if "messages" in obj:
         msgs = obj["messages"]
-        if not isinstance(msgs, list) or not msgs or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str) for m in msgs
-        ):  # fmt: skip
-            raise TraceError("must be a non-empty list of {role, content} strings", line=line,
-                             field="messages")  # fmt: skip
+        if (
+            not isinstance(msgs, list)
+            or not msgs
+            or not all(
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+                for m in msgs
+            )
+        ):
+            raise TraceError(
+                "must be a non-empty list of {role, content} strings", line=line, field="messages"
+            )
         pairs = tuple((m["role"], m["content"]) for m in msgs)
         return LoggedRequest(ts, messages=pairs, output_tokens=out, response=resp)
     if isinstance(obj.get("prompt"), str) and obj["prompt"]:
@@ -141,7 +158,7 @@ def parse_request(text: str, line: int = 1, time_unit: str = "auto") -> LoggedRe
     raise TraceError("no prompt: give messages, prompt or prompt_token_ids", line=line)
 
 
-def _is_hex16(v: Any) -> bool:
+def _is_hex16(v: object) -> bool:
     return isinstance(v, str) and len(v) == 16 and all(c in "0123456789abcdef" for c in v)
 
 
@@ -154,14 +171,27 @@ def _hashed(obj: dict[str, Any], ts: float, out: int | None, line: int) -> Logge
             raise TraceError(f"must be a positive integer, got {v!r}", line=line, field=key)
     assert isinstance(n, int) and isinstance(bt, int)
     if not isinstance(hs, list) or not all(map(_is_hex16, hs)) or len(hs) != n // bt:
-        raise TraceError(f"must be the {n // bt} full-block hashes (16 hex digits each) of a "
-                         f"{n}-token prompt in blocks of {bt}", line=line,
-                         field="block_hashes")  # fmt: skip
+        raise TraceError(
+            f"must be the {n // bt} full-block hashes (16 hex digits each) of a "
+            f"{n}-token prompt in blocks of {bt}",
+            line=line,
+            field="block_hashes",
+        )
     if (tail is None) != (n % bt == 0) or (tail is not None and not _is_hex16(tail)):
-        raise TraceError("must be the partial last block's hash (16 hex digits), or null when "
-                         "the prompt ends on a block boundary", line=line, field="tail_hash")  # fmt: skip
-    return LoggedRequest(ts, output_tokens=out if out is not None else 0, prompt_len=n,
-                         block_tokens=bt, block_hashes=tuple(hs), tail_hash=tail)  # fmt: skip
+        raise TraceError(
+            "must be the partial last block's hash (16 hex digits), or null when "
+            "the prompt ends on a block boundary",
+            line=line,
+            field="tail_hash",
+        )
+    return LoggedRequest(
+        ts,
+        output_tokens=out if out is not None else 0,
+        prompt_len=n,
+        block_tokens=bt,
+        block_hashes=tuple(hs),
+        tail_hash=tail,
+    )
 
 
 def read_request_log(path: str | Path, time_unit: str = "auto") -> list[LoggedRequest]:
@@ -188,8 +218,10 @@ class BlockNamer:
         chained hash that ends it, so equal ids mean equal prefixes, as for token blocks."""
         bt, n, big = r.block_tokens, r.prompt_len, self.block_tokens
         if big % bt:
-            raise TraceError(f"the trace's {big}-token blocks are not a multiple of the log's "
-                             f"{bt}-token blocks: pick a block size that is")  # fmt: skip
+            raise TraceError(
+                f"the trace's {big}-token blocks are not a multiple of the log's "
+                f"{bt}-token blocks: pick a block size that is"
+            )
         out: list[int] = []
         for end in range(big, n + big, big):
             end = min(end, n)

@@ -13,7 +13,7 @@ to plaintext.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -22,6 +22,8 @@ from zmq.utils import z85
 from kvcake.core.errors import ConfigError
 
 if TYPE_CHECKING:
+    import zmq.asyncio
+
     from kvcake.core.auth import Authenticator
 
 SERVER_LABEL = "zmq-curve-events-server-1"
@@ -70,14 +72,14 @@ class CurveServer:
 
     def __init__(self, auth: Authenticator):
         self.keys = curve_keys(auth)
-        self.ctx: Any = zmq.Context()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._zap = ThreadAuthenticator(self.ctx)
         self._zap.start()
         self._zap.configure_curve_callback(
             ZAP_DOMAIN.decode(), _OnlyOurClient(self.keys.client_public)
         )
 
-    def socket(self, kind: int) -> Any:
+    def socket(self, kind: int) -> zmq.Socket[bytes]:
         sock = self.ctx.socket(kind)
         sock.curve_secretkey = self.keys.server_secret
         sock.curve_publickey = self.keys.server_public
@@ -90,7 +92,9 @@ class CurveServer:
         self.ctx.term()
 
 
-def secure_subscriber(sock: Any, auth: Authenticator | None) -> None:
+def secure_subscriber(
+    sock: zmq.Socket[bytes] | zmq.asyncio.Socket, auth: Authenticator | None
+) -> None:
     """Give a SUB socket the derived client keys (before ``connect``); no-op without a
     secret (the stream is then plain, on loopback unless ``master.events_host`` says else)."""
     if auth is None:
