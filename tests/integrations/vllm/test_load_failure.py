@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from tests.store import procs
+from tests.waits import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 vllm = pytest.importorskip("vllm")
@@ -134,10 +135,8 @@ class Engine:
 @pytest.fixture(scope="module")
 def engine(pool: str) -> Iterator[Engine]:
     e = Engine(pool)
-    deadline = time.monotonic() + 30
-    while e.worker.pool.client() is None or e.conn.pool.client() is None:
-        assert time.monotonic() < deadline, "the connectors never reached the master"
-        time.sleep(0.1)
+    wait_until(lambda: e.worker.pool.client() is not None and e.conn.pool.client() is not None,
+               timeout=30, every_s=0.1, what="the connectors reaching the master")  # fmt: skip
     yield e
     e.close()
 
