@@ -79,7 +79,7 @@ def load(mode: str, c: Client, paged: PagedKV, keys: list[str], ids: list[int]) 
         got = c.batch_get_into(keys, list(buf))
         paged.scatter(ids, buf)
     else:
-        got = c.batch_get_into_ranges(keys, [paged.ranges(b) for b in ids], ReadGuard())
+        got = c.batch_get_into_ranges(keys, paged.tables(ids), ReadGuard())
     assert all(g == paged.block_bytes for g in got), got[:2]
 
 

@@ -176,6 +176,23 @@ def test_batch_get_into_ranges_scatters_parts_of_values(client: Client) -> None:
     t.join()
 
 
+def test_ranges_given_as_tables_and_overlapping_pairs(client: Client) -> None:
+    """A RangeTable (what a vLLM load hands over) reads like its pairs; a table past the value
+    fails alone; overlapping pairs (no C scatter) still get their bytes."""
+    from kvcake.core.ranges import RangeTable
+
+    data = np.random.default_rng(3).integers(0, 256, 100_000, dtype=np.uint8).tobytes()
+    client.put("tab", data)
+    a, b = bytearray(300), bytearray(50)
+    fits = RangeTable.of_pairs([(99_700, memoryview(a)), (10, memoryview(b))])
+    past = RangeTable.of_pairs([(99_990, memoryview(bytearray(11)))])
+    c, d = bytearray(20), bytearray(20)
+    got = client.batch_get_into_ranges(["tab", "tab", "tab"], [fits, past, [(0, c), (10, d)]])
+    assert got[0] == 350 and bytes(a) == data[99_700:] and bytes(b) == data[10:60]
+    assert isinstance(got[1], InvalidParams)
+    assert got[2] == 40 and bytes(c) == data[:20] and bytes(d) == data[10:30]
+
+
 def test_a_cancel_stops_a_large_mapped_read_between_chunks(pool: tuple[Proc, Proc]) -> None:
     """issue 37: a same-host read into caller ranges is one C copy under the guard; cancel()
     sets the guard's stop flag, the copy ends at its next chunk boundary, the key fails, and

@@ -20,10 +20,11 @@ from typing import Any
 
 from kvcake.core import integrity, native
 from kvcake.core.buffers import uninitialized_bytearray
+from kvcake.core.ranges import RangeTable
 from kvcake.store.errors import TransferFailed
 from kvcake.store.landing import LandingSums
 from kvcake.store.readguard import ReadGuard, commit_under
-from kvcake.store.verify import disjoint, scatter
+from kvcake.store.verify import scatter
 
 GROUP_BYTES = 64 << 20  # scratch held at once: a larger load goes in several batches
 
@@ -57,7 +58,7 @@ class NetRead:
     hi: int
     segment: str
     offset: int
-    ranges: Sequence[tuple[int, memoryview]]
+    ranges: RangeTable
 
 
 Outcome = int | TransferFailed | None
@@ -117,7 +118,7 @@ def _fetch_into(
         if res.ok and (ls is None or _verifies(r, ls))
     ]
     out: list[Outcome] = [None] * len(reads)  # None: the caller reads that key alone
-    fast = [j for j in good if native.AVAILABLE and disjoint(reads[j].ranges)]
+    fast = [j for j in good if native.AVAILABLE and reads[j].ranges.disjoint]
     handed = _hand_over_native([reads[j] for j in fast], [scratch[j] for j in fast], guard)
     if handed is None:  # C refused a layout: every key the Python way (copies are idempotent)
         fast = []
@@ -127,11 +128,11 @@ def _fetch_into(
         r = reads[j]
         try:
             with commit_under(guard):
-                scatter(r.ranges, r.lo, scratch[j])
+                scatter(r.ranges.views(), r.lo, scratch[j])
         except TransferFailed as exc:  # cancelled: nothing of it reached the caller
             out[j] = exc
             continue
-        out[j] = sum(v.nbytes for _, v in r.ranges)
+        out[j] = r.ranges.nbytes
     return out
 
 
@@ -143,26 +144,24 @@ def _hand_over_native(
     between chunks, and keys it did not reach fail as cancelled. None: C refused a layout."""
     if not reads:
         return []
-    values = [
-        (s, sorted(((off - r.lo, v) for off, v in r.ranges), key=_offset), _no_seeds(s))
-        for r, s in zip(reads, scratch, strict=True)
+    values: list[tuple[memoryview, native.Ranges, list[int]]] = [
+        (s, r.ranges, _no_seeds(s)) for r, s in zip(reads, scratch, strict=True)
     ]
+    shift = [r.lo for r in reads]
     try:
         with commit_under(guard):
             stop = guard.stop if guard is not None else None
-            done, _ = native.scatter_sum_many(values, integrity.CHUNK, stop, summed=False)
+            done, _ = native.scatter_sum_many(
+                values, integrity.CHUNK, stop, summed=False, shift=shift
+            )
     except TransferFailed:  # cancelled before it began
         done = 0
     except ValueError:
         return None
     return [
-        sum(v.nbytes for _, v in r.ranges) if k < done else TransferFailed(f"{r.key!r}: cancelled")
+        r.ranges.nbytes if k < done else TransferFailed(f"{r.key!r}: cancelled")
         for k, r in enumerate(reads)
     ]
-
-
-def _offset(r: tuple[int, memoryview]) -> int:
-    return r[0]
 
 
 def _no_seeds(span: memoryview) -> list[int]:

@@ -12,6 +12,7 @@ from kvcake.core import native
 from kvcake.core.buffers import uninitialized_bytearray
 from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.core.integrity import CHUNK
+from kvcake.core.ranges import RangeError, RangeTable
 from kvcake.store import protocol as P
 from kvcake.store.disk import read_remote
 from kvcake.store.errors import (
@@ -61,6 +62,16 @@ def byte_view(value: Any) -> memoryview:
     if not view.c_contiguous:
         raise InvalidParams("buffer must be C-contiguous")
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _table(ranges: Sequence[tuple[int, Any]] | RangeTable) -> RangeTable | str:
+    """One key's ranges as a table (as given, or built from its pairs), or why not."""
+    if isinstance(ranges, RangeTable):
+        return ranges
+    try:
+        return RangeTable.of_pairs([(off, byte_view(b)) for off, b in ranges])
+    except RangeError as exc:
+        return str(exc)
 
 
 class ReadPath:
@@ -479,7 +490,7 @@ class ReadPath:
     def batch_get_into_ranges(
         self,
         keys: Sequence[str],
-        ranges: Sequence[Sequence[tuple[int, Any]]],
+        ranges: Sequence[Sequence[tuple[int, Any]] | RangeTable],
         guard: ReadGuard | None = None,
     ) -> list[int | StoreError]:
         """Scatter parts of each value straight into caller memory (no staging copy where the
@@ -490,40 +501,37 @@ class ReadPath:
         which no byte reaches its buffers; keys not done yet fail with TransferFailed."""
         if len(keys) != len(ranges):
             raise InvalidParams(f"{len(keys)} keys but {len(ranges)} range lists")
-        views = [[(off, byte_view(b)) for off, b in rs] for rs in ranges]
+        tables = [_table(rs) for rs in ranges]
         reply, t0, lease_s = self._lookup(keys)
         out: list[int | StoreError] = []
-        mapped: list[tuple[int, P.KeyResult, P.ReplicaDesc, list[tuple[int, memoryview]]]] = []
+        mapped: list[tuple[int, P.KeyResult, P.ReplicaDesc, RangeTable]] = []
         remote: list[tuple[int, P.KeyResult, NetRead]] = []
-        for key, rs, res in zip(keys, views, reply.results, strict=True):
-            bad = next((r for r in rs if r[0] < 0 or r[0] + r[1].nbytes > res.size), None)
+        for key, t, res in zip(keys, tables, reply.results, strict=True):
             if res.code != 0:
                 out.append(error_for(res.code, f"{key!r}: {res.message}"))
             elif guard is not None and guard.cancelled:
                 out.append(TransferFailed(f"{key!r}: read cancelled"))
-            elif bad is not None or any(v.readonly for _, v in rs):
-                out.append(InvalidParams(f"{key!r}: a range is outside its {res.size} bytes "
-                                         "or its buffer is read-only"))  # fmt: skip
-            elif (rep := self._batchable(res, rs)) is not None:
-                mapped.append((len(out), res, rep, sorted(rs, key=lambda r: r[0])))
+            elif isinstance(t, str) or t.end > res.size:
+                why = t if isinstance(t, str) else f"a range is outside its {res.size} bytes"
+                out.append(InvalidParams(f"{key!r}: {why}"))
+            elif (rep := self._batchable(res, t)) is not None:
+                mapped.append((len(out), res, rep, t))
                 out.append(TransferFailed("unreachable"))  # filled in below
-            elif (net := self._net_read(key, res, rs)) is not None:
+            elif (net := self._net_read(key, res, t)) is not None:
                 remote.append((len(out), res, net))
                 out.append(TransferFailed("unreachable"))  # filled in below
             else:
-                out.append(self._ranges_one(key, res, rs, t0, lease_s, guard))
+                out.append(self._ranges_one(key, res, t.views(), t0, lease_s, guard))
         if mapped:
             self._ranges_mapped(keys, mapped, out, t0, lease_s, guard)
         if remote:
             self._ranges_remote(remote, out, t0, lease_s, guard)
         return out
 
-    def _net_read(
-        self, key: str, res: P.KeyResult, rs: list[tuple[int, memoryview]]
-    ) -> NetRead | None:
+    def _net_read(self, key: str, res: P.KeyResult, rs: RangeTable) -> NetRead | None:
         """The batched network read of this key's ranges (store/netreads.py), when its best
         replica is remote memory; else None."""
-        if not res.replicas or not any(v.nbytes for _, v in rs):
+        if not res.replicas or not rs.nbytes:
             return None
         rep = self._order(res.replicas)[0]
         if rep.tier != "memory" or rep.segment in self.segments:
@@ -548,7 +556,7 @@ class ReadPath:
         expired = time.monotonic() - t0 > lease_s
         for (i, res, net), r in zip(remote, got, strict=True):
             if r is None:
-                out[i] = self._ranges_one(net.key, res, list(net.ranges), t0, lease_s, guard)
+                out[i] = self._ranges_one(net.key, res, net.ranges.views(), t0, lease_s, guard)
             elif isinstance(r, int) and expired:
                 out[i] = LeaseExpired(f"{net.key!r}: read outlived its lease; bytes may be stale")
             else:
@@ -564,15 +572,13 @@ class ReadPath:
         except StoreError as exc:
             return exc
 
-    def _batchable(
-        self, res: P.KeyResult, rs: list[tuple[int, memoryview]]
-    ) -> P.ReplicaDesc | None:
+    def _batchable(self, res: P.KeyResult, rs: RangeTable) -> P.ReplicaDesc | None:
         """The replica a batched same-host read takes for this key (its best one, when that is
         memory this process maps and the ranges are disjoint), or None."""
-        if not native.AVAILABLE or not res.replicas or not any(v.nbytes for _, v in rs):
+        if not native.AVAILABLE or not res.replicas or not rs.nbytes:
             return None
         rep = self._order(res.replicas)[0]
-        if rep.tier != "memory" or not disjoint(rs):
+        if rep.tier != "memory" or not rs.disjoint:
             return None
         if rep.segment in self.segments or self.engine.reads_by_mapping(rep.segment):
             return rep
@@ -581,7 +587,7 @@ class ReadPath:
     def _ranges_mapped(
         self,
         keys: Sequence[str],
-        mapped: list[tuple[int, P.KeyResult, P.ReplicaDesc, list[tuple[int, memoryview]]]],
+        mapped: list[tuple[int, P.KeyResult, P.ReplicaDesc, RangeTable]],
         out: list[int | StoreError],
         t0: float,
         lease_s: float,
@@ -596,7 +602,7 @@ class ReadPath:
                 lo, hi = chunk_bounds(res.size, rs)
                 span, check = self._span_of(rep, lo, hi - lo)
             except KvcakeError:
-                out[i] = self._ranges_one(keys[i], res, rs, t0, lease_s, guard)
+                out[i] = self._ranges_one(keys[i], res, rs.views(), t0, lease_s, guard)
                 continue
             reads.append(MappedRead(keys[i], res.sums, res.size, lo, span, check, rs))
             where.append((i, res, rs))
@@ -604,7 +610,7 @@ class ReadPath:
         expired = time.monotonic() - t0 > lease_s
         for (i, res, rs), r in zip(where, got, strict=True):
             if r is None:
-                out[i] = self._ranges_one(keys[i], res, rs, t0, lease_s, guard)
+                out[i] = self._ranges_one(keys[i], res, rs.views(), t0, lease_s, guard)
             elif isinstance(r, int) and expired:
                 out[i] = LeaseExpired(f"{keys[i]!r}: read outlived its lease; bytes may be stale")
             else:

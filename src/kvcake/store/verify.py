@@ -21,6 +21,7 @@ from prometheus_client import Counter
 
 from kvcake.core import integrity, native
 from kvcake.core.errors import KvcakeError, StoreError
+from kvcake.core.ranges import RangeTable
 from kvcake.store import protocol as P
 from kvcake.store.errors import ChecksumMismatch, TransferFailed
 from kvcake.store.readguard import ReadGuard, commit_under
@@ -159,10 +160,16 @@ def disjoint(ranges: Sequence[tuple[int, memoryview]]) -> bool:
     return True
 
 
-def chunk_bounds(size: int, ranges: Sequence[tuple[int, memoryview]]) -> tuple[int, int]:
+def chunk_bounds(
+    size: int, ranges: Sequence[tuple[int, memoryview]] | RangeTable
+) -> tuple[int, int]:
     """``[lo, hi)``: from the first chunk any range touches to the end of the last."""
-    lo = min(off for off, out in ranges if out.nbytes) // integrity.CHUNK * integrity.CHUNK
-    end = max(off + out.nbytes for off, out in ranges)
+    if isinstance(ranges, RangeTable):
+        start, end = ranges.start, ranges.end
+    else:
+        start = min(off for off, out in ranges if out.nbytes)
+        end = max(off + out.nbytes for off, out in ranges)
+    lo = start // integrity.CHUNK * integrity.CHUNK
     return lo, min(size, -(-end // integrity.CHUNK) * integrity.CHUNK)
 
 
@@ -212,7 +219,7 @@ class MappedRead(NamedTuple):
     lo: int
     span: memoryview
     check: Callable[[], None]
-    ranges: Sequence[tuple[int, memoryview]]
+    ranges: RangeTable
 
 
 def scatter_verified_many(
@@ -223,15 +230,16 @@ def scatter_verified_many(
     over; TransferFailed when a cancel stopped it; None when it must go the per-key way (a
     checksum mismatch -- the per-key read reports the replica and tries the next --, or the
     owner died)."""
-    values = []
+    values: list[tuple[memoryview, native.Ranges, list[int]]] = []
     for r in reads:
         count = integrity.chunk_count(r.span.nbytes)
         seeds = integrity.chunk_seeds(r.key, r.lo // integrity.CHUNK, count)
-        values.append((r.span, [(off - r.lo, out) for off, out in r.ranges], seeds))
+        values.append((r.span, r.ranges, seeds))
+    shift = [r.lo for r in reads]
     try:
         with commit_under(guard):
             stop = guard.stop if guard is not None else None
-            done, sums = native.scatter_sum_many(values, integrity.CHUNK, stop, verify)
+            done, sums = native.scatter_sum_many(values, integrity.CHUNK, stop, verify, shift=shift)
     except TransferFailed:
         done, sums = 0, []
     out: list[int | StoreError | None] = []
@@ -249,5 +257,5 @@ def scatter_verified_many(
             len(r.sums) == integrity.chunk_count(r.size)
             and r.sums[first : first + len(sums[j])] == sums[j]
         )
-        out.append(sum(v.nbytes for _, v in r.ranges) if good else None)
+        out.append(r.ranges.nbytes if good else None)
     return out

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from kvcake.core.ranges import RangeTable
 from kvcake.integrations.vllm.config import ConnectorConfig
 from kvcake.integrations.vllm.loads import Loader, failed_blocks
 from kvcake.integrations.vllm.paged import PagedKV
@@ -49,7 +50,8 @@ class FakeClient:
         if n in self.raises:
             raise self.raises[n]
         out: list[Any] = []
-        for key, rs in zip(keys, ranges, strict=True):
+        for key, spec in zip(keys, ranges, strict=True):
+            rs = spec.views() if isinstance(spec, RangeTable) else spec  # a load hands tables
             if key in self.missing:
                 out.append(ObjectNotFound(key))
                 continue

@@ -67,3 +67,22 @@ def test_ranges_name_each_planes_row_of_a_block() -> None:
         assert not dst[k][:2].any() and not dst[k][3:].any()
     with pytest.raises(LayoutError):
         b.ranges(8)
+
+
+def test_tables_name_what_ranges_name() -> None:
+    """A load hands the store tables (PagedKV.tables): the same destinations as ranges()."""
+    t = torch.zeros(2, 6, 3, 2)  # split K/V: two planes per layer
+    p = PagedKV({"a": t, "b": torch.zeros(6, 3, 4)}, 6)
+    for block, table in zip([4, 0], p.tables([4, 0]), strict=True):
+        want = [(off, bytes(v), v.nbytes) for off, v in p.ranges(block)]
+        views = table.views()
+        assert [off for off, _ in views] == [off for off, _, _ in want]
+        for _, v in views:
+            v[:] = bytes(range(1, v.nbytes + 1))
+        got = [(off, bytes(v), v.nbytes) for off, v in p.ranges(block)]
+        assert [(o, n) for o, _, n in got] == [(o, n) for o, _, n in want]
+        assert all(b == bytes(range(1, n + 1)) for _, b, n in got)
+    (group,) = p.tables([5], planes=[2])  # layer b only
+    assert list(group.offsets) == [p.ranges(5)[2][0]] and group.nbytes == p.ranges(5)[2][1].nbytes
+    with pytest.raises(LayoutError):
+        p.tables([6])

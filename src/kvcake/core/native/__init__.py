@@ -11,8 +11,10 @@ import ctypes
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 _PATH = Path(__file__).with_name("_copysum.so")
 
@@ -55,11 +57,17 @@ STREAM, BOUNCE = 1, 2
 STREAM_MIN = 256 * 1024
 
 
-def _address(view: memoryview) -> int:
-    """The address of a 1-D byte view's first byte (read-only views through numpy)."""
+def address(view: memoryview) -> int:
+    """The address of a 1-D byte view's first byte (read-only views through numpy; 0 for an
+    empty view)."""
+    if not view.nbytes:
+        return 0
     if not view.readonly:
         return ctypes.addressof(ctypes.c_char.from_buffer(view))
     return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
+
+
+_address = address
 
 
 def copy(dst: memoryview, src: memoryview) -> None:
@@ -137,55 +145,87 @@ class CopyList:
             )  # fmt: skip
 
 
+class Table(Protocol):
+    """A value's destinations as arrays (``core.ranges.RangeTable``): sorted, disjoint."""
+
+    offsets: npt.NDArray[np.uint64]
+    lengths: npt.NDArray[np.uint64]
+    addrs: npt.NDArray[np.uint64]
+
+
+Ranges = Sequence[tuple[int, memoryview]] | Table
+
+
 def scatter_sum_many(
-    values: Sequence[tuple[memoryview, Sequence[tuple[int, memoryview]], Sequence[int]]],
+    values: Sequence[tuple[memoryview, Ranges, Sequence[int]]],
     chunk: int,
     stop: StopFlag | None = None,
     summed: bool = True,
     flags: int = 0,
+    shift: Sequence[int] | None = None,
 ) -> tuple[int, list[list[int]]]:
     """Copy each value's ``src[off : off + len(buf)]`` into each ``(off, buf)`` of its
     ``ranges`` (offsets into ``src``, sorted, disjoint, inside it; writable buffers; a value
     whose ranges C refuses raises ValueError) in one C call, and sum each ``chunk`` of ``src``
     *as handed over* with its seed: covered bytes in their destination right after their copy,
-    the rest in ``src``. Returns how many values were done (fewer than all
-    when ``stop`` was set: the one at that index was cut short) and each done value's sums
-    (``summed`` False: copy only, the seeds unused and the sums meaningless). ``flags``:
-    :data:`STREAM` (summed pieces then always bounce: they come from a peer's memory)."""
+    the rest in ``src``. ``ranges`` may be a :class:`Table` (arrays; ``shift[j]`` is then
+    subtracted from value j's offsets: ``src`` starts that far into the value). Returns how
+    many values were done (fewer than all when ``stop`` was set: the one at that index was cut
+    short) and each done value's sums (``summed`` False: copy only, the seeds unused and the
+    sums meaningless). ``flags``: :data:`STREAM` (summed pieces then always bounce: they come
+    from a peer's memory)."""
     assert _LIB is not None, "kvcake.core.native is not built (make native)"
-    srcs, ns, sfirst, rfirst = (
-        array.array("Q"),
-        array.array("Q"),
-        array.array("Q"),
-        array.array("Q"),
-    )
-    seeds, dsts, offs, lens = array.array("Q"), array.array("Q"), array.array("Q"), array.array("Q")
-    for src, ranges, value_seeds in values:
+    srcs, ns, sfirst = array.array("Q"), array.array("Q"), array.array("Q")
+    seeds = array.array("Q")
+    dsts: list[npt.NDArray[np.uint64]] = []
+    offs: list[npt.NDArray[np.uint64]] = []
+    lens: list[npt.NDArray[np.uint64]] = []
+    for j, (src, ranges, value_seeds) in enumerate(values):
         if len(value_seeds) != (src.nbytes + chunk - 1) // chunk:
             raise ValueError(f"{len(value_seeds)} seeds for a value of {src.nbytes} bytes")
-        srcs.append(_address(src) if src.nbytes else 0)
+        srcs.append(address(src))
         ns.append(src.nbytes)
         sfirst.append(len(seeds))
         seeds.extend(value_seeds)
-        rfirst.append(len(dsts))
-        for o, b in ranges:
-            if b.nbytes:
-                dsts.append(_address(b))
-                offs.append(o)
-                lens.append(b.nbytes)
-    rfirst.append(len(dsts))
+        d, o, n = _arrays(ranges, shift[j] if shift is not None else 0)
+        dsts.append(d)
+        offs.append(o)
+        lens.append(n)
+    rfirst = np.zeros(len(values) + 1, np.uint64)
+    rfirst[1:] = np.cumsum([len(d) for d in dsts])
+    dst, off, ln = (np.ascontiguousarray(np.concatenate(x or [_EMPTY])) for x in (dsts, offs, lens))
     out = array.array("Q", bytes(8 * max(1, len(seeds))))
     stop_at = ctypes.addressof(stop.value) if stop is not None else None
     done = _LIB.kvc_scatter_sum_many(
         len(values), _ptr(srcs), _ptr(ns), chunk, _ptr(seeds) if summed else None, _ptr(out),
-        _ptr(sfirst),
-        _ptr(dsts), _ptr(offs), _ptr(lens), _ptr(rfirst), stop_at, flags,
+        _ptr(sfirst), dst.ctypes.data, off.ctypes.data, ln.ctypes.data, rfirst.ctypes.data,
+        stop_at, flags,
     )  # fmt: skip
     if done < 0:
         raise ValueError(f"value {-1 - done}: ranges overlap or lie outside it")
     sums = out.tolist()
     ends = [*sfirst[1:], len(seeds)]
     return done, [sums[a:b] for a, b in zip(sfirst[:done], ends[:done], strict=True)]
+
+
+_EMPTY = np.zeros(0, np.uint64)
+
+
+def _arrays(
+    ranges: Ranges, shift: int
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """(destination addresses, offsets into src, lengths) of one value's non-empty ranges."""
+    if isinstance(ranges, Sequence):
+        live = [(o, b) for o, b in ranges if b.nbytes]
+        n = len(live)
+        return (
+            np.fromiter((address(b) for _, b in live), np.uint64, n),
+            np.fromiter((o - shift for o, _ in live), np.uint64, n),
+            np.fromiter((b.nbytes for _, b in live), np.uint64, n),
+        )
+    keep = ranges.lengths > 0
+    offsets = ranges.offsets[keep] - np.uint64(shift)
+    return ranges.addrs[keep], offsets, ranges.lengths[keep]
 
 
 def _ptr(a: array.array[int]) -> int | None:

@@ -206,11 +206,10 @@ class Loader:
         if not paged.direct:  # GPU: through a host staging buffer, then one scatter
             return self._staged(paged, runs, keys, ids, client, guard, deadline, t0)
         groups = paged.layer_groups(self.layer_groups)
-        per_block = [paged.ranges(b) for b in ids]
         futures: list[cf.Future[GroupResult]] = []
         for layers in groups:
             planes = [p for name in layers for p in paged.layer_planes[name]]
-            dests = [[rs[p] for p in planes] for rs in per_block]
+            dests = paged.tables(ids, planes if len(groups) > 1 else None)
             call = partial(client.batch_get_into_ranges, keys, dests, guard)
             futures.append(self._exec.submit(_timed, call))
         self._inflight = futures

@@ -18,9 +18,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvcake.core.errors import KvcakeError
+from kvcake.core.ranges import RangeTable
 
 
 class LayoutError(KvcakeError):
@@ -60,6 +62,8 @@ class PagedKV:
         self.row_elems = off
         self.block_bytes = off * planes[0].element_size()
         self._rows: list[Any] | None = None  # per plane: a [num_blocks, row bytes] uint8 view
+        # per plane: base address, row stride, offset in the object, row bytes (for tables)
+        self._geometry: tuple[npt.NDArray[np.uint64], ...] | None = None
 
     @property
     def direct(self) -> bool:
@@ -78,6 +82,30 @@ class PagedKV:
             (off * size, memoryview(rows[block_id]))
             for rows, off in zip(self._rows, self.offsets, strict=True)
         ]
+
+    def tables(
+        self, block_ids: Sequence[int], planes: Sequence[int] | None = None
+    ) -> list[RangeTable]:
+        """:meth:`ranges` of each block as one table (``planes``: only those, e.g. one layer
+        group's), built with a few vector operations instead of a view per plane and block:
+        what a load hands the store (``Client.batch_get_into_ranges``). CPU planes only."""
+        if self._geometry is None:
+            size = self.planes[0].element_size()
+            self._geometry = tuple(
+                np.array(xs, dtype=np.uint64)
+                for xs in (
+                    [p.data_ptr() for p in self.planes],
+                    [p.stride(0) * size for p in self.planes],
+                    [off * size for off in self.offsets],
+                    [p.shape[1] * size for p in self.planes],
+                )
+            )
+        pick = list(planes) if planes is not None else slice(None)
+        bases, strides, offs, lens = (a[pick] for a in self._geometry)
+        for b in block_ids:
+            if not 0 <= b < self.num_blocks:
+                raise LayoutError(f"block id {b} out of range [0, {self.num_blocks})")
+        return [RangeTable.strided(bases, strides, offs, lens, b, self.planes) for b in block_ids]
 
     def layer_groups(self, n: int) -> list[list[str]]:
         """The layers in registration (= forward) order, cut into at most ``n`` contiguous

@@ -1,0 +1,94 @@
+"""Where the parts of one value go: a table of (offset in the value, length, destination
+address), the form a batched read hands to one C scatter (``core.native.scatter_sum_many``).
+
+A load of 56 blocks into 30 KV planes is 1,680 ranges; as Python pairs of (offset, memoryview)
+each one costs a view, a bounds check, an address lookup and a sort step per read, which
+measured as long as the copy itself (docs/benchmarks.md, "Pool loads"). A table is three
+numpy arrays built in a few vector operations (:meth:`RangeTable.strided` for KV planes) and
+checked once, when it is built.
+
+Invariants (checked by the constructors): offsets are >= 0; every destination is writable
+memory of ``keep`` (the table holds it alive); ``disjoint`` says whether the ranges, sorted by
+offset, never share a byte of the value (the C scatter needs it; readers that do not fall back
+to Python copies of :meth:`views`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvcake.core import native
+
+U64 = npt.NDArray[np.uint64]
+
+
+class RangeError(ValueError):
+    """A range table that cannot be built: a negative offset or a read-only destination."""
+
+
+class RangeTable:
+    """One value's destinations, sorted by offset. Built by :meth:`of_pairs` or
+    :meth:`strided`, never by hand: the addresses must belong to ``keep``."""
+
+    __slots__ = ("_pairs", "addrs", "disjoint", "keep", "lengths", "nbytes", "offsets")
+
+    def __init__(
+        self, offsets: U64, lengths: U64, addrs: U64, keep: object, pairs: list[Any] | None
+    ):
+        if not np.all(offsets[:-1] <= offsets[1:]):
+            order = np.argsort(offsets, kind="stable")
+            offsets, lengths, addrs = offsets[order], lengths[order], addrs[order]
+        self.offsets, self.lengths, self.addrs = offsets, lengths, addrs
+        self.keep = keep
+        self._pairs = pairs
+        ends = offsets + lengths
+        self.disjoint = bool(np.all(offsets[1:] >= np.maximum.accumulate(ends)[:-1]))
+        self.nbytes = int(lengths.sum())
+
+    @classmethod
+    def of_pairs(cls, pairs: Sequence[tuple[int, memoryview]]) -> RangeTable:
+        """From (offset, 1-D writable byte view) pairs (the general API's form)."""
+        if any(off < 0 for off, _ in pairs):
+            raise RangeError("a range starts before the value")
+        if any(v.readonly for _, v in pairs):
+            raise RangeError("a destination buffer is read-only")
+        n = len(pairs)
+        offs = np.fromiter((off for off, _ in pairs), np.uint64, n)
+        lens = np.fromiter((v.nbytes for _, v in pairs), np.uint64, n)
+        addrs = np.fromiter((native.address(v) for _, v in pairs), np.uint64, n)
+        return cls(offs, lens, addrs, pairs, list(pairs))
+
+    @classmethod
+    def strided(
+        cls, bases: U64, strides: U64, offsets: U64, lengths: U64, row: int, keep: object
+    ) -> RangeTable:
+        """Row ``row`` of several planes: plane i's part is ``lengths[i]`` bytes at
+        ``bases[i] + row * strides[i]``, going to ``offsets[i]`` of the value. The caller
+        vouches that every plane (held by ``keep``) is writable and has that row."""
+        addrs = bases + np.uint64(row) * strides
+        return cls(offsets, lengths, addrs, keep, None)
+
+    @property
+    def end(self) -> int:
+        """One past the last byte of the value any range asks for (0: none)."""
+        return int((self.offsets + self.lengths).max()) if len(self.offsets) else 0
+
+    @property
+    def start(self) -> int:
+        """The first byte of the value a non-empty range asks for (0: none)."""
+        live = self.offsets[self.lengths > 0]
+        return int(live.min()) if len(live) else 0
+
+    def views(self) -> list[tuple[int, memoryview]]:
+        """(offset, writable byte view) pairs, for the read paths that copy in Python."""
+        if self._pairs is not None:
+            return self._pairs
+        return [
+            (int(o), memoryview((ctypes.c_char * int(n)).from_address(int(a))).cast("B"))
+            for o, n, a in zip(self.offsets, self.lengths, self.addrs, strict=True)
+        ]
