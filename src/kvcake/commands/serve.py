@@ -11,26 +11,14 @@ from typing import Any
 from kvcake.commands import _up as launcher_cli
 from kvcake.core import auth
 from kvcake.core.api import Role
-from kvcake.core.config import KVLayoutConfig, load_config
+from kvcake.core.config import KVLayoutConfig, add_config_flags, flag_overrides, load_config
 from kvcake.replay import cli as replay_cli
+from kvcake.serve.config import InstanceConfig
 
-_INSTANCE_FLAGS = (
-    ("--id", str, "instance id (default: <role>-<port>)"),
-    ("--host", str, "address to bind (default 127.0.0.1)"),
-    ("--port", int, "port (0 = a free one)"),
-    ("--backend", str, "torch (SmolLM2 weights) or emulated (cost-model sleeps)"),
-    ("--kv-blocks", int, "KV memory in blocks of kv_block_tokens tokens"),
-    ("--threads", int, "torch threads"),
-    ("--max-batch", int, "largest decode batch"),
-    ("--directory", str, "host:port of the master's DirectoryService (enables KV transfer)"),
-    ("--master", str, "host:port of the store master's RPC (enables the KV pool)"),
-    ("--max-context", int, "longest prompt + output (0 = the model's)"),
-    ("--prefill-chunk", int, "tokens per prefill chunk (torch backend)"),
-    ("--kv-scale", float, "emulated: KV bytes = the preset's bytes/token x this"),
-    ("--calibration", str, "cost-model file from `kvcake calibrate`"),
-    ("--time-scale", float, "emulated: sleep = cost-model time x this"),
-    ("--preset", str, "emulated: cost-model preset"),
-)
+# InstanceConfig's fields with a flag (help: each field's metadata); the rest: --config only.
+INSTANCE_FLAGS = ("id", "host", "port", "backend", "kv_blocks", "threads", "max_batch",
+                  "directory", "master", "max_context", "prefill_chunk", "kv_scale",
+                  "calibration", "time_scale", "preset")  # fmt: skip
 
 
 def register(sub: Any) -> None:
@@ -41,8 +29,7 @@ def register(sub: Any) -> None:
     ):
         p = sub.add_parser(role, help=text, description=text)
         p.add_argument("--config", help="cluster TOML ([kv] and [instance] sections)")
-        for flag, tp, hlp in _INSTANCE_FLAGS:
-            p.add_argument(flag, type=tp, help=hlp)
+        add_config_flags(p, InstanceConfig, only=INSTANCE_FLAGS)
         p.add_argument("--block-tokens", type=int, help="kv_block_tokens (must match the cluster)")
         auth.add_cli_args(p)
         p.set_defaults(func=_instance, role=role)
@@ -81,19 +68,13 @@ def register(sub: Any) -> None:
     replay_cli.register(sub)
 
 
-def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
-    return {n: getattr(args, n, None) for n in names}
-
-
 def _instance(args: argparse.Namespace) -> int:
     # lazy: CLI start-up
     from kvcake.instance.main import run_instance
-    from kvcake.serve.config import InstanceConfig
 
-    names = [f.lstrip("-").replace("-", "_") for f, _, _ in _INSTANCE_FLAGS]
     cfg = load_config(
         InstanceConfig, toml_path=args.config, section="instance",
-        overrides=_overrides(args, names),
+        overrides=flag_overrides(args, INSTANCE_FLAGS),
     )  # fmt: skip
     kv = load_config(
         KVLayoutConfig, toml_path=args.config, section="kv",
@@ -108,10 +89,10 @@ def _proxy(args: argparse.Namespace) -> int:
     from kvcake.proxy.main import run_proxy
     from kvcake.serve.config import load_proxy_config
 
-    ov = _overrides(args, ["request_log", "metrics_names", "host", "port"])
+    ov = flag_overrides(args, ["request_log", "metrics_names", "host", "port"])
     ov["prefill"] = tuple(args.prefill) if args.prefill else None
     ov["decode"] = tuple(args.decode) if args.decode else None
-    cond = _overrides(args, ["prefill_policy", "admission_policy", "ttft_slo_s", "tbt_slo_s",
+    cond = flag_overrides(args, ["prefill_policy", "admission_policy", "ttft_slo_s", "tbt_slo_s",
                              "kvcache_balancing_threshold", "seed"])  # fmt: skip
     cfg = load_proxy_config(args.config, ov, cond)
     kv = load_config(KVLayoutConfig, toml_path=args.config, section="kv")

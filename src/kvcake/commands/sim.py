@@ -14,11 +14,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvcake.conductor.config import FIELD_HELP as CONDUCTOR_HELP
 from kvcake.conductor.config import ConductorConfig
+from kvcake.core.config import add_config_flags, flag_overrides
 from kvcake.core.errors import ConfigError
 from kvcake.data import sample_trace_path
-from kvcake.sim.config import FIELD_HELP, SimConfig, load_sim_config
+from kvcake.sim.config import SimConfig, load_sim_config
 
 EXPERIMENT_NAMES = ("cache-capacity", "prefill-scheduling", "global-vs-local", "capacity",
                     "replicas", "bandwidth", "pd-ratio", "overload")  # fmt: skip
@@ -52,14 +52,10 @@ def register(sub: Any) -> None:
     )  # fmt: skip
     r.add_argument("--json", metavar="PATH", help="also write the summary as JSON here "
                    "(default: not written)")  # fmt: skip
-    flags = [(f, FIELD_HELP) for f in dataclasses.fields(SimConfig) if f.name != "conductor"]
-    # the [conductor] fields under their own names (colocated follows --system)
-    flags += [(f, CONDUCTOR_HELP) for f in dataclasses.fields(ConductorConfig)
-              if f.name != "colocated"]  # fmt: skip
-    for f, text in flags:
-        r.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=None,
-                       metavar=type(f.default).__name__.upper(),
-                       help=f"{text[f.name]} (default: {f.default})")  # fmt: skip
+    # the [sim] fields, then the [conductor] ones under their own names (colocated follows
+    # --system)
+    add_config_flags(r, SimConfig)
+    add_config_flags(r, ConductorConfig, skip=("colocated",))
     r.set_defaults(func=_run)
 
     e = ssub.add_parser("experiment", help="run one experiment (table, PNG and JSON)",
@@ -102,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
     from kvcake.sim.traces import load_workload
 
     names = [f.name for c in (SimConfig, ConductorConfig) for f in dataclasses.fields(c)]
-    over = {n: getattr(args, n, None) for n in names if n not in ("conductor", "colocated")}
+    over = flag_overrides(args, (n for n in names if n not in ("conductor", "colocated")))
     cfg = load_sim_config(args.config, over)
     spec = args.trace or str(sample_trace_path())
     _check_traces([spec])

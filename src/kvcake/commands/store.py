@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from kvcake.commands._common import serve_until_signal, wait_for_signal
 from kvcake.compat.mooncake import master_flags  # mooncake_master's flag names (compat)
 from kvcake.core import auth
-from kvcake.core.config import load_config
+from kvcake.core.config import add_config_flags, flag_overrides, load_config
 from kvcake.store.config import MasterConfig, StoreServerConfig
 from kvcake.store.ha.config import HaConfig
 
@@ -19,16 +19,7 @@ T = TypeVar("T")
 def _add_config_flags(p: argparse.ArgumentParser, cls: type, with_config: bool = True) -> None:
     if with_config:
         p.add_argument("--config", help="TOML file (flags override it)")
-    for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
-        p.add_argument(
-            f"--{f.name.replace('_', '-')}",
-            dest=f.name,
-            default=None,
-            metavar=str(kind).split("|")[0].strip().upper(),
-            help=f"{f.metadata.get('help', '')} (default: {default})".lstrip(),
-        )
+    add_config_flags(p, cls)
 
 
 def register(sub: Any) -> None:
@@ -64,7 +55,7 @@ def register(sub: Any) -> None:
 def _load(args: argparse.Namespace, cls: type[T], section: str) -> T:
     """``cls`` from --config's ``[section]``, the environment, and the flags given."""
 
-    over = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    over = flag_overrides(args, (f.name for f in dataclasses.fields(cls)))  # type: ignore[arg-type]
     return load_config(cls, toml_path=args.config, section=section, overrides=over)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from kvcake.core.config import load_config, read_toml, require
+from kvcake.core.config import load_config, read_toml, require, setting
 from kvcake.core.errors import ConfigError
 
 SECTION = "conductor"
@@ -54,16 +54,41 @@ class ConductorConfig:
       instance is then the ``DecodeState`` with the prefill instance's id.
     """
 
-    prefill_policy: str = "global-cache-aware"
-    admission_policy: str = "none"
-    ttft_slo_s: float = 30.0
-    tbt_slo_s: float = 0.3
-    ttft_headroom: float = 0.03
-    kvcache_balancing_threshold: float = 1.2
-    uniform_decode_s: float = 0.0
-    expected_output_tokens: int = 256
-    seed: int = 0
-    colocated: bool = False
+    prefill_policy: str = setting(
+        "global-cache-aware",
+        (
+            "conductor prefill policy: random, round-robin, least-load, "
+            "local-cache-aware, global-cache-aware"
+        ),
+    )
+    admission_policy: str = setting(
+        "none", "conductor admission: none, per-stage, early-rejection, prediction"
+    )
+    ttft_slo_s: float = setting(30.0, "TTFT SLO in s (admission, effective-request metric)")
+    tbt_slo_s: float = setting(0.3, "TBT SLO in s (admission, effective-request metric)")
+    ttft_headroom: float = setting(
+        0.03, "admission accepts only predicted TTFTs <= ttft_slo_s x (1 - this)"
+    )
+    kvcache_balancing_threshold: float = setting(
+        1.2,
+        ("Algorithm 1: fetch a remote prefix when it is this many times longer than the local one"),
+    )
+    uniform_decode_s: float = setting(
+        0.0,
+        (
+            "prediction admission's uniform decode time t_d in s "
+            "(0: expected output tokens x predicted TBT)"
+        ),
+    )
+    expected_output_tokens: int = setting(
+        256, "output length the conductor assumes (it never sees the real one)"
+    )
+    seed: int = setting(
+        0, "seed of the conductor's random policy (and the simulator's predictor noise)"
+    )
+    colocated: bool = setting(
+        False, "prefill and decode on one instance (set from sim.system / cluster.colocated)"
+    )
 
     def __post_init__(self) -> None:
         prefill, admission = _names("prefill"), _names("admission")
@@ -94,23 +119,6 @@ class ConductorConfig:
         u = self.uniform_decode_s
         require(math.isfinite(u) and u >= 0, f"conductor.uniform_decode_s must be >= 0, got {u}")
 
-
-# One line per field, for the `kvcake sim run` / `kvcake proxy` flags and docs.
-FIELD_HELP: dict[str, str] = {
-    "prefill_policy": "conductor prefill policy: random, round-robin, least-load, "
-    "local-cache-aware, global-cache-aware",
-    "admission_policy": "conductor admission: none, per-stage, early-rejection, prediction",
-    "ttft_slo_s": "TTFT SLO in s (admission, effective-request metric)",
-    "tbt_slo_s": "TBT SLO in s (admission, effective-request metric)",
-    "ttft_headroom": "admission accepts only predicted TTFTs <= ttft_slo_s x (1 - this)",
-    "kvcache_balancing_threshold": "Algorithm 1: fetch a remote prefix when it is this many "
-    "times longer than the local one",
-    "uniform_decode_s": "prediction admission's uniform decode time t_d in s "
-    "(0: expected output tokens x predicted TBT)",
-    "expected_output_tokens": "output length the conductor assumes (it never sees the real one)",
-    "seed": "seed of the conductor's random policy (and the simulator's predictor noise)",
-    "colocated": "prefill and decode on one instance (set from sim.system / cluster.colocated)",
-}
 
 # Keys that lived in [sim] / [proxy] before the one [conductor] section: a clear error, not a
 # silently ignored or generic "unknown setting".

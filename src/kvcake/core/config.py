@@ -12,13 +12,14 @@ declared with ``metadata={"size": True}`` (see :func:`size_field`).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,9 +51,51 @@ def parse_size(value: int | str) -> int:
     return int(number * (1024 if binary else 1000) ** power)
 
 
-def size_field(default: int | str) -> Any:
+def size_field(default: int | str, help: str = "") -> Any:
     """A dataclass field holding a byte size (accepts ``"16MB"`` style strings)."""
-    return dataclasses.field(default=parse_size(default), metadata={"size": True})
+    return dataclasses.field(default=parse_size(default), metadata={"size": True, "help": help})
+
+
+def setting(default: Any, help: str) -> Any:
+    """A dataclass field with its one-line ``help``: the ``--<field-name>`` flag's help text
+    (:func:`add_config_flags`), the one place a setting is explained."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def _default_of(f: dataclasses.Field[Any]) -> Any:
+    """The default as ``--help`` shows it (an empty string as ``""``)."""
+    if f.default is not dataclasses.MISSING:
+        return '""' if f.default == "" else f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def add_config_flags(
+    p: argparse.ArgumentParser, cls: type, only: Sequence[str] = (), skip: Sequence[str] = ()
+) -> list[str]:
+    """One ``--<field-name>`` flag per field of ``cls`` (``only``: just those, in that order;
+    nested dataclasses never), with the field's ``metadata["help"]`` and its default. Every
+    flag defaults to None and takes a string, so :func:`load_config` (``overrides``) converts
+    and checks only the flags given, with the TOML file's and the environment's rules. Returns
+    the field names, for :func:`flag_overrides`."""
+    by_name = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    names = [n for n in (list(only) or by_name) if n not in skip]
+    names = [n for n in names if not dataclasses.is_dataclass(hints[n])]
+    for name in names:
+        f = by_name[name]
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
+        kind = "SIZE" if f.metadata.get("size") else kind.split("|")[0].strip().upper()
+        text = f.metadata.get("help", "")
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, metavar=kind,
+                       help=f"{text} (default: {_default_of(f)})".lstrip())  # fmt: skip
+    return names
+
+
+def flag_overrides(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
+    """The ``overrides`` of :func:`load_config` from the flags of :func:`add_config_flags`."""
+    return {n: getattr(args, n, None) for n in names}
 
 
 def require(condition: bool, message: str) -> None:

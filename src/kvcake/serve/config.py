@@ -21,7 +21,7 @@ from kvcake.conductor.config import (
     load_conductor_config,
     reject_moved,
 )
-from kvcake.core.config import KVLayoutConfig, load_config, require, size_field
+from kvcake.core.config import KVLayoutConfig, load_config, require, setting, size_field
 
 BACKENDS = ("torch", "emulated")
 
@@ -30,21 +30,27 @@ BACKENDS = ("torch", "emulated")
 class InstanceConfig:
     """One prefill or decode instance (``kvcake prefill`` / ``kvcake decode``)."""
 
-    id: str = ""
-    host: str = "127.0.0.1"
-    port: int = 0
-    backend: str = "torch"
-    kv_blocks: int = 512  # paged KV memory, in blocks of kv.kv_block_tokens tokens
-    threads: int = 1  # torch threads
-    max_batch: int = 32  # decode: largest continuous batch
-    prefill_chunk: int = 512  # tokens per prefill chunk
-    directory: str = ""  # "host:port" of the master's DirectoryService ("" = no pool, no TE)
-    master: str = ""  # "host:port" of the store master's RPC ("" = no pool)
-    calibration: str = ""  # cost-model file from `kvcake calibrate` ("" = preset)
-    time_scale: float = 1.0  # emulated backend: sleep = cost-model time x time_scale
-    kv_scale: float = 0.001  # emulated backend: KV bytes = kv_bytes_per_token x kv_scale
-    preset: str = "llama3-70b/8xA800"  # emulated backend's cost model when no calibration
-    max_context: int = 0  # longest prompt + output; 0 = the backend's (8,192 for SmolLM2)
+    id: str = setting("", 'instance id ("" = <role>-<port>)')
+    host: str = setting("127.0.0.1", "address to bind")
+    port: int = setting(0, "port (0 = a free one)")
+    backend: str = setting("torch", "torch (SmolLM2 weights) or emulated (cost-model sleeps)")
+    kv_blocks: int = setting(512, "paged KV memory, in blocks of kv.kv_block_tokens tokens")
+    threads: int = setting(1, "torch threads")
+    max_batch: int = setting(32, "decode: largest continuous batch")
+    prefill_chunk: int = setting(512, "tokens per prefill chunk (torch backend)")
+    directory: str = setting(
+        "", 'host:port of the master\'s DirectoryService (enables KV transfer; "" = none)'
+    )
+    master: str = setting(
+        "", 'host:port of the store master\'s RPC (enables the KV pool; "" = none)'
+    )
+    calibration: str = setting("", 'cost-model file from `kvcake calibrate` ("" = the preset)')
+    time_scale: float = setting(1.0, "emulated: sleep = cost-model time x this")
+    kv_scale: float = setting(0.001, "emulated: KV bytes = the preset's bytes/token x this")
+    preset: str = setting(
+        "llama3-70b/8xA800", "emulated: cost-model preset (when there is no calibration)"
+    )
+    max_context: int = setting(0, "longest prompt + output (0 = the model's: 8,192 for SmolLM2)")
     use_store: bool = True  # put new blocks into / fetch prefixes from the pool
     # A pool prefix read still going after this many seconds stops; the rest is computed and
     # reported as miss reason `too_slow` (0 = no deadline).

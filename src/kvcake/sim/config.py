@@ -15,7 +15,7 @@ from kvcake.conductor.config import (
     load_conductor_config,
     split_overrides,
 )
-from kvcake.core.config import load_config, require
+from kvcake.core.config import load_config, require, setting
 from kvcake.core.costmodel import PRESETS, CostModel, load_calibration, preset
 from kvcake.core.trace import TRACE_BLOCK_TOKENS
 
@@ -54,32 +54,91 @@ class SimConfig:
     instances; ``-prefix`` adds local HBM prefix caching, ``-chunked`` chunked prefill).
     """
 
-    system: str = "mooncake"
-    prefill_nodes: int = 8
-    decode_nodes: int = 8
-    preset: str = "llama3-70b/8xA800"
-    calibration: str = ""  # a `kvcake calibrate` file: its cost model replaces the preset's
-    block_tokens: int = TRACE_BLOCK_TOKENS
-    cache_tokens: int = 3_000_000  # DRAM KV cache per prefill node (tokens)
-    link_gbps: float = 800.0  # per-node network bandwidth (4 x 200 Gbps in the paper)
-    prefill_chunk_tokens: int = 4096  # Mooncake: long suffixes are prefilled in chunks
-    decode_kv_tokens: int = 1_300_000  # KV tokens that fit in one instance's HBM after weights
+    system: str = setting("mooncake", f"cluster model, one of {', '.join(SYSTEMS)}")
+    prefill_nodes: int = setting(
+        8, "prefill instances (8-GPU nodes); vLLM baselines: colocated = P + D"
+    )
+    decode_nodes: int = setting(8, "decode instances (8-GPU nodes); 0 allowed for vLLM baselines")
+    preset: str = setting(
+        "llama3-70b/8xA800",
+        f"core.costmodel preset (model/hardware), one of {', '.join(sorted(PRESETS))}",
+    )
+    calibration: str = setting(
+        "",
+        (
+            "a `kvcake calibrate` JSON file: its fitted cost model replaces the "
+            "preset's (empty: the preset)"
+        ),
+    )
+    block_tokens: int = setting(
+        TRACE_BLOCK_TOKENS, "tokens per KV block (the trace's hash_ids granularity)"
+    )
+    cache_tokens: int = setting(
+        3_000_000, "DRAM KV cache per prefill node, in tokens (LRU over blocks)"
+    )
+    link_gbps: float = setting(
+        800.0, "per-node network bandwidth in Gbps (KV fetches and streaming to decode)"
+    )
+    prefill_chunk_tokens: int = setting(
+        4096, "Mooncake: prefill chunk size for long uncached suffixes"
+    )
+    decode_kv_tokens: int = setting(
+        1_300_000, "KV tokens that fit in one instance's HBM after the weights"
+    )
     # the conductor's settings: the [conductor] section, shared with the live proxy
-    conductor: ConductorConfig = field(default_factory=ConductorConfig)
+    conductor: ConductorConfig = field(
+        default_factory=ConductorConfig,
+        metadata={"help": "the [conductor] section (flags: the conductor's own field names)"},
+    )
     # realism (sim/pool.py; defaults keep the paper-reproduction model)
-    fetch_source: str = "peer"  # "pool": the live path (store pool, both NICs, SSD, lag)
-    pool_tokens_per_node: int = 3_000_000  # pool mode: store DRAM per node (prefill + decode)
-    ssd_tokens_per_node: int = 0  # pool mode: SSD tier per node
-    ssd_gbps: float = 25.0  # pool mode: SSD read bandwidth per node
-    index_lag_s: float = 0.0  # KV-index events reach the conductor this much later
-    predictor_noise: float = 0.0  # relative noise of the samples the predictors are fitted on
-    prefill_batch_tokens: int = 0  # pool mode: batch queued prompts up to this many new tokens
-    failures: str = ""  # node failures "p0@300,d1@600" (node @ trace seconds)
+    fetch_source: str = setting(
+        "peer",
+        (
+            "where a prefill node reads prefix blocks it lacks: peer (another prefill "
+            "node's cache, the paper's model) or pool (the live path: the store pool over both NICs)"
+        ),
+    )
+    pool_tokens_per_node: int = setting(
+        3_000_000,
+        "fetch_source=pool: store-pool DRAM per node (prefill and decode nodes), in tokens",
+    )
+    ssd_tokens_per_node: int = setting(
+        0, "fetch_source=pool: store-pool SSD tier per node, in tokens"
+    )
+    ssd_gbps: float = setting(25.0, "fetch_source=pool: SSD read bandwidth per node in Gbps")
+    index_lag_s: float = setting(
+        0.0, "KV-index add/remove events reach the conductor this many seconds late"
+    )
+    predictor_noise: float = setting(
+        0.0,
+        (
+            "relative noise of the timing samples the conductor's predictors are "
+            "fitted from (0: the simulator's own cost model, exact)"
+        ),
+    )
+    prefill_batch_tokens: int = setting(
+        0,
+        (
+            "fetch_source=pool: batch queued prompts into one prefill call "
+            "up to this many uncached tokens (0: one prompt per call)"
+        ),
+    )
+    failures: str = setting(
+        "",
+        (
+            "node failures, comma-separated NODE@SECONDS (p0@300 = prefill node 0 fails "
+            "at trace second 300)"
+        ),
+    )
     # vLLM baselines
-    vllm_batch_tokens: int = 2048  # chunked prefill: tokens per iteration (decode + chunk)
+    vllm_batch_tokens: int = setting(
+        2048, "vllm-chunked: tokens per iteration (running decodes + prefill chunk)"
+    )
     # replay
-    speedup: float = 1.0
-    sample_interval_s: float = 10.0
+    speedup: float = setting(1.0, "replay speed: trace timestamps divided by this")
+    sample_interval_s: float = setting(
+        10.0, "period of the prefill/decode load samples, simulated s"
+    )
 
     def __post_init__(self) -> None:
         require(self.system in SYSTEMS, f"sim.system must be one of {SYSTEMS}, got {self.system!r}")
@@ -149,36 +208,3 @@ def load_sim_config(
     cond, own = split_overrides(overrides or {})
     own["conductor"] = load_conductor_config(toml_path, cond)
     return load_config(SimConfig, toml_path=toml_path, section="sim", overrides=own)
-
-
-# One line per field, for ``kvcake sim run --help`` (a test checks every field has one).
-FIELD_HELP: dict[str, str] = {
-    "system": f"cluster model, one of {', '.join(SYSTEMS)}",
-    "prefill_nodes": "prefill instances (8-GPU nodes); vLLM baselines: colocated = P + D",
-    "decode_nodes": "decode instances (8-GPU nodes); 0 allowed for vLLM baselines",
-    "preset": f"core.costmodel preset (model/hardware), one of {', '.join(sorted(PRESETS))}",
-    "calibration": "a `kvcake calibrate` JSON file: its fitted cost model replaces the "
-    "preset's (empty: the preset)",
-    "block_tokens": "tokens per KV block (the trace's hash_ids granularity)",
-    "cache_tokens": "DRAM KV cache per prefill node, in tokens (LRU over blocks)",
-    "link_gbps": "per-node network bandwidth in Gbps (KV fetches and streaming to decode)",
-    "prefill_chunk_tokens": "Mooncake: prefill chunk size for long uncached suffixes",
-    "decode_kv_tokens": "KV tokens that fit in one instance's HBM after the weights",
-    "fetch_source": "where a prefill node reads prefix blocks it lacks: peer (another prefill "
-    "node's cache, the paper's model) or pool (the live path: the store pool over both NICs)",
-    "pool_tokens_per_node": "fetch_source=pool: store-pool DRAM per node (prefill and decode "
-    "nodes), in tokens",
-    "ssd_tokens_per_node": "fetch_source=pool: store-pool SSD tier per node, in tokens",
-    "ssd_gbps": "fetch_source=pool: SSD read bandwidth per node in Gbps",
-    "index_lag_s": "KV-index add/remove events reach the conductor this many seconds late",
-    "predictor_noise": "relative noise of the timing samples the conductor's predictors are "
-    "fitted from (0: the simulator's own cost model, exact)",
-    "prefill_batch_tokens": "fetch_source=pool: batch queued prompts into one prefill call "
-    "up to this many uncached tokens (0: one prompt per call)",
-    "failures": "node failures, comma-separated NODE@SECONDS (p0@300 = prefill node 0 fails "
-    "at trace second 300)",
-    "vllm_batch_tokens": "vllm-chunked: tokens per iteration (running decodes + prefill chunk)",
-    "speedup": "replay speed: trace timestamps divided by this",
-    "conductor": "the [conductor] section (flags: the conductor's own field names)",
-    "sample_interval_s": "period of the prefill/decode load samples, simulated s",
-}
