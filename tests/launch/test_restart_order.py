@@ -16,6 +16,7 @@ import httpx
 from kvcake.core.hashing import block_hashes, block_key
 from kvcake.launch.launcher import Cluster
 from tests.cluster import make_cluster
+from tests.waits import wait_until
 
 PARTS = ["master", "store-0", "prefill-0", "decode-0", "proxy"]
 HEAL_S = 15.0
@@ -55,13 +56,14 @@ def _ask(url: str, prompt: list[int], timeout: float = 10.0) -> httpx.Response:
 
 
 def _restarted(c: Cluster, name: str, old_pid: int, timeout: float = 60.0) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """When ``name`` runs again under a new pid (time.monotonic())."""
+
+    def since() -> float:
         proc = c.child(name).proc
-        if proc is not None and proc.pid != old_pid and proc.poll() is None:
-            return time.monotonic()
-        time.sleep(0.05)
-    raise AssertionError(f"{name} was not restarted within {timeout} s")
+        alive = proc is not None and proc.pid != old_pid and proc.poll() is None
+        return time.monotonic() if alive else 0.0  # 0.0: not yet
+
+    return wait_until(since, timeout=timeout, what=f"{name} restarted")
 
 
 def _heal(url: str, since: float, step: int) -> float:
@@ -93,14 +95,10 @@ def _in_pool(c: Cluster, tokens: list[int]) -> bool:
     kv = c.conf.kv
     keys = [str(block_key(kv.model, kv.dtype, kv.kv_block_tokens, h))
             for h in block_hashes(tokens, kv.kv_block_tokens)]  # fmt: skip
-    deadline = time.monotonic() + HEAL_S
-    while True:  # a restarted master may still be starting
-        try:
-            client = Client(ClientConfig(master=c.master_rpc, hostname="127.0.0.1"))
-            break
-        except RpcFailed:
-            assert time.monotonic() < deadline, "the master did not come back"
-            time.sleep(0.2)
+    client = wait_until(  # a restarted master may still be starting
+        lambda: Client(ClientConfig(master=c.master_rpc, hostname="127.0.0.1")),
+        timeout=HEAL_S, every_s=0.2, ignore=(RpcFailed,), what="the master back",
+    )  # fmt: skip
     try:
         return all(client.batch_is_exist(keys))
     finally:
