@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from kvcake.launch.launcher import Cluster
+from tests.waits import wait_until
 
 MODELS = ("kvcake-test", "alias-b")
 CONTEXT = 300
@@ -40,14 +40,8 @@ def extra_proxy(cluster: Cluster, tmp: Path, **proxy: object) -> Iterator[str]:
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().split()[-1].removesuffix("/v1")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        wait_until(lambda: httpx.get(url + "/health", timeout=2).status_code == 200, timeout=60,
+                   every_s=0.1, ignore=(httpx.HTTPError,), what="the extra proxy healthy")  # fmt: skip
         yield url
     finally:
         proc.terminate()

@@ -11,6 +11,7 @@ import httpx
 
 from kvcake.launch.launcher import Cluster
 from tests.cluster import make_cluster
+from tests.waits import wait_until
 
 
 def test_overload_is_rejected_with_429(emulated_cluster: Cluster, tmp_path: object) -> None:
@@ -27,13 +28,8 @@ def test_overload_is_rejected_with_429(emulated_cluster: Cluster, tmp_path: obje
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().split()[-1].removesuffix("/v1")
-        for _ in range(100):
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            asyncio.run(asyncio.sleep(0.1))
+        wait_until(lambda: httpx.get(url + "/health").status_code == 200, timeout=30,
+                   every_s=0.1, ignore=(httpx.HTTPError,), what="the proxy healthy")  # fmt: skip
 
         async def burst() -> list[httpx.Response]:
             async with httpx.AsyncClient(base_url=url, timeout=120) as http:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
+from typing import Any
 
 import httpx
 import pytest
 
 from kvcake.launch.launcher import Cluster
+from tests.waits import wait_until
 
 PROMPT = list(range(300, 300 + 200))
 
@@ -147,9 +148,11 @@ def test_client_disconnect_frees_kv(emulated_cluster: Cluster) -> None:
             next(lines)
         state = httpx.get(decode_url + "/rpc/state").json()["load"]
         assert state["running_requests"] == 1 and state["kv_blocks_used"] > 0
-    for _ in range(100):  # the abort travels proxy -> instance asynchronously
-        load = httpx.get(decode_url + "/rpc/state").json()["load"]
-        if load["running_requests"] == 0 and load["kv_blocks_used"] == 0:
-            break
-        time.sleep(0.05)
-    assert load["running_requests"] == 0 and load["kv_blocks_used"] == 0, load
+    load: dict[str, Any] = {}
+
+    def freed() -> bool:
+        load.update(httpx.get(decode_url + "/rpc/state").json()["load"])
+        return load["running_requests"] == 0 and load["kv_blocks_used"] == 0
+
+    # the abort travels proxy -> instance asynchronously
+    wait_until(freed, timeout=10, what="the decode's KV freed", detail=lambda: load)

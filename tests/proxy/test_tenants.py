@@ -19,6 +19,7 @@ from kvcake.launch.launcher import Cluster
 from kvcake.proxy.auth import ApiKeys, salt_of
 from kvcake.store.client import Client
 from tests.cluster import make_cluster
+from tests.waits import wait_until
 
 KEY_A, KEY_B, KEY_OPEN = "sk-teamA-0123456789", "sk-teamB-0123456789", "sk-open-0123456789"
 KEY_Q = "sk-teamQ-0123456789"  # a tenant whose store quota holds no block
@@ -105,12 +106,15 @@ def test_pool_holds_each_tenants_blocks_under_its_own_keys(cluster: Cluster) -> 
     }  # fmt: skip
     assert not set(keys["teamA"]) & set(keys["teamB"])
     with Client(master=cluster.master_rpc) as store:
-        deadline = time.monotonic() + 20  # the prefill instance pools new blocks in the background
-        while time.monotonic() < deadline:
-            found = {t: sum(store.batch_is_exist(k)) for t, k in keys.items()}
-            if found["teamA"] == found["teamB"] == 6:
-                break
-            time.sleep(0.2)
+        found: dict[str, int] = {}
+
+        def pooled() -> bool:
+            found.update({t: sum(store.batch_is_exist(k)) for t, k in keys.items()})
+            return found["teamA"] == found["teamB"] == 6
+
+        # the prefill instance pools new blocks in the background
+        wait_until(pooled, timeout=20, every_s=0.2, what="6 blocks of each tenant in the pool",
+                   detail=lambda: found)  # fmt: skip
         assert found == {"teamA": 6, "teamB": 6, "": 0}, found
 
 
