@@ -27,8 +27,11 @@ Run: ``python benchmarks/pool_load_bench.py [--blocks 56] [--repeats 3] [--proto
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
 import json
+import os
+import pstats
 import statistics
 import time
 
@@ -83,6 +86,23 @@ def load(mode: str, c: Client, paged: PagedKV, keys: list[str], ids: list[int]) 
     assert all(g == paged.block_bytes for g in got), got[:2]
 
 
+def profile_loads(n: int, c: Client, paged: PagedKV, keys: list[str], ids: list[int]) -> None:
+    """Where ``n`` direct loads spend their time, by function (own time, per load)."""
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(n):
+        load("direct", c, paged, keys, ids)
+    prof.disable()
+    wall = (time.perf_counter() - t0) / n * 1e3
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:15]  # type: ignore[attr-defined]
+    print(f"profile: {n} direct loads, {wall:.1f} ms each under the profiler; own time per load:")
+    for (file, line, fn), (_, calls, own, _cum, _) in rows:
+        where = f"{os.path.basename(file)}:{line}({fn})" if line else fn
+        print(f"  {own / n * 1e3:7.2f} ms  {calls // n:6d} calls  {where}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--blocks", type=int, default=56)
@@ -94,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="compare the direct load with verification on and off (client.verify; "
         "docs/store.md, Integrity) instead of staged vs direct",
+    )
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the rounds, profile N direct loads (cProfile) and print where their time "
+        "goes, top functions by own time (docs/benchmarks.md, 'Where a load's time goes')",
     )
     a = ap.parse_args(argv)
     plain: Client | None = None  # --integrity: the same reads with verification off
@@ -161,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                         round(ms[r, base] / ms[r, m], 2) for r in rounds
                     ]
             print(json.dumps(out))
+            if a.profile:
+                profile_loads(a.profile, c, paged, keys, ids)
     finally:
         if plain is not None:
             plain.close()
