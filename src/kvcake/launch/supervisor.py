@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from kvcake.core.backoff import backoff_s
 from kvcake.launch.child import Child
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class RestartPolicy:
     stable_s: float = 30.0  # up this long: the next failure starts the backoff over
 
     def delay(self, failures: int) -> float:
-        return float(min(self.max_s, self.base_s * 2 ** max(0, failures - 1)))
+        return backoff_s(failures, self.base_s, self.max_s)
 
 
 C = TypeVar("C", bound=Child)
