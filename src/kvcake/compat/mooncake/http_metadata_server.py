@@ -27,6 +27,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from kvcake.net.httpserve import uvicorn_server
 from kvcake.store.metadata_http import CONTENT_TYPE, MetadataKV
 
 log = logging.getLogger(__name__)
@@ -155,16 +156,13 @@ class KVBootstrapServer:
         return self.thread
 
     def _serve(self, startup: Future[socket.socket]) -> None:
-        import uvicorn
-
         try:
             sock = socket.create_server((self.host, self.port))
         except OSError as exc:
             log.error("Server error: %s", exc)
             startup.set_exception(exc)
             return
-        config = uvicorn.Config(self._app(), log_level="warning")
-        self._server = uvicorn.Server(config)
+        self._server = uvicorn_server(self._app(), lifespan="auto")
         startup.set_result(sock)
         try:
             self._server.run(sockets=[sock])
