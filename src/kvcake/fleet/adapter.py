@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field, replace
 
 import httpx
+import zmq
+import zmq.asyncio
 
 from kvcake.conductor.conductor import Conductor
 from kvcake.conductor.config import ConductorConfig
@@ -38,6 +40,7 @@ from kvcake.core.costmodel import PrefillCoefficients
 from kvcake.core.hashing import block_hashes
 from kvcake.core.ids import InstanceId, RequestId
 from kvcake.fleet.index import EngineEvents
+from kvcake.proxy import pool_events
 from kvcake.serve.online_fit import OnlineFit
 
 log = logging.getLogger(__name__)
@@ -167,8 +170,6 @@ class VllmFleet:
             asyncio.create_task(self._events(e, stop)) for e in self.engines.values() if e.events
         ]
         if self.master:
-            from kvcake.proxy import pool_events
-
             pool_events.start(self.index, self.master, stop)
         await stop.wait()
         for t in tasks:
@@ -203,9 +204,6 @@ class VllmFleet:
         e.healthy = True
 
     async def _events(self, e: EngineRef, stop: asyncio.Event) -> None:
-        import zmq
-        import zmq.asyncio
-
         sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, b"")

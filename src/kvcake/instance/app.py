@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvcake.core.api import TokenChunk
+from kvcake.core.api import PrefillTask, TokenChunk
 from kvcake.core.errors import EngineError, KvcakeError, StoreError, TransferError
 from kvcake.core.ids import RequestId
 from kvcake.engine.block_manager import KVCacheFull
@@ -109,8 +109,6 @@ def build_app(inst: Instance) -> FastAPI:
 
     @app.post("/rpc/prefill")
     async def prefill(request: Request) -> Response:
-        from kvcake.core.api import PrefillTask
-
         async def run() -> Any:
             return await inst.submit_prefill(decode(await request.body(), PrefillTask))
 

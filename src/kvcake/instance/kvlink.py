@@ -25,6 +25,8 @@ from kvcake.core.hashing import block_key
 from kvcake.core.ids import BlockHash, SegmentName
 from kvcake.engine.kv_memory import KVLayout
 from kvcake.serve import attribution
+from kvcake.store.errors import LeaseExpired, ObjectNotFound
+from kvcake.transfer import Op, TransferRequest
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +158,6 @@ class KVSender:
         self._waiter.add(bid, reqs, now, layer, self)
 
     def _request(self, i: int, offset_in_block: int, length: int) -> Any:
-        from kvcake.transfer import Op, TransferRequest
-
         lb, rb = self.local_blocks[i], self.res.block_ids[i]
         return TransferRequest(
             Op.WRITE,
@@ -309,7 +309,6 @@ def _peer_moved(result: Any) -> bool:
 
 def _miss_kind(result: Any) -> str:
     """The ``serve.attribution`` kind of a pool read that did not return a block."""
-    from kvcake.store.errors import LeaseExpired, ObjectNotFound
 
     if isinstance(result, ObjectNotFound):
         return attribution.FETCH_NOT_FOUND

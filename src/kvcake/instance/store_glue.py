@@ -12,6 +12,8 @@ from kvcake.core.ids import BlockHash
 from kvcake.core.pools import started_pool
 from kvcake.instance.kvblocks import KVBlocks
 from kvcake.serve.config import InstanceConfig
+from kvcake.store.client import Client
+from kvcake.store.config import ClientConfig
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +23,6 @@ def connect_store(cfg: InstanceConfig, te: Any) -> Any:
     client contributes no memory: storage nodes do."""
     if not cfg.master:
         return None
-    from kvcake.store.client import Client
-    from kvcake.store.config import ClientConfig
 
     return Client(ClientConfig(master=cfg.master, hostname=cfg.host))
 

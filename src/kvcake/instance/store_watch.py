@@ -17,7 +17,14 @@ import time
 from collections import deque
 from typing import Any
 
+import zmq
+
 from kvcake.core.api import STORE_EVENTS_TOPIC, StoreEvent, StoreEventKind
+from kvcake.core.auth import resolve
+from kvcake.core.zmq_curve import secure_subscriber
+from kvcake.store import protocol as P
+from kvcake.store.events import BATCH_DECODER
+from kvcake.store.ha.resolve import connect
 
 log = logging.getLogger(__name__)
 POLL_MS = 250
@@ -62,9 +69,6 @@ class StoreWatch:
     # --- the thread ---------------------------------------------------------------------------
 
     def _address(self) -> str:
-        from kvcake.store import protocol as P
-        from kvcake.store.ha.resolve import connect
-
         conn = connect(self.master, timeout_s=5.0)
         try:
             return str(conn.call(P.Heartbeat("", self.who)).events)
@@ -72,12 +76,6 @@ class StoreWatch:
             conn.close()
 
     def _run(self) -> None:
-        import zmq
-
-        from kvcake.core.auth import resolve
-        from kvcake.core.zmq_curve import secure_subscriber
-        from kvcake.store.events import BATCH_DECODER
-
         ctx: Any = zmq.Context.instance()
         warned = False
         while not self._stop.is_set():

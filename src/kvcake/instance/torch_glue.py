@@ -8,13 +8,14 @@ from typing import Any
 from kvcake.core.api import segment_of
 from kvcake.core.config import KVLayoutConfig
 from kvcake.core.ids import InstanceId
+from kvcake.engine.config import EngineConfig, cache_root
+from kvcake.engine.kv_memory import KVLayout
+from kvcake.engine.model.weights import ModelConfig, resolve_checkpoint
 from kvcake.serve.config import InstanceConfig
 
 
 def torch_backend(cfg: InstanceConfig, kv: KVLayoutConfig, iid: InstanceId, te: Any) -> Any:
-    from kvcake.engine.config import EngineConfig, cache_root
-    from kvcake.engine.kv_memory import KVLayout
-    from kvcake.engine.model.weights import ModelConfig, resolve_checkpoint
+    # lazy: optional dependency (torch: engine.torch_backend imports it)
     from kvcake.engine.torch_backend import TorchBackend
 
     ecfg = EngineConfig(

@@ -9,13 +9,15 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from kvcake.core.config import KVLayoutConfig
+from kvcake.core.config import KVLayoutConfig, load_config
 from kvcake.core.errors import ConfigError
+from kvcake.engine.model.convert import packaged_gguf
 from kvcake.serve.config import (
     ClusterConfig,
     HaClusterConfig,
     InstanceConfig,
     ServeFile,
+    load_proxy_config,
 )
 
 
@@ -63,7 +65,6 @@ def check_port_free(host: str, port: int, key: str) -> None:
 def check_model(backend: str) -> None:
     if backend != "torch":
         return
-    from kvcake.engine.model.convert import packaged_gguf
 
     try:
         packaged_gguf()
@@ -80,8 +81,6 @@ def load_serve_file(
 ) -> ServeFile:
     """Read a cluster file (every section validated); ``overrides`` per section win
     (``overrides["conductor"]``: the ``[conductor]`` section, held by the proxy)."""
-    from kvcake.core.config import load_config
-    from kvcake.serve.config import load_proxy_config
 
     ov = overrides or {}
     kw: dict[str, Any] = {}

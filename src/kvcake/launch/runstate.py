@@ -4,6 +4,7 @@ how to tell that a recorded pid is still the process that was started (its start
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,6 @@ def write_state(
 ) -> None:
     """The record `kvcake status` / `down` read, with this process as the supervisor; written
     atomically (temp file + rename) so readers never see half a file."""
-    import os
 
     doc = {"supervisor_pid": os.getpid(), "supervisor_start_ticks": proc_start_ticks(os.getpid()),
            "url": url, "run_dir": str(run_dir), "processes": processes, **extra}  # fmt: skip

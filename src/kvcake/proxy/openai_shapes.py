@@ -9,6 +9,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
 from kvcake.core.api import FinishReason
 
 
@@ -110,9 +114,6 @@ def error(message: str, kind: str, status: int = 0, param: str | None = None,
 def install_error_handlers(app: Any) -> None:
     """Every error the framework itself answers (unknown path 404, wrong method 405, ...)
     in the same shape, never FastAPI's ``{"detail": ...}``."""
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
-    from starlette.exceptions import HTTPException
 
     async def http_error(_: Any, exc: Any) -> Any:
         status = int(exc.status_code)

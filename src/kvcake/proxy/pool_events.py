@@ -20,11 +20,18 @@ import logging
 from typing import Any
 
 import msgspec
+import zmq
+import zmq.asyncio
 
 from kvcake.core.api import STORE_EVENTS_TOPIC, KVIndex, PoolView
+from kvcake.core.auth import resolve
 from kvcake.core.hashing import parse_block_key
 from kvcake.core.ids import BlockHash, InstanceId
+from kvcake.core.zmq_curve import secure_subscriber
 from kvcake.serve.events import POOL
+from kvcake.store import protocol as P
+from kvcake.store.events import BATCH_DECODER
+from kvcake.store.ha.resolve import connect  # host:port, or etcd:// (follows the leader)
 
 log = logging.getLogger(__name__)
 
@@ -82,20 +89,14 @@ class PoolEvents:
     # --- blocking helpers (run in a thread) ---------------------------------------------------
 
     def _call(self, msg: Any) -> Any:
-        from kvcake.store.ha.resolve import connect  # host:port, or etcd:// (follows the leader)
-
         if self._conn is None:
             self._conn = connect(self.master, timeout_s=10.0)
         return self._conn.call(msg)
 
     def _probe(self) -> str:
-        from kvcake.store import protocol as P
-
         return str(self._call(P.Heartbeat("", "proxy")).events)
 
     def _snapshot(self) -> Any:
-        from kvcake.store import protocol as P
-
         return self._call(P.KvSnapshot("proxy")).snapshot
 
     # --- applying -----------------------------------------------------------------------------
@@ -122,7 +123,6 @@ class PoolEvents:
 
     def on_batch(self, payload: bytes) -> bool:
         """Apply one message; False when a resync is needed."""
-        from kvcake.store.events import BATCH_DECODER
 
         for ev in BATCH_DECODER.decode(payload):
             out = self.view.apply(ev)
@@ -140,11 +140,6 @@ class PoolEvents:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Subscribe, resync, apply events until ``stop``; reconnects if the master is away."""
-        import zmq
-        import zmq.asyncio
-
-        from kvcake.core.auth import resolve
-        from kvcake.core.zmq_curve import secure_subscriber
 
         ctx = zmq.asyncio.Context.instance()
         while not stop.is_set():

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from kvcake.proxy.dashboard.snapshot import recent_row
+
 SCHEMA_VERSION = 1
 
 
@@ -144,8 +146,6 @@ def on_end(st: Any, out: Any, outcome: str | None = None, error: str | None = No
     if health is not None:  # the failure rate health shows (a reason, not an input)
         health.record(outcome is None and not out.error)
     if outcome is not None and getattr(st, "recent", None) is not None:
-        from kvcake.proxy.dashboard.snapshot import recent_row  # (it imports the router)
-
         row = recent_row(out)  # the dashboard lists failed and rejected requests too
         row.update(finish=outcome, error=error if error is not None else out.error)
         st.recent.append(row)

@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from kvcake.core.errors import EngineError
+from kvcake.engine.config import cache_root
+from kvcake.engine.model.tokenizer import TextTokenizer
+from kvcake.engine.model.weights import resolve_checkpoint
 
 BYTE_BASE = 256
 _NOGIL_CHARS = 16_384  # longer texts are tokenized without holding the GIL
@@ -65,10 +68,6 @@ class ByteCodec:
 
 class ModelCodec:
     def __init__(self, model: str = "smollm2", cache_dir: str = ""):
-        from kvcake.engine.config import cache_root
-        from kvcake.engine.model.tokenizer import TextTokenizer
-        from kvcake.engine.model.weights import resolve_checkpoint
-
         self._tok = TextTokenizer(resolve_checkpoint(model, cache_root(cache_dir)))
         self.vocab_size = self._tok.vocab_size
         eos = self._tok.eos_token_id

@@ -26,11 +26,15 @@ from typing import Any
 
 import numpy as np
 
+from kvcake.core.costmodel import PRESETS, load_calibration, preset
 from kvcake.core.stats import percentile
 from kvcake.core.trace import TraceRecord
 from kvcake.replay.live_probe import Overheads
 from kvcake.replay.runner import ReplayOptions, ReplaySummary
 from kvcake.serve.config import ServeFile
+from kvcake.sim.config import SimConfig
+from kvcake.sim.livehost import LiveHost, busy_shares, cpu_factor, shuffle_ties
+from kvcake.sim.runner import simulate
 
 CALIBRATED_CPU_PRESET = "smollm2-135m/cpu-calibrated"
 
@@ -45,9 +49,6 @@ class SimSetup:
 
 
 def sim_setup(conf: ServeFile) -> SimSetup:
-    from kvcake.core.costmodel import PRESETS
-    from kvcake.sim.config import SimConfig
-
     inst, c, p = conf.instance, conf.cluster, conf.proxy
     emulated = inst.backend == "emulated"
     scale = inst.time_scale if emulated and inst.time_scale > 0 else 1.0
@@ -101,8 +102,6 @@ def run_sim(
 ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:  # fmt: skip
     """Per-request real-second ``(ttft, tbt)`` of completed requests, pooled over ``orders``
     burst orders (1 = the trace's order), and facts about the model used."""
-    from kvcake.sim.livehost import LiveHost, cpu_factor, shuffle_ties
-    from kvcake.sim.runner import simulate
 
     cfg, scale = setup.cfg, setup.scale
     pooled = cfg.system == "mooncake" and cfg.fetch_source == "pool"
@@ -132,7 +131,6 @@ def run_sim(
 
 def busy(res: Any) -> list[float]:
     """Share of the run each instance computes: prefill nodes, then decode nodes."""
-    from kvcake.sim.livehost import busy_shares
 
     cluster = res.extra["cluster"]
     span = max(res.sim_end_s, 1e-9)
@@ -184,7 +182,6 @@ def probe_sim(conf: ServeFile) -> Any:
 
 def inst_kv_bytes_per_token(inst: Any) -> int:
     """KV bytes per token of the instances' model (before the emulated backend's kv_scale)."""
-    from kvcake.core.costmodel import load_calibration, preset
 
     if inst.calibration:
         cm = load_calibration(inst.calibration)

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvcake.conductor.index import PrefixIndex
 from kvcake.core.ids import BlockHash
 
 # Keys of PrefillResult.kv_sources (blocks). Pool reads are "memory:<segment>" / "disk:<segment>".
@@ -221,7 +222,6 @@ def tracking_index(memory: EvictionMemory) -> Any:
     """The proxy's KV index, remembering in ``memory`` every block that leaves a holder (an
     instance's cache evicted it, the pool evicted or lost it, an instance went away) — so a
     later miss on it is ``evicted``, not ``never_seen``."""
-    from kvcake.conductor.index import PrefixIndex
 
     class _Tracking(PrefixIndex):
         evictions = memory

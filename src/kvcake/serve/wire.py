@@ -36,8 +36,11 @@ from kvcake.core.api import (
     Role,
     SamplingParams,
 )
+from kvcake.core.auth import resolve
 from kvcake.core.errors import KvcakeError
+from kvcake.core.http_auth import INSTANCE_HTTP
 from kvcake.core.ids import BlockHash, InstanceId, RequestId
+from kvcake.net.httpserve import client_auth as sign
 
 T = TypeVar("T")
 
@@ -168,8 +171,5 @@ def raise_for(status: int, body: bytes, who: str, iid: str | None = None) -> Non
 def client_auth() -> Any:
     """The shared secret's HMAC header on every instance call (None without a secret): the
     proxy's calls and a prefill instance's calls to its decode peer."""
-    from kvcake.core.auth import resolve
-    from kvcake.core.http_auth import INSTANCE_HTTP
-    from kvcake.net.httpserve import client_auth as sign
 
     return sign(resolve(None), INSTANCE_HTTP)

@@ -34,6 +34,7 @@ from kvcake.store.errors import (
     error_for,
 )
 from kvcake.store.filewriter import FileWriter
+from kvcake.store.ha.resolve import FailoverConnection
 from kvcake.store.landing import LandingSums
 from kvcake.store.liveness import DEFAULT_CLIENT_TTL_S, Heartbeater, call_deadline_s
 from kvcake.store.memtune import tune_malloc
@@ -42,7 +43,9 @@ from kvcake.store.reads import ReadPath, byte_view
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
 from kvcake.store.verify import PIECE, write_summing
+from kvcake.transfer.engine import TransferEngine
 from kvcake.transfer.errors import DirectoryUnreachable
+from kvcake.transfer.metadata import DirectoryClient
 from kvcake.transfer.registry import host_identity
 
 _T = TypeVar("_T")
@@ -64,7 +67,6 @@ class Client(ReadPath):
     ):
         """``auth``: the cluster's shared secret (None: the environment's, if any);
         ``transfer_port``: the port this client's Transfer Engine listens on (0: the OS picks)."""
-        from kvcake.transfer.engine import TransferEngine
 
         self.cfg = config or ClientConfig(**kw)
         self.auth = auth = _auth.resolve(auth) or _auth.DISABLED
@@ -185,8 +187,6 @@ class Client(ReadPath):
         where = self._directory_address()
         old = self.engine.directory
         if old is not None and where and where != old.address:
-            from kvcake.transfer.metadata import DirectoryClient
-
             self.engine.directory = self.engine.registry.directory = DirectoryClient(
                 where, self._call_deadline(self.client_ttl_s), auth=self.auth
             )
@@ -573,8 +573,6 @@ class Client(ReadPath):
 
 def _connection(address: str, *args: Any, **kw: Any) -> MasterConnection:
     if address.startswith("etcd://"):  # HA: find the leader through etcd and follow it
-        from kvcake.store.ha.resolve import FailoverConnection
-
         return FailoverConnection(address, *args, **kw)
     return MasterConnection(address, *args, **kw)
 

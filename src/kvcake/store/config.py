@@ -64,6 +64,7 @@ class MasterConfig:
     root_fs_quota: int = size_field(0)
 
     def __post_init__(self) -> None:
+        # lazy: CLI start-up
         from kvcake.store.strategy import STRATEGIES
 
         require(0 <= self.port < 65536, f"master.port must be in [0, 65535], got {self.port}")
@@ -97,6 +98,7 @@ class MasterConfig:
             -1 <= self.ecosystem_events_port < 65536,
             "master.ecosystem_events_port must be -1 (off), 0 or a port",
         )
+        # lazy: CLI start-up
         from kvcake.store.tenants import parse_quotas
 
         parse_quotas(self.tenant_quotas)  # ConfigError names a bad entry
@@ -129,6 +131,7 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         require(":" in self.master, f"client.master must be host:port, got {self.master!r}")
+        # lazy: CLI start-up
         from kvcake.store.tenants import TENANT_RE
 
         require(

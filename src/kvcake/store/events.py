@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import msgspec
+import zmq
 
 from kvcake.core.api import STORE_EVENTS_TOPIC, StoreEvent, StoreEventKind
 from kvcake.core.zmq_curve import CurveServer
@@ -106,8 +107,6 @@ class EventPublisher:
         auth: Authenticator | None = None,
         sinks: Iterable[Callable[[list[StoreEvent]], None]] = (),
     ):
-        import zmq
-
         self.events = events
         # Other consumers of every batch (the vLLM-format stream, store/vllm_events.py): one
         # event model, several wire formats. port < 0: sinks only, no socket of its own.

@@ -20,7 +20,7 @@ import msgspec
 
 from kvcake.core import auth as _auth
 from kvcake.core import framing
-from kvcake.core.errors import FramingError, StoreError
+from kvcake.core.errors import ConfigError, FramingError, StoreError
 from kvcake.core.ids import ClientId, SegmentName
 from kvcake.net.netserver import ThreadedServer
 from kvcake.store import protocol as P
@@ -29,14 +29,20 @@ from kvcake.store.dedup import StaleRequest
 from kvcake.store.deferred_reply import DeferredReply, ReplySender
 from kvcake.store.disk import close_gracefully
 from kvcake.store.errors import INTERNAL_ERROR, INVALID_PARAMS
+from kvcake.store.events import EventPublisher
+from kvcake.store.events_policy import ecosystem_events_host, own_events_host
+from kvcake.store.filetier import default_quota
+from kvcake.store.http import MasterHttp
 from kvcake.store.leadership import NOT_HELD, SOLE, Leadership, seal
 from kvcake.store.liveness import PauseWatch
 from kvcake.store.master_state import MasterState
 from kvcake.store.metadata import Tier
+from kvcake.store.metadata_http import MetadataKV
 from kvcake.store.metrics import MasterMetrics
 from kvcake.store.owners import ReleasingBackend, process_gone, process_of
 from kvcake.store.rpc import BufferedFrames, send_msg
-from kvcake.store.vllm_events import BlockTable
+from kvcake.store.vllm_events import BlockTable, VllmEventStream
+from kvcake.transfer.metadata import DirectoryService
 
 log = logging.getLogger(__name__)
 EVICT_STEPS_PER_TICK = 1000
@@ -379,8 +385,6 @@ class Master:
             mount_file_tier(self.state, config, cluster)
         self.directory: Any = None
         if with_directory:
-            from kvcake.transfer.metadata import DirectoryService
-
             # Lookups answer only while the lease holds, as the RPC does (store/leadership.py).
             backend = ReleasingBackend(self._owner_gone, lambda: self.leadership.held())
             self.directory = DirectoryService(
@@ -405,7 +409,6 @@ class Master:
             auth,
         )
         self.http: Any = None
-        from kvcake.store.metadata_http import MetadataKV
 
         self.metadata_kv = MetadataKV(self.directory.backend if self.directory else None)
         self.extra_routers: list[Any] = []  # FastAPI APIRouters added to the HTTP app
@@ -442,21 +445,16 @@ class Master:
 
     def start(self) -> None:
         _auth.check_bind(self.cfg.host, self.auth, "the master")
-        from kvcake.store.events_policy import ecosystem_events_host, own_events_host
 
         eco_host = ecosystem_events_host(self.cfg, self.auth)  # checked before anything binds
         if self.directory is not None:
             self.directory.start()
         if eco_host is not None and self.blocks is not None:
-            from kvcake.store.vllm_events import VllmEventStream
-
             self.vllm_events = VllmEventStream(
                 self.blocks, eco_host, self.cfg.ecosystem_events_port
             )
             self.vllm_events.start()
         if self.cfg.events_port >= 0 or self.vllm_events is not None:
-            from kvcake.store.events import EventPublisher
-
             host = own_events_host(self.cfg, self.auth)  # CURVE with a secret
             sinks = [self.vllm_events.offer] if self.vllm_events is not None else []
             self.publisher = EventPublisher(
@@ -465,8 +463,6 @@ class Master:
             self.publisher.start()
         self.rpc.start()
         if self.cfg.http_port >= 0:
-            from kvcake.store.http import MasterHttp
-
             self.http = MasterHttp(self, self.cfg.host, self.cfg.http_port)
             self.http.start()
         self._housekeeper.start()
@@ -541,8 +537,6 @@ class Master:
 def mount_file_tier(state: MasterState, cfg: MasterConfig, cluster: str) -> None:
     """Create ``root_fs_dir/<cluster>`` and its 256 subdirectories; the tier's quota is
     ``root_fs_quota`` or 90% of that filesystem."""
-    from kvcake.core.errors import ConfigError
-    from kvcake.store.filetier import default_quota
 
     assert cfg.root_fs_dir is not None
     directory = cfg.root_fs_dir.expanduser().resolve() / cluster

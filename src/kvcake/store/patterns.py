@@ -18,6 +18,8 @@ import re
 import time
 from collections.abc import Callable, Iterable
 
+import regex
+
 from kvcake.store.errors import InvalidParams
 
 MAX_PATTERN = 1024
@@ -39,7 +41,6 @@ def matcher(pattern: str) -> Callable[[str], bool]:
 
 def match_regex(expr: str, keys: Iterable[str], budget_s: float = REGEX_BUDGET_S) -> list[str]:
     """Keys that ``re.search``-match ``expr`` (Mooncake's remove_by_regex), within a budget."""
-    import regex
 
     if len(expr) > MAX_PATTERN:
         raise InvalidParams(f"regular expression longer than {MAX_PATTERN} characters")

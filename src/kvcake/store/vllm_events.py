@@ -26,9 +26,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
+import zmq
 
 from kvcake.core.api import StoreEvent, StoreEventKind
 from kvcake.core.hashing import block_hashes, parse_block_key
+from kvcake.store import protocol as P
 from kvcake.store.protocol import BlockMeta
 
 log = logging.getLogger(__name__)
@@ -133,7 +135,6 @@ def lineage(tokens: Sequence[int], block_tokens: int, salt: str = "") -> list[Bl
 def announce(client: Any, blocks: list[BlockMeta]) -> None:
     """Tell the master the blocks' lineage (a ``BlockInfo`` request) before putting them; a
     refusal is logged, never raised: the put itself does not depend on it."""
-    from kvcake.store import protocol as P
 
     reply = client.conn.call(P.BlockInfo(client.id, blocks))
     if reply.code:
@@ -187,8 +188,6 @@ class VllmEventStream:
         replay_batches: int = 4096,
         max_batches: int = 1024,
     ):
-        import zmq
-
         self.table = table
         self._topic = topic.encode()
         ctx: Any = zmq.Context.instance()

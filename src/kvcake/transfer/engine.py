@@ -23,7 +23,7 @@ from kvcake.transfer import shm
 from kvcake.transfer.batch import Batch, Claimable, Job, failure
 from kvcake.transfer.batchtable import BatchTable
 from kvcake.transfer.config import TransferConfig
-from kvcake.transfer.errors import InvalidRequest, TransferError
+from kvcake.transfer.errors import InvalidRequest, TransferError, TransferTimeout
 from kvcake.transfer.metadata import DirectoryClient
 from kvcake.transfer.paths import PathHealth
 from kvcake.transfer.pipeline import FramePipeline, PipeItem
@@ -323,7 +323,6 @@ class TransferEngine:
     def wait(self, batch_id: BatchId, timeout: float | None = None) -> BatchResult:
         """Block until every request of the batch has an outcome; the batch id is then freed.
         Raises TransferTimeout (the batch stays collectable) when ``timeout`` passes first."""
-        from kvcake.transfer.errors import TransferTimeout
 
         batch = self._batches.get(batch_id)
         if timeout is None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from kvcake.core.ids import BatchId, SegmentName
+from kvcake.transfer.errors import TransferError
 
 # ``landed(start, end)``: for a read, bytes ``[start, end)`` of its local buffer have just
 # arrived, in order within one attempt of one slice, and nothing else writes them before the
@@ -107,7 +108,6 @@ class BatchResult:
 
     def raise_for_errors(self) -> None:
         """Raise :class:`~kvcake.core.errors.TransferError` naming the first failed request."""
-        from kvcake.transfer.errors import TransferError
 
         bad = self.failed
         if bad:

@@ -14,6 +14,7 @@ __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
+        # lazy: CLI start-up
         from kvcake.compat.mooncake import store
 
         return getattr(store, name)

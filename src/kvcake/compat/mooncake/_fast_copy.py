@@ -9,6 +9,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+import numpy as np
+
 
 def concat_arrays_into(
     arrays: list[Any],
@@ -24,7 +26,6 @@ def concat_arrays_into(
     Out-of-range ``start``/``count`` are clamped (a negative ``count`` means "to the end");
     a non-ndarray is a ``TypeError``, a non-C-contiguous array or a total above ``dest_size``
     a ``ValueError``, and nothing is copied then."""
-    import numpy as np
 
     if not isinstance(arrays, list):
         raise TypeError(

@@ -13,6 +13,8 @@ import logging
 import socket
 from urllib.parse import urlparse
 
+import httpx
+
 from kvcake.store import errors as E
 
 log = logging.getLogger(__name__)
@@ -33,8 +35,6 @@ def check_metadata_server(spec: str) -> int:
     if spec in ("P2PHANDSHAKE", "p2phandshake"):
         return 0
     if spec.startswith(("http://", "https://")):
-        import httpx
-
         url = urlparse(spec)
         if not url.hostname or not url.port:
             log.error("metadata server %r: need http://host:port/path", spec)

@@ -195,6 +195,7 @@ class ParTensors:
 
     def _tp_rebuild(self, key: str, split_dim: int) -> Any:
         """The whole tensor from its stored tp shards, or None if any is missing or disagrees."""
+        # lazy: optional dependency (torch)
         import torch
 
         first = self._tensors.get_raw(tp_key(key, 0))

@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import random
+from pathlib import Path
 from typing import Any
 
 from kvcake.compat.mooncake._base import Conn, check_signature
@@ -25,7 +26,8 @@ from kvcake.core.ports import bindable
 from kvcake.store import errors as E
 from kvcake.store import protocol as P
 from kvcake.store.client import Client
-from kvcake.store.config import ClientConfig
+from kvcake.store.config import ClientConfig, StoreServerConfig
+from kvcake.store.server import StoreServer
 
 _NODES = itertools.count()  # SSD stores started by this process
 
@@ -186,10 +188,6 @@ class Lifecycle:
 
     def _start_node(self, master: str, host: str, segment: int, path: str, name: str) -> Client:
         """A client with a disk tier: kvcake's store-server, in this process."""
-        from pathlib import Path
-
-        from kvcake.store.config import StoreServerConfig
-        from kvcake.store.server import StoreServer
 
         path = path or os.environ.get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "")
         if not path or segment <= 0:

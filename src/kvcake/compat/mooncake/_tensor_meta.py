@@ -92,6 +92,7 @@ def header(tensor: Any, shard: Shard | None = None) -> bytes:
 
 def encode(tensor: Any, shard: Shard | None = None) -> bytes:
     """Header + data of a CPU tensor (copied to contiguous CPU memory first)."""
+    # lazy: optional dependency (torch)
     import torch
 
     if not isinstance(tensor, torch.Tensor):
@@ -130,6 +131,7 @@ def parse(blob: Any) -> tuple[str, tuple[int, ...], int, Shard | None]:
 
 def decode(blob: Any, copy: bool = True) -> Any:
     """The tensor in ``blob`` (a fresh copy, or a view of ``blob``'s memory with copy=False)."""
+    # lazy: optional dependency (torch)
     import torch
 
     name, shape, nbytes, _ = parse(blob)

@@ -188,6 +188,7 @@ class Tensors:
         if tensor is None:
             return FILE_ERROR
         try:
+            # lazy: optional dependency (safetensors)
             from safetensors.torch import save_file
 
             save_file({key: tensor.contiguous()}, file_name or key)
@@ -210,6 +211,7 @@ class Tensors:
         if self._conn.client is None:
             return None
         try:
+            # lazy: optional dependency (safetensors)
             from safetensors.torch import load_file
 
             tensors = load_file(file_name)

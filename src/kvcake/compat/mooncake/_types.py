@@ -4,6 +4,7 @@ unknown attribute is an AttributeError, a wrongly typed value a TypeError, as py
 
 from __future__ import annotations
 
+import ctypes
 from enum import IntEnum
 from typing import Any
 
@@ -222,8 +223,6 @@ class BufferHandle(bytearray):
     long as the handle lives; also a buffer (``memoryview(handle)``), as Mooncake's is."""
 
     def ptr(self) -> int:
-        import ctypes
-
         return (
             ctypes.addressof((ctypes.c_char * max(len(self), 1)).from_buffer(self)) if self else 0
         )

@@ -64,6 +64,7 @@ def manifest(raw: Any) -> tuple[tuple[int, ...], int, int] | None:
 
 def rebuild(key: str, raw_manifest: Any, get_many: Any) -> Any:
     """The whole tensor from every writer's share, None if any is missing or disagrees."""
+    # lazy: optional dependency (torch)
     import torch
 
     m = manifest(raw_manifest)

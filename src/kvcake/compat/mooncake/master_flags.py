@@ -144,6 +144,7 @@ def given_gflags(args: argparse.Namespace, prefix: str = "mc_") -> dict[str, str
 
 def parse_gflags(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """``parser.parse_args`` that names the closest known flag for a misspelt one (exit 2)."""
+    # lazy: CLI start-up
     import difflib
 
     args, unknown = parser.parse_known_args(argv)

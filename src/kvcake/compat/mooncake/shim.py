@@ -9,12 +9,16 @@ the stand-ins for Mooncake's programs, ``mooncake_master``, ``mooncake_client`` 
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
+import subprocess
 import sys
 import sysconfig
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
+from kvcake.compat.mooncake import programs
 from kvcake.core.errors import KvcakeError
 
 MARKER = "KVCAKE_SHIM"
@@ -110,8 +114,6 @@ print(json.dumps({"origin": spec.origin if spec else None, "path": sys.path, "ve
 def imported_by(python: str) -> tuple[Found | None, list[Found]]:
     """Which ``mooncake`` the interpreter ``python`` imports, and every one on its path (the
     first is the one it picks); asked of that interpreter itself, in this directory."""
-    import json
-    import subprocess
 
     try:
         out = subprocess.run([python, "-c", _PROBE], capture_output=True,
@@ -127,8 +129,6 @@ def imported_by(python: str) -> tuple[Found | None, list[Found]]:
 
 
 def mooncake_version() -> str:
-    from importlib import metadata
-
     for dist in ("mooncake-transfer-engine-non-cuda", "mooncake-transfer-engine"):
         try:
             return metadata.version(dist)
@@ -172,7 +172,6 @@ def active() -> Found | None:
 def install(target: Path | None = None) -> Path:
     """Write the shim into ``target`` (default: this interpreter's site-packages) and the
     programs into :func:`programs.scripts_dir` (``target/bin``, or this venv's scripts)."""
-    from kvcake.compat.mooncake import programs
 
     bin_dir = programs.scripts_dir(target)
     target = target or site_dir()
@@ -200,7 +199,6 @@ def install(target: Path | None = None) -> Path:
 def uninstall(target: Path | None = None) -> Path | None:
     """Remove the shim from ``target`` and kvcake's programs from its scripts dir; a real
     Mooncake there is left alone (ShimError), as are programs that are not kvcake's."""
-    from kvcake.compat.mooncake import programs
 
     pkg = (target or site_dir()) / "mooncake"
     if pkg.exists() and not is_shim(pkg):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvcake.compat.mooncake import _dummy_store
 from kvcake.compat.mooncake import _tensor_meta as _meta
 from kvcake.compat.mooncake._base import Conn, check_signature
 from kvcake.compat.mooncake._buffer_pool import (
@@ -77,7 +78,6 @@ class MooncakeDistributedStore:
         check_signature(mem_pool_size, local_buffer_size, server_address, kinds=(int, int, str))
         if self._conn.client is not None:
             return 0  # the wheel keeps its first setup (or attachment) and reports success
-        from kvcake.compat.mooncake import _dummy_store
 
         rc = _dummy_store.attach(self._conn, mem_pool_size, local_buffer_size, server_address)
         if rc == 0:

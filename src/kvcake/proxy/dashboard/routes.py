@@ -26,6 +26,9 @@ import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from kvcake.core.auth import resolve
+from kvcake.core.http_auth import MASTER_HTTP
+from kvcake.net.httpserve import client_auth
 from kvcake.proxy import openai_shapes as shapes
 from kvcake.proxy.dashboard import snapshot
 from kvcake.proxy.dashboard.history import History, sample, series_of
@@ -89,10 +92,6 @@ class Dashboard:
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
-            from kvcake.core.auth import resolve
-            from kvcake.core.http_auth import MASTER_HTTP
-            from kvcake.net.httpserve import client_auth
-
             # The master's admin HTTP wants the shared secret when one is set.
             self._http = httpx.AsyncClient(
                 timeout=httpx.Timeout(1.5), auth=client_auth(resolve(None), MASTER_HTTP)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import logging
 import os
 import socket
@@ -125,7 +126,6 @@ class HaMaster:
 def _warm_up(cfg: MasterConfig) -> None:
     """Import what a master imports lazily (HTTP, directory, events: seconds on a busy host)
     while still a standby, so that taking over costs only the replay."""
-    import importlib
 
     Master(dataclasses.replace(cfg, port=0, http_port=-1))  # constructed, never started
     for module in ("kvcake.store.events", "kvcake.store.http"):

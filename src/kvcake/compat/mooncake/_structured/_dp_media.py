@@ -29,6 +29,7 @@ def _image(data: bytes, encoding: Mapping[str, Any] | None) -> Any:
     if not encoding or encoding.get("kind") != "pil_raw":
         return data
     try:
+        # lazy: optional dependency (Pillow)
         from PIL import Image
     except ImportError:
         return data

@@ -45,6 +45,7 @@ def torch_save(tensor: Any) -> bytes:
 
 
 def torch_load(blob: bytes) -> Any:
+    # lazy: optional dependency (torch)
     import torch  # a torch_save payload exists only where torch wrote it
 
     return torch.load(io.BytesIO(blob), weights_only=True)
