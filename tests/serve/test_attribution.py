@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvcake.core.hashing import block_hashes, block_key
+from kvcake.core.promtext import Series, parse_metrics
 from kvcake.launch.launcher import Cluster
 from tests.cluster import make_cluster
 
@@ -202,13 +202,8 @@ def test_evicted_blocks_are_reported_as_evicted(cl: Cluster) -> None:
     assert reasons["last_block"] == 8
 
 
-def scrape(c: Cluster) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = httpx.get(c.url + "/metrics").text
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
+def scrape(c: Cluster) -> Series:
+    return parse_metrics(httpx.get(c.url + "/metrics").text)
 
 
 def test_metrics_agree_with_the_responses(cl: Cluster) -> None:
@@ -253,9 +248,7 @@ def test_metrics_agree_with_the_responses(cl: Cluster) -> None:
 
 def test_master_exports_mooncake_metric_names(cl: Cluster) -> None:
     http = cl.child("master").info["http"]
-    text = httpx.get(f"http://{http}/metrics", timeout=10).text
-    m = {(s.name, tuple(sorted(s.labels.items()))): s.value
-         for fam in text_string_to_metric_families(text) for s in fam.samples}  # fmt: skip
+    m = parse_metrics(httpx.get(f"http://{http}/metrics", timeout=10).text)
     assert m[("master_total_capacity_bytes", ())] == 1_000_000  # the one 1 MB storage node
     assert m[("segment_total_capacity_bytes", (("segment", "store-0"),))] == 1_000_000
     used = m[("segment_allocated_bytes", (("segment", "store-0"),))]

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcake.core.stats import percentile
 from kvcake.sim.config import SimConfig
 from kvcake.sim.experiments.common import (
     Context,
@@ -50,7 +51,7 @@ def _run(arg: tuple[str, SimConfig] | tuple[str, SimConfig, float]) -> dict[str,
     thr = arg[2] if len(arg) > 2 else cfg.conductor.tbt_slo_s
     r = run(spec, cfg)
     s = r.summary(thr)
-    s["p99_ttft_s"] = float(np.nanpercentile(r.ttft[r.completed], 99)) if r.n else 0.0
+    s["p99_ttft_s"] = percentile(r.ttft[r.completed], 99) if r.n else 0.0
     return s
 
 

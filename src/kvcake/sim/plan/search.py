@@ -133,7 +133,7 @@ def default_slos(records: Sequence[TraceRecord], hardware: str) -> tuple[float, 
     cm = cost_model_for(hardware)
     inp = np.array([r.input_length for r in records])
     out = np.array([r.output_length for r in records])
-    p90 = int(np.percentile(inp, 90))
+    p90 = int(percentile(inp, 90))
     ctx = int(np.median(inp + out / 2))
     ttft = SLO_MULTIPLE * cm.prefill_time(p90, 0)
     tbt = SLO_MULTIPLE * cm.decode_step_time(1, ctx)
