@@ -20,6 +20,7 @@ from kvcake.core.promtext import parse_metrics, total
 from kvcake.launch.launcher import Cluster
 from kvcake.proxy.dashboard.history import History, Sample, tier_tokens
 from kvcake.proxy.dashboard.routes import MAX_STREAMS
+from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "src" / "kvcake" / "proxy" / "dashboard" / "static"
@@ -27,13 +28,11 @@ PROMPT = "the dashboard shows where each request's KV came from " * 6
 
 
 def _idle(url: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def idle() -> bool:
         rows = httpx.get(url + "/v1/cluster").json()["instances"]
-        if all(r["running"] == 0 and r["queued"] == 0 for r in rows):
-            return
-        time.sleep(0.1)
-    raise AssertionError("the cluster did not go idle")
+        return all(r["running"] == 0 and r["queued"] == 0 for r in rows)
+
+    wait_until(idle, timeout=timeout_s, every_s=0.1, what="the cluster idle")
 
 
 def test_snapshot_agrees_with_cluster_view_and_metrics(emulated_cluster: Cluster) -> None:
@@ -153,15 +152,17 @@ def test_streams_are_capped_and_a_gone_client_frees_its_slot(emulated_cluster: C
         with httpx.stream("GET", url, params=params, timeout=10) as r:
             assert r.status_code == 429, "a stream over the cap was accepted"
             assert json.loads(r.read())["error"]["type"] == "too_many_streams"
-    deadline = time.monotonic() + 10  # each server loop notices within one interval
-    while time.monotonic() < deadline:
+
+    def a_stream_gets_a_slot() -> bool:
         with httpx.stream("GET", url, params={"interval": "0.1", "max_events": "1"},
                           timeout=10) as r:  # fmt: skip
             if r.status_code == 200:
                 r.read()
-                return
-        time.sleep(0.2)
-    raise AssertionError("the slots of the closed streams were never freed")
+            return r.status_code == 200
+
+    # each server loop notices within one interval
+    wait_until(a_stream_gets_a_slot, timeout=10, every_s=0.2,
+               what="the slots of the closed streams freed")  # fmt: skip
 
 
 def test_page_and_static_files_are_served_offline(emulated_cluster: Cluster) -> None:
@@ -288,13 +289,16 @@ def test_ha_cluster_the_pool_comes_from_the_elected_master(tmp_path: Path) -> No
         leader = next(ch for ch in c.children if ch.name.startswith("master-") and
                       _answers(ch.info.get("http", "")))  # fmt: skip
         leader.proc.kill()  # type: ignore[union-attr]
-        deadline, snap = time.monotonic() + 120, {}
-        while time.monotonic() < deadline:
-            snap = httpx.get(c.url + "/dashboard/api/snapshot").json()
-            segs = [s["name"] for s in snap["pool"]["segments"]]
-            if not snap["errors"] and segs == ["store-0"]:
-                break
-            time.sleep(1.0)
+        snap = {}  # the last snapshot seen
+
+        def follows() -> bool:
+            snap.update(httpx.get(c.url + "/dashboard/api/snapshot").json())
+            return not snap["errors"] and [s["name"] for s in snap["pool"]["segments"]] == [
+                "store-0"
+            ]
+
+        wait_until(follows, timeout=120, every_s=1.0, what="the pool of the next leader",
+                   detail=lambda: snap.get("errors"))  # fmt: skip
         assert not snap["errors"] and [s["name"] for s in snap["pool"]["segments"]] == [
             "store-0"
         ], snap["errors"]

@@ -25,6 +25,7 @@ import pytest
 from kvcake.core.promtext import parse_metrics, total
 from kvcake.launch.launcher import Cluster
 from tests.cluster import make_cluster
+from tests.waits import wait_until
 
 PREFIX = "a shared system prompt that every request of the dashboard test starts with " * 4
 VOID = {"meta", "link", "br", "img", "input", "hr", "source", "wbr", "col"}
@@ -115,14 +116,12 @@ def drive_traffic(url: str) -> None:
 
 
 def wait_idle(url: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def idle() -> bool:
         rows = httpx.get(url + "/v1/cluster").json()["instances"]
-        if all(r["running"] == 0 and r["queued"] == 0 for r in rows):
-            time.sleep(1.5)  # a load-report poll and a history sample after the last request
-            return
-        time.sleep(0.1)
-    raise AssertionError("the cluster did not go idle")
+        return all(r["running"] == 0 and r["queued"] == 0 for r in rows)
+
+    wait_until(idle, timeout=30, every_s=0.1, what="the cluster idle")
+    time.sleep(1.5)  # a load-report poll and a history sample after the last request
 
 
 def size(v: float | None) -> str:

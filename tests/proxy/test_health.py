@@ -8,10 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -20,6 +18,7 @@ from kvcake.core.promtext import find, parse_metrics
 from kvcake.launch.launcher import Cluster
 from kvcake.transfer.metadata import DirectoryClient
 from tests.cluster import make_cluster
+from tests.waits import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +33,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def ready(c: Cluster) -> httpx.Response:
     return httpx.get(c.url + "/health/ready", timeout=10)
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s")
 
 
 def gauge(c: Cluster, name: str) -> float:
@@ -70,7 +59,9 @@ def views(c: Cluster) -> dict[str, str]:
 
 def test_ready_cluster_is_live_and_ready(cluster: Cluster) -> None:
     c = cluster
-    r = wait_for(lambda: (r := ready(c)).status_code == 200 and r)
+    r = wait_until(
+        lambda: (r := ready(c)).status_code == 200 and r, timeout=15, every_s=0.1, what="ready"
+    )
     assert set(r.json()["checks"]) == {"instances", "peers", "master", "directory"}
     assert all(ch["ok"] for ch in r.json()["checks"].values())
     assert httpx.get(c.url + "/health/live").json() == {"status": "alive"}
@@ -82,12 +73,17 @@ def test_ready_cluster_is_live_and_ready(cluster: Cluster) -> None:
 
 def test_a_segment_missing_from_the_directory_is_named(cluster: Cluster) -> None:
     c = cluster
-    wait_for(lambda: ready(c).status_code == 200)
+    wait_until(lambda: ready(c).status_code == 200, timeout=15, every_s=0.1, what="ready")
     d = DirectoryClient(c.child("master").info["directory"])
     info = d.lookup("kv/decode-0")
     assert d.unpublish("kv/decode-0", info.owner)
     try:
-        r = wait_for(lambda: (r := ready(c)).status_code == 503 and r)
+        r = wait_until(
+            lambda: (r := ready(c)).status_code == 503 and r,
+            timeout=15,
+            every_s=0.1,
+            what="not ready",
+        )
         body = r.json()
         assert body["failed"] == ["directory"] and "kv/decode-0" in body["error"]["message"]
         assert set(body["error"]) == {"message", "type", "param", "code"}
@@ -100,7 +96,8 @@ def test_a_segment_missing_from_the_directory_is_named(cluster: Cluster) -> None
         snap = httpx.get(c.url + "/dashboard/api/snapshot", timeout=10).json()
         row = snap["recent"][0]  # the dashboard lists the failed request, with its reason
         assert row["finish"] == "error" and "unknown segment 'kv/decode-0'" in row["error"]
-        body = wait_for(lambda: (b := ready(c).json())["recent_failures"] and b)
+        body = wait_until(lambda: (b := ready(c).json())["recent_failures"] and b,
+                          timeout=15, every_s=0.1, what="a recent failure")  # fmt: skip
         assert body["failed"] == ["directory"]
         assert any("requests failed" in why for why in body["reasons"])
         assert gauge(c, "kvcake_proxy_recent_request_failure_ratio") > 0
@@ -111,12 +108,12 @@ def test_a_segment_missing_from_the_directory_is_named(cluster: Cluster) -> None
     finally:
         d.publish(info)
         d.close()
-    wait_for(lambda: ready(c).status_code == 200)
+    wait_until(lambda: ready(c).status_code == 200, timeout=15, every_s=0.1, what="ready")
 
 
 def test_a_silent_peer_fails_readiness_not_liveness(cluster: Cluster) -> None:
     c = cluster
-    wait_for(lambda: ready(c).status_code == 200)
+    wait_until(lambda: ready(c).status_code == 200, timeout=15, every_s=0.1, what="ready")
     proc = c.child("decode-0").proc
     assert proc is not None
     os.kill(proc.pid, signal.SIGSTOP)
@@ -124,12 +121,13 @@ def test_a_silent_peer_fails_readiness_not_liveness(cluster: Cluster) -> None:
     # paused process's directory entries too (its DirectoryWatch, off in this module's
     # cluster, would publish them again within a heartbeat).
     try:
-        body = wait_for(lambda: "peers" in (b := ready(c).json()).get("failed", []) and b, 9)
+        body = wait_until(lambda: "peers" in (b := ready(c).json()).get("failed", []) and b,
+                          timeout=9, every_s=0.1, what="peers failed")  # fmt: skip
         assert "decode-0" in body["checks"]["peers"]["detail"]
         assert httpx.get(c.url + "/health/live", timeout=2).status_code == 200
     finally:
         os.kill(proc.pid, signal.SIGCONT)
     try:
-        wait_for(lambda: ready(c).status_code == 200, 20)
+        wait_until(lambda: ready(c).status_code == 200, timeout=20, every_s=0.1, what="ready again")
     except AssertionError:
         raise AssertionError(ready(c).text) from None
