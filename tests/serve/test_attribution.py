@@ -18,6 +18,7 @@ from kvcake.core.hashing import block_hashes, block_key
 from kvcake.core.promtext import Series, parse_metrics
 from kvcake.launch.launcher import Cluster
 from tests.cluster import make_cluster
+from tests.waits import wait_until
 
 BT = 32
 P1 = list(range(1000, 1200))  # 200 tokens: 6 full blocks + 8
@@ -69,21 +70,18 @@ def keys_of(c: Cluster, prompt: list[int]) -> set[str]:
 
 
 def wait_pooled(c: Cluster, prompt: list[int], timeout: float = 20.0) -> None:
-    want, end = keys_of(c, prompt), time.monotonic() + timeout
-    while not want <= pool_keys(c):
-        assert time.monotonic() < end, "the prompt's blocks never reached the pool"
-        time.sleep(0.1)
+    want = keys_of(c, prompt)
+    wait_until(lambda: want <= pool_keys(c), timeout=timeout, every_s=0.1,
+               what="the prompt's blocks in the pool")  # fmt: skip
     time.sleep(0.3)  # the proxy's pool index follows the master's events
 
 
 def wait_alive(c: Cluster, instance: str, alive: bool, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while True:
+    def seen() -> bool:
         rows = {r["id"]: r for r in httpx.get(c.url + "/v1/cluster").json()["instances"]}
-        if rows[instance]["alive"] is alive:
-            return
-        assert time.monotonic() < end, f"{instance} never became alive={alive}"
-        time.sleep(0.05)
+        return rows[instance]["alive"] is alive
+
+    wait_until(seen, timeout=timeout, what=f"{instance} alive={alive}")
 
 
 def kill(c: Cluster, instance: str) -> None:
