@@ -25,6 +25,7 @@ from kvcake.launch.launcher import Cluster
 from kvcake.launch.supervisor import RestartPolicy, Supervisor
 from tests.cluster import make_cluster
 from tests.faults.load import CLIENT_TIMEOUT_S, PREFIXES, SUFFIX, Load, Result, one
+from tests.waits import wait_until
 
 # Lightest first; the proxy last (its restart drops every client connection).
 VICTIMS = ["decode-0", "prefill-0", "store-0", "master", "proxy"]
@@ -90,9 +91,8 @@ def test_kill9_under_load(cluster: Cluster, reference: Result, victim: str) -> N
     restarts = ch.restarts
     load = Load(cluster.url, threads=3, seed=VICTIMS.index(victim))
     load.start()
-    deadline = time.monotonic() + 60  # kill under load: once answers flow
-    while time.monotonic() < deadline and not any(r.kind == "ok" for r in list(load.results)):
-        time.sleep(0.2)
+    wait_until(lambda: any(r.kind == "ok" for r in list(load.results)), timeout=60, every_s=0.2,
+               what="answers flowing (kill under load)")  # fmt: skip
     time.sleep(1.0)
     assert ch.proc is not None
     os.kill(ch.proc.pid, signal.SIGKILL)
