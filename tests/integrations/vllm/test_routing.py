@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.integrations.vllm.conftest import Cluster
+from tests.waits import wait_until
 
 # The first test also waits for the shared engines to start (minutes on a loaded machine).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -28,10 +29,8 @@ def proxy(cluster: Cluster) -> Iterator[str]:
         line = p.stdout.readline()
         assert line.startswith("vllm-proxy url="), line
         url = line.split("=", 1)[1].strip()
-        deadline = time.monotonic() + 30
-        while httpx.get(url + "/health").status_code != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.3)
+        wait_until(lambda: httpx.get(url + "/health").status_code == 200, timeout=30, every_s=0.3,
+                   what="the vllm-proxy healthy")  # fmt: skip
         yield url
     finally:
         p.terminate()
@@ -56,10 +55,10 @@ def test_second_turn_lands_where_its_prefix_is(cluster: Cluster, proxy: str, fir
     turn1 = [{"role": "system", "content": system}, {"role": "user", "content": "Name a color."}]
     before = blocks_of(proxy, first)
     answer, _ = chat(engine.url, turn1)  # turn 1 straight to one engine, not via the proxy
-    deadline = time.monotonic() + 20
-    while blocks_of(proxy, first) < before + 8:  # its KV events reached the proxy (~12 blocks)
-        assert time.monotonic() < deadline, httpx.get(proxy + "/fleet").json()
-        time.sleep(0.2)
+    # its KV events reached the proxy (~12 blocks)
+    wait_until(lambda: blocks_of(proxy, first) >= before + 8, timeout=20, every_s=0.2,
+               what="turn 1's blocks in the proxy's index",
+               detail=lambda: httpx.get(proxy + "/fleet").json())  # fmt: skip
     turn2 = [*turn1, {"role": "assistant", "content": answer},
              {"role": "user", "content": "And another one?"}]  # fmt: skip
     _, placed = chat(proxy, turn2)
