@@ -3,7 +3,7 @@ Mooncake-compatible shim can turn any of them into Mooncake's integer return val
 
 from __future__ import annotations
 
-from kvcake.core.errors import StoreError
+from kvcake.core.errors import StoreError as StoreError  # re-exported: the store errors' base
 
 OK = 0
 INTERNAL_ERROR = -1

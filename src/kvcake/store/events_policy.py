@@ -36,8 +36,9 @@ def own_events_host(cfg: MasterConfig, auth: Authenticator | None) -> str:
     if not is_loopback(cfg.events_host):
         log.warning(
             "master: KV events in plaintext on %s (master.events_host, no shared secret): "
-            "every key name is readable by anyone who can reach it", cfg.events_host,
-        )  # fmt: skip
+            "every key name is readable by anyone who can reach it",
+            cfg.events_host,
+        )
     return cfg.events_host
 
 
@@ -57,6 +58,8 @@ def ecosystem_events_host(cfg: MasterConfig, auth: Authenticator | None) -> str 
         log.warning(
             "master: ecosystem-format KV events in plaintext on %s:%d despite the shared "
             "secret (master.events_allow_plain): key names and block hashes are readable by "
-            "anyone who can reach it", host, cfg.ecosystem_events_port,
-        )  # fmt: skip
+            "anyone who can reach it",
+            host,
+            cfg.ecosystem_events_port,
+        )
     return host

@@ -72,8 +72,9 @@ def build_app(master: Master) -> FastAPI:
     @app.get("/hot_keys")
     def hot_keys(limit: str = "20") -> Any:
         if not limit.isdigit() or not 1 <= int(limit) <= 1000:
-            return JSONResponse({"error": f"limit must be an integer in [1, 1000], got {limit!r}"},
-                                status_code=400)  # fmt: skip
+            return JSONResponse(
+                {"error": f"limit must be an integer in [1, 1000], got {limit!r}"}, status_code=400
+            )
         return state.hottest(int(limit))
 
     app.include_router(metadata_router(master.metadata_kv))

@@ -41,9 +41,10 @@ class _PoolCollector(Collector):
                 "kvcake_store_tenant_used_bytes", "bytes charged per tenant", labels=["tenant"]
             )
             tenant_quota = GaugeMetricFamily(
-                "kvcake_store_tenant_quota_bytes", "byte quota per tenant (0 = none)",
+                "kvcake_store_tenant_quota_bytes",
+                "byte quota per tenant (0 = none)",
                 labels=["tenant"],
-            )  # fmt: skip
+            )
             for tenant, st in self.state.tenants.stats().items():
                 tenant_used.add_metric([tenant], st["used"])
                 tenant_quota.add_metric([tenant], st["quota"])

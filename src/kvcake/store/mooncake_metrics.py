@@ -10,10 +10,13 @@ state at scrape time (``MasterState.mooncake_gauges``, store/admin.py)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:  # for the annotation only: this module needs nothing of the state at import
+    from kvcake.store.master_state import MasterState
 
 _HELP = {
     "master_key_count": "Total number of keys managed by the master",
@@ -28,8 +31,8 @@ _HELP = {
 
 
 class MooncakeMasterCollector(Collector):
-    def __init__(self, state: Any):
-        self.state = state  # MasterState (mooncake_gauges: store/admin.py)
+    def __init__(self, state: MasterState):
+        self.state = state  # mooncake_gauges: store/admin.py
 
     def collect(self) -> Iterator[Metric]:
         g = self.state.mooncake_gauges()

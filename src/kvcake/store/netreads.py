@@ -16,7 +16,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kvcake.core import integrity, native
 from kvcake.core.buffers import uninitialized_bytearray
@@ -25,6 +24,7 @@ from kvcake.store.errors import TransferFailed
 from kvcake.store.landing import LandingSums
 from kvcake.store.readguard import ReadGuard, commit_under
 from kvcake.store.verify import scatter
+from kvcake.transfer.engine import TransferEngine
 
 GROUP_BYTES = 64 << 20  # scratch held at once: a larger load goes in several batches
 
@@ -65,7 +65,7 @@ Outcome = int | TransferFailed | None
 
 
 def fetch_many(
-    engine: Any, reads: Sequence[NetRead], guard: ReadGuard | None, scratch: Scratch
+    engine: TransferEngine, reads: Sequence[NetRead], guard: ReadGuard | None, scratch: Scratch
 ) -> list[Outcome]:
     """Per read: the bytes handed over, TransferFailed (the guard was cancelled), or None (its
     transfer failed or its sums did not match: the caller reads that key alone)."""
@@ -84,7 +84,7 @@ def fetch_many(
 
 
 def _fetch_group(
-    engine: Any, reads: Sequence[NetRead], guard: ReadGuard | None, arena: Scratch
+    engine: TransferEngine, reads: Sequence[NetRead], guard: ReadGuard | None, arena: Scratch
 ) -> list[Outcome]:
     total = sum(r.hi - r.lo for r in reads)
     if not arena.lock.acquire(blocking=False):
@@ -96,7 +96,7 @@ def _fetch_group(
 
 
 def _fetch_into(
-    engine: Any, reads: Sequence[NetRead], guard: ReadGuard | None, buf: memoryview
+    engine: TransferEngine, reads: Sequence[NetRead], guard: ReadGuard | None, buf: memoryview
 ) -> list[Outcome]:
     scratch, at = [], 0
     for r in reads:

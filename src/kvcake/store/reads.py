@@ -44,6 +44,7 @@ from kvcake.store.verify import (
     scatter_verified_many,
     spans,
 )
+from kvcake.transfer.engine import TransferEngine
 from kvcake.transfer.types import Landed
 
 
@@ -82,7 +83,7 @@ class ReadPath:
     id: str
     host: str
     segments: dict[str, memoryview]
-    engine: Any
+    engine: TransferEngine
     staging: Staging
     net_scratch: Scratch
     disk_reads = 0  # values read from a node's disk tier over its disk service (a stat)
@@ -233,8 +234,11 @@ class ReadPath:
         """Bytes ``[off, off + len(out))`` of the value (chunk aligned) from ``rep``, verified."""
         size, sums = res.size, res.sums
         if rep.tier == "disk":  # the disk service sends whole values
-            whole = out if off == 0 and out.nbytes == size else memoryview(
-                uninitialized_bytearray(size))  # fmt: skip
+            whole = (
+                out
+                if off == 0 and out.nbytes == size
+                else memoryview(uninitialized_bytearray(size))
+            )
             read_remote(rep.endpoint, key, whole, self.engine.auth)
             self.disk_reads += 1
             fetch_verified(key, sums, size, 0, whole, lambda o, v: None)
@@ -451,10 +455,12 @@ class ReadPath:
         return got
 
     def batch_get_into(
-        self, keys: Sequence[str], buffers: Sequence[Any],
+        self,
+        keys: Sequence[str],
+        buffers: Sequence[Any],
         sources: list[P.ReplicaDesc | None] | None = None,
         sums: list[list[int]] | None = None,
-    ) -> list[int | StoreError]:  # fmt: skip
+    ) -> list[int | StoreError]:
         """Read each key into its buffer: its size, or the error. With ``sources`` (a list, filled
         in): the replica each key was read from (segment, tier), None where it failed; with
         ``sums``: as for :meth:`batch_get`."""
@@ -563,9 +569,14 @@ class ReadPath:
                 out[i] = r
 
     def _ranges_one(
-        self, key: str, res: P.KeyResult, rs: list[tuple[int, memoryview]], t0: float,
-        lease_s: float, guard: ReadGuard | None,
-    ) -> int | StoreError:  # fmt: skip
+        self,
+        key: str,
+        res: P.KeyResult,
+        rs: list[tuple[int, memoryview]],
+        t0: float,
+        lease_s: float,
+        guard: ReadGuard | None,
+    ) -> int | StoreError:
         try:
             self._read_ranges(key, res, rs, t0, lease_s, guard)
             return sum(v.nbytes for _, v in rs)

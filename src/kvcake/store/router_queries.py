@@ -27,6 +27,7 @@ from kvcake.core.hashing import block_hashes, block_key, rank_key
 
 if TYPE_CHECKING:
     from kvcake.store.master_server import Master
+    from kvcake.store.master_state import MasterState
 
 MAX_KEYS = 1000  # per /batch_query_keys
 MAX_TOKENS = 1 << 17  # per /query
@@ -53,7 +54,7 @@ def _descriptor(rep: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def batch_query(state: Any, keys: list[str]) -> dict[str, Any]:
+def batch_query(state: MasterState, keys: list[str]) -> dict[str, Any]:
     data: dict[str, Any] = {}
     for key in keys:
         found = state.describe_key(key)
@@ -93,7 +94,7 @@ def parse_query(body: Any) -> tuple[str, str, int, list[int], str, int]:
     return model, dtype, block_size, tokens, tenant, tp
 
 
-def _tiers(state: Any, key: str, tp: int) -> set[str]:
+def _tiers(state: MasterState, key: str, tp: int) -> set[str]:
     """Tiers holding a complete copy of a block (rank 0's object stands for the block)."""
     for k in (rank_key(key, 0, tp), key):
         found = state.describe_key(k)
@@ -102,7 +103,7 @@ def _tiers(state: Any, key: str, tp: int) -> set[str]:
     return set()
 
 
-def prefix_query(state: Any, body: Any) -> dict[str, Any]:
+def prefix_query(state: MasterState, body: Any) -> dict[str, Any]:
     model, dtype, bs, tokens, tenant, tp = parse_query(body)
     longest = cpu = disk = 0
     cpu_run = disk_run = True

@@ -137,8 +137,9 @@ class StoreServer:
                     self.disk.write(key, mem[offset : offset + size], sums)
                 except ChecksumMismatch:
                     integrity_failed("offload", key, self.segment_name, offset)
-                    report_bad(self.client.conn, self.client.id, key, self.segment_name,
-                               offset, sums)  # fmt: skip
+                    report_bad(
+                        self.client.conn, self.client.id, key, self.segment_name, offset, sums
+                    )
                     raise
             elif kind == "promote":
                 try:

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from kvcake.core.ids import SegmentName
 from kvcake.store.allocator import aligned
 from kvcake.store.errors import TransferFailed
+from kvcake.transfer.engine import TransferEngine
 from kvcake.transfer.types import Op, TransferRequest
 
 MAX_ITEM = 256 * 1024  # larger values go direct: the extra memcpy would cost more than it saves
 
 
 class Staging:
-    def __init__(self, engine: Any, name: str, size: int = 8 * 1024 * 1024):
+    def __init__(self, engine: TransferEngine, name: str, size: int = 8 * 1024 * 1024):
         self.engine = engine
         self.name = SegmentName(name)
         self.buf = bytearray(size)

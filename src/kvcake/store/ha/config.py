@@ -44,14 +44,18 @@ class HaConfig:
     # HA put/s (docs/benchmarks.md, "Store HA"). A lone client never waits. 0 turns it off.
     commit_delay_us: int = field(
         default=2000,
-        metadata={"help": "under concurrent load, wait up to this long to gather a whole group "
-                  "of requests into one log write (0: off)"},
-    )  # fmt: skip
+        metadata={
+            "help": "under concurrent load, wait up to this long to gather a whole group "
+            "of requests into one log write (0: off)"
+        },
+    )
     commit_siblings: int = field(
         default=4,
-        metadata={"help": "gather only after a log write that carried at least this many "
-                  "requests (a lone client never waits)"},
-    )  # fmt: skip
+        metadata={
+            "help": "gather only after a log write that carried at least this many "
+            "requests (a lone client never waits)"
+        },
+    )
 
     def __post_init__(self) -> None:
         require(

@@ -73,8 +73,9 @@ def _valid(view: View) -> tuple[list[ObjRec], dict[str, list[tuple[int, int]]]]:
                 continue
             end = offset + size
     if len(bad) > unsummed:
-        log.warning("replay: %d objects dropped (replicas outside or overlapping)",
-                    len(bad) - unsummed)  # fmt: skip
+        log.warning(
+            "replay: %d objects dropped (replicas outside or overlapping)", len(bad) - unsummed
+        )
     good = [o for o in view.objects.values() if o.key not in bad]
     live = {n: [(o, s) for o, s, k in r if k not in bad] for n, r in per_seg.items()}
     return good, live
