@@ -14,6 +14,7 @@ re-places the request, as when it reserved itself.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -86,3 +87,34 @@ async def reserve_waiting(
             if exc.kind != "kv_full" or time.monotonic() - t0 > target.wait_s:
                 raise
         await asyncio.sleep(RETRY_S)
+
+
+class PendingReservation:
+    """A reservation being asked for on the event loop while the prefill thread already reads
+    its prefix and computes: the thread blocks on it (:meth:`get`) only when it writes its first
+    KV, so the round trip to the decode instance (and its parsing of the prompt) overlaps the
+    prefill's own work instead of preceding it. ``blocked_s``: how long the thread waited."""
+
+    def __init__(self, task: asyncio.Future[tuple[KVReservation, float]], timeout_s: float):
+        self.timeout_s = timeout_s
+        self.blocked_s = 0.0
+        self._cf: concurrent.futures.Future[KVReservation] = concurrent.futures.Future()
+        task.add_done_callback(self._copy)
+
+    def _copy(self, task: asyncio.Future[tuple[KVReservation, float]]) -> None:
+        if task.cancelled():
+            self._cf.set_exception(InstanceError("the reservation was cancelled", 409, "aborted"))
+        elif (exc := task.exception()) is not None:
+            self._cf.set_exception(exc)
+        else:
+            self._cf.set_result(task.result()[0])
+
+    def get(self) -> KVReservation:
+        """On the prefill thread: the reservation (raises what asking for it raised)."""
+        t0 = time.perf_counter()
+        try:
+            return self._cf.result(self.timeout_s)
+        except concurrent.futures.TimeoutError as exc:
+            raise InstanceError("no answer to the decode KV reservation", 504) from exc
+        finally:
+            self.blocked_s += time.perf_counter() - t0
