@@ -47,6 +47,7 @@ from kvcake.transfer.engine import TransferEngine
 from kvcake.transfer.errors import DirectoryUnreachable
 from kvcake.transfer.metadata import DirectoryClient
 from kvcake.transfer.registry import host_identity
+from kvcake.transfer.segments import BufferLike
 
 _T = TypeVar("_T")
 FAILOVER_S = 30.0  # as long as FailoverConnection waits for a new leader
@@ -198,7 +199,7 @@ class Client(ReadPath):
     def put(
         self,
         key: str,
-        value: Any,
+        value: BufferLike,
         options: P.PutOptions | None = None,
         checksums: Sequence[int] | None = None,
     ) -> None:
@@ -212,7 +213,7 @@ class Client(ReadPath):
     def upsert(
         self,
         key: str,
-        value: Any,
+        value: BufferLike,
         options: P.PutOptions | None = None,
         checksums: Sequence[int] | None = None,
     ) -> None:
@@ -221,9 +222,12 @@ class Client(ReadPath):
         _raise(self._put_many([key], [value], options, upsert=True, checksums=sums)[0])
 
     def put_from(
-        self, key: str, buffer: Any, size: int | None = None,
+        self,
+        key: str,
+        buffer: BufferLike,
+        size: int | None = None,
         checksums: Sequence[int] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Put the first ``size`` bytes of ``buffer`` (zero copy on the caller's side)."""
         view = byte_view(buffer)
         self.put(key, view if size is None else view[:size], checksums=checksums)
@@ -231,7 +235,7 @@ class Client(ReadPath):
     def batch_put(
         self,
         keys: Sequence[str],
-        values: Sequence[Any],
+        values: Sequence[BufferLike],
         options: P.PutOptions | None = None,
         tenant: str | None = None,
         checksums: Sequence[Sequence[int]] | None = None,
@@ -240,17 +244,23 @@ class Client(ReadPath):
         instance puts blocks of many tenants' requests). ``checksums``: per value, its
         ``core.integrity.checksums`` if the caller computed them already (the vLLM connector,
         the Mooncake shim); malformed ones raise InvalidParams."""
-        return self._put_many(keys, values, options, upsert=False, tenant=tenant,
-                              checksums=checksums)  # fmt: skip
+        return self._put_many(
+            keys, values, options, upsert=False, tenant=tenant, checksums=checksums
+        )
 
     def batch_upsert(
-        self, keys: Sequence[str], values: Sequence[Any],
+        self,
+        keys: Sequence[str],
+        values: Sequence[BufferLike],
         checksums: Sequence[Sequence[int]] | None = None,
-    ) -> list[Result]:  # fmt: skip
+    ) -> list[Result]:
         return self._put_many(keys, values, None, upsert=True, checksums=checksums)
 
     def _sums(
-        self, keys: Sequence[str], values: Sequence[Any], given: Sequence[Sequence[int]] | None
+        self,
+        keys: Sequence[str],
+        values: Sequence[BufferLike],
+        given: Sequence[Sequence[int]] | None,
     ) -> list[list[int] | None]:
         """Each value's checksums: the caller's (checked for shape), else computed once here
         (the only place a put computes them: re-puts and copies carry them)."""
@@ -276,7 +286,7 @@ class Client(ReadPath):
     def _put_many(
         self,
         keys: Sequence[str],
-        values: Sequence[Any],
+        values: Sequence[BufferLike],
         options: P.PutOptions | None,
         upsert: bool,
         tenant: str | None = None,
@@ -299,16 +309,20 @@ class Client(ReadPath):
                 return results
             time.sleep(pause)
             again = self._put_once(
-                [keys[i] for i in waiting], [values[i] for i in waiting], options, upsert, tenant,
+                [keys[i] for i in waiting],
+                [values[i] for i in waiting],
+                options,
+                upsert,
+                tenant,
                 [sums[i] for i in waiting],
-            )  # fmt: skip
+            )
             for i, r in zip(waiting, again, strict=True):
                 results[i] = r
 
     def _put_once(
         self,
         keys: Sequence[str],
-        values: Sequence[Any],
+        values: Sequence[BufferLike],
         options: P.PutOptions | None,
         upsert: bool,
         tenant: str | None,
@@ -449,8 +463,10 @@ class Client(ReadPath):
         are taken from each piece right after it is sent (store/landing.py)."""
         due = {k for k, _, _ in remote if sums and sums.get(k, []) is None}
         landings = {k: LandingSums(k, 0, v) for k, v, _ in remote if k in due}
-        items = [(r.segment, r.offset, v, landings[k].landed if k in landings else None)
-                 for k, v, r in remote]  # fmt: skip
+        items = [
+            (r.segment, r.offset, v, landings[k].landed if k in landings else None)
+            for k, v, r in remote
+        ]
         failed: dict[str, Exception] = {}
         if len(items) == 1:  # one value: the engine's inline path, no batch machinery
             try:

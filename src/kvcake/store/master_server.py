@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+from fastapi import APIRouter
 
 from kvcake.core import auth as _auth
 from kvcake.core import framing
@@ -383,16 +384,19 @@ class Master:
         self.metrics = MasterMetrics(self.state)
         if config.root_fs_dir is not None:
             mount_file_tier(self.state, config, cluster)
-        self.directory: Any = None
+        self.directory: DirectoryService | None = None
+        self._owners: ReleasingBackend | None = None  # the directory's backend (host_of)
         if with_directory:
             # Lookups answer only while the lease holds, as the RPC does (store/leadership.py).
-            backend = ReleasingBackend(self._owner_gone, lambda: self.leadership.held())
+            self._owners = backend = ReleasingBackend(
+                self._owner_gone, lambda: self.leadership.held()
+            )
             self.directory = DirectoryService(
                 config.host, config.directory_port, backend, auth or _auth.DISABLED
             )
         # The vLLM-format stream's block lineage (store/vllm_events.py), when that stream is on.
         self.blocks = BlockTable() if config.ecosystem_events_port >= 0 else None
-        self.vllm_events: Any = None
+        self.vllm_events: VllmEventStream | None = None
         self.rpc = MasterRpcServer(
             config.host,
             config.port,
@@ -408,11 +412,11 @@ class Master:
             config.max_request_bytes,
             auth,
         )
-        self.http: Any = None
+        self.http: MasterHttp | None = None
 
         self.metadata_kv = MetadataKV(self.directory.backend if self.directory else None)
-        self.extra_routers: list[Any] = []  # FastAPI APIRouters added to the HTTP app
-        self.publisher: Any = None
+        self.extra_routers: list[APIRouter] = []  # added to the HTTP app
+        self.publisher: EventPublisher | None = None
         if config.events_port < 0 and config.ecosystem_events_port < 0:
             self.state.events.enabled = False
         self._stop = threading.Event()
@@ -475,7 +479,7 @@ class Master:
     def _segment_owner_dead(self, client: ClientId, segment: SegmentName) -> bool:
         """The segment's owner ran on this host and its pid is gone. Its host comes from the
         directory or, before a restored owner re-published there, from the segment record."""
-        host_id = self.directory.backend.host_of(client) if self.directory is not None else None
+        host_id = self._owners.host_of(client) if self._owners is not None else None
         seg = self.state.segments.get(segment)
         host_id = host_id or (seg.host_id if seg is not None else None)
         return bool(host_id) and process_gone(client, host_id or "")

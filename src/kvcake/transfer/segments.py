@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias, cast
+from typing import Any, Protocol, TypeAlias, cast
 
+from numpy.typing import NDArray
 from typing_extensions import Buffer
 
 from kvcake.transfer.errors import InvalidRequest, OutOfRange, SegmentExists, UnknownSegment
@@ -33,11 +34,12 @@ class LocalSegment:
 class TensorLike(Protocol):
     """A torch CPU tensor: ``numpy()`` returns an array that shares its storage."""
 
-    def numpy(self) -> Buffer: ...
+    def numpy(self) -> NDArray[Any]: ...
 
 
-# What segments, writes and reads accept: a buffer-protocol object or a CPU tensor.
-BufferLike: TypeAlias = Buffer | TensorLike
+# What segments, writes and reads accept: a buffer-protocol object or a CPU tensor. numpy arrays
+# are named because numpy's stubs give them ``__buffer__`` only for Python >= 3.12.
+BufferLike: TypeAlias = Buffer | NDArray[Any] | TensorLike
 
 
 def as_byte_view(buffer: BufferLike) -> memoryview:

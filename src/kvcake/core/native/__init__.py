@@ -28,9 +28,14 @@ def _load() -> ctypes.CDLL | None:
         return None
     fn = lib.kvc_copy_sum
     fn.argtypes = (
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-    )  # fmt: skip
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int,
+    )
     fn.restype = ctypes.c_int
     fn = lib.kvc_scatter_sum_many
     fn.argtypes = (
@@ -140,9 +145,12 @@ class CopyList:
         n = len(self._src)
         if n:
             _LIB.kvc_copy_list(
-                self._src.buffer_info()[0], self._dst.buffer_info()[0],
-                self._len.buffer_info()[0], n, self._flags,
-            )  # fmt: skip
+                self._src.buffer_info()[0],
+                self._dst.buffer_info()[0],
+                self._len.buffer_info()[0],
+                n,
+                self._flags,
+            )
 
 
 class Table(Protocol):
@@ -197,10 +205,20 @@ def scatter_sum_many(
     out = array.array("Q", bytes(8 * max(1, len(seeds))))
     stop_at = ctypes.addressof(stop.value) if stop is not None else None
     done = _LIB.kvc_scatter_sum_many(
-        len(values), _ptr(srcs), _ptr(ns), chunk, _ptr(seeds) if summed else None, _ptr(out),
-        _ptr(sfirst), dst.ctypes.data, off.ctypes.data, ln.ctypes.data, rfirst.ctypes.data,
-        stop_at, flags,
-    )  # fmt: skip
+        len(values),
+        _ptr(srcs),
+        _ptr(ns),
+        chunk,
+        _ptr(seeds) if summed else None,
+        _ptr(out),
+        _ptr(sfirst),
+        dst.ctypes.data,
+        off.ctypes.data,
+        ln.ctypes.data,
+        rfirst.ctypes.data,
+        stop_at,
+        flags,
+    )
     if done < 0:
         raise ValueError(f"value {-1 - done}: ranges overlap or lie outside it")
     sums = out.tolist()
