@@ -16,6 +16,7 @@ import pytest
 from kvcake.integrations.vllm.keys import BlockNamer
 from kvcake.store.client import Client
 from tests.integrations.vllm.conftest import Cluster, complete, metric, wait_log
+from tests.waits import wait_until
 
 # The first test also waits for the shared engines to start (minutes on a loaded machine).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -33,10 +34,8 @@ def wait_pooled(c: Cluster, prompt: list[int], timeout_s: float = 30) -> None:
     model = f"{c.a.spec.model_dir.rstrip('/').rsplit('/', 1)[-1]}@vllm"
     keys = BlockNamer(model, "float32", BS).objects(prompt)  # every rank's object
     with Client(master=c.master_addr) as client:
-        deadline = time.monotonic() + timeout_s
-        while not all(client.batch_is_exist(keys)):
-            assert time.monotonic() < deadline, "engine A's blocks never reached the pool"
-            time.sleep(0.2)
+        wait_until(lambda: all(client.batch_is_exist(keys)), timeout=timeout_s, every_s=0.2,
+                   what="engine A's blocks in the pool")  # fmt: skip
 
 
 def loaded_on_b(c: Cluster, prompt: list[int]) -> tuple[list[int], float]:
