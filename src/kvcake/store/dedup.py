@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar, TypeVarTuple
 
 R = TypeVar("R")
+Ts = TypeVarTuple("Ts")
 
 
 class StaleRequest(Exception):
@@ -78,7 +79,7 @@ class DedupTable(Generic[R]):
         return s, got
 
     def run(
-        self, client: str, session: str, seq: int, ack: int, apply: Callable[..., R], *args: Any
+        self, client: str, session: str, seq: int, ack: int, apply: Callable[[*Ts], R], *args: *Ts
     ) -> R:
         """``apply(*args)`` once per ``seq``: :meth:`begin`, then the stored or the new outcome
         (the caller holds the lock that makes this atomic). The common case inline: a known

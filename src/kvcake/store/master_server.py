@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVarTuple
 
 import msgspec
 from fastapi import APIRouter
@@ -46,6 +46,7 @@ from kvcake.store.vllm_events import BlockTable, VllmEventStream
 from kvcake.transfer.metadata import DirectoryService
 
 log = logging.getLogger(__name__)
+Ts = TypeVarTuple("Ts")
 EVICT_STEPS_PER_TICK = 1000
 EVICT_YIELD_S = 0.0001
 
@@ -134,7 +135,7 @@ class MasterHandlers:
             return P.Reply(code=INVALID_PARAMS, message=f"stale duplicate: {exc}")
 
     def _once(
-        self, client: ClientId, rid: P.ReqId, apply: Callable[..., P.Reply], *args: Any
+        self, client: ClientId, rid: P.ReqId, apply: Callable[[*Ts], P.Reply], *args: *Ts
     ) -> P.Reply:
         try:
             return self.state.once(client, rid, apply, *args)

@@ -28,7 +28,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple
 
 from kvcake.core.api import StoreSnapshot
 from kvcake.core.ids import ClientId, SegmentName
@@ -44,6 +44,7 @@ from kvcake.store.protocol import PutOptions, ReplicaDesc, ReqId
 from kvcake.store.writes import check_key, check_put
 
 R = TypeVar("R")
+Ts = TypeVarTuple("Ts")
 
 
 class MasterState:
@@ -76,7 +77,7 @@ class MasterState:
             self.parts.table.check()
             self.tenants.check(self.objects.values())
 
-    def once(self, client: ClientId, rid: ReqId | None, apply: Callable[..., R], *args: Any) -> R:
+    def once(self, client: ClientId, rid: ReqId | None, apply: Callable[[*Ts], R], *args: *Ts) -> R:
         """Run one mutating request at most once: a duplicate of ``rid`` (a retry after a lost
         reply) gets the first outcome back without running ``apply`` again; a duplicate the
         client already acknowledged raises :class:`~kvcake.store.dedup.StaleRequest`.

@@ -13,11 +13,12 @@ where it looks for metadata. Bounded: ``max_keys`` keys, ``max_value`` bytes per
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+
+from kvcake.transfer.metadata import DirectoryBackend
 
 CONTENT_TYPE = "application/json; charset=utf-8"
 VIEW_PREFIX = "kvcake/segments/"
@@ -26,8 +27,13 @@ VIEW_PREFIX = "kvcake/segments/"
 class MetadataKV:
     """The flat key -> bytes map behind the endpoints (thread-safe)."""
 
-    def __init__(self, directory: Any = None, max_keys: int = 65536, max_value: int = 1 << 20):
-        self.directory = directory  # a DirectoryBackend, or None
+    def __init__(
+        self,
+        directory: DirectoryBackend | None = None,
+        max_keys: int = 65536,
+        max_value: int = 1 << 20,
+    ):
+        self.directory = directory
         self.max_keys = max_keys
         self.max_value = max_value
         self._lock = threading.Lock()

@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import threading
-from typing import Any
 
 from kvcake.core import auth as _auth
 from kvcake.core.errors import KvcakeError
@@ -37,7 +36,7 @@ class StoreServer:
         self.disk: DiskTier | None = None
         self.disk_service: DiskService | None = None
         self.client: Client | None = None
-        self.http: Any = None
+        self.http: HttpThread | None = None
         self.metrics = NodeMetrics(self)
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="store-tasks", daemon=True)

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
@@ -32,6 +32,9 @@ from kvcake.core.api import StoreEvent, StoreEventKind
 from kvcake.core.hashing import block_hashes, parse_block_key
 from kvcake.store import protocol as P
 from kvcake.store.protocol import BlockMeta
+
+if TYPE_CHECKING:  # annotation only: the master imports this module and needs no client
+    from kvcake.store.client import Client
 
 log = logging.getLogger(__name__)
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -132,7 +135,7 @@ def lineage(tokens: Sequence[int], block_tokens: int, salt: str = "") -> list[Bl
     ]
 
 
-def announce(client: Any, blocks: list[BlockMeta]) -> None:
+def announce(client: Client, blocks: list[BlockMeta]) -> None:
     """Tell the master the blocks' lineage (a ``BlockInfo`` request) before putting them; a
     refusal is logged, never raised: the put itself does not depend on it."""
 
@@ -190,7 +193,7 @@ class VllmEventStream:
     ):
         self.table = table
         self._topic = topic.encode()
-        ctx: Any = zmq.Context.instance()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pub = ctx.socket(zmq.XPUB)  # XPUB: it tells when the first subscriber came
         self._replay = ctx.socket(zmq.ROUTER)
         for s in (self._pub, self._replay):
