@@ -88,8 +88,13 @@ def add_config_flags(
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
         kind = "SIZE" if f.metadata.get("size") else kind.split("|")[0].strip().upper()
         text = f.metadata.get("help", "")
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, metavar=kind,
-                       help=f"{text} (default: {_default_of(f)})".lstrip())  # fmt: skip
+        p.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            default=None,
+            metavar=kind,
+            help=f"{text} (default: {_default_of(f)})".lstrip(),
+        )
     return names
 
 
