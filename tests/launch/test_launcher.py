@@ -19,6 +19,7 @@ from kvcake.core.trace import TraceRecord
 from kvcake.launch.launcher import Cluster, toml_dump
 from kvcake.replay.runner import ReplayOptions, run_replay
 from tests.cluster import make_cluster
+from tests.waits import wait_until
 
 
 def test_port_conflict_fails_fast(tmp_path: Path) -> None:
@@ -133,10 +134,8 @@ def test_up_detach_status_down(tmp_path: Path) -> None:
         down = subprocess.run([*kv, "down", "--config", str(cfg)], capture_output=True,
                               text=True, timeout=120)  # fmt: skip
     assert down.returncode == 0 and not state.exists()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
-        time.sleep(0.2)
-    assert not [p for p in pids if Path(f"/proc/{p}").exists()], "cluster processes left running"
+    wait_until(lambda: not [p for p in pids if Path(f"/proc/{p}").exists()], timeout=20,
+               every_s=0.2, what="every cluster process gone")  # fmt: skip
     none = subprocess.run([*kv, "status", "--run-dir", str(run_dir)], capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert none.returncode == 1 and "no cluster running" in none.stdout
@@ -175,16 +174,12 @@ def test_supervisor_restarts_killed_children_on_their_ports(tmp_path: Path) -> N
             ch = c.child(name)
             old_pid = ch.proc.pid  # type: ignore[union-attr]
             ch.proc.kill()  # type: ignore[union-attr]
-            deadline = time.monotonic() + 90
-            ok = False
-            while time.monotonic() < deadline and not ok:
-                time.sleep(0.3)
-                try:
-                    r = httpx.post(c.url + "/v1/completions", json=body, timeout=10)
-                    ok = r.status_code == 200 and ch.restarts == 1
-                except httpx.HTTPError:
-                    pass
-            assert ok, (name, ch.last_exit, ch.log.read_text()[-2000:])
+            wait_until(
+                lambda ch=ch: httpx.post(c.url + "/v1/completions", json=body, timeout=10)
+                .status_code == 200 and ch.restarts == 1,
+                timeout=90, every_s=0.3, ignore=(httpx.HTTPError,), what=f"{name} restarted, serving",
+                detail=lambda ch=ch: (ch.last_exit, ch.log.read_text()[-2000:]),
+            )  # fmt: skip
             assert ch.proc.pid != old_pid and ch.last_exit == "killed by SIGKILL"  # type: ignore[union-attr]
         state = json.loads((c.run_dir / "cluster.json").read_text())
         assert state["processes"]["decode-0"]["restarts"] == 1
@@ -270,9 +265,8 @@ def test_a_killed_supervisor_leaves_no_cluster_behind(tmp_path: Path) -> None:
     up = subprocess.Popen([sys.executable, "-m", "kvcake", "up", "--config", str(cfg)],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not (run_dir / "latest.json").exists():
-            time.sleep(0.2)
+        wait_until((run_dir / "latest.json").exists, timeout=240, every_s=0.2,
+                   what="the run record written")  # fmt: skip
         pids = [
             p["pid"]
             for p in json.loads((run_dir / "latest.json").read_text())["processes"].values()
@@ -280,10 +274,8 @@ def test_a_killed_supervisor_leaves_no_cluster_behind(tmp_path: Path) -> None:
     finally:
         up.kill()
         up.wait()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
-        time.sleep(0.2)
-    assert not [p for p in pids if Path(f"/proc/{p}").exists()], "orphaned cluster processes"
+    wait_until(lambda: not [p for p in pids if Path(f"/proc/{p}").exists()], timeout=30,
+               every_s=0.2, what="no orphaned cluster process")  # fmt: skip
 
 
 def test_cluster_section_sets_every_port(tmp_path: Path) -> None:
