@@ -24,6 +24,7 @@ from kvcake.compat.mooncake import _dummy_wire as W
 from kvcake.core import framing
 from kvcake.core.ports import free_port
 from tests.compat.test_mooncake_programs import Prog, bin_dir
+from tests.waits import wait_until
 
 __all__ = ["bin_dir"]  # the fixture, shared with test_mooncake_programs
 MB = 1024 * 1024
@@ -284,16 +285,15 @@ def _stop(pid: int) -> None:
     """SIGSTOP, then wait until every thread of ``pid`` has stopped (a thread can still finish
     a request in the moment after the signal)."""
     os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def stopped() -> bool:
         states = [
             p.read_text().rsplit(")", 1)[1].split()[0]
             for p in Path(f"/proc/{pid}/task").glob("*/stat")
         ]
-        if states and all(st in "tT" for st in states):
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} did not stop")
+        return bool(states) and all(st in "tT" for st in states)
+
+    wait_until(stopped, timeout=10, every_s=0.01, what=f"every thread of {pid} stopped")
 
 
 def test_real_client_hung_or_killed_mid_call(
