@@ -14,6 +14,7 @@ import pytest
 
 from kvcake.launch.netns_cluster import NetnsCluster, NetnsOptions
 from tests.netns.worker import CHECK, EVENTS, PUT
+from tests.waits import wait_until
 
 
 @pytest.fixture
@@ -61,19 +62,18 @@ def test_pooled_kv_is_reused_from_another_host(cluster_factory) -> None:  # type
     assert first.status_code == 200, first.text
     holder = first.headers["x-kvcake-prefill"]
     other = "prefill-1" if holder.endswith("prefill-0") else "prefill-0"
-    deadline = time.monotonic() + 60  # the background pool put lands
-    while len(_pool_keys(c)) < 8 and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert len(_pool_keys(c)) >= 8, _pool_keys(c)
+    # the background pool put lands
+    wait_until(lambda: len(_pool_keys(c)) >= 8, timeout=60, every_s=0.3,
+               what="8 blocks in the pool", detail=lambda: _pool_keys(c))  # fmt: skip
     c.proc(holder).proc.kill()
-    deadline, again = time.monotonic() + 90, None
-    while time.monotonic() < deadline:
+
+    def served_by_the_other() -> httpx.Response | None:
         r = c.http("POST", "/v1/completions", json=body)
-        if r.status_code == 200 and r.headers["x-kvcake-prefill"].endswith(other):
-            again = r
-            break
-        time.sleep(0.5)
-    assert again is not None, "the surviving prefill host never served the prompt"
+        ok = r.status_code == 200 and r.headers["x-kvcake-prefill"].endswith(other)
+        return r if ok else None
+
+    again = wait_until(served_by_the_other, timeout=90, every_s=0.5,
+                       what="the surviving prefill host serving the prompt")  # fmt: skip
     cached = again.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= 7 * block, again.json()["usage"]  # all but the last block from the pool
     assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
