@@ -5,7 +5,7 @@ masters in one test process do not collide."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -107,7 +107,7 @@ class MasterMetrics:
             registry=self.registry,
         )
         self.registry.register(_PoolCollector(state))
-        self._children: dict[str, tuple[Any, Any]] = {}
+        self._children: dict[str, tuple[Counter, Histogram]] = {}
 
     def observe(self, op: str, seconds: float) -> None:
         children = self._children.get(op)

@@ -45,6 +45,7 @@ from kvcake.store.verify import (
     spans,
 )
 from kvcake.transfer.engine import TransferEngine
+from kvcake.transfer.segments import BufferLike
 from kvcake.transfer.types import Landed
 
 
@@ -65,7 +66,7 @@ def byte_view(value: Any) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def _table(ranges: Sequence[tuple[int, Any]] | RangeTable) -> RangeTable | str:
+def _table(ranges: Sequence[tuple[int, BufferLike]] | RangeTable) -> RangeTable | str:
     """One key's ranges as a table (as given, or built from its pairs), or why not."""
     if isinstance(ranges, RangeTable):
         return ranges
@@ -446,7 +447,7 @@ class ReadPath:
             return exc
         return buf
 
-    def get_into(self, key: str, buffer: Any) -> int:
+    def get_into(self, key: str, buffer: BufferLike) -> int:
         """Read ``key`` into ``buffer``; returns its size. InvalidParams if the buffer is too
         small, ObjectNotFound on a miss."""
         got = self.batch_get_into([key], [buffer])[0]
@@ -457,7 +458,7 @@ class ReadPath:
     def batch_get_into(
         self,
         keys: Sequence[str],
-        buffers: Sequence[Any],
+        buffers: Sequence[BufferLike],
         sources: list[P.ReplicaDesc | None] | None = None,
         sums: list[list[int]] | None = None,
     ) -> list[int | StoreError]:
@@ -496,7 +497,7 @@ class ReadPath:
     def batch_get_into_ranges(
         self,
         keys: Sequence[str],
-        ranges: Sequence[Sequence[tuple[int, Any]] | RangeTable],
+        ranges: Sequence[Sequence[tuple[int, BufferLike]] | RangeTable],
         guard: ReadGuard | None = None,
     ) -> list[int | StoreError]:
         """Scatter parts of each value straight into caller memory (no staging copy where the
