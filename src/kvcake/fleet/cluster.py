@@ -28,7 +28,7 @@ from kvcake.fleet.procs import (
     wait_kv_line,
 )
 from kvcake.launch.child import Child, stop_tiers
-from kvcake.launch.runstate import write_state
+from kvcake.launch.runstate import live_cluster, write_state
 from kvcake.launch.supervisor import Supervisor
 
 KV_ROLES = {"both": "kv_both", "prefill": "kv_producer", "decode": "kv_consumer"}
@@ -182,7 +182,6 @@ class VllmCluster:
 
 def up(path: str, detach: bool = False) -> int:
     """Foreground: start, wait for SIGINT/SIGTERM (``kvcake down``), stop everything."""
-    from kvcake.launch.runstate import live_cluster
 
     cfg = load(path)
     if live_cluster(cfg.run_dir) is not None:

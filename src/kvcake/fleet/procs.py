@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from kvcake.core.errors import KvcakeError
+from kvcake.engine.config import cache_root
+from kvcake.engine.model.weights import resolve_checkpoint
 from kvcake.fleet import shm_orphans
 from kvcake.launch.child import Child
 
@@ -100,8 +102,6 @@ class VllmEngineSpec:
 
 def default_model_dir() -> str:
     """kvcake's converted SmolLM2 checkpoint directory (converted on first use)."""
-    from kvcake.engine.config import cache_root
-    from kvcake.engine.model.weights import resolve_checkpoint
 
     return str(resolve_checkpoint("smollm2", cache_root()))
 

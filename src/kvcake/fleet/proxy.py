@@ -19,10 +19,13 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from kvcake.conductor.config import ConductorConfig
 from kvcake.core.ids import InstanceId
 from kvcake.fleet.adapter import EngineRef, FleetConfig, Placement, VllmFleet
 from kvcake.fleet.pd import ENGINE_HEADER, PdRelay, check_pd_body, forward_pd
 from kvcake.fleet.pd import error as _error
+from kvcake.net.httpserve import serve
+from kvcake.net.listen import bind
 
 ROLE_NAMES = {"both": "vllm", "prefill": "vllm-prefill", "decode": "vllm-decode"}
 
@@ -252,9 +255,6 @@ def main(argv: list[str] | None = None) -> int:
     engines = args.engine + args.prefill + args.decode
     if not engines:
         ap.error("name at least one engine (--engine, or --prefill and --decode)")
-    from kvcake.conductor.config import ConductorConfig
-    from kvcake.net.httpserve import serve
-    from kvcake.net.listen import bind
 
     cfg = FleetConfig(block_tokens=args.block_tokens, prefill_timeout_s=args.prefill_timeout_s,
                       decode_idle_timeout_s=args.decode_idle_timeout_s,

@@ -13,20 +13,31 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from kvcake.core import auth as _auth
 from kvcake.core.api import Role, segment_of
 from kvcake.core.config import KVLayoutConfig
+from kvcake.core.costmodel import load_calibration, preset
+from kvcake.core.http_auth import INSTANCE_HTTP
 from kvcake.core.ids import InstanceId
+from kvcake.core.memtrace import install_from_env
+from kvcake.engine.config import EmulatedConfig
+from kvcake.engine.emulated import EmulatedBackend, emulated_layout
+from kvcake.instance.app import build_app
+from kvcake.instance.instance import Instance
+from kvcake.instance.kvlink import PoolLink
+from kvcake.instance.store_glue import connect_store
+from kvcake.instance.store_watch import StoreWatch
+from kvcake.instance.torch_glue import torch_backend
 from kvcake.net.httpserve import RequireAuth, serve
 from kvcake.net.listen import bind
 from kvcake.serve.config import InstanceConfig
+from kvcake.transfer import TransferEngine
+from kvcake.transfer.dirwatch import DirectoryWatch
 
 log = logging.getLogger(__name__)
 
 
 def _emulated(cfg: InstanceConfig, kv: KVLayoutConfig, iid: InstanceId, te: Any) -> Any:
-    from kvcake.engine.config import EmulatedConfig
-    from kvcake.engine.emulated import EmulatedBackend, emulated_layout
-
     ecfg = EmulatedConfig(
         preset=cfg.preset,
         calibration=cfg.calibration,
@@ -37,8 +48,6 @@ def _emulated(cfg: InstanceConfig, kv: KVLayoutConfig, iid: InstanceId, te: Any)
     )
     buf = None
     if te is not None:
-        from kvcake.core.costmodel import load_calibration, preset
-
         cm = load_calibration(cfg.calibration) if cfg.calibration else preset(cfg.preset)
         layout = emulated_layout(ecfg, cm)
         buf = te.allocate_segment(segment_of(iid), layout.total_bytes)
@@ -46,8 +55,6 @@ def _emulated(cfg: InstanceConfig, kv: KVLayoutConfig, iid: InstanceId, te: Any)
 
 
 def _torch(cfg: InstanceConfig, kv: KVLayoutConfig, iid: InstanceId, te: Any) -> Any:
-    from kvcake.instance.torch_glue import torch_backend
-
     return torch_backend(cfg, kv, iid, te)
 
 
@@ -55,19 +62,12 @@ BACKEND_FACTORIES = {"emulated": _emulated, "torch": _torch}
 
 
 def build_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig, iid: InstanceId) -> Any:
-    from kvcake.instance.instance import Instance
-    from kvcake.instance.kvlink import PoolLink
-
     te = None
     if cfg.directory:
-        from kvcake.transfer import TransferEngine
-
         te = TransferEngine(directory=cfg.directory, hostname=cfg.host, listen_hosts=(cfg.host,))
     backend = BACKEND_FACTORIES[cfg.backend](cfg, kv, iid, te)
     pool = None
     if cfg.use_store and cfg.directory:
-        from kvcake.instance.store_glue import connect_store
-
         client = connect_store(cfg, te)
         if client is not None:
             pool = PoolLink(client, kv.model, kv.dtype, kv.kv_block_tokens, cfg.fetch_deadline_s)
@@ -84,28 +84,20 @@ def build_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig, iid: Ins
     inst.te = te  # type: ignore[attr-defined]
     inst.dir_watch = None  # type: ignore[attr-defined]
     if te is not None:  # a restarted directory forgets our KV segment: publish it again
-        from kvcake.transfer.dirwatch import DirectoryWatch
-
         inst.dir_watch = DirectoryWatch(te, cfg.directory_heartbeat_s).start()  # type: ignore[attr-defined]
     watch = None
     if pool is not None:  # log storage nodes that leave the pool, by name
-        from kvcake.instance.store_watch import StoreWatch
-
         watch = StoreWatch(cfg.master, str(iid)).start()
     inst.store_watch = watch  # type: ignore[attr-defined]
     return inst
 
 
 def run_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig) -> int:
-    from kvcake.core import auth as _auth
-    from kvcake.instance.app import build_app
-
     secret = _auth.resolve(None)  # the instance API (/rpc/*) needs it off loopback
     _auth.check_bind(cfg.host, secret, f"the {role.value} instance")
     sock = bind(cfg.host, cfg.port, f"{role.value} instance (instance.port)")
     port = sock.getsockname()[1]
     iid = InstanceId(cfg.id or f"{role.value}-{port}")
-    from kvcake.core.memtrace import install_from_env
 
     install_from_env(str(iid))  # KVCAKE_TRACEMALLOC=DIR: heap snapshots on SIGUSR2 (soak.py)
     try:
@@ -136,8 +128,6 @@ def run_instance(role: Role, cfg: InstanceConfig, kv: KVLayoutConfig) -> int:
     app.router.lifespan_context = lifespan
     served: Any = app
     if secret is not None:  # every call but /health signed with the shared secret
-        from kvcake.core.http_auth import INSTANCE_HTTP
-
         served = RequireAuth(app, secret, INSTANCE_HTTP)
     serve(served, sock, lifespan="on", graceful_s=30)
     return 0

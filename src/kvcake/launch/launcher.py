@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kvcake.core.config import load_config
 from kvcake.launch.child import Child, stop_tiers
 from kvcake.launch.clusterfile import (  # noqa: F401  (re-exported: callers import them here)
     check_model,
@@ -29,6 +30,7 @@ from kvcake.launch.clusterfile import (  # noqa: F401  (re-exported: callers imp
     load_serve_file,
     toml_dump,
 )
+from kvcake.launch.ha_pool import start_ha_pool
 from kvcake.launch.runstate import write_state
 from kvcake.launch.supervisor import Supervisor
 from kvcake.serve.config import InstanceConfig, ServeFile, load_proxy_config
@@ -100,8 +102,6 @@ class Cluster:
                 self._pin_config_port(ch, int(ch.info["url"].rsplit(":", 1)[1].split("/")[0]))
 
     def _pin_config_port(self, ch: Child, port: int) -> None:
-        from kvcake.core.config import load_config
-
         cfg = Path(ch.argv[ch.argv.index("--config") + 1])
         sec = "proxy" if ch.name == "proxy" else "instance"
         cur: Any = (load_proxy_config(cfg) if ch.name == "proxy"
@@ -145,8 +145,6 @@ class Cluster:
     def _start_pool(self) -> tuple[str, str]:
         c = self.conf.cluster
         if self.conf.ha.enabled:  # etcd + several masters; everybody on etcd://
-            from kvcake.launch.ha_pool import start_ha_pool
-
             return start_ha_pool(self)
         if c.store_servers == 0:
             ch = self._spawn("directory", ["transfer-server", "--metadata", "--metadata-host",
@@ -257,4 +255,3 @@ class Cluster:
 
     def dead_children(self) -> list[str]:
         return [c.name for c in self.children if c.proc is not None and c.proc.poll() is not None]
-

@@ -33,6 +33,7 @@ import httpx
 from kvcake.core.errors import KvcakeError
 from kvcake.launch.child import Child, stop_tiers
 from kvcake.launch.clusterfile import load_serve_file, toml_dump
+from kvcake.launch.ha_pool import LEADER, etcd_alive
 from kvcake.launch.netns import Network
 from kvcake.serve.config import ServeFile
 
@@ -145,7 +146,6 @@ class NetnsCluster:
 
     def _start_ha_masters(self) -> None:
         """etcd and the directory on host ``etcd``, one HA master per ``master-<i>`` host."""
-        from kvcake.launch.ha_pool import etcd_alive
 
         e = self.net["etcd"].addr
         url, peer = f"http://{e}:2379", f"http://{e}:2380"
@@ -179,7 +179,6 @@ class NetnsCluster:
 
     def leader(self) -> str:
         """The HA master whose log shows the highest leader term ("" before any)."""
-        from kvcake.launch.ha_pool import LEADER
 
         best, name = -1, ""
         for p in self.procs:

@@ -12,7 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+from kvcake.launch.netns import unavailable
 from kvcake.launch.netns_cluster import NetnsCluster, NetnsOptions
+from kvcake.launch.runstate import write_state
 from kvcake.launch.supervisor import Supervisor
 from kvcake.serve.config import ServeFile
 
@@ -20,7 +22,6 @@ from kvcake.serve.config import ServeFile
 def run(opts: NetnsOptions, run_dir: Path, latest: Path | None = None) -> int:
     """Start, print the hosts and the endpoint, run until SIGINT/SIGTERM, stop. ``latest``:
     where `kvcake status` / `down` (and `up --detach`, waiting for it) find this cluster."""
-    from kvcake.launch.netns import unavailable
 
     if why := unavailable():
         print(f"kvcake: error: {why}", file=sys.stderr)
@@ -54,7 +55,6 @@ def run(opts: NetnsOptions, run_dir: Path, latest: Path | None = None) -> int:
 def _write_state(c: NetnsCluster, latest: Path) -> None:
     """The launcher's state-file shape (launch/launcher.py ``write_state``) plus the client's
     namespace, from which the endpoint is reachable."""
-    from kvcake.launch.runstate import write_state
 
     procs = {p.name: {"pid": p.proc.pid, "alive": p.alive(), "restarts": p.restarts,
                       "addresses": {"host": f"{c.net[p.role].addr} (netns {c.net[p.role].ns})"}}

@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any, Literal
 
+import httpx
+
 from kvcake.core import auth as _auth
 from kvcake.core.http_auth import HttpRefused, HttpVerifier, sign
 
@@ -108,7 +110,9 @@ Lifespan = Literal["auto", "on", "off"]
 def uvicorn_server(app: Any, lifespan: Lifespan = "off", graceful_s: int | None = None) -> Any:
     """A ``uvicorn.Server`` for ``app``; ``graceful_s``: how long a stop waits for requests in
     flight (None: until they end)."""
-    import uvicorn  # here: only a process that serves HTTP pays for loading it
+    # lazy: start-up: only a process that serves HTTP loads uvicorn (`kvcake top` signs with
+    # client_auth and serves nothing)
+    import uvicorn
 
     cfg = uvicorn.Config(app, log_level="warning", access_log=False, lifespan=lifespan,
                          timeout_graceful_shutdown=graceful_s)  # fmt: skip
@@ -182,7 +186,6 @@ def client_auth(auth: _auth.Authenticator | None, service: str) -> Any:
     None without a secret."""
     if auth is None:
         return None
-    import httpx
 
     signer: _auth.Authenticator = auth
 

@@ -4,19 +4,28 @@ report (block size, KV bytes per token, calibrated cost model), then serves the 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
+from kvcake.conductor import Conductor
+from kvcake.conductor.predictors import Predictors
 from kvcake.core.config import KVLayoutConfig
+from kvcake.core.costmodel import DecodeCoefficients, PrefillCoefficients, preset
 from kvcake.core.errors import ConfigError
+from kvcake.core.memtrace import install_from_env
+from kvcake.net.httpserve import serve
+from kvcake.net.listen import bind
+from kvcake.proxy.app import ProxyState, build_app
 from kvcake.proxy.auth import ApiKeys
+from kvcake.proxy.metrics import ProxyMetrics
+from kvcake.proxy.reqlog import RequestLog
+from kvcake.proxy.textcodec import ByteCodec, ModelCodec
 from kvcake.serve.config import ProxyConfig
 from kvcake.serve.wire import InstanceInfo
 
 
 def make_codec_factory(backend: str, model_path: str) -> Any:
     def factory(info: InstanceInfo) -> Any:
-        from kvcake.proxy.textcodec import ByteCodec, ModelCodec
-
         if backend == "torch":
             return ModelCodec(model_path)
         return ByteCodec(info.vocab_size, info.eos_token_ids)
@@ -26,16 +35,6 @@ def make_codec_factory(backend: str, model_path: str) -> Any:
 
 def make_conductor_factory(cfg: ProxyConfig, colocated: bool) -> Any:
     def factory(info: InstanceInfo) -> Any:
-        from dataclasses import replace
-
-        from kvcake.conductor import Conductor
-        from kvcake.conductor.predictors import Predictors
-        from kvcake.core.costmodel import (
-            DecodeCoefficients,
-            PrefillCoefficients,
-            preset,
-        )
-
         ccfg = replace(cfg.conductor, colocated=colocated)  # the [conductor] section
         # The instances' own cost model (calibrated or preset) scaled to wall-clock time.
         cal = info.calibration
@@ -58,18 +57,12 @@ def run_proxy(
 ) -> int:
     """``run_state``: the cluster.json of the `kvcake up` run (the dashboard's restarts and
     master address); "" when the proxy was started by hand."""
-    from kvcake.net.httpserve import serve
-    from kvcake.net.listen import bind
-    from kvcake.proxy.app import ProxyState, build_app
-    from kvcake.proxy.metrics import ProxyMetrics
-    from kvcake.proxy.reqlog import RequestLog
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
     urls = [*cfg.prefill, *cfg.decode]
     if not urls:
         raise ConfigError("proxy: give at least one instance (--prefill URL / --decode URL)")
     sock = bind(cfg.host, cfg.port, "proxy (proxy.port / --port)")
-    from kvcake.core.memtrace import install_from_env
 
     install_from_env("proxy")  # KVCAKE_TRACEMALLOC=DIR: heap snapshots on SIGUSR2 (soak.py)
     st = ProxyState(

@@ -119,6 +119,7 @@ def _check_modelled(path: str) -> None:
     """compare-sim models kvcake's own instances; a vLLM-backed cluster file would silently be
     read as a default kvcake cluster. The file is loaded now (every section validated), so a
     mistake in it fails before the replay runs."""
+    # lazy: CLI start-up
     from kvcake.fleet.cluster import is_vllm_config
     from kvcake.launch.clusterfile import load_serve_file
 

@@ -11,8 +11,11 @@ from kvcake.sim.config import SimConfig
 from kvcake.sim.events import EventQueue, Prio
 from kvcake.sim.livehost import LiveHost
 from kvcake.sim.metrics import SimResult
+from kvcake.sim.mooncake import MooncakeCluster
+from kvcake.sim.pooled import PooledCluster
 from kvcake.sim.request import SimRequest
 from kvcake.sim.sched import Scheduler
+from kvcake.sim.vllm import VLLMCluster
 
 
 class Cluster(Protocol):
@@ -30,14 +33,9 @@ Observer = tuple[float, Callable[[float, Cluster], None]]
 
 def _factory(system: str) -> ClusterFactory:
     if system == "mooncake":
-        from kvcake.sim.mooncake import MooncakeCluster
-
         return MooncakeCluster
     if system == "mooncake-pool":
-        from kvcake.sim.pooled import PooledCluster
-
         return PooledCluster
-    from kvcake.sim.vllm import VLLMCluster
 
     return VLLMCluster
 
@@ -75,7 +73,6 @@ def simulate(
     if live is not None:
         if kind != "mooncake-pool":
             raise ValueError("live= needs system 'mooncake' with fetch_source 'pool'")
-        from kvcake.sim.pooled import PooledCluster
 
         cluster: Cluster = PooledCluster(cfg, eq, scheduler, live)
     else:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -146,7 +147,6 @@ def pmap(fn: Callable[[T], R], items: Sequence[T], jobs: int) -> list[R]:
     loaded traces)."""
     if jobs <= 1 or len(items) <= 1 or os.name != "posix":
         return [fn(x) for x in items]
-    import multiprocessing as mp
 
     with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork")) as ex:
         return list(ex.map(fn, items))
@@ -155,9 +155,11 @@ def pmap(fn: Callable[[T], R], items: Sequence[T], jobs: int) -> list[R]:
 def new_figure(
     ncols: int = 1, width: float = 7.0, height: float = 4.5
 ) -> tuple[Figure, list[Axes]]:
+    # lazy: optional dependency (matplotlib)
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: optional dependency (matplotlib)
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
@@ -165,6 +167,7 @@ def new_figure(
 
 
 def save_figure(fig: Figure, out_dir: Path, name: str) -> str:
+    # lazy: optional dependency (matplotlib)
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
