@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from kvcake.core.api import StoreSnapshot
 from kvcake.core.ids import ObjectKey, SegmentName
@@ -24,7 +24,48 @@ def readable_tiers(obj: ObjectMeta) -> set[Tier]:
     return {r.tier for r in obj.replicas if r.complete}
 
 
-def _replica_view(obj: ObjectMeta) -> list[dict[str, Any]]:
+class ReplicaView(TypedDict):
+    segment: str
+    offset: int
+    size: int
+    tier: str
+    complete: bool
+
+
+class KeyView(TypedDict):
+    """One object as the HTTP API's ``/query_key`` shows it."""
+
+    key: str
+    size: int
+    status: str
+    hard_pin: bool
+    leased: bool
+    replicas: list[ReplicaView]
+
+
+class SegmentView(TypedDict):
+    name: str
+    client: str
+    host: str
+    tier: str
+    capacity: int
+    used: int
+    fragmentation: float
+
+
+class HotReplica(TypedDict):
+    segment: str
+    tier: str
+
+
+class HotKey(TypedDict):
+    key: str
+    size: int
+    disk_hits: int
+    replicas: list[HotReplica]
+
+
+def _replica_view(obj: ObjectMeta) -> list[ReplicaView]:
     return [
         {
             "segment": r.segment,
@@ -60,7 +101,7 @@ class AdminViews:
                 out.append(str(k))
         return out
 
-    def describe_key(self, key: str) -> dict[str, Any] | None:
+    def describe_key(self, key: str) -> KeyView | None:
         obj = self.objects.get(ObjectKey(key))
         if obj is None:
             return None
@@ -90,7 +131,7 @@ class AdminViews:
             "segment_total_capacity_bytes": {s.name: s.allocator.capacity for s in mem},
         }
 
-    def segment_stats(self) -> list[dict[str, Any]]:
+    def segment_stats(self) -> list[SegmentView]:
         return [
             {
                 "name": s.name,
@@ -104,10 +145,10 @@ class AdminViews:
             for s in self.segments.values()
         ]
 
-    def hottest(self, limit: int = 20) -> list[dict[str, Any]]:
+    def hottest(self, limit: int = 20) -> list[HotKey]:
         """The ``limit`` most recently used readable objects (the far end of the LRU order
         eviction works from), newest first, each with its replicas (for dashboards)."""
-        out: list[dict[str, Any]] = []
+        out: list[HotKey] = []
         for key in reversed(self.objects):
             if len(out) >= limit:
                 break

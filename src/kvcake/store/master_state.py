@@ -32,6 +32,7 @@ from typing import Any, TypeVar, TypeVarTuple
 
 from kvcake.core.api import StoreSnapshot
 from kvcake.core.ids import ClientId, SegmentName
+from kvcake.store.admin import HotKey, KeyView, SegmentView
 from kvcake.store.changes import Changes
 from kvcake.store.config import MasterConfig
 from kvcake.store.errors import ObjectNotFound, SegmentNotFound
@@ -261,15 +262,15 @@ class MasterState:
         with self.lock:
             return self.parts.admin.readable_keys(limit)
 
-    def describe_key(self, key: str) -> dict[str, Any] | None:
+    def describe_key(self, key: str) -> KeyView | None:
         with self.lock:
             return self.parts.admin.describe_key(key)
 
-    def segment_stats(self) -> list[dict[str, Any]]:
+    def segment_stats(self) -> list[SegmentView]:
         with self.lock:
             return self.parts.admin.segment_stats()
 
-    def hottest(self, limit: int = 20) -> list[dict[str, Any]]:
+    def hottest(self, limit: int = 20) -> list[HotKey]:
         with self.lock:
             return self.parts.admin.hottest(limit)
 

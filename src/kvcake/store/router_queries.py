@@ -26,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from kvcake.core.hashing import block_hashes, block_key, rank_key
 
 if TYPE_CHECKING:
+    from kvcake.store.admin import ReplicaView
     from kvcake.store.master_server import Master
     from kvcake.store.master_state import MasterState
 
@@ -43,7 +44,7 @@ def _bad(message: str) -> JSONResponse:
     return JSONResponse({"success": False, "error": message}, status_code=400)
 
 
-def _descriptor(rep: dict[str, Any]) -> dict[str, Any]:
+def _descriptor(rep: ReplicaView) -> dict[str, object]:
     """A replica as Mooncake's buffer descriptor names it, plus kvcake's segment and tier."""
     return {
         "transport_endpoint_": rep["segment"],
@@ -58,7 +59,7 @@ def batch_query(state: MasterState, keys: list[str]) -> dict[str, Any]:
     data: dict[str, Any] = {}
     for key in keys:
         found = state.describe_key(key)
-        reps = [r for r in (found or {}).get("replicas", ()) if r["complete"]]
+        reps = [r for r in (found["replicas"] if found else []) if r["complete"]]
         if not reps:
             data[key] = {"ok": False, "error": "OBJECT_NOT_FOUND"}
             continue
