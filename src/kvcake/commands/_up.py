@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcake.core import auth
+from kvcake.serve.config import default_cluster_file
 
 
 def register(sub: Any) -> None:
@@ -94,7 +95,6 @@ def _refuse_if_running(run_dir: str) -> bool:
 def _up(args: argparse.Namespace) -> int:
     # lazy: CLI start-up
     from kvcake.launch.launcher import Cluster, load_serve_file
-    from kvcake.serve.config import default_cluster_file
 
     path = args.config or str(default_cluster_file())
     # lazy: CLI start-up

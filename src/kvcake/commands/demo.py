@@ -22,6 +22,7 @@ from rich.console import Console
 from kvcake.core.trace import read_trace, scale_time
 from kvcake.data import sample_trace_path
 from kvcake.replay.cli import print_summary
+from kvcake.serve.config import default_cluster_file
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -88,7 +89,6 @@ def _chat_turn(url: str, messages: list[dict[str, str]], max_tokens: int) -> dic
 def _conversation(args: argparse.Namespace) -> None:
     # lazy: CLI start-up
     from kvcake.launch.launcher import Cluster, load_serve_file
-    from kvcake.serve.config import default_cluster_file
 
     console = Console()
     conf = load_serve_file(args.config or default_cluster_file(), {"cluster": {"proxy_port": 0}})
@@ -120,7 +120,6 @@ def _replay(args: argparse.Namespace) -> dict[str, Any]:
 
     from kvcake.launch.launcher import Cluster, load_serve_file
     from kvcake.replay.runner import ReplayOptions, RequestRecord, run_replay
-    from kvcake.serve.config import default_cluster_file
 
     console = Console()
     path = args.emulated_config or default_cluster_file().with_name("emulated.toml")

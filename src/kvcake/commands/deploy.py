@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcake.core.errors import ConfigError
+from kvcake.serve.config import default_cluster_file
 
 DEFAULT_IMAGE = "kvcake:latest"
 
@@ -70,7 +71,6 @@ def render_all(config: str | None, out: Path, image: str, namespace: str) -> lis
     from kvcake.fleet.cluster import is_vllm_config
     from kvcake.fleet.cluster import load as load_vllm
     from kvcake.launch.launcher import load_serve_file
-    from kvcake.serve.config import default_cluster_file
 
     path = Path(config) if config else default_cluster_file()
     written: dict[Path, str] = {}

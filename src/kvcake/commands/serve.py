@@ -13,7 +13,7 @@ from kvcake.core import auth
 from kvcake.core.api import Role
 from kvcake.core.config import KVLayoutConfig, add_config_flags, flag_overrides, load_config
 from kvcake.replay import cli as replay_cli
-from kvcake.serve.config import InstanceConfig
+from kvcake.serve.config import InstanceConfig, load_proxy_config
 
 # InstanceConfig's fields with a flag (help: each field's metadata); the rest: --config only.
 INSTANCE_FLAGS = ("id", "host", "port", "backend", "kv_blocks", "threads", "max_batch",
@@ -87,7 +87,6 @@ def _instance(args: argparse.Namespace) -> int:
 def _proxy(args: argparse.Namespace) -> int:
     # lazy: CLI start-up
     from kvcake.proxy.main import run_proxy
-    from kvcake.serve.config import load_proxy_config
 
     ov = flag_overrides(args, ["request_log", "metrics_names", "host", "port"])
     ov["prefill"] = tuple(args.prefill) if args.prefill else None
