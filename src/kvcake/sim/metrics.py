@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +54,7 @@ class SimResult:
 
     @classmethod
     def from_requests(cls, reqs: Sequence[SimRequest]) -> SimResult:
-        def arr(f: Any) -> np.ndarray:
+        def arr(f: Callable[[SimRequest], float | None]) -> np.ndarray:
             return np.array([f(r) for r in reqs], dtype=float)
 
         done = np.array([r.outcome is Outcome.DONE for r in reqs], dtype=bool)
