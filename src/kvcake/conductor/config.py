@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from kvcake.conductor.admission import ADMISSION_POLICIES
+from kvcake.conductor.prefill import PREFILL_POLICIES
 from kvcake.core.config import load_config, read_toml, require, setting
 from kvcake.core.errors import ConfigError
 
@@ -20,13 +22,8 @@ V = TypeVar("V")
 
 
 def _names(kind: str) -> tuple[str, ...]:
-    # Imported lazily: the registries import this module's users, not the other way round.
     if kind == "prefill":
-        from kvcake.conductor.prefill import PREFILL_POLICIES
-
         return tuple(sorted(PREFILL_POLICIES))
-    from kvcake.conductor.admission import ADMISSION_POLICIES
-
     return tuple(sorted(ADMISSION_POLICIES))
 
 
@@ -71,7 +68,7 @@ class ConductorConfig:
     )
     kvcache_balancing_threshold: float = setting(
         1.2,
-        ("Algorithm 1: fetch a remote prefix when it is this many times longer than the local one"),
+        "Algorithm 1: fetch a remote prefix when it is this many times longer than the local one",
     )
     uniform_decode_s: float = setting(
         0.0,

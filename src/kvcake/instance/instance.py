@@ -39,7 +39,7 @@ from kvcake.core.api import (
 )
 from kvcake.core.errors import EngineError
 from kvcake.core.ids import BlockHash, InstanceId, RequestId
-from kvcake.engine.backend import EngineBackend
+from kvcake.engine.backend import DecodeSeq, EngineBackend
 from kvcake.engine.block_manager import KVCacheFull
 from kvcake.instance.decode_loop import DecodeDeps, DecodeLoop
 from kvcake.instance.kvblocks import KVBlocks, Prompt
@@ -174,8 +174,6 @@ class Instance(InstanceAPI):
             self.kv.free(table)
 
     def _timed_decode(self, batch: int, ctx: int, sp: SamplingParams) -> None:
-        from kvcake.engine.backend import DecodeSeq
-
         seqs = []
         try:
             for i in range(batch):

@@ -29,6 +29,10 @@ from collections import deque
 from typing import Any
 
 from kvcake.core.api import Role, segment_of
+from kvcake.store import protocol as P
+from kvcake.store.ha.resolve import connect
+from kvcake.transfer.errors import TransferError
+from kvcake.transfer.metadata import DirectoryClient
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +121,9 @@ class Health:
 
     def _master(self) -> tuple[bool, str, str]:
         """(answers?, detail, the directory it hosts)."""
-        from kvcake.store import protocol as P
 
         try:
             if self._conn is None:
-                from kvcake.store.ha.resolve import connect
-
                 self._conn = connect(self.st.master, timeout_s=2.0)
             hello = self._conn.call(P.Heartbeat("", "proxy-health"))
         except Exception as exc:
@@ -131,9 +132,6 @@ class Health:
         return True, f"{self.st.master} answers", str(hello.directory or "")
 
     def _directory_check(self, address: str) -> tuple[bool, str]:
-        from kvcake.transfer.errors import TransferError
-        from kvcake.transfer.metadata import DirectoryClient
-
         cluster = self.st.cluster
         if cluster is None:
             return True, "no instance yet"

@@ -14,7 +14,11 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from kvcake.core.auth import resolve
+from kvcake.core.http_auth import MASTER_HTTP
 from kvcake.core.promtext import Series, parse_metrics, total
+from kvcake.net.httpserve import client_auth
+from kvcake.proxy.health import summary
 
 
 @dataclass(frozen=True)
@@ -32,9 +36,6 @@ def fetch(proxy_url: str, master_http: str = "", timeout_s: float = 2.0) -> Snap
     cluster: dict[str, Any] = {}
     proxy: Series = {}
     master: Series = {}
-    from kvcake.core.auth import resolve
-    from kvcake.core.http_auth import MASTER_HTTP
-    from kvcake.net.httpserve import client_auth
 
     # Signed for the master's HTTP; the proxy's /v1/cluster and /metrics ignore the header.
     with httpx.Client(timeout=timeout_s, auth=client_auth(resolve(None), MASTER_HTTP)) as http:
@@ -119,7 +120,6 @@ def _pool(s: Snapshot) -> Table:
 
 def render(s: Snapshot, prev: Snapshot | None = None) -> Group:
     stamp = time.strftime("%H:%M:%S", time.localtime(s.at))
-    from kvcake.proxy.health import summary
 
     state = summary(s.cluster.get("health"))
     style = "bold" if s.cluster.get("ready") else "bold red"

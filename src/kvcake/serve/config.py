@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +238,5 @@ class ServeFile:
 def default_cluster_file() -> Path:
     """The packaged ``kvcake/configs/cluster.toml`` (``configs/`` in a clone links to it), so
     a non-editable ``pip install`` finds it too."""
-    from importlib import resources
 
     return Path(str(resources.files("kvcake") / "configs" / "cluster.toml"))

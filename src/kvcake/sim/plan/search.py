@@ -11,6 +11,7 @@ over both ends' NICs, puts of computed blocks, see :mod:`kvcake.sim.pooled`).
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -227,8 +228,6 @@ class Evaluator:
         global _RECORDS
         _RECORDS = self.records
         if self.workers > 1 and os.name == "posix":
-            import multiprocessing as mp
-
             self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("fork"))
         return self
 
