@@ -59,7 +59,7 @@ def failures(path: str) -> float:
 
 
 def first(c: Client, key: str) -> P.ReplicaDesc:
-    return c._order(c.get_replica_desc(key).replicas)[0]
+    return c.reads.order(c.get_replica_desc(key).replicas)[0]
 
 
 @pytest.mark.parametrize("protocol", ["auto", "tcp"])

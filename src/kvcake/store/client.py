@@ -23,6 +23,7 @@ from kvcake.core import auth as _auth
 from kvcake.core import integrity, native
 from kvcake.core.backoff import pauses
 from kvcake.core.errors import KvcakeError, StoreError
+from kvcake.core.via import Via
 from kvcake.store import protocol as P
 from kvcake.store.config import ClientConfig
 from kvcake.store.errors import (
@@ -57,7 +58,20 @@ REMOUNT_ROUNDS = 5  # a remount repeats while failovers keep moving the master u
 Result = StoreError | None
 
 
-class Client(ReadPath):
+class Client:
+    """A store client: puts here, reads through its :class:`ReadPath` part (``self.reads``),
+    whose public methods are this client's (:class:`~kvcake.core.via.Via`)."""
+
+    get = Via("reads", ReadPath.get)
+    batch_get = Via("reads", ReadPath.batch_get)
+    get_into = Via("reads", ReadPath.get_into)
+    batch_get_into = Via("reads", ReadPath.batch_get_into)
+    batch_get_into_ranges = Via("reads", ReadPath.batch_get_into_ranges)
+    get_size = Via("reads", ReadPath.get_size)
+    get_replica_desc = Via("reads", ReadPath.get_replica_desc)
+    is_exist = Via("reads", ReadPath.is_exist)
+    batch_is_exist = Via("reads", ReadPath.batch_is_exist)
+
     def __init__(
         self,
         config: ClientConfig | None = None,
@@ -97,7 +111,6 @@ class Client(ReadPath):
             self.engine.directory.set_timeout(self._call_deadline(self.client_ttl_s))
         self.id = self.engine.owner
         self.host = self.cfg.hostname
-        self.verify_reads = self.cfg.verify
         self.segments: dict[str, memoryview] = {}
         self.remount_hooks: list[Callable[[], None]] = [self._remount]
         self._writer: FileWriter | None = None  # the file tier's (store/filewriter.py), lazily
@@ -105,7 +118,16 @@ class Client(ReadPath):
         try:
             staging = f"staging-{self.id.replace('/', '-')}"
             self.staging = self._through_failover(lambda: Staging(self.engine, staging))
-            self.net_scratch = Scratch()
+            self.reads = ReadPath(
+                self.conn,
+                self.id,
+                self.host,
+                self.segments,
+                self.engine,
+                self.staging,
+                Scratch(),
+                self.cfg.verify,
+            )
             self.conn.call(P.Heartbeat(self.id, self.host))
             if self.cfg.segment_size:
                 name = segment_name or f"seg-{self.id.replace('/', '-')}"
@@ -130,6 +152,16 @@ class Client(ReadPath):
         )
         self.heartbeat.start()
         self._closed = False
+
+    @property
+    def disk_reads(self) -> int:
+        """Values read from a node's disk tier over its disk service (a stat)."""
+        return self.reads.disk_reads
+
+    @property
+    def file_reads(self) -> int:
+        """Values read from the file tier (a stat)."""
+        return self.reads.file_reads
 
     def _call_deadline(self, client_ttl_s: float) -> float:
         """Each try of a master call ends after this (client.master_call_timeout_s)."""

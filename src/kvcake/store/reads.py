@@ -77,23 +77,34 @@ def _table(ranges: Sequence[tuple[int, BufferLike]] | RangeTable) -> RangeTable 
 
 
 class ReadPath:
-    """Needs the client's ``conn``, ``id``, ``host``, ``segments`` (own segment views),
-    ``engine`` and ``staging``; touches no other state."""
+    """A store client's read path, owned by its :class:`~kvcake.store.client.Client` (whose
+    read methods are this part's). It gets the client's master connection, id, host, own
+    segment views (the client's dict: mounts and unmounts show here), Transfer Engine, staging
+    buffer and network scratch, and owns nothing else but two counters. Thread safe as the
+    client is: no state of its own changes on a read but the counters (approximate under
+    threads) and the staging buffer's and scratch's locks, which it takes without waiting."""
 
-    conn: MasterConnection
-    id: str
-    host: str
-    segments: dict[str, memoryview]
-    engine: TransferEngine
-    staging: Staging
-    net_scratch: Scratch
-    disk_reads = 0  # values read from a node's disk tier over its disk service (a stat)
-    file_reads = 0  # values read from the file tier (store/filewriter.py; a stat)
-    verify_reads = True  # client.verify: off only for the cost benchmark (docs/store.md)
+    def __init__(
+        self,
+        conn: MasterConnection,
+        client_id: str,
+        host: str,
+        segments: dict[str, memoryview],
+        engine: TransferEngine,
+        staging: Staging,
+        net_scratch: Scratch,
+        verify: bool = True,
+    ) -> None:
+        self.conn, self.id, self.host = conn, client_id, host
+        self.segments, self.engine, self.staging = segments, engine, staging
+        self.net_scratch = net_scratch
+        self.verify_reads = verify  # client.verify: off only for the cost benchmark
+        self.disk_reads = 0  # values read from a node's disk tier over its disk service
+        self.file_reads = 0  # values read from the file tier (store/filewriter.py)
 
     # --- reads ---------------------------------------------------------------------------------
 
-    def _order(self, reps: list[P.ReplicaDesc]) -> list[P.ReplicaDesc]:
+    def order(self, reps: list[P.ReplicaDesc]) -> list[P.ReplicaDesc]:
         if len(reps) == 1:
             return reps
 
@@ -106,13 +117,13 @@ class ReadPath:
 
         return sorted(reps, key=rank)
 
-    def _read(
+    def read(
         self, key: str, res: P.KeyResult, out: memoryview, t0: float, lease_s: float
     ) -> P.ReplicaDesc:
         """Read ``key`` from the best readable replica; returns the replica it was read from."""
-        return self._read_ranges(key, res, [(0, out[: res.size])], t0, lease_s)
+        return self.read_ranges(key, res, [(0, out[: res.size])], t0, lease_s)
 
-    def _read_ranges(
+    def read_ranges(
         self,
         key: str,
         res: P.KeyResult,
@@ -127,7 +138,7 @@ class ReadPath:
         it) and the next one tried; IntegrityError when none verifies. With ``guard``, bytes
         reach ``out`` only inside ``guard.commit()``, and only verified ones."""
         errors, corrupt = [], []
-        for rep in self._order(res.replicas):
+        for rep in self.order(res.replicas):
             try:
                 if self.verify_reads:
                     self._read_verified(key, res, rep, ranges, guard)
@@ -338,7 +349,7 @@ class ReadPath:
             self.engine.registry.forget(rep.segment)
             self.engine.read_into(rep.segment, rep.offset + off, out, landed)
 
-    def _lookup(self, keys: Sequence[str]) -> tuple[P.Reply, float, float]:
+    def lookup(self, keys: Sequence[str]) -> tuple[P.Reply, float, float]:
         t0 = time.monotonic()
         reply = self.conn.call(P.GetReplicas(self.id, list(keys)))
         return reply, t0, reply.lease_ms / 1000
@@ -347,7 +358,7 @@ class ReadPath:
         """The value of ``key`` (a new bytearray: one copy, no second copy into ``bytes``);
         raises ObjectNotFound on a miss."""
         # batch_get([key]) without its batch bookkeeping (a single value never goes staged).
-        reply, t0, lease_s = self._lookup((key,))
+        reply, t0, lease_s = self.lookup((key,))
         res = reply.results[0]
         if res.code != 0:
             raise error_for(res.code, f"{key!r}: {res.message}")
@@ -361,13 +372,13 @@ class ReadPath:
     ) -> list[bytearray | StoreError]:
         """``sums`` (a list, filled in): each key's checksums as the master holds them, [] for
         a miss (a relay hands them on, so its reader can check the last hop; see compat)."""
-        reply, t0, lease_s = self._lookup(keys)
+        reply, t0, lease_s = self.lookup(keys)
         if sums is not None:
             sums.extend(list(r.sums) if r.code == 0 else [] for r in reply.results)
         out: list[bytearray | StoreError | None] = []
         fast: list[tuple[int, P.ReplicaDesc]] = []  # (index, remote memory replica)
         for i, (key, res) in enumerate(zip(keys, reply.results, strict=True)):
-            best = self._order(res.replicas)[0] if res.code == 0 else None
+            best = self.order(res.replicas)[0] if res.code == 0 else None
             if res.code != 0:
                 out.append(error_for(res.code, f"{key!r}: {res.message}"))
             elif best is not None and self._stages(best):
@@ -442,7 +453,7 @@ class ReadPath:
     ) -> bytearray | StoreError:
         buf = uninitialized_bytearray(res.size)
         try:
-            self._read(key, res, memoryview(buf), t0, lease_s)
+            self.read(key, res, memoryview(buf), t0, lease_s)
         except StoreError as exc:
             return exc
         return buf
@@ -468,7 +479,7 @@ class ReadPath:
         if len(keys) != len(buffers):
             raise InvalidParams(f"{len(keys)} keys but {len(buffers)} buffers")
         views = [byte_view(b) for b in buffers]
-        reply, t0, lease_s = self._lookup(keys)
+        reply, t0, lease_s = self.lookup(keys)
         if sums is not None:
             sums.extend(list(r.sums) if r.code == 0 else [] for r in reply.results)
         out: list[int | StoreError] = []
@@ -483,7 +494,7 @@ class ReadPath:
                 )
             else:
                 try:
-                    rep = self._read(key, res, view, t0, lease_s)
+                    rep = self.read(key, res, view, t0, lease_s)
                     out.append(res.size)
                     if sources is not None:
                         sources.append(rep)
@@ -509,7 +520,7 @@ class ReadPath:
         if len(keys) != len(ranges):
             raise InvalidParams(f"{len(keys)} keys but {len(ranges)} range lists")
         tables = [_table(rs) for rs in ranges]
-        reply, t0, lease_s = self._lookup(keys)
+        reply, t0, lease_s = self.lookup(keys)
         out: list[int | StoreError] = []
         mapped: list[tuple[int, P.KeyResult, P.ReplicaDesc, RangeTable]] = []
         remote: list[tuple[int, P.KeyResult, NetRead]] = []
@@ -540,7 +551,7 @@ class ReadPath:
         replica is remote memory; else None."""
         if not res.replicas or not rs.nbytes:
             return None
-        rep = self._order(res.replicas)[0]
+        rep = self.order(res.replicas)[0]
         if rep.tier != "memory" or rep.segment in self.segments:
             return None
         if self.engine.reads_by_mapping(rep.segment):
@@ -579,7 +590,7 @@ class ReadPath:
         guard: ReadGuard | None,
     ) -> int | StoreError:
         try:
-            self._read_ranges(key, res, rs, t0, lease_s, guard)
+            self.read_ranges(key, res, rs, t0, lease_s, guard)
             return sum(v.nbytes for _, v in rs)
         except StoreError as exc:
             return exc
@@ -589,7 +600,7 @@ class ReadPath:
         memory this process maps and the ranges are disjoint), or None."""
         if not native.AVAILABLE or not res.replicas or not rs.nbytes:
             return None
-        rep = self._order(res.replicas)[0]
+        rep = self.order(res.replicas)[0]
         if rep.tier != "memory" or not rs.disjoint:
             return None
         if rep.segment in self.segments or self.engine.reads_by_mapping(rep.segment):

@@ -84,7 +84,7 @@ class KvOps:
     def _read_bytes(self, keys: Sequence[str]) -> list[bytes]:
         """One lookup, then each value read into its own fresh ``bytes`` (no staging)."""
         c = self._conn.c
-        reply, t0, lease_s = c._lookup(keys)
+        reply, t0, lease_s = c.reads.lookup(keys)
         out = []
         for key, res in zip(keys, reply.results, strict=True):
             if res.code != 0 or res.size < 2:
@@ -96,7 +96,7 @@ class KvOps:
             else:
                 value, view = new_bytes(res.size)
             try:
-                c._read(key, res, view, t0, lease_s)
+                c.reads.read(key, res, view, t0, lease_s)
             except StoreError:
                 out.append(b"")
                 continue

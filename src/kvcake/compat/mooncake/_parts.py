@@ -17,7 +17,7 @@ from kvcake.compat.mooncake._segments import Segments
 from kvcake.compat.mooncake._sessions import Sessions
 from kvcake.compat.mooncake._setup import Lifecycle
 from kvcake.compat.mooncake._tensors import Tensors
-from kvcake.compat.mooncake._via import Via
+from kvcake.core.via import Via
 
 P = ParamSpec("P")
 R = TypeVar("R")

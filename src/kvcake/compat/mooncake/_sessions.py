@@ -205,7 +205,7 @@ class Sessions:
             return [E.INVALID_PARAMS] * len(keys)
         if not keys:
             return []
-        reply, t0, lease_s = self._conn.c._lookup(keys)
+        reply, t0, lease_s = self._conn.c.reads.lookup(keys)
         out = []
         for key, res in zip(keys, reply.results, strict=True):
             out.append(res.code)
@@ -245,7 +245,7 @@ class Sessions:
             ranges.append((off, view(p, n)))
         assert sess.res is not None
         try:  # verified, replica by replica; LeaseExpired (-707) past the session's lease
-            self._conn.c._read_ranges(key, sess.res, ranges, sess.t0, sess.lease_s)
+            self._conn.c.reads.read_ranges(key, sess.res, ranges, sess.t0, sess.lease_s)
         except StoreError as exc:
             return exc.code  # IntegrityError: -801 (no replica verifies)
         except KvcakeError:

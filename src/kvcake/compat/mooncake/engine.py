@@ -20,8 +20,8 @@ from kvcake.compat.mooncake._te_memory import Endpoint, EngineMemory
 from kvcake.compat.mooncake._te_peers import Peers, RegionTable, take_notifies
 from kvcake.compat.mooncake._te_transfers import Transfers
 from kvcake.compat.mooncake._te_types import Read, TransferNotify, TransferOpcode, Write, _Opcode
-from kvcake.compat.mooncake._via import Via
 from kvcake.core.errors import KvcakeError
+from kvcake.core.via import Via
 from kvcake.transfer import DirectoryService, MemoryBackend
 from kvcake.transfer import TransferEngine as _KvEngine
 

@@ -15,7 +15,7 @@ from typing import Any
 from kvcake.compat.mooncake._structured import _catalog_util as U
 from kvcake.compat.mooncake._structured._catalog_append import Appender, Rows
 from kvcake.compat.mooncake._structured._catalog_state import Lifetimes, Publications
-from kvcake.compat.mooncake._via import Via
+from kvcake.core.via import Via
 
 
 @dataclass

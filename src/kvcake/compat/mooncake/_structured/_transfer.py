@@ -21,7 +21,7 @@ from kvcake.compat.mooncake._structured._types import (
     StructuredObjectReadSpec,
     StructuredObjectResult,
 )
-from kvcake.compat.mooncake._via import Via
+from kvcake.core.via import Via
 
 DEFAULT_BUNDLE_CHUNK_BYTES = 64 * 1024**2
 WRAPPED = "__mooncake_wrapped_object__"
