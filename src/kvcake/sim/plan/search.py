@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -68,8 +67,10 @@ def resolve_hardware(name: str) -> tuple[str, str]:
         return name, ""
     path = CALIBRATED.get(name) or Path(name)
     if not path.is_file():
-        raise ConfigError(f"--hardware must be one of {', '.join(HARDWARE)} or a `kvcake "
-                          f"calibrate` file, got {name!r}")  # fmt: skip
+        raise ConfigError(
+            f"--hardware must be one of {', '.join(HARDWARE)} or a `kvcake "
+            f"calibrate` file, got {name!r}"
+        )
     cm = load_calibration(path)
     base = "smollm2-135m/cpu" if "smollm" in cm.model.name else DEFAULT_PRESET
     return base, str(path)
@@ -110,8 +111,10 @@ class PlanConfig:
         require(self.ttft_slo_s >= 0 and self.tbt_slo_s >= 0, "SLOs must be positive")
         require(0 < self.target <= 1, "--target must be in (0, 1]")
         require(self.max_nodes >= 2, "--max-nodes must be >= 2")
-        require(self.pool_tokens_per_node >= 0 and self.local_cache_tokens >= 0,
-                "cache sizes must be >= 0")  # fmt: skip
+        require(
+            self.pool_tokens_per_node >= 0 and self.local_cache_tokens >= 0,
+            "cache sizes must be >= 0",
+        )
         require(all(t > 0 for t in self.traffic), "traffic multipliers must be positive")
         require(self.jobs >= 0, "--jobs must be >= 0")
         require(self.index_lag_s >= 0, "--index-lag must be >= 0")
@@ -138,9 +141,11 @@ def default_slos(records: Sequence[TraceRecord], hardware: str) -> tuple[float, 
     ctx = int(np.median(inp + out / 2))
     ttft = SLO_MULTIPLE * cm.prefill_time(p90, 0)
     tbt = SLO_MULTIPLE * cm.decode_step_time(1, ctx)
-    rule = (f"TTFT SLO = {SLO_MULTIPLE:g} x uncontended prefill of the p90 prompt ({p90} "
-            f"tokens: {ttft / SLO_MULTIPLE:.3g} s); TBT SLO = {SLO_MULTIPLE:g} x one decode "
-            f"step at the median context ({ctx} tokens: {tbt / SLO_MULTIPLE * 1000:.3g} ms)")  # fmt: skip
+    rule = (
+        f"TTFT SLO = {SLO_MULTIPLE:g} x uncontended prefill of the p90 prompt ({p90} "
+        f"tokens: {ttft / SLO_MULTIPLE:.3g} s); TBT SLO = {SLO_MULTIPLE:g} x one decode "
+        f"step at the median context ({ctx} tokens: {tbt / SLO_MULTIPLE * 1000:.3g} ms)"
+    )
     return ttft, tbt, rule
 
 
@@ -176,20 +181,35 @@ class Point:
         return f"{v.key} {size}{pool}"
 
 
-def sim_config(base: SimConfig, pc: PlanConfig, variant: str, p: int, d: int, pool: int,
-               gbps: float, traffic: float) -> SimConfig:  # fmt: skip
+def sim_config(
+    base: SimConfig,
+    pc: PlanConfig,
+    variant: str,
+    p: int,
+    d: int,
+    pool: int,
+    gbps: float,
+    traffic: float,
+) -> SimConfig:
     v = BY_KEY[variant]
     kv, local, _ = pc.memory
-    common: dict[str, Any] = dict(decode_kv_tokens=kv, link_gbps=gbps, speedup=traffic)
+    common: dict[str, float] = dict(decode_kv_tokens=kv, link_gbps=gbps, speedup=traffic)
     if v.colocated:
         system = "vllm-prefix" if variant == "colocated-prefix" else "vllm-chunked"
         policy = "local-cache-aware" if variant == "colocated-prefix" else "least-load"
-        return base.with_(system=system, prefill_nodes=p, decode_nodes=0,
-                          prefill_policy=policy, **common)  # fmt: skip
-    return base.with_(system="mooncake", prefill_nodes=p, decode_nodes=d, fetch_source="pool",
-                      cache_tokens=local, pool_tokens_per_node=pool if v.pooled else 0,
-                      prefill_policy="global-cache-aware" if v.pooled else "local-cache-aware",
-                      **common)  # fmt: skip
+        return base.with_(
+            system=system, prefill_nodes=p, decode_nodes=0, prefill_policy=policy, **common
+        )
+    return base.with_(
+        system="mooncake",
+        prefill_nodes=p,
+        decode_nodes=d,
+        fetch_source="pool",
+        cache_tokens=local,
+        pool_tokens_per_node=pool if v.pooled else 0,
+        prefill_policy="global-cache-aware" if v.pooled else "local-cache-aware",
+        **common,
+    )
 
 
 _RECORDS: list[TraceRecord] = []  # the trace, set before the worker processes fork
@@ -205,11 +225,26 @@ def _evaluate(arg: tuple[str, SimConfig, float]) -> Point:
         return percentile(a[ok], q)
 
     rej = r.rejected()
-    pool = cfg.pool_tokens_per_node if cfg.fetch_source == "pool" and variant == "disagg-pool" \
-        else 0  # fmt: skip
-    return Point(variant, cfg.prefill_nodes, cfg.decode_nodes, pool, cfg.link_gbps, cfg.speedup,
-                 share, share >= target and rej == 0, pct(r.ttft, 50), pct(r.ttft, 90),
-                 pct(r.tbt, 50), pct(r.tbt, 90), r.hit_rate(), rej, r.wall_s)  # fmt: skip
+    pool = (
+        cfg.pool_tokens_per_node if cfg.fetch_source == "pool" and variant == "disagg-pool" else 0
+    )
+    return Point(
+        variant,
+        cfg.prefill_nodes,
+        cfg.decode_nodes,
+        pool,
+        cfg.link_gbps,
+        cfg.speedup,
+        share,
+        share >= target and rej == 0,
+        pct(r.ttft, 50),
+        pct(r.ttft, 90),
+        pct(r.tbt, 50),
+        pct(r.tbt, 90),
+        r.hit_rate(),
+        rej,
+        r.wall_s,
+    )
 
 
 @dataclass
