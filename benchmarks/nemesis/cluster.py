@@ -21,8 +21,8 @@ from benchmarks.nemesis.hosts import Hosts
 
 from kvcake.core.ports import free_port
 from kvcake.core.promtext import find, parse_metrics
-from kvcake.launch.ha_pool import LEADER, etcd_alive
 from kvcake.launch.child import die_with_parent
+from kvcake.launch.ha_pool import LEADER, etcd_alive
 
 CLUSTER = "nemesis"
 
