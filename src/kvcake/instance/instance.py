@@ -45,7 +45,7 @@ from kvcake.instance.decode_loop import DecodeDeps, DecodeLoop
 from kvcake.instance.kvblocks import KVBlocks, Prompt
 from kvcake.instance.kvlink import KVLink
 from kvcake.instance.peers import HttpPeers
-from kvcake.instance.prefill_worker import AbortLog, PrefillDeps, PrefillWorker
+from kvcake.instance.prefill_worker import AbortLog, PrefillDeps, PrefillWorker, tokens_in_vocab
 from kvcake.instance.store_glue import PoolWriter
 from kvcake.serve.online_fit import OnlineFit
 from kvcake.serve.wire import BadRequest, InstanceError, InstanceInfo, InstanceUnavailable
@@ -229,7 +229,7 @@ class Instance(InstanceAPI):
         if not 1 <= n <= num_tokens <= self.max_context:
             raise BadRequest(f"need 1 <= prompt ({n}) <= num_tokens ({num_tokens}) "
                              f"<= {self.max_context}")  # fmt: skip
-        if any(not 0 <= t < self.vocab_size for t in prompt_tokens):
+        if not tokens_in_vocab(prompt_tokens, self.vocab_size):
             raise BadRequest(f"token ids must be in [0, {self.vocab_size})")
         if len(block_hashes) != n // self.kv.block_tokens:  # checked by the prefill instance
             raise BadRequest("block_hashes must name every full block of the prompt")
