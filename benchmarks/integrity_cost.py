@@ -11,7 +11,8 @@ one whole round of one mode. ``--slice 0`` is the older measurement: one whole r
 rounds alternating.
 
 A round's ratio is the time the operations took without verification over the time they took
-with it (1.0x = free); a cell's figure is the median over rounds. ``cpu``: the same ratio of CPU
+with it (1.0x = free); a cell's figure is the geometric mean over rounds (use an even
+``--repeats``: both orders then count equally; see ``HEADER``), the median beside it. ``cpu``: the same ratio of CPU
 time summed over the client, master and store-server (the servers' from /proc, in 10 ms ticks:
 meaningful summed over a round, not per slice).
 """
@@ -70,12 +71,13 @@ def _slices(calls: int, size: int) -> list[range]:
 
 
 def interleaved(
-    runs: dict[bool, Op], calls: int, per_call: int, slice_ops: int
+    runs: dict[bool, Op], calls: int, per_call: int, slice_ops: int, first: int = 0
 ) -> dict[bool, Tally]:
     """Run ``runs[v](i)`` for i < calls for both modes, slice by slice, the first mode of each
-    slice alternating; returns each mode's tally."""
+    slice alternating (``first``: the round's number, so that a round of one slice -- large
+    values -- alternates with the next round); returns each mode's tally."""
     tally = {v: Tally() for v in runs}
-    for n, idx in enumerate(_slices(calls, slice_ops)):
+    for n, idx in enumerate(_slices(calls, slice_ops), start=first):
         order = (True, False) if n % 2 == 0 else (False, True)
         for v in order:
             c0 = peer.cpu_seconds()
@@ -106,7 +108,7 @@ def cell(
         }
         fns = {v: ops_for(clients[v], keys[v], value, batch) for v in clients}
         for k, name in enumerate(("put", "get")):
-            t = interleaved({v: fns[v][k] for v in clients}, calls, batch, slice_ops)
+            t = interleaved({v: fns[v][k] for v in clients}, calls, batch, slice_ops, r)
             out[name].append(t[False].wall / t[True].wall)
             out[f"{name}_cpu"].append(t[False].cpu / t[True].cpu if t[True].cpu else float("nan"))
             out[f"{name}_ops"].append(t[True].ops / t[True].wall)
@@ -122,14 +124,21 @@ def report(label: str, batch: int, got: dict[str, list[float]]) -> str:
         return ", ".join(f"{x:.2f}" for x in xs)
 
     med = {k: statistics.median(v) for k, v in got.items()}
+    gm = {k: statistics.geometric_mean(got[k]) for k in ("put", "get")}
     return (
-        f"| {label} | {batch} | {rounds(got['put'])} | **{med['put']:.2f}x** "
-        f"| {rounds(got['get'])} | **{med['get']:.2f}x** | {med['put_cpu']:.2f}x "
-        f"| {med['get_cpu']:.2f}x | {med['put_ops']:,.0f} | {med['get_ops']:,.0f} |"
+        f"| {label} | {batch} | {rounds(got['put'])} | **{gm['put']:.2f}x** | {med['put']:.2f}x "
+        f"| {rounds(got['get'])} | **{gm['get']:.2f}x** | {med['get']:.2f}x "
+        f"| {med['put_cpu']:.2f}x | {med['get_cpu']:.2f}x "
+        f"| {med['put_ops']:,.0f} | {med['get_ops']:,.0f} |"
     )
 
 
+# A cell's figure is the geometric mean over rounds: rounds alternate which mode runs first,
+# and where a round is one slice (large values) the mode that runs first is measurably slower
+# whatever it is, so per-round ratios alternate high/low and a median picks one side; the
+# geometric mean of an even number of rounds weighs both orders equally (the median is shown).
 HEADER = (
-    "| size | batch | put off/on per round | put | get off/on per round | get | put cpu | get cpu "
-    "| put op/s (on) | get op/s (on) |\n|---|---:|---|---:|---|---:|---:|---:|---:|---:|"
+    "| size | batch | put off/on per round | put | put median | get off/on per round | get "
+    "| get median | put cpu | get cpu | put op/s (on) | get op/s (on) |\n"
+    "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"
 )
