@@ -42,3 +42,16 @@ def test_no_gap_no_tbt_and_it_meets_any_slo() -> None:
     assert bool(meets_slo(math.nan, 0.0)) and bool(meets_slo(0.1, 0.1))
     assert not bool(meets_slo(0.2, 0.1))
     assert meets_slo(np.array([0.05, math.nan, 0.3]), 0.1).tolist() == [True, True, False]
+
+
+def test_sample_picking_methods_match_the_live_stats() -> None:
+    """The proxy's admission margin and live medians must be a value seen: "lower"/"higher"
+    pick the same sample the hand-written rank picks did."""
+    import collections
+
+    for n in range(1, 30):
+        xs = [float((7 * i) % 31) for i in range(n)]
+        s = sorted(xs)
+        assert percentile(xs, 90, method="lower") == s[int(0.9 * (n - 1))]
+        assert percentile(collections.deque(xs), 50, method="higher") == s[n // 2]
+        assert percentile(xs, 90, method="higher") == s[min(n - 1, int(n * 0.9))]

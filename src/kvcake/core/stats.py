@@ -11,19 +11,25 @@ Pure numpy: the simulator and the conductor import it (no sockets, no torch).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Literal
 
 import numpy as np
 
 TBT_SHARE = 0.1  # the paper's TBT (§5): the mean of the longest 10% of a request's gaps
 
 
-def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
-    """The ``q``-th percentile (``q`` in [0, 100], numpy's linear interpolation) of ``values``
-    without their NaNs; NaN when none are left."""
-    a = np.asarray(values, dtype=float)
+def percentile(
+    values: Sequence[float] | np.ndarray | Iterable[float],
+    q: float,
+    method: Literal["linear", "lower", "higher"] = "linear",
+) -> float:
+    """The ``q``-th percentile (``q`` in [0, 100]) of ``values`` without their NaNs; NaN when
+    none are left. ``method``: numpy's; "linear" interpolates (reports), "lower"/"higher" pick
+    a sample (the proxy's admission margin and live medians, which must be a seen value)."""
+    a = np.asarray(values if isinstance(values, (Sequence, np.ndarray)) else list(values), float)
     a = a[~np.isnan(a)]
-    return float(np.percentile(a, q)) if a.size else math.nan
+    return float(np.percentile(a, q, method=method)) if a.size else math.nan
 
 
 def tbt_count(gaps: int) -> int:

@@ -23,6 +23,7 @@ from kvcake.core.api import KVReservation
 from kvcake.core.errors import TransferError
 from kvcake.core.hashing import block_key
 from kvcake.core.ids import BlockHash, SegmentName
+from kvcake.core.stats import percentile
 from kvcake.engine.kv_memory import KVLayout
 from kvcake.serve import attribution
 from kvcake.store.errors import LeaseExpired, ObjectNotFound
@@ -212,10 +213,10 @@ class KVSender:
         layers = sorted((layer, d - s) for s, d, layer, _ in self._done if layer >= 0)
         out = {"kv_bytes_sent": float(self.bytes_sent)}
         if len(layers) >= 2:
-            earlier = sorted(t for _, t in layers[:-1])
-            out["layer_transfer_p50_s"] = earlier[len(earlier) // 2]
-            out["layer_transfer_p90_s"] = earlier[min(len(earlier) - 1, int(len(earlier) * 0.9))]
-            out["layer_transfer_max_s"] = earlier[-1]
+            earlier = [t for _, t in layers[:-1]]
+            out["layer_transfer_p50_s"] = percentile(earlier, 50, method="higher")
+            out["layer_transfer_p90_s"] = percentile(earlier, 90, method="higher")
+            out["layer_transfer_max_s"] = max(earlier)
             out["last_layer_transfer_s"] = layers[-1][1]
             out["stream_gap_s"] = max(0.0, done_at - last_compute)
             out["layers"] = float(len(layers))

@@ -43,6 +43,7 @@ from kvcake.core.api import (
 from kvcake.core.errors import KvcakeError
 from kvcake.core.hashing import block_hashes, hash_block, salted_root
 from kvcake.core.ids import InstanceId, RequestId
+from kvcake.core.stats import percentile
 from kvcake.engine.sampling import finish_reason
 from kvcake.proxy.metrics import ProxyMetrics
 from kvcake.proxy.state import LiveCluster, Pending
@@ -378,8 +379,8 @@ class Router:
             err = abs(pred - ttft) / ttft
             self.ttft_errors.append(err)
             self.metrics.ttft_prediction_error.observe(err)
-            s = sorted(self.ttft_errors)
-            self.metrics.ttft_prediction_error_median.set(s[len(s) // 2])
+            median = percentile(self.ttft_errors, 50, method="higher")
+            self.metrics.ttft_prediction_error_median.set(median)
             if pred > 0 and out.calibrated:
                 self.ttft_ratios.append(ttft / pred)
                 self._update_margin()
@@ -392,8 +393,7 @@ class Router:
             self.conductor, "set_ttft_margin"
         ):
             return
-        r = sorted(self.ttft_ratios)
-        margin = min(3.0, max(1.0, r[int(0.9 * (len(r) - 1))]))
+        margin = min(3.0, max(1.0, percentile(self.ttft_ratios, 90, method="lower")))
         self.conductor.set_ttft_margin(margin)
         self.metrics.ttft_margin.set(margin)
 
