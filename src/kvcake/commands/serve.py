@@ -9,16 +9,21 @@ from pathlib import Path
 from typing import Any
 
 from kvcake.commands import _up as launcher_cli
+from kvcake.conductor.config import ConductorConfig
 from kvcake.core import auth
 from kvcake.core.api import Role
 from kvcake.core.config import KVLayoutConfig, add_config_flags, flag_overrides, load_config
 from kvcake.replay import cli as replay_cli
-from kvcake.serve.config import InstanceConfig, load_proxy_config
+from kvcake.serve.config import InstanceConfig, ProxyConfig, load_proxy_config
 
 # InstanceConfig's fields with a flag (help: each field's metadata); the rest: --config only.
 INSTANCE_FLAGS = ("id", "host", "port", "backend", "kv_blocks", "threads", "max_batch",
                   "directory", "master", "max_context", "prefill_chunk", "kv_scale",
                   "calibration", "time_scale", "preset")  # fmt: skip
+PROXY_FLAGS = ("host", "port", "request_log", "metrics_names")
+CONDUCTOR_FLAGS = ("prefill_policy", "admission_policy", "ttft_slo_s", "tbt_slo_s",
+                   "kvcache_balancing_threshold", "seed")  # fmt: skip
+CONDUCTOR_ALIASES = {"prefill_policy": ("--policy",), "admission_policy": ("--admission",)}
 
 
 def register(sub: Any) -> None:
@@ -41,26 +46,14 @@ def register(sub: Any) -> None:
         "/v1/models, /health, /metrics. Instances are given by URL.",
     )
     p.add_argument("--config", help="cluster TOML ([kv], [proxy] and [conductor] sections)")
-    p.add_argument("--host", type=str)
-    p.add_argument("--port", type=int)
+    add_config_flags(p, ProxyConfig, only=PROXY_FLAGS)
     p.add_argument("--prefill", action="append", help="prefill (or colocated) instance URL")
     p.add_argument("--decode", action="append", help="decode instance URL")
     p.add_argument("--backend", default="torch", help="torch: real tokenizer; emulated: bytes")
     p.add_argument("--colocated", action="store_true", help="instances prefill and decode")
-    p.add_argument("--request-log", metavar="PATH",
-                   help="proxy.request_log: JSON-lines log, one line per request (kvcake logs)")  # fmt: skip
-    p.add_argument("--metrics-names", choices=("kvcake", "vllm", "both"),
-                   help="proxy.metrics_names: export /metrics under kvcake:, vLLM's vllm: names "
-                   "(labelled component=kvcake-proxy) or both")  # fmt: skip
-    # [conductor] settings (the section the simulator reads too)
-    p.add_argument("--policy", dest="prefill_policy", help="conductor.prefill_policy")
-    p.add_argument("--admission", dest="admission_policy",
-                   help="conductor.admission_policy (none = never 429)")  # fmt: skip
-    p.add_argument("--ttft-slo-s", type=float, help="conductor.ttft_slo_s")
-    p.add_argument("--tbt-slo-s", type=float, help="conductor.tbt_slo_s")
-    p.add_argument("--kvcache-balancing-threshold", type=float,
-                   help="conductor.kvcache_balancing_threshold")  # fmt: skip
-    p.add_argument("--seed", type=int, help="conductor.seed")
+    # [conductor] settings (the section the simulator reads too; --policy and --admission are
+    # the short names the proxy always had)
+    add_config_flags(p, ConductorConfig, only=CONDUCTOR_FLAGS, aliases=CONDUCTOR_ALIASES)
     auth.add_cli_args(p)  # the proxy signs its calls to the instances with it
     p.set_defaults(func=_proxy)
 
@@ -88,11 +81,10 @@ def _proxy(args: argparse.Namespace) -> int:
     # lazy: CLI start-up
     from kvcake.proxy.main import run_proxy
 
-    ov = flag_overrides(args, ["request_log", "metrics_names", "host", "port"])
+    ov = flag_overrides(args, PROXY_FLAGS)
     ov["prefill"] = tuple(args.prefill) if args.prefill else None
     ov["decode"] = tuple(args.decode) if args.decode else None
-    cond = flag_overrides(args, ["prefill_policy", "admission_policy", "ttft_slo_s", "tbt_slo_s",
-                             "kvcache_balancing_threshold", "seed"])  # fmt: skip
+    cond = flag_overrides(args, CONDUCTOR_FLAGS)
     cfg = load_proxy_config(args.config, ov, cond)
     kv = load_config(KVLayoutConfig, toml_path=args.config, section="kv")
     # `kvcake up` writes the proxy's config next to its run record (cluster.json): the

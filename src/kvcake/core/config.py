@@ -72,12 +72,17 @@ def _default_of(f: dataclasses.Field[Any]) -> Any:
 
 
 def add_config_flags(
-    p: argparse.ArgumentParser, cls: type, only: Sequence[str] = (), skip: Sequence[str] = ()
+    p: argparse.ArgumentParser,
+    cls: type,
+    only: Sequence[str] = (),
+    skip: Sequence[str] = (),
+    aliases: Mapping[str, Sequence[str]] | None = None,
 ) -> list[str]:
     """One ``--<field-name>`` flag per field of ``cls`` (``only``: just those, in that order;
     nested dataclasses never), with the field's ``metadata["help"]`` and its default. Every
     flag defaults to None and takes a string, so :func:`load_config` (``overrides``) converts
-    and checks only the flags given, with the TOML file's and the environment's rules. Returns
+    and checks only the flags given, with the TOML file's and the environment's rules.
+    ``aliases``: more option strings for a field (a short name users already type). Returns
     the field names, for :func:`flag_overrides`."""
     by_name = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
@@ -90,6 +95,7 @@ def add_config_flags(
         text = f.metadata.get("help", "")
         p.add_argument(
             f"--{name.replace('_', '-')}",
+            *(aliases or {}).get(name, ()),
             dest=name,
             default=None,
             metavar=kind,

@@ -85,8 +85,8 @@ class InstanceConfig:
 class ProxyConfig:
     """The OpenAI-compatible front end (``kvcake proxy``)."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = setting("127.0.0.1", "address the proxy listens on")
+    port: int = setting(8000, "port the proxy listens on")
     prefill: tuple[str, ...] = ()  # instance URLs, e.g. "http://127.0.0.1:8101"
     decode: tuple[str, ...] = ()
     # Names clients may send as `model` (the first is the one reported); () = kv.model.
@@ -103,14 +103,17 @@ class ProxyConfig:
     # The instances' Transfer Engine directory: readiness checks that it lists every
     # instance's KV segment ("" = the one the master hosts; `kvcake up` sets it).
     directory: str = ""
-    # JSON-lines request log (serve.reqlog; `kvcake logs` reads it; "" = off), rotated to
-    # .1 .. .N when it passes request_log_max_bytes.
-    request_log: str = ""
+    # rotated to .1 .. .N when it passes request_log_max_bytes
+    request_log: str = setting(
+        "", 'JSON-lines log, one line per request (`kvcake logs` reads it; "" = off)'
+    )
     request_log_max_bytes: int = size_field("64MiB")
     request_log_backups: int = 3
-    # /metrics names: "kvcake" (kvcake:*), "vllm" (vLLM's vllm:* where vLLM has the metric,
-    # with component="kvcake-proxy"), or "both".
-    metrics_names: str = "kvcake"
+    metrics_names: str = setting(
+        "kvcake",
+        "/metrics names: kvcake (kvcake:*), vllm (vLLM's vllm:* where vLLM has the metric, "
+        'labelled component="kvcake-proxy") or both',
+    )
     # OpenAI-style API keys (proxy/auth.py): "KEY" or "KEY=TENANT" entries and/or a file of
     # them, one per line; none = the proxy is open. A key's tenant salts its requests' KV.
     api_keys: tuple[str, ...] = ()
