@@ -36,6 +36,7 @@ from kvcake.conductor.index import PrefixIndex
 from kvcake.conductor.predictors import Predictors, PrefillTimeModel
 from kvcake.core import promtext
 from kvcake.core.api import Accept, ClusterSnapshot, DecodeState, PrefillState, RequestView
+from kvcake.core.config import setting
 from kvcake.core.costmodel import PrefillCoefficients
 from kvcake.core.hashing import block_hashes
 from kvcake.core.ids import InstanceId, RequestId
@@ -105,17 +106,22 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 @dataclass
 class FleetConfig:
-    block_tokens: int = 32
+    block_tokens: int = setting(32, "vLLM's --block-size (tokens per KV block)")
     kv_capacity_tokens: int = 23_296  # per engine (vLLM logs "CPU KV cache size")
     kv_bytes_per_token: int = 46_080  # SmolLM2-135M fp32: 30 layers x 2 x 3 x 64 x 4
     link_bandwidth: float = 2e9  # pool -> engine, bytes/s (same host)
     poll_interval_s: float = 0.5
     model: str = "smollm2"
-    prefill_timeout_s: float = 300.0  # P/D: the prefill step (max_tokens=1) answers in this
-    # P/D decode: the longest wait for the engine's next chunk (streamed) or for its token
-    # counter to move (non-streamed); a stalled engine ends the request with an error instead
-    # of holding it for the client's 600 s
-    decode_idle_timeout_s: float = 60.0
+    prefill_timeout_s: float = setting(
+        300.0, "P/D: the prefill step's (max_tokens=1) deadline (then a 504)"
+    )
+    # A stalled engine ends the request with an error instead of holding it for the client's
+    # 600 s.
+    decode_idle_timeout_s: float = setting(
+        60.0,
+        "P/D decode: the longest wait for the engine's next chunk (streamed) or for its token "
+        "counter to move (non-streamed); then the request ends with an error",
+    )
     conductor: ConductorConfig = field(default_factory=lambda: ConductorConfig(colocated=True))
 
 

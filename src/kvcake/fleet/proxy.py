@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import secrets
@@ -20,6 +21,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvcake.conductor.config import ConductorConfig
+from kvcake.core.config import add_config_flags, flag_overrides, load_config
+from kvcake.core.errors import ConfigError
 from kvcake.core.ids import InstanceId
 from kvcake.fleet.adapter import EngineRef, FleetConfig, Placement, VllmFleet
 from kvcake.fleet.pd import ENGINE_HEADER, PdRelay, check_pd_body, forward_pd
@@ -27,6 +30,8 @@ from kvcake.fleet.pd import error as _error
 from kvcake.net.httpserve import serve
 from kvcake.net.listen import bind
 
+# FleetConfig's fields with a flag (help: each field's metadata)
+FLEET_FLAGS = ("block_tokens", "prefill_timeout_s", "decode_idle_timeout_s")
 ROLE_NAMES = {"both": "vllm", "prefill": "vllm-prefill", "decode": "vllm-decode"}
 
 
@@ -244,21 +249,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--master", default="", help="kvcake master host:port (the pool's events)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0, help="0 = a free port")
-    ap.add_argument("--block-tokens", type=int, default=32, help="vLLM's --block-size")
-    ap.add_argument("--policy", default="global-cache-aware", help="conductor prefill policy")
-    ap.add_argument("--prefill-timeout-s", type=float, default=300.0,
-                    help="P/D: the prefill step's deadline (then a 504)")  # fmt: skip
-    ap.add_argument("--decode-idle-timeout-s", type=float, default=60.0,
-                    help="P/D, streamed decode: longest wait for the engine's next chunk (then "
-                         "the stream ends with an error)")  # fmt: skip
+    fleet_flags = add_config_flags(ap, FleetConfig, only=FLEET_FLAGS)
+    aliases = {"prefill_policy": ("--policy",)}
+    policy = add_config_flags(ap, ConductorConfig, only=["prefill_policy"], aliases=aliases)
     args = ap.parse_args(argv)
     engines = args.engine + args.prefill + args.decode
     if not engines:
         ap.error("name at least one engine (--engine, or --prefill and --decode)")
-
-    cfg = FleetConfig(block_tokens=args.block_tokens, prefill_timeout_s=args.prefill_timeout_s,
-                      decode_idle_timeout_s=args.decode_idle_timeout_s,
-                      conductor=ConductorConfig(prefill_policy=args.policy, colocated=True))  # fmt: skip
+    try:
+        overrides = {"colocated": True, **flag_overrides(args, policy)}
+        conductor = load_config(ConductorConfig, section="conductor", overrides=overrides)
+        cfg = load_config(FleetConfig, section="fleet", overrides=flag_overrides(args, fleet_flags))
+    except ConfigError as exc:
+        ap.error(str(exc))
+    cfg = dataclasses.replace(cfg, conductor=conductor)
     try:
         fleet = VllmFleet(engines, cfg, args.master)
     except ValueError as exc:
