@@ -79,19 +79,7 @@ class MooncakeCluster(ClusterBase):
                 for n in self.prefill
             ]
         )
-        dec = tuple(
-            [
-                DecodeState(
-                    n.iid,
-                    n.batch.size,
-                    n.batch.context_with_pending(now),
-                    n.capacity,
-                    n.pending_reqs,
-                    n.pending_ctx,
-                )
-                for n in self.decode
-            ]
-        )
+        dec = tuple([decode_state(n, now) for n in self.decode])
         return ClusterSnapshot(now, pre, dec, self.index, self.cfg.block_tokens, self.kvbpt, bw)
 
     # --- arrival --------------------------------------------------------------------------
@@ -255,3 +243,17 @@ class MooncakeCluster(ClusterBase):
 
     def replica_counts(self, blocks: Sequence[int]) -> list[int]:
         return [sum(b in n.cache for n in self.prefill) for b in blocks]
+
+
+def decode_state(n: DecodeNode, now: float, *more: bool) -> DecodeState:
+    """What the conductor sees of decode node ``n`` at ``now`` (``more``: the trailing fields a
+    caller sets, e.g. whether the node is up)."""
+    return DecodeState(
+        n.iid,
+        n.batch.size,
+        n.batch.context_with_pending(now),
+        n.capacity,
+        n.pending_reqs,
+        n.pending_ctx,
+        *more,
+    )

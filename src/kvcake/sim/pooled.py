@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvcake.core.api import Accept, ClusterSnapshot, DecodeState, PrefillState
+from kvcake.core.api import Accept, ClusterSnapshot, PrefillState
 from kvcake.sim.config import SimConfig, parse_failures
 from kvcake.sim.events import EventQueue, Prio
 from kvcake.sim.livehost import LiveHost, slowed
-from kvcake.sim.mooncake import MooncakeCluster
+from kvcake.sim.mooncake import MooncakeCluster, decode_state
 from kvcake.sim.nodes import PrefillNode
 from kvcake.sim.pool import Nic, StorePool
 from kvcake.sim.request import Outcome, SimRequest
@@ -83,20 +83,7 @@ class PooledCluster(MooncakeCluster):
                 for n in self.prefill
             ]
         )
-        dec = tuple(
-            [
-                DecodeState(
-                    n.iid,
-                    n.batch.size,
-                    n.batch.context_with_pending(now),
-                    n.capacity,
-                    n.pending_reqs,
-                    n.pending_ctx,
-                    n.idx not in dd,
-                )
-                for n in self.decode
-            ]
-        )
+        dec = tuple([decode_state(n, now, n.idx not in dd) for n in self.decode])
         return ClusterSnapshot(now, pre, dec, self.index, self.cfg.block_tokens, self.kvbpt, bw)
 
     # --- fetch source: the pool ---------------------------------------------------------------
