@@ -325,3 +325,46 @@ def test_a_cancelled_batched_network_read_lands_nothing(pool2: str) -> None:
         got = c.batch_get_into_ranges(keys, [[(100, b)] for b in bufs], guard)
         assert all(isinstance(g, TransferFailed) for g in got), got
         assert all(b == b"\xab" * 5000 for b in bufs)
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_tiled_network_read_lands_in_place_and_settles_each_key(pool2: str, verify: bool) -> None:
+    """issue 37: ranges that tile a value (a vLLM block's planes) are read over TCP straight
+    into place, summed as they land (transfer/scatter.py), no scratch. A key whose first
+    replica is corrupt falls through to its good one (reported, dropped), a key with no good
+    replica is IntegrityError; with verification off the bytes are taken as they come."""
+    size = CHUNK + 4097
+    tag = "v" if verify else "u"
+    with Client(ClientConfig(master=pool2, protocol="tcp", verify=verify)) as c:
+        keys = [f"tiled/{tag}/two", f"tiled/{tag}/one", f"tiled/{tag}/ok"]
+        c.put(keys[0], value(keys[0], size), P.PutOptions(replica_num=2))
+        for k in keys[1:]:
+            c.put(k, value(k, size))
+        direct = []
+        read_scatter = c.engine.read_scatter
+
+        def counted(segment, reads, gate, chunk):  # type: ignore[no-untyped-def]
+            direct.append(len(reads))
+            return read_scatter(segment, reads, gate, chunk)
+
+        c.engine.read_scatter = counted  # type: ignore[method-assign]
+        if verify:
+            bad = first(c, keys[0])
+            corrupt(c, bad, size - 5)
+            corrupt(c, first(c, keys[1]), 3)
+        before = failures("tcp")
+        bufs = {
+            k: [bytearray(1000), bytearray(CHUNK), bytearray(size - 1000 - CHUNK)] for k in keys
+        }
+        asked = [[(0, b[0]), (1000, b[1]), (1000 + CHUNK, b[2])] for b in bufs.values()]
+        got = c.batch_get_into_ranges(keys, asked, ReadGuard())
+        assert sum(direct) == 3, direct  # every key went the direct way first
+        good = [keys[0], keys[2]] if verify else keys
+        for k in good:
+            assert got[keys.index(k)] == size
+            assert b"".join(bytes(b) for b in bufs[k]) == value(k, size)
+        if verify:
+            assert isinstance(got[1], IntegrityError), got
+            assert failures("tcp") == before + 2
+            left = c.get_replica_desc(keys[0]).replicas
+            assert len(left) == 1 and (left[0].segment, left[0].offset) != (bad.segment, bad.offset)

@@ -1,14 +1,20 @@
-"""A ranges read's network keys in one Transfer Engine batch (issue 37's TCP loads).
+"""A ranges read's network keys in one go (issue 37's TCP loads).
 
 Read one key at a time, a load of N blocks from a remote node waits N round trips, each with
-the link idle while the request crosses it. Here every key's chunk-aligned span goes into one
-``TransferEngine.read_many`` batch, whose lanes keep the link busy, each span landing in a
-private scratch buffer and summed as it lands (:mod:`.landing`); then each key is verified and
-handed over under the caller's guard, exactly as the per-key network path does it
-(``reads.ReadPath._read_verified``): no byte reaches a caller's buffer before its chunks
-verify, and none after a cancel. A key whose transfer fails or whose sums do not match is
-left to the per-key path (``None``), which looks the replica up afresh, reports a corrupt one
-and tries the next.
+the link idle while the request crosses it. Two ways, both batched:
+
+* **direct** -- a key whose ranges tile its chunk-aligned span (a vLLM block: every plane's
+  slice of it) is asked for range by range and received straight into the ranges, each chunk
+  summed as it lands (``TransferEngine.read_scatter``, :mod:`kvcake.transfer.scatter`): each
+  byte crosses memory once. The bytes land before they are verified; a key that fails is
+  read again by the per-key path, so the caller sees success only for verified bytes. The
+  guard admits the bytes (none lands once ``ReadGuard.cancel`` returned).
+* **scratch** -- any other key: its span goes into one ``TransferEngine.read_many`` batch, into
+  a private scratch buffer summed as it lands (:mod:`.landing`), then each key is verified and
+  handed over under the guard: no byte reaches the caller's buffer before its chunks verify.
+
+A key whose transfer fails or whose sums do not match is left to the per-key path (``None``),
+which looks the replica up afresh, reports a corrupt one and tries the next.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from kvcake.store.landing import LandingSums
 from kvcake.store.readguard import ReadGuard, commit_under
 from kvcake.store.verify import scatter
 from kvcake.transfer.engine import TransferEngine
+from kvcake.transfer.errors import TransferError
+from kvcake.transfer.scatter import Cancelled, ScatterRead
 
 GROUP_BYTES = 64 << 20  # scratch held at once: a larger load goes in several batches
 
@@ -68,7 +76,73 @@ def fetch_many(
     engine: TransferEngine, reads: Sequence[NetRead], guard: ReadGuard | None, scratch: Scratch
 ) -> list[Outcome]:
     """Per read: the bytes handed over, TransferFailed (the guard was cancelled), or None (its
-    transfer failed or its sums did not match: the caller reads that key alone)."""
+    transfer failed or its sums did not match: the caller reads that key alone). Reads whose
+    ranges tile their span land straight in them (:func:`_fetch_direct`); the rest, and any
+    the direct way refuses, through scratch."""
+    out: list[Outcome | None] = [None] * len(reads)
+    rest = list(range(len(reads)))
+    if native.AVAILABLE:
+        rest = _fetch_direct(engine, reads, guard, out)
+    scratched = _fetch_scratch(engine, [reads[i] for i in rest], guard, scratch)
+    for i, got in zip(rest, scratched, strict=True):
+        out[i] = got
+    return out
+
+
+def _fetch_direct(
+    engine: TransferEngine, reads: Sequence[NetRead], guard: ReadGuard | None, out: list[Outcome]
+) -> list[int]:
+    """Per segment, the reads whose ranges cover their chunk-aligned span exactly, received
+    straight into those ranges and summed as they land (``TransferEngine.read_scatter``: no
+    scratch, each byte crosses memory once). Verification comes after the bytes landed, so a
+    read that fails it leaves its ranges holding unverified bytes: its outcome is None and the
+    per-key path reads it again (or fails it); the caller never sees success for them. Returns
+    the indexes left to the scratch path."""
+    by_segment: dict[str, list[int]] = {}
+    rest: list[int] = []
+    for i, r in enumerate(reads):
+        fits = r.ranges.disjoint and r.ranges.start == r.lo and r.ranges.end == r.hi > r.lo
+        (by_segment.setdefault(r.segment, []) if fits else rest).append(i)
+    for segment, idx in by_segment.items():
+        todo = [_scatter_read(reads[i]) for i in idx]
+        got: Sequence[list[int] | TransferError | TransferFailed] | None
+        try:
+            got = engine.read_scatter(segment, todo, guard, integrity.CHUNK)
+        except Cancelled:
+            got = [TransferFailed("read cancelled")] * len(idx)
+        if got is None:
+            rest += idx
+            continue
+        for i, g in zip(idx, got, strict=True):
+            out[i] = _settle(reads[i], g)
+    return sorted(rest)
+
+
+def _scatter_read(r: NetRead) -> ScatterRead:
+    first = r.lo // integrity.CHUNK
+    seeds = None
+    if r.sums is not None:
+        seeds = integrity.chunk_seeds(r.key, first, integrity.chunk_count(r.hi - r.lo))
+    return ScatterRead(r.offset, r.ranges, seeds)
+
+
+def _settle(r: NetRead, got: list[int] | TransferError | TransferFailed) -> Outcome:
+    if isinstance(got, TransferFailed):
+        return got
+    if isinstance(got, TransferError):
+        return None
+    if r.sums is not None:
+        first = r.lo // integrity.CHUNK
+        if len(r.sums) != integrity.chunk_count(r.size) or got != list(
+            r.sums[first : first + len(got)]
+        ):
+            return None
+    return r.ranges.nbytes
+
+
+def _fetch_scratch(
+    engine: TransferEngine, reads: Sequence[NetRead], guard: ReadGuard | None, scratch: Scratch
+) -> list[Outcome]:
     out: list[Outcome] = []
     group: list[NetRead] = []
     size = 0

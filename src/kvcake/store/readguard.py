@@ -18,9 +18,11 @@ from kvcake.store.errors import TransferFailed
 
 class ReadGuard:
     """Lets a caller give up on a ranges read and reuse its buffers at once. Bytes reach the
-    caller's buffers only inside :meth:`commit` (memory copies, microseconds); network reads
-    land in a private buffer first. :meth:`cancel` takes the same lock, so once it returns no
-    byte can arrive any more, even from a read still in flight."""
+    caller's buffers only inside :meth:`commit`: memory copies, or a network receive of bytes
+    already arriving (``transfer.scatter``, which polls :attr:`stop` every <= 10 ms and never
+    waits on a peer past it). :meth:`cancel` sets the stop flag, then takes the same lock, so
+    once it returns no byte can arrive any more, even from a read still in flight. It is a
+    ``transfer.scatter.Gate``."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from kvcake.core import auth as _auth
 from kvcake.core.ids import BatchId, SegmentName
 from kvcake.core.pools import started_pool
-from kvcake.transfer import shm
+from kvcake.transfer import scatter, shm
 from kvcake.transfer.batch import Batch, Claimable, Job, failure
 from kvcake.transfer.batchtable import BatchTable
 from kvcake.transfer.config import TransferConfig
@@ -490,6 +490,29 @@ class TransferEngine:
         ONE batch (a load's network reads pipelined over the lanes instead of one round trip
         each); a bad item fails alone in the result. ``landed`` as for :meth:`read_into`."""
         return self._many(Op.READ, items)
+
+    def read_scatter(
+        self,
+        segment: str,
+        reads: Sequence[scatter.ScatterRead],
+        gate: scatter.Gate | None,
+        chunk: int,
+    ) -> list[scatter.Outcome] | None:
+        """Read each value over TCP straight into its ranges, summed as it lands, under
+        ``gate`` (:mod:`.scatter`): per value its sums or its refusal. None: not this way (the
+        target is not reached over TCP, a value's ranges do not tile it or exceed a frame, or
+        the path failed): the caller reads another way. Raises scatter.Cancelled."""
+        self._check_open()
+        target = self.registry.target(segment)
+        transport = self._transport_for(target)
+        if not isinstance(transport, TcpTransport) or not all(
+            scatter.tiles(r.table) for r in reads
+        ):
+            return None
+        groups = scatter.frames(reads, transport.frame_bytes)
+        if groups is None:
+            return None
+        return transport.read_scatter(target, reads, groups, gate, chunk)
 
     def write_many(
         self, items: Sequence[tuple[str, int, BufferLike, Landed | None]]

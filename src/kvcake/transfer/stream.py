@@ -318,6 +318,13 @@ class FrameReader:
         if rest:
             recv_exact_views(self.sock, rest)
 
+    def take(self, n: int) -> memoryview:
+        """Up to ``n`` read-ahead bytes, consumed (valid until the next read)."""
+        k = min(n, self._end - self._start)
+        start = self._start
+        self._start = start + k
+        return self._view[start : start + k]
+
     def skip(self, n: int) -> None:
         """Discard ``n`` bytes (the data section of a refused request)."""
         scratch = memoryview(bytearray(min(n, 256 * 1024))) if n > self.buffered else None

@@ -25,6 +25,7 @@ from kvcake.core import framing
 from kvcake.core.auth import TRANSFER, Authenticator, AuthError
 from kvcake.core.errors import FramingError, MalformedFrame
 from kvcake.net.netserver import split_address
+from kvcake.transfer import scatter
 from kvcake.transfer.batch import Batch, Job, Slice, SliceQueue, cut
 from kvcake.transfer.config import TransferConfig
 from kvcake.transfer.errors import (
@@ -169,7 +170,7 @@ class TcpTransport(Transport):
         self._on_unknown = on_unknown_segment
         # A vectored frame carries at most this many bytes (the peer's server_max_data, assumed
         # to be this engine's, bounds it; 16 MiB keeps a lane's replies coming).
-        self._frame_bytes = max(cfg.slice_size, min(cfg.server_max_data, 16 << 20))
+        self.frame_bytes = max(cfg.slice_size, min(cfg.server_max_data, 16 << 20))
 
     def usable(self, target: SegmentInfo) -> bool:
         return bool(target.paths)
@@ -258,7 +259,7 @@ class TcpTransport(Transport):
 
     def vector_fits(self, entries: int, total: int) -> bool:
         """Would the general path run these entries as one lane and one frame?"""
-        return entries <= MAX_ENTRIES and total <= min(self._frame_bytes, self.cfg.lane_bytes)
+        return entries <= MAX_ENTRIES and total <= min(self.frame_bytes, self.cfg.lane_bytes)
 
     def run_vectors(self, plans: Sequence[VectorPlan]) -> list[Outcome]:
         """The frames of ``plans`` (one target segment, one op; see :class:`VectorPlan`) in
@@ -291,6 +292,25 @@ class TcpTransport(Transport):
                 self._on_unknown(target.name)
                 break
         return outs
+
+    def read_scatter(
+        self,
+        target: SegmentInfo,
+        reads: Sequence[scatter.ScatterRead],
+        groups: list[list[int]],
+        gate: scatter.Gate | None,
+        chunk: int,
+    ) -> list[scatter.Outcome] | None:
+        """``reads`` straight into their ranges, in ``groups`` of one frame each, in the
+        caller's thread (:mod:`.scatter`); None: the path failed (read another way)."""
+        out = self._inline(
+            target, scatter.run, target.name, reads, groups, gate, chunk, self.cfg.io_timeout_s
+        )
+        if out is PATH_FAILED:
+            return None
+        if any(isinstance(o, UnknownSegment) for o in out):
+            self._on_unknown(target.name)
+        return out
 
     def _lane_task(
         self, batch: Batch, q: SliceQueue, paths: tuple[PathInfo, ...], lane: int
@@ -410,7 +430,7 @@ class TcpTransport(Transport):
 
     def _frames(self, slices: list[Slice]) -> list[list[Slice]]:
         """Group a round's slices into frames: one op each, bounded entries and bytes."""
-        cap = self._frame_bytes
+        cap = self.frame_bytes
         out: list[list[Slice]] = []
         for op in (Op.WRITE, Op.READ):
             cur: list[Slice] = []

@@ -159,6 +159,7 @@ class Table(Protocol):
     offsets: npt.NDArray[np.uint64]
     lengths: npt.NDArray[np.uint64]
     addrs: npt.NDArray[np.uint64]
+    nbytes: int
 
 
 Ranges = Sequence[tuple[int, memoryview]] | Table

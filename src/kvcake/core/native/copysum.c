@@ -10,9 +10,14 @@
  * seeded by seeds[i] (the streaming and one-shot XXH3 APIs give the same result).
  */
 #define XXH_INLINE_ALL
+#include <errno.h>
 #include <immintrin.h>
+#include <poll.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
 #include <xxhash.h>
 
 #define PIECE (4 * 1024)
@@ -191,4 +196,131 @@ long kvc_scatter_sum_many(size_t count, const uint64_t *src, const uint64_t *n, 
     if (flags & KVC_STREAM)
         _mm_sfence();
     return ret;
+}
+
+/* A network read's data section received straight into its destinations (issue 37's TCP
+ * loads): the bytes of `count` values arrive in order on socket fd, value j's bytes go to its
+ * ranges [rfirst[j], rfirst[j + 1]) (dst, len; in value order, together its whole span of n[j]
+ * bytes) and chunk i of the span is summed (seed seeds[sfirst[j] + i], out[...]) right after
+ * its bytes land, while they are in the cache; seeds NULL: no sums. The first pre_len bytes come
+ * from pre (the caller's read-ahead). Every receive is MSG_DONTWAIT, waits are poll() slices
+ * of at most 10 ms and *stop is checked after each: a caller that sets it sees this return
+ * within ~10 ms and no byte land after (the caller holds its guard's lock around the call).
+ * Returns 0, or -1 bad arguments, -2 EOF, -3 timeout (timeout_ms with no byte arriving),
+ * -4 stopped, -5 - errno on a socket error. */
+#define RECV_CALL_BYTES (1 << 20)
+#define RECV_IOV 64
+
+struct recv_sums {
+    const uint64_t *seeds;
+    uint64_t *out;
+    const uint64_t *sfirst, *n, *rfirst;
+    size_t chunk, count;
+    size_t j, pos; /* value being summed, bytes of it summed */
+    size_t r;      /* range being summed */
+    size_t rpos;   /* bytes of range r summed */
+    XXH3_state_t st;
+};
+
+/* Sum the next m landed bytes of the stream (they lie in ranges r, r+1, ...). */
+static int sums_advance(struct recv_sums *s, const uint64_t *dst, const uint64_t *len, size_t m) {
+    while (m > 0 && s->j < s->count) {
+        if (s->pos % s->chunk == 0 && s->pos < s->n[s->j] &&
+            XXH3_64bits_reset_withSeed(&s->st, s->seeds[s->sfirst[s->j] + s->pos / s->chunk]) !=
+                XXH_OK)
+            return -1;
+        size_t in_range = len[s->r] - s->rpos;
+        size_t to_chunk = s->chunk - s->pos % s->chunk;
+        size_t k = m < in_range ? m : in_range;
+        if (k > to_chunk)
+            k = to_chunk;
+        XXH3_64bits_update(&s->st, (const unsigned char *)(uintptr_t)dst[s->r] + s->rpos, k);
+        s->pos += k, s->rpos += k, m -= k;
+        if (k > 0 && (s->pos % s->chunk == 0 || s->pos == s->n[s->j]))
+            s->out[s->sfirst[s->j] + (s->pos - 1) / s->chunk] = XXH3_64bits_digest(&s->st);
+        if (s->rpos == len[s->r])
+            s->r++, s->rpos = 0;
+        if (s->pos == s->n[s->j])
+            s->j++, s->pos = 0;
+    }
+    return 0;
+}
+
+static long now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+int kvc_recv_sum_many(int fd, const unsigned char *pre, size_t pre_len, size_t count,
+                      const uint64_t *n, size_t chunk, const uint64_t *seeds, uint64_t *out,
+                      const uint64_t *sfirst, const uint64_t *dst, const uint64_t *len,
+                      const uint64_t *rfirst, const volatile int *stop, long timeout_ms) {
+    struct recv_sums s;
+    memset(&s, 0, sizeof s);
+    s.seeds = seeds, s.out = out, s.sfirst = sfirst, s.n = n, s.rfirst = rfirst;
+    s.chunk = chunk, s.count = count;
+    size_t ranges = rfirst[count], r = 0, rpos = 0;
+    long last = now_ms();
+    if (chunk == 0)
+        return -1;
+    for (size_t j = 0, k = 0; j < count; j++) {
+        uint64_t total = 0;
+        for (; k < rfirst[j + 1]; k++)
+            total += len[k];
+        if (total != n[j])
+            return -1;
+    }
+    while (r < ranges) {
+        struct iovec iov[RECV_IOV];
+        int cnt = 0;
+        size_t want = 0;
+        for (size_t q = r, off = rpos; q < ranges && cnt < RECV_IOV && want < RECV_CALL_BYTES;
+             q++, off = 0) {
+            size_t m = len[q] - off;
+            if (m > RECV_CALL_BYTES - want)
+                m = RECV_CALL_BYTES - want;
+            iov[cnt].iov_base = (unsigned char *)(uintptr_t)dst[q] + off;
+            iov[cnt++].iov_len = m;
+            want += m;
+        }
+        ssize_t got;
+        if (stop != NULL && *stop)
+            return -4;
+        if (pre_len) { /* the read-ahead first, into the same ranges */
+            size_t take = pre_len < iov[0].iov_len ? pre_len : iov[0].iov_len;
+            memcpy(iov[0].iov_base, pre, take);
+            pre += take, pre_len -= take, got = (ssize_t)take;
+        } else {
+            struct msghdr msg;
+            memset(&msg, 0, sizeof msg);
+            msg.msg_iov = iov, msg.msg_iovlen = (size_t)cnt;
+            got = recvmsg(fd, &msg, MSG_DONTWAIT);
+        }
+        if (stop != NULL && *stop)
+            return -4; /* bytes of this last call may have landed: the caller's data is void */
+        if (got == 0)
+            return -2;
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                return -5 - errno;
+            if (now_ms() - last > timeout_ms)
+                return -3;
+            struct pollfd p = {fd, POLLIN, 0};
+            poll(&p, 1, 10);
+            continue;
+        }
+        last = now_ms();
+        if (seeds != NULL && sums_advance(&s, dst, len, (size_t)got) != 0)
+            return -1;
+        for (size_t m = (size_t)got; m > 0;) {
+            size_t k = len[r] - rpos < m ? len[r] - rpos : m;
+            rpos += k, m -= k;
+            if (rpos == len[r])
+                r++, rpos = 0;
+        }
+    }
+    return 0;
 }

@@ -1,0 +1,158 @@
+"""Reads that land each byte once, straight in the caller's scattered destinations (issue 37's
+TCP loads), summed as they land.
+
+A value whose destinations are many ranges (a vLLM block: one per KV plane) is asked for range
+by range in vectored ``ReadV`` frames (the server sends them back to back, as for any vectored
+read); the reply's data section is received by one C call per frame
+(:func:`kvcake.core.native.netrecv.recv_sum_many`) straight into the ranges, each chunk summed
+while it is in the cache. The lanes' path lands a slice in one contiguous buffer, so a
+scattered value would cross memory twice (scratch, then the ranges): measured 0.42x of the
+engine's own TCP bandwidth that way (docs/benchmarks.md, "Pool loads").
+
+Bytes reach the caller's memory only inside ``gate.commit()``, held for one frame's data; its
+stop flag ends the C call within ~10 ms, so once the gate's owner has given up no byte lands
+(``store.readguard.ReadGuard`` is such a gate). A frame that ends early breaks the connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from typing_extensions import Buffer
+
+from kvcake.core import framing
+from kvcake.core.errors import MalformedFrame
+from kvcake.core.native import StopFlag, Table
+from kvcake.core.native.netrecv import Stopped, recv_sum_many
+from kvcake.transfer.errors import TransferError
+from kvcake.transfer.pool import Endpoint
+from kvcake.transfer.protocol import CODEC, MAX_ENTRIES, AckV, Fail, ReadV
+from kvcake.transfer.stream import send_all
+from kvcake.transfer.vector import read_reply, remote_error
+
+
+class Gate(Protocol):
+    """Admits bytes into a caller's memory: ``commit()`` raises once the caller gave up, and
+    ``stop`` (set first by the giving up) ends a receive in progress."""
+
+    stop: StopFlag | None
+
+    def commit(self) -> contextlib.AbstractContextManager[None]: ...
+
+
+class Cancelled(TransferError):
+    """The gate closed while a scattered read was landing: its destinations are void."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScatterRead:
+    """One value read from ``offset`` of a segment (its byte 0) into ``table``'s ranges,
+    which tile the value's span ``[table.start, table.end)`` (chunk aligned); ``seeds``: one
+    per ``chunk`` of the span (None: not summed)."""
+
+    offset: int
+    table: Table
+    seeds: Sequence[int] | None
+
+
+def tiles(table: Table) -> bool:
+    """Do the ranges (sorted) cover one span without gaps or overlaps?"""
+    live = table.lengths > 0
+    offs, lens = table.offsets[live], table.lengths[live]
+    return len(offs) > 0 and bool(np.all(offs[1:] == offs[:-1] + lens[:-1]))
+
+
+def frames(reads: Sequence[ScatterRead], max_bytes: int) -> list[list[int]] | None:
+    """Indexes of ``reads`` grouped into frames of whole values, each at most MAX_ENTRIES
+    ranges and ``max_bytes``; None: a value alone exceeds that (read it another way)."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    entries = size = 0
+    for i, r in enumerate(reads):
+        n, b = int(np.count_nonzero(r.table.lengths)), r.table.nbytes
+        if n > MAX_ENTRIES or b > max_bytes:
+            return None
+        if cur and (entries + n > MAX_ENTRIES or size + b > max_bytes):
+            out.append(cur)
+            cur, entries, size = [], 0, 0
+        cur.append(i)
+        entries += n
+        size += b
+    if cur:
+        out.append(cur)
+    return out
+
+
+Outcome = list[int] | TransferError  # a value's sums (or [] unsummed), or its refusal
+
+
+def run(
+    ep: Endpoint,
+    segment: str,
+    reads: Sequence[ScatterRead],
+    groups: list[list[int]],
+    gate: Gate | None,
+    chunk: int,
+    timeout_s: float,
+) -> list[Outcome]:
+    """Send every frame, then land each reply's data (see the module doc). A broken stream
+    raises (the caller drops the connection); Stopped raises Cancelled."""
+    rids = []
+    parts: list[Buffer] = []
+    for g in groups:
+        rids.append(ep.next_rid())
+        parts.append(_request(rids[-1], segment, [reads[i] for i in g]))
+    send_all(ep.sock, parts)
+    out: list[Outcome] = [TransferError("not read")] * len(reads)
+    for rid, g in zip(rids, groups, strict=True):
+        got = _reply(ep, rid, [reads[i] for i in g], gate, chunk, timeout_s)
+        for i, o in zip(g, got, strict=True):
+            out[i] = o
+    return out
+
+
+def _request(rid: int, segment: str, reads: Sequence[ScatterRead]) -> bytes:
+    rows = []
+    for r in reads:
+        live = r.table.lengths > 0
+        lens = r.table.lengths[live].astype(np.int64)
+        offs = r.table.offsets[live].astype(np.int64) + r.offset
+        rows.append(np.stack([np.zeros_like(offs), offs, lens], axis=1))
+    desc = np.concatenate(rows).astype("<i8").tobytes()
+    meta = CODEC.encode(ReadV([segment], desc))
+    return framing.pack_header(rid, len(meta), 0) + meta
+
+
+def _reply(
+    ep: Endpoint,
+    rid: int,
+    reads: Sequence[ScatterRead],
+    gate: Gate | None,
+    chunk: int,
+    timeout_s: float,
+) -> list[Outcome]:
+    msg, data_len = read_reply(ep.reader, rid)
+    if type(msg) is Fail:
+        if data_len:
+            raise MalformedFrame("a Fail reply carries no data")
+        return [remote_error(msg.kind, msg.message)] * len(reads)
+    if type(msg) is not AckV:
+        raise MalformedFrame(f"unexpected reply {type(msg).__name__}")
+    if msg.failed:  # rare (a range outside the segment): drop this frame's data, refuse it
+        ep.reader.skip(data_len)
+        kind, message = msg.failed[0][1], msg.failed[0][2]
+        return [remote_error(kind, message)] * len(reads)
+    if data_len != sum(r.table.nbytes for r in reads):
+        raise MalformedFrame(f"reply of {data_len} bytes for {len(reads)} values")
+    pre = ep.reader.take(data_len)
+    values = [(r.table, r.seeds) for r in reads]
+    try:
+        with gate.commit() if gate is not None else contextlib.nullcontext():
+            stop = gate.stop if gate is not None else None
+            return list(recv_sum_many(ep.sock, pre, values, chunk, stop, timeout_s))
+    except Stopped as exc:
+        raise Cancelled(str(exc)) from exc
