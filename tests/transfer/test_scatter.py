@@ -177,7 +177,7 @@ def test_a_read_asks_range_by_range_and_lands_each_byte_in_place(peer) -> None: 
     assert p.conn is not None
     p.conn.sendall(v)
     t.join(10)
-    assert box.get("out") == [expected_sums("key", v)], box
+    assert box.get("out") == {0: expected_sums("key", v)}, box
     assert b"".join(bytes(b) for _, b in dest) == v
 
 
@@ -201,7 +201,7 @@ def test_a_misbehaving_peer_is_a_typed_error(peer, how: str) -> None:  # type: i
         assert isinstance(box.get("exc"), MalformedFrame), box
     elif how == "refused":
         out = box.get("out")
-        assert isinstance(out, list) and type(out[0]).__name__ == "OutOfRange", box
+        assert isinstance(out, dict) and type(out[0]).__name__ == "OutOfRange", box
     else:
         assert isinstance(box.get("exc"), TruncatedFrame), box
 
@@ -229,3 +229,40 @@ def test_no_byte_lands_after_the_gate_closed(peer) -> None:  # type: ignore[no-u
     landed = b"".join(bytes(b) for _, b in dest)
     assert landed[: n // 2] == v[: n // 2]
     assert landed[n // 2 :] == b"\xee" * (n - n // 2)
+
+
+def test_stripes_cut_frames_into_runs_of_about_equal_bytes() -> None:
+    groups = [[0, 1], [2], [3, 4], [5]]
+    sizes = [10, 10, 20, 5, 5, 20]
+    assert scatter.stripes(groups, sizes, 2) == [[[0, 1], [2]], [[3, 4], [5]]]
+    assert scatter.stripes(groups, sizes, 1) == [groups]
+    assert scatter.stripes([[0]], [7], 4) == [[[0]]]
+
+
+def test_a_cancel_waits_for_every_running_commit() -> None:
+    """Two lanes land bytes under one guard at once; cancel returns only after both ended,
+    and no commit starts after it."""
+    guard = ReadGuard()
+    inside = threading.Barrier(3)
+    release = threading.Event()
+    ended: list[float] = []
+
+    def lane() -> None:
+        with guard.commit():
+            inside.wait()
+            release.wait(5)
+            ended.append(time.monotonic())
+
+    threads = [threading.Thread(target=lane) for _ in range(2)]
+    for t in threads:
+        t.start()
+    inside.wait(5)  # both commits are running
+    threading.Timer(0.2, release.set).start()
+    guard.cancel()
+    done = time.monotonic()
+    assert len(ended) == 2 and max(ended) <= done
+    assert guard.stop is not None and guard.stop.value.value == 1
+    with pytest.raises(Exception, match="cancelled"), guard.commit():
+        pass
+    for t in threads:
+        t.join(5)

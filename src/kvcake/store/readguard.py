@@ -20,30 +20,42 @@ class ReadGuard:
     """Lets a caller give up on a ranges read and reuse its buffers at once. Bytes reach the
     caller's buffers only inside :meth:`commit`: memory copies, or a network receive of bytes
     already arriving (``transfer.scatter``, which polls :attr:`stop` every <= 10 ms and never
-    waits on a peer past it). :meth:`cancel` sets the stop flag, then takes the same lock, so
-    once it returns no byte can arrive any more, even from a read still in flight. It is a
-    ``transfer.scatter.Gate``."""
+    waits on a peer past it). Several commits may run at once (one per connection of a
+    striped read); :meth:`cancel` sets the stop flag, refuses new commits and waits for the
+    running ones, so once it returns no byte can arrive any more, even from a read still in
+    flight. It is a ``transfer.scatter.Gate``."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._active = 0  # commits running
         self.cancelled = False
-        # read by a native copy in progress between chunks (core.native.scatter_sum_many)
+        # read by a native copy or receive in progress (core.native), without the GIL
         self.stop = StopFlag() if native.AVAILABLE else None
 
     def cancel(self) -> None:
-        """Once this returns, no byte reaches the caller's buffers any more. It waits for a
-        copy in progress, which the stop flag ends at its next chunk boundary (<= 1 MiB)."""
+        """Once this returns, no byte reaches the caller's buffers any more. It waits for the
+        copies and receives in progress, which the stop flag ends at their next chunk
+        boundary (<= 1 MiB) or poll slice (<= 10 ms)."""
         if self.stop is not None:
             self.stop.set()
-        with self._lock:
+        with self._cond:
             self.cancelled = True
+            while self._active:
+                self._cond.wait()
 
     @contextlib.contextmanager
     def commit(self) -> Iterator[None]:
-        with self._lock:
+        with self._cond:
             if self.cancelled:
                 raise TransferFailed("read cancelled")
+            self._active += 1
+        try:
             yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                if not self._active:
+                    self._cond.notify_all()
 
 
 def commit_under(guard: ReadGuard | None) -> contextlib.AbstractContextManager[None]:

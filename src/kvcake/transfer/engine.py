@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -512,7 +513,11 @@ class TransferEngine:
         groups = scatter.frames(reads, transport.frame_bytes)
         if groups is None:
             return None
-        return transport.read_scatter(target, reads, groups, gate, chunk)
+        sizes = [r.table.nbytes for r in reads]
+        lanes = max(1, min(self.config.streams, -(-sum(sizes) // self.config.lane_bytes)))
+        runs = scatter.stripes(groups, sizes, lanes)
+        read = functools.partial(transport.read_scatter, target, reads, gate=gate, chunk=chunk)
+        return scatter.striped(self._executor, read, runs, len(reads))
 
     def write_many(
         self, items: Sequence[tuple[str, int, BufferLike, Landed | None]]

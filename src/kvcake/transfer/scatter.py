@@ -17,7 +17,9 @@ stop flag ends the C call within ~10 ms, so once the gate's owner has given up n
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -90,6 +92,22 @@ def frames(reads: Sequence[ScatterRead], max_bytes: int) -> list[list[int]] | No
 Outcome = list[int] | TransferError  # a value's sums (or [] unsummed), or its refusal
 
 
+def stripes(groups: list[list[int]], sizes: Sequence[int], lanes: int) -> list[list[list[int]]]:
+    """``groups`` (frames) cut into at most ``lanes`` runs of about equal bytes, in order: one
+    per connection, so a large load keeps two sockets (and both sides' cores) busy as the
+    lanes of a batch do."""
+    total = sum(sizes[i] for g in groups for i in g)
+    per = total / max(1, min(lanes, len(groups)))
+    out: list[list[list[int]]] = [[]]
+    acc = 0
+    for g in groups:
+        if out[-1] and acc >= per * len(out):
+            out.append([])
+        out[-1].append(g)
+        acc += sum(sizes[i] for i in g)
+    return out
+
+
 def run(
     ep: Endpoint,
     segment: str,
@@ -98,21 +116,51 @@ def run(
     gate: Gate | None,
     chunk: int,
     timeout_s: float,
-) -> list[Outcome]:
-    """Send every frame, then land each reply's data (see the module doc). A broken stream
-    raises (the caller drops the connection); Stopped raises Cancelled."""
+) -> dict[int, Outcome]:
+    """Send every frame of ``groups``, then land each reply's data (see the module doc); the
+    outcome of each read the groups name. A broken stream raises (the caller drops the
+    connection); Stopped raises Cancelled."""
     rids = []
     parts: list[Buffer] = []
     for g in groups:
         rids.append(ep.next_rid())
         parts.append(_request(rids[-1], segment, [reads[i] for i in g]))
     send_all(ep.sock, parts)
-    out: list[Outcome] = [TransferError("not read")] * len(reads)
+    out: dict[int, Outcome] = {}
     for rid, g in zip(rids, groups, strict=True):
         got = _reply(ep, rid, [reads[i] for i in g], gate, chunk, timeout_s)
         for i, o in zip(g, got, strict=True):
             out[i] = o
     return out
+
+
+def striped(
+    executor: Executor,
+    read: Callable[[list[list[int]]], dict[int, Outcome] | None],
+    runs: list[list[list[int]]],
+    count: int,
+) -> list[Outcome] | None:
+    """``read`` each run of frames on its own connection: the first in this thread, the
+    others on ``executor``. Every lane has ended when this returns or raises (a Cancelled
+    stops them all: they share the gate's stop flag). None: a lane's path failed."""
+    futures = [executor.submit(read, groups) for groups in runs[1:]]
+    parts: list[dict[int, Outcome] | None] = []
+    error: Exception | None = None
+    calls: list[Callable[[], dict[int, Outcome] | None]] = [functools.partial(read, runs[0])]
+    calls += [f.result for f in futures]
+    for call in calls:
+        try:
+            parts.append(call())
+        except Exception as exc:  # raised once every lane has ended
+            error = error or exc
+    if error is not None:
+        raise error
+    out: dict[int, Outcome] = {}
+    for p in parts:
+        if p is None:
+            return None
+        out.update(p)
+    return [out[i] for i in range(count)]
 
 
 def _request(rid: int, segment: str, reads: Sequence[ScatterRead]) -> bytes:

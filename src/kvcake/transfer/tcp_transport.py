@@ -300,15 +300,15 @@ class TcpTransport(Transport):
         groups: list[list[int]],
         gate: scatter.Gate | None,
         chunk: int,
-    ) -> list[scatter.Outcome] | None:
-        """``reads`` straight into their ranges, in ``groups`` of one frame each, in the
+    ) -> dict[int, scatter.Outcome] | None:
+        """``reads`` named by ``groups`` (one frame each) straight into their ranges, in the
         caller's thread (:mod:`.scatter`); None: the path failed (read another way)."""
         out = self._inline(
             target, scatter.run, target.name, reads, groups, gate, chunk, self.cfg.io_timeout_s
         )
         if out is PATH_FAILED:
             return None
-        if any(isinstance(o, UnknownSegment) for o in out):
+        if any(isinstance(o, UnknownSegment) for o in out.values()):
             self._on_unknown(target.name)
         return out
 
