@@ -77,6 +77,7 @@ def recv_sum_many(
     rfirst[1:] = np.cumsum([int(k.sum()) for k in keep])
     n_arr = np.asarray(ns, np.uint64)
     seed_arr = np.asarray(seeds, np.uint64)
+    sfirst_arr = np.asarray(sfirst, np.uint64)  # named: a temporary's memory would be freed
     out = np.zeros(max(1, len(seeds)), np.uint64)
     code = _fn()(
         sock.fileno(),
@@ -87,7 +88,7 @@ def recv_sum_many(
         chunk,
         seed_arr.ctypes.data if summed else None,
         out.ctypes.data,
-        np.asarray(sfirst, np.uint64).ctypes.data,
+        sfirst_arr.ctypes.data,
         dst.ctypes.data,
         ln.ctypes.data,
         rfirst.ctypes.data,
