@@ -21,6 +21,16 @@ def test_pairs_are_sorted_and_their_overlap_is_noticed() -> None:
     assert touching.disjoint
 
 
+def test_tiled_means_one_span_without_gaps_or_overlaps() -> None:
+    """A TCP load lands straight in its ranges only when they tile a span (store/netreads.py)."""
+    a, b, e = memoryview(bytearray(10)), memoryview(bytearray(5)), memoryview(bytearray(0))
+    assert RangeTable.of_pairs([(10, b), (0, a)]).tiled  # order does not matter
+    assert RangeTable.of_pairs([(0, a), (10, e), (10, b)]).tiled  # empty ranges do not count
+    assert not RangeTable.of_pairs([(0, a), (11, b)]).tiled  # a gap
+    assert not RangeTable.of_pairs([(0, a), (9, b)]).tiled  # an overlap
+    assert not RangeTable.of_pairs([(0, e)]).tiled and not RangeTable.of_pairs([]).tiled
+
+
 def test_bad_pairs_raise() -> None:
     with pytest.raises(RangeError):
         RangeTable.of_pairs([(-1, memoryview(bytearray(4)))])

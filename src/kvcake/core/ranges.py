@@ -35,7 +35,18 @@ class RangeTable:
     """One value's destinations, sorted by offset. Built by :meth:`of_pairs` or
     :meth:`strided`, never by hand: the addresses must belong to ``keep``."""
 
-    __slots__ = ("_pairs", "addrs", "disjoint", "keep", "lengths", "nbytes", "offsets")
+    __slots__ = (
+        "_pairs",
+        "addrs",
+        "disjoint",
+        "end",
+        "keep",
+        "lengths",
+        "nbytes",
+        "offsets",
+        "start",
+        "tiled",
+    )
 
     def __init__(
         self, offsets: U64, lengths: U64, addrs: U64, keep: object, pairs: list[Any] | None
@@ -49,6 +60,18 @@ class RangeTable:
         ends = offsets + lengths
         self.disjoint = bool(np.all(offsets[1:] >= np.maximum.accumulate(ends)[:-1]))
         self.nbytes = int(lengths.sum())
+        # Computed once here: every read asks for them, some several times (numpy calls
+        # cost microseconds each, 56 tables a load).
+        live = lengths > 0
+        if live.all():
+            lo, hi = offsets, ends
+        else:
+            lo, hi = offsets[live], ends[live]
+        # start/end: the first byte and one past the last byte any range asks for (0: none)
+        self.start = int(lo[0]) if len(lo) else 0
+        self.end = int(ends.max()) if len(ends) else 0
+        # tiled: the non-empty ranges cover [start, end) with no gap or overlap
+        self.tiled = bool(len(lo)) and bool(np.array_equal(lo[1:], hi[:-1]))
 
     @classmethod
     def of_pairs(cls, pairs: Sequence[tuple[int, memoryview]]) -> RangeTable:
@@ -72,17 +95,6 @@ class RangeTable:
         vouches that every plane (held by ``keep``) is writable and has that row."""
         addrs = bases + np.uint64(row) * strides
         return cls(offsets, lengths, addrs, keep, None)
-
-    @property
-    def end(self) -> int:
-        """One past the last byte of the value any range asks for (0: none)."""
-        return int((self.offsets + self.lengths).max()) if len(self.offsets) else 0
-
-    @property
-    def start(self) -> int:
-        """The first byte of the value a non-empty range asks for (0: none)."""
-        live = self.offsets[self.lengths > 0]
-        return int(live.min()) if len(live) else 0
 
     def views(self) -> list[tuple[int, memoryview]]:
         """(offset, writable byte view) pairs, for the read paths that copy in Python."""

@@ -101,7 +101,7 @@ def _fetch_direct(
     by_segment: dict[str, list[int]] = {}
     rest: list[int] = []
     for i, r in enumerate(reads):
-        fits = r.ranges.disjoint and r.ranges.start == r.lo and r.ranges.end == r.hi > r.lo
+        fits = r.ranges.tiled and r.ranges.start == r.lo and r.ranges.end == r.hi > r.lo
         (by_segment.setdefault(r.segment, []) if fits else rest).append(i)
     for segment, idx in by_segment.items():
         todo = [_scatter_read(reads[i]) for i in idx]

@@ -506,9 +506,7 @@ class TransferEngine:
         self._check_open()
         target = self.registry.target(segment)
         transport = self._transport_for(target)
-        if not isinstance(transport, TcpTransport) or not all(
-            scatter.tiles(r.table) for r in reads
-        ):
+        if not isinstance(transport, TcpTransport) or not all(r.table.tiled for r in reads):
             return None
         groups = scatter.frames(reads, transport.frame_bytes)
         if groups is None:

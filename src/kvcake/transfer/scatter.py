@@ -61,13 +61,6 @@ class ScatterRead:
     seeds: Sequence[int] | None
 
 
-def tiles(table: Table) -> bool:
-    """Do the ranges (sorted) cover one span without gaps or overlaps?"""
-    live = table.lengths > 0
-    offs, lens = table.offsets[live], table.lengths[live]
-    return len(offs) > 0 and bool(np.all(offs[1:] == offs[:-1] + lens[:-1]))
-
-
 def frames(reads: Sequence[ScatterRead], max_bytes: int) -> list[list[int]] | None:
     """Indexes of ``reads`` grouped into frames of whole values, each at most MAX_ENTRIES
     ranges and ``max_bytes``; None: a value alone exceeds that (read it another way)."""

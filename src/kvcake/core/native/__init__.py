@@ -160,6 +160,7 @@ class Table(Protocol):
     lengths: npt.NDArray[np.uint64]
     addrs: npt.NDArray[np.uint64]
     nbytes: int
+    tiled: bool
 
 
 Ranges = Sequence[tuple[int, memoryview]] | Table

@@ -208,8 +208,11 @@ long kvc_scatter_sum_many(size_t count, const uint64_t *src, const uint64_t *n, 
  * within ~10 ms and no byte land after (the caller holds its guard's lock around the call).
  * Returns 0, or -1 bad arguments, -2 EOF, -3 timeout (timeout_ms with no byte arriving),
  * -4 stopped, -5 - errno on a socket error. */
-#define RECV_CALL_BYTES (1 << 20)
-#define RECV_IOV 64
+#define RECV_CALL_BYTES (4 << 20)
+#define RECV_IOV 256
+/* receives retried before sleeping in poll(): waking a thread from poll costs tens of us on a
+ * VM whose idle vCPU halted, about what a busy sender takes to refill the socket */
+#define SPIN_TRIES 200
 
 struct recv_sums {
     const uint64_t *seeds;
@@ -262,6 +265,7 @@ int kvc_recv_sum_many(int fd, const unsigned char *pre, size_t pre_len, size_t c
     s.chunk = chunk, s.count = count;
     size_t ranges = rfirst[count], r = 0, rpos = 0;
     long last = now_ms();
+    int spins = 0;
     if (chunk == 0)
         return -1;
     for (size_t j = 0, k = 0; j < count; j++) {
@@ -308,11 +312,16 @@ int kvc_recv_sum_many(int fd, const unsigned char *pre, size_t pre_len, size_t c
                 return -5 - errno;
             if (now_ms() - last > timeout_ms)
                 return -3;
+            if (spins++ < SPIN_TRIES) { /* the next bytes are usually microseconds away */
+                _mm_pause();
+                continue;
+            }
             struct pollfd p = {fd, POLLIN, 0};
             poll(&p, 1, 10);
             continue;
         }
         last = now_ms();
+        spins = 0;
         if (seeds != NULL && sums_advance(&s, dst, len, (size_t)got) != 0)
             return -1;
         for (size_t m = (size_t)got; m > 0;) {
