@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - t_start
     print(f"\n# {wall:.0f} s in all, {per_round:.0f} s per round", flush=True)
     if args.json:
-        doc = {"args": vars(args) | {"json": str(args.json)}, "baseline": base, **res,
+        doc = {"args": vars(args) | {"json": str(args.json), "parts": sorted(args.parts)}, "baseline": base, **res,
                "ratios": ratios, "wall_s": wall, "round_s": per_round}  # fmt: skip
         args.json.write_text(json.dumps(doc, indent=1))
     return 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import queue
 import threading
 import time
@@ -89,7 +88,6 @@ class Saver:
             self.counters.add(save_dropped_blocks=len(keys))
 
     def _run(self) -> None:
-        _run_behind_the_forward()
         while (job := self._q.get()) is not None:
             self._put(*job)
             self._q.task_done()
@@ -143,19 +141,6 @@ class Saver:
         self.drain()
         with contextlib.suppress(queue.Full):
             self._q.put_nowait(None)
-
-
-SAVE_NICE = 10  # the save thread's nice value (Linux: per thread)
-
-
-def _run_behind_the_forward() -> None:
-    """Lower this thread's CPU priority. On CPU serving the save thread shares the worker's
-    cores: a backlog of saves drained at full priority stretched the decode steps running
-    beside it (issue 37: TBT p99 while saves drain, benchmarks/vllm_load.py part 5). The
-    copies release the GIL, so a niced thread yields the core to the forward and still
-    progresses (CFS gives it a share, never nothing); a full queue drops and counts."""
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: saves at normal priority
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SAVE_NICE)
 
 
 def log_for(name: str) -> logging.Logger:
