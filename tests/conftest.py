@@ -5,6 +5,7 @@ shares one instance per pytest session."""
 from __future__ import annotations
 
 import importlib.util
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -16,6 +17,15 @@ if TYPE_CHECKING:
     from kvcake.launch.launcher import Cluster
 
 PEER = Path(__file__).resolve().parents[1] / "benchmarks" / "mooncake_peer.py"
+
+
+@pytest.fixture
+def socket_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """Two connected sockets (``socket.socketpair``), closed afterwards."""
+    a, b = socket.socketpair()
+    yield a, b
+    a.close()
+    b.close()
 
 
 @pytest.fixture

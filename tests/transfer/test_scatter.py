@@ -49,18 +49,10 @@ def expected_sums(key: str, v: bytes) -> list[int]:
     ]
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    a, b = socket.socketpair()
-    yield a, b
-    a.close()
-    b.close()
-
-
-def test_recv_fills_ranges_and_sums_as_read_ahead_then_socket(pair) -> None:  # type: ignore[no-untyped-def]
+def test_recv_fills_ranges_and_sums_as_read_ahead_then_socket(socket_pair) -> None:  # type: ignore[no-untyped-def]
     from kvcake.core.native.netrecv import recv_sum_many
 
-    a, b = pair
+    a, b = socket_pair
     vals = [value(1, 3 * CHUNK + 17), value(2, 1000), value(3, 2 * CHUNK)]
     tables, dests = [], []
     for i, v in enumerate(vals):
@@ -82,10 +74,10 @@ def test_recv_fills_ranges_and_sums_as_read_ahead_then_socket(pair) -> None:  # 
     assert got == [expected_sums(k, v) for k, v in zip(keys, vals, strict=True)]
 
 
-def test_recv_reports_eof_timeout_and_bad_tables(pair) -> None:  # type: ignore[no-untyped-def]
+def test_recv_reports_eof_timeout_and_bad_tables(socket_pair) -> None:  # type: ignore[no-untyped-def]
     from kvcake.core.native.netrecv import recv_sum_many
 
-    a, b = pair
+    a, b = socket_pair
     buf = bytearray(4096)
     table = RangeTable.of_pairs([(0, memoryview(buf))])
     a.sendall(b"x" * 100)

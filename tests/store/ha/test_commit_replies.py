@@ -10,7 +10,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -113,14 +112,6 @@ def test_a_failed_write_answers_nobody_and_fails_every_waiter(oplog: GatedLog) -
         oplog.append([rec(2)])
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    a, b = socket.socketpair()
-    yield a, b
-    a.close()
-    b.close()
-
-
 def _fill(sock: socket.socket) -> int:
     """Fill ``sock``'s send path until the peer (not reading) takes no more."""
     sock.setblocking(False)
@@ -135,11 +126,11 @@ def _fill(sock: socket.socket) -> int:
 
 
 def test_try_send_never_blocks_on_a_client_that_stopped_reading(
-    pair: tuple[socket.socket, socket.socket],
+    socket_pair: tuple[socket.socket, socket.socket],
 ) -> None:
     """The writer's send on a full socket returns at once; the connection's own thread sends
     the reply once the client reads again, and the client gets it whole and once."""
-    a, b = pair
+    a, b = socket_pair
     filled = _fill(a)
     sender = ReplySender(a, rid=7)
     t0 = time.monotonic()
@@ -158,20 +149,20 @@ def test_try_send_never_blocks_on_a_client_that_stopped_reading(
 
 
 def test_finish_sends_the_whole_reply_when_nobody_tried(
-    pair: tuple[socket.socket, socket.socket],
+    socket_pair: tuple[socket.socket, socket.socket],
 ) -> None:
-    a, b = pair
+    a, b = socket_pair
     ReplySender(a, rid=3).finish(P.Reply(code=0))
     frame = BufferedFrames(b, P.REPLY_CODEC).read()
     assert frame is not None and frame.header.request_id == 3
 
 
 def test_durable_reply_is_sent_once_over_a_real_socket(
-    tmp_path: Path, pair: tuple[socket.socket, socket.socket]
+    tmp_path: Path, socket_pair: tuple[socket.socket, socket.socket]
 ) -> None:
     """``Durable.resolve`` with a real file log: the committing thread sends the reply frame,
     the connection's ``finish`` adds nothing; a log that failed answers RpcFailed instead."""
-    a, b = pair
+    a, b = socket_pair
     log = FileOpLog(tmp_path)
     log.load()
     try:
