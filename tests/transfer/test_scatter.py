@@ -135,11 +135,12 @@ def peer() -> Iterator[tuple[Peer, Endpoint]]:
 
 
 def one_read(
-    n: int, parts: int, key: str | None
+    n: int, parts: int, key: str | None, at: int = 1 << 20
 ) -> tuple[scatter.ScatterRead, list[tuple[int, bytearray]]]:
+    """A value of ``n`` bytes at ``at`` in the peer's segment, into ``parts`` buffers."""
     d = split(n, parts, seed=n)
     table = RangeTable.of_pairs([(o, memoryview(buf)) for o, buf in d])
-    return scatter.ScatterRead(1 << 20, table, seeds(key, n) if key else None), d
+    return scatter.ScatterRead(at, table, seeds(key, n) if key else None), d
 
 
 def start(ep: Endpoint, reads: list[scatter.ScatterRead], gate: ReadGuard | None = None):  # type: ignore[no-untyped-def]
@@ -156,21 +157,25 @@ def start(ep: Endpoint, reads: list[scatter.ScatterRead], gate: ReadGuard | None
     return t, box
 
 
-def test_a_read_asks_range_by_range_and_lands_each_byte_in_place(peer) -> None:  # type: ignore[no-untyped-def]
+def test_a_read_asks_each_value_whole_and_lands_each_byte_in_place(peer) -> None:  # type: ignore[no-untyped-def]
+    """Two values in one frame: one entry each (its span), and the data section, sent in
+    pieces that straddle ranges and values, is cut into each value's ranges."""
     p, ep = peer
-    v = value(7, 2 * CHUNK + 99)
-    read, dest = one_read(len(v), 9, "key")
-    t, box = start(ep, [read])
+    v1, v2 = value(7, 2 * CHUNK + 99), value(8, CHUNK // 3)
+    r1, d1 = one_read(len(v1), 9, "k1", at=1 << 20)
+    r2, d2 = one_read(len(v2), 4, "k2", at=5 << 20)
+    t, box = start(ep, [r1, r2])
     assert p.ready.wait(5)
-    rows = np.array(p.rows).reshape(-1, 3)
-    assert rows[:, 1].tolist() == [(1 << 20) + o for o, _ in dest]  # from the value's offset
-    assert rows[:, 2].tolist() == [len(b) for _, b in dest]
-    p.reply(AckV(), len(v))
+    assert p.rows == [0, 1 << 20, len(v1), 0, 5 << 20, len(v2)]
+    p.reply(AckV(), len(v1) + len(v2))
     assert p.conn is not None
-    p.conn.sendall(v)
+    data = v1 + v2
+    for i in range(0, len(data), 40_000):
+        p.conn.sendall(data[i : i + 40_000])
     t.join(10)
-    assert box.get("out") == {0: expected_sums("key", v)}, box
-    assert b"".join(bytes(b) for _, b in dest) == v
+    assert box.get("out") == {0: expected_sums("k1", v1), 1: expected_sums("k2", v2)}, box
+    assert b"".join(bytes(b) for _, b in d1) == v1
+    assert b"".join(bytes(b) for _, b in d2) == v2
 
 
 @pytest.mark.parametrize("how", ["short", "refused", "eof"])

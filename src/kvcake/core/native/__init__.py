@@ -161,6 +161,7 @@ class Table(Protocol):
     addrs: npt.NDArray[np.uint64]
     nbytes: int
     tiled: bool
+    start: int
 
 
 Ranges = Sequence[tuple[int, memoryview]] | Table
