@@ -4,7 +4,7 @@ Read one key at a time, a load of N blocks from a remote node waits N round trip
 the link idle while the request crosses it. Two ways, both batched:
 
 * **direct** -- a key whose ranges tile its chunk-aligned span (a vLLM block: every plane's
-  slice of it) is asked for range by range and received straight into the ranges, each chunk
+  slice of it) is asked for whole and received straight into the ranges, each chunk
   summed as it lands (``TransferEngine.read_scatter``, :mod:`kvcake.transfer.scatter`): each
   byte crosses memory once. The bytes land before they are verified; a key that fails is
   read again by the per-key path, so the caller sees success only for verified bytes. The
