@@ -3,8 +3,8 @@ lands (``copysum.c``'s ``kvc_recv_sum_many``), the GIL released for the whole se
 
 Why C: a load of 56 blocks is 1,680 destination ranges. Received into scratch and then
 scattered, every byte crosses memory twice; received range by range from Python, each range
-costs a call and a view. Here one call per frame fills every range with ``recvmsg`` (64 ranges
-or 1 MiB per call) and hashes each piece right after the kernel wrote it, while it is in L2.
+costs a call and a view. Here one call per frame fills every range with ``recvmsg`` (256 ranges
+or 512 KiB per call) and hashes each piece right after the kernel wrote it, while it is in L2.
 """
 
 from __future__ import annotations
