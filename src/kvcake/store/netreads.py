@@ -79,7 +79,7 @@ def fetch_many(
     transfer failed or its sums did not match: the caller reads that key alone). Reads whose
     ranges tile their span land straight in them (:func:`_fetch_direct`); the rest, and any
     the direct way refuses, through scratch."""
-    out: list[Outcome | None] = [None] * len(reads)
+    out: list[Outcome] = [None] * len(reads)
     rest = list(range(len(reads)))
     if native.AVAILABLE:
         rest = _fetch_direct(engine, reads, guard, out)

@@ -5,9 +5,10 @@ A value whose destinations are many ranges (a vLLM block: one per KV plane) that
 span is asked for as one entry of a vectored ``ReadV`` frame (its span is contiguous in the
 segment, so the server sends it as it sends any range); the reply's data section is received
 by one C call per frame (:func:`kvcake.core.native.netrecv.recv_sum_many`), which cuts the
-stream into the ranges as it lands, each chunk summed while it is in the cache. The lanes' path lands a slice in one contiguous buffer, so a
-scattered value would cross memory twice (scratch, then the ranges): measured 0.42x of the
-engine's own TCP bandwidth that way (docs/benchmarks.md, "Pool loads").
+stream into the ranges as it lands, each chunk summed while it is in the cache. The lanes'
+path lands a slice in one contiguous buffer, so a scattered value would cross memory twice
+(scratch, then the ranges): measured 0.42x of the engine's own TCP bandwidth that way
+(docs/benchmarks.md, "Pool loads").
 
 Bytes reach the caller's memory only inside ``gate.commit()``, held for one frame's data; its
 stop flag ends the C call within ~10 ms, so once the gate's owner has given up no byte lands

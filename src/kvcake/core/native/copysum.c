@@ -216,37 +216,38 @@ long kvc_scatter_sum_many(size_t count, const uint64_t *src, const uint64_t *n, 
  * VM whose idle vCPU halted, about what a busy sender takes to refill the socket */
 #define SPIN_TRIES 200
 
-struct recv_sums {
-    const uint64_t *seeds;
+/* Where the stream stands: range r has rpos bytes, value j has pos bytes (summed in st when
+ * seeds is set). One cursor walks the landed bytes, so the ranges and the sums never drift. */
+struct recv_cursor {
+    const uint64_t *seeds, *sfirst, *n, *dst, *len;
     uint64_t *out;
-    const uint64_t *sfirst, *n, *rfirst;
-    size_t chunk, count;
-    size_t j, pos; /* value being summed, bytes of it summed */
-    size_t r;      /* range being summed */
-    size_t rpos;   /* bytes of range r summed */
+    size_t chunk, count, j, pos, r, rpos;
     XXH3_state_t st;
 };
 
-/* Sum the next m landed bytes of the stream (they lie in ranges r, r+1, ...). */
-static int sums_advance(struct recv_sums *s, const uint64_t *dst, const uint64_t *len, size_t m) {
-    while (m > 0 && s->j < s->count) {
-        if (s->pos % s->chunk == 0 && s->pos < s->n[s->j] &&
-            XXH3_64bits_reset_withSeed(&s->st, s->seeds[s->sfirst[s->j] + s->pos / s->chunk]) !=
-                XXH_OK)
-            return -1;
-        size_t in_range = len[s->r] - s->rpos;
-        size_t to_chunk = s->chunk - s->pos % s->chunk;
-        size_t k = m < in_range ? m : in_range;
-        if (k > to_chunk)
-            k = to_chunk;
-        XXH3_64bits_update(&s->st, (const unsigned char *)(uintptr_t)dst[s->r] + s->rpos, k);
-        s->pos += k, s->rpos += k, m -= k;
-        if (k > 0 && (s->pos % s->chunk == 0 || s->pos == s->n[s->j]))
-            s->out[s->sfirst[s->j] + (s->pos - 1) / s->chunk] = XXH3_64bits_digest(&s->st);
-        if (s->rpos == len[s->r])
-            s->r++, s->rpos = 0;
-        if (s->pos == s->n[s->j])
-            s->j++, s->pos = 0;
+/* Account for (and sum) the next m landed bytes of the stream. */
+static int cursor_advance(struct recv_cursor *c, size_t m) {
+    while (m > 0 && c->j < c->count) {
+        size_t k = c->len[c->r] - c->rpos;
+        if (k > m)
+            k = m;
+        if (c->seeds != NULL) {
+            size_t to_chunk = c->chunk - c->pos % c->chunk;
+            if (c->pos % c->chunk == 0 && c->pos < c->n[c->j] &&
+                XXH3_64bits_reset_withSeed(&c->st,
+                                           c->seeds[c->sfirst[c->j] + c->pos / c->chunk]) != XXH_OK)
+                return -1;
+            if (k > to_chunk)
+                k = to_chunk;
+            XXH3_64bits_update(&c->st, (const unsigned char *)(uintptr_t)c->dst[c->r] + c->rpos, k);
+        }
+        c->pos += k, c->rpos += k, m -= k;
+        if (c->seeds != NULL && k > 0 && (c->pos % c->chunk == 0 || c->pos == c->n[c->j]))
+            c->out[c->sfirst[c->j] + (c->pos - 1) / c->chunk] = XXH3_64bits_digest(&c->st);
+        if (c->rpos == c->len[c->r])
+            c->r++, c->rpos = 0;
+        if (c->pos == c->n[c->j])
+            c->j++, c->pos = 0;
     }
     return 0;
 }
@@ -261,11 +262,11 @@ int kvc_recv_sum_many(int fd, const unsigned char *pre, size_t pre_len, size_t c
                       const uint64_t *n, size_t chunk, const uint64_t *seeds, uint64_t *out,
                       const uint64_t *sfirst, const uint64_t *dst, const uint64_t *len,
                       const uint64_t *rfirst, const volatile int *stop, long timeout_ms) {
-    struct recv_sums s;
-    memset(&s, 0, sizeof s);
-    s.seeds = seeds, s.out = out, s.sfirst = sfirst, s.n = n, s.rfirst = rfirst;
-    s.chunk = chunk, s.count = count;
-    size_t ranges = rfirst[count], r = 0, rpos = 0;
+    struct recv_cursor c;
+    memset(&c, 0, sizeof c);
+    c.seeds = seeds, c.out = out, c.sfirst = sfirst, c.n = n, c.dst = dst, c.len = len;
+    c.chunk = chunk, c.count = count;
+    size_t ranges = rfirst[count];
     long last = now_ms();
     int spins = 0;
     if (chunk == 0)
@@ -277,11 +278,11 @@ int kvc_recv_sum_many(int fd, const unsigned char *pre, size_t pre_len, size_t c
         if (total != n[j])
             return -1;
     }
-    while (r < ranges) {
+    while (c.r < ranges) {
         struct iovec iov[RECV_IOV];
         int cnt = 0;
         size_t want = 0;
-        for (size_t q = r, off = rpos; q < ranges && cnt < RECV_IOV && want < RECV_CALL_BYTES;
+        for (size_t q = c.r, off = c.rpos; q < ranges && cnt < RECV_IOV && want < RECV_CALL_BYTES;
              q++, off = 0) {
             size_t m = len[q] - off;
             if (m > RECV_CALL_BYTES - want)
@@ -324,14 +325,8 @@ int kvc_recv_sum_many(int fd, const unsigned char *pre, size_t pre_len, size_t c
         }
         last = now_ms();
         spins = 0;
-        if (seeds != NULL && sums_advance(&s, dst, len, (size_t)got) != 0)
+        if (cursor_advance(&c, (size_t)got) != 0)
             return -1;
-        for (size_t m = (size_t)got; m > 0;) {
-            size_t k = len[r] - rpos < m ? len[r] - rpos : m;
-            rpos += k, m -= k;
-            if (rpos == len[r])
-                r++, rpos = 0;
-        }
     }
     return 0;
 }
