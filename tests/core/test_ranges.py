@@ -52,6 +52,23 @@ def test_strided_rows_name_the_same_bytes_as_views() -> None:
     assert not planes[:, :4].any() and not planes[:, 5].any()
 
 
+def test_strided_rows_share_one_shape_and_sort_each_rows_addresses() -> None:
+    planes = np.zeros((3, 6, 40), np.uint8)
+    bases = np.array([planes[i].ctypes.data for i in range(3)], np.uint64)
+    strides = np.full(3, 40, np.uint64)
+    offs = np.array([80, 0, 40], np.uint64)  # plane 0 holds the value's last third
+    lens = np.full(3, 40, np.uint64)
+    rows = RangeTable.strided_rows(bases, strides, offs, lens, [1, 4], planes)
+    for row, t in zip((1, 4), rows, strict=True):
+        single = RangeTable.strided(bases, strides, offs, lens, row, planes)
+        assert t.offsets.tolist() == [0, 40, 80] and t.tiled and t.disjoint and t.nbytes == 120
+        assert t.addrs.tolist() == single.addrs.tolist()
+        assert t.addrs.flags["C_CONTIGUOUS"]
+        for off, view in t.views():
+            view[:] = bytes([row * 10 + int(off) // 40]) * 40
+    assert planes[0, 1, 0] == 12 and planes[1, 4, 0] == 40 and planes[2, 4, 0] == 41
+
+
 @pytest.mark.skipif(not native.AVAILABLE, reason="kvcake.core.native is not built")
 def test_native_scatter_of_a_table_copies_and_sums_what_it_hands_over() -> None:
     rng = np.random.default_rng(1)

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -58,7 +59,9 @@ def test_recv_fills_ranges_and_sums_as_read_ahead_then_socket(socket_pair) -> No
     for i, v in enumerate(vals):
         d = split(len(v), min(7, len(v) // 100), seed=i)
         dests.append(d)
-        tables.append(RangeTable.of_pairs([(o, memoryview(buf)) for o, buf in d]))
+        empty = [(0, memoryview(bytearray(0)))] if i == 1 else []  # a table that is not dense
+        tables.append(RangeTable.of_pairs([(o, memoryview(buf)) for o, buf in d] + empty))
+    assert [t.dense for t in tables] == [True, False, True]
     stream = b"".join(vals)
     pre = memoryview(bytearray(stream[:5000]))
     sender = threading.Thread(target=lambda: [a.sendall(stream[5000 + i : 5000 + i + 7777]) or
@@ -228,12 +231,23 @@ def test_no_byte_lands_after_the_gate_closed(peer) -> None:  # type: ignore[no-u
     assert landed[n // 2 :] == b"\xee" * (n - n // 2)
 
 
-def test_stripes_cut_frames_into_runs_of_about_equal_bytes() -> None:
-    groups = [[0, 1], [2], [3, 4], [5]]
-    sizes = [10, 10, 20, 5, 5, 20]
-    assert scatter.stripes(groups, sizes, 2) == [[[0, 1], [2]], [[3, 4], [5]]]
-    assert scatter.stripes(groups, sizes, 1) == [groups]
-    assert scatter.stripes([[0]], [7], 4) == [[[0]]]
+def _sized(*sizes: int) -> list[scatter.ScatterRead]:
+    return [scatter.ScatterRead(0, SimpleNamespace(nbytes=b), None) for b in sizes]  # type: ignore[arg-type]
+
+
+def test_plan_balances_lanes_by_value_then_cuts_frames() -> None:
+    # 56 values of 1.5 MB in frames of at most 16 MB over two lanes: 28 values each (whole
+    # frames would have given one lane 33 values and the other 23)
+    runs = scatter.plan(_sized(*[1_500_000] * 56), 16_000_000, 2)
+    assert runs is not None and [sum(map(len, r)) for r in runs] == [28, 28]
+    assert [len(f) for f in runs[0]] == [10, 10, 8]
+    assert [i for r in runs for f in r for i in f] == list(range(56))  # order kept
+    assert scatter.plan(_sized(10, 10, 20, 5, 5, 20), 25, 2) == [[[0, 1], [2]], [[3, 4], [5]]]
+    assert scatter.plan(_sized(10, 10, 20), 100, 1) == [[[0, 1, 2]]]
+    assert scatter.plan(_sized(7), 100, 4) == [[[0]]]
+    assert scatter.plan(_sized(7, 101), 100, 2) is None  # a value larger than a frame
+    many = scatter.plan(_sized(*[1] * (scatter.MAX_ENTRIES + 1)), 1 << 30, 1)
+    assert many is not None and [len(f) for f in many[0]] == [scatter.MAX_ENTRIES, 1]
 
 
 def test_a_cancel_waits_for_every_running_commit() -> None:

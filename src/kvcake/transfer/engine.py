@@ -508,12 +508,11 @@ class TransferEngine:
         transport = self._transport_for(target)
         if not isinstance(transport, TcpTransport) or not all(r.table.tiled for r in reads):
             return None
-        groups = scatter.frames(reads, transport.frame_bytes)
-        if groups is None:
+        total = sum(r.table.nbytes for r in reads)
+        lanes = max(1, min(self.config.streams, -(-total // self.config.lane_bytes)))
+        runs = scatter.plan(reads, transport.frame_bytes, lanes)
+        if runs is None:
             return None
-        sizes = [r.table.nbytes for r in reads]
-        lanes = max(1, min(self.config.streams, -(-sum(sizes) // self.config.lane_bytes)))
-        runs = scatter.stripes(groups, sizes, lanes)
         read = functools.partial(transport.read_scatter, target, reads, gate=gate, chunk=chunk)
         return scatter.striped(self._executor, read, runs, len(reads))
 

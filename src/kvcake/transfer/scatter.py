@@ -62,44 +62,42 @@ class ScatterRead:
     seeds: Sequence[int] | None
 
 
-def frames(reads: Sequence[ScatterRead], max_bytes: int) -> list[list[int]] | None:
-    """Indexes of ``reads`` grouped into frames of whole values (one entry each), each at
-    most MAX_ENTRIES values and ``max_bytes``; None: a value alone exceeds that (read it
-    another way)."""
+def plan(reads: Sequence[ScatterRead], max_bytes: int, lanes: int) -> list[list[list[int]]] | None:
+    """Indexes of ``reads`` cut into at most ``lanes`` runs of about equal bytes, in order (one
+    per connection, so a large load keeps two sockets and both sides' cores busy, as the lanes
+    of a batch do), each run cut into frames of whole values (one entry each, at most
+    MAX_ENTRIES values and ``max_bytes``). None: a value alone exceeds a frame (read it another
+    way). The lanes are balanced by value, not by frame: whole frames over two lanes left one
+    lane with 3 of 6 frames' worth plus (48.7 against 33.9 MB of an 82.6 MB load)."""
+    sizes = [r.table.nbytes for r in reads]
+    if any(b > max_bytes for b in sizes):
+        return None
+    total = sum(sizes)
+    lanes = max(1, min(lanes, len(reads)))
+    runs: list[list[int]] = [[] for _ in range(lanes)]
+    acc = 0
+    for i, b in enumerate(sizes):  # a value goes to the lane that holds its middle byte
+        runs[min(lanes - 1, int((acc + b / 2) * lanes / max(1, total)))].append(i)
+        acc += b
+    return [_frames(run, sizes, max_bytes) for run in runs if run]
+
+
+def _frames(run: list[int], sizes: Sequence[int], max_bytes: int) -> list[list[int]]:
     out: list[list[int]] = []
     cur: list[int] = []
     size = 0
-    for i, r in enumerate(reads):
-        b = r.table.nbytes
-        if b > max_bytes:
-            return None
-        if cur and (len(cur) >= MAX_ENTRIES or size + b > max_bytes):
+    for i in run:
+        if cur and (len(cur) >= MAX_ENTRIES or size + sizes[i] > max_bytes):
             out.append(cur)
             cur, size = [], 0
         cur.append(i)
-        size += b
+        size += sizes[i]
     if cur:
         out.append(cur)
     return out
 
 
 Outcome = list[int] | TransferError  # a value's sums (or [] unsummed), or its refusal
-
-
-def stripes(groups: list[list[int]], sizes: Sequence[int], lanes: int) -> list[list[list[int]]]:
-    """``groups`` (frames) cut into at most ``lanes`` runs of about equal bytes, in order: one
-    per connection, so a large load keeps two sockets (and both sides' cores) busy as the
-    lanes of a batch do."""
-    total = sum(sizes[i] for g in groups for i in g)
-    per = total / max(1, min(lanes, len(groups)))
-    out: list[list[list[int]]] = [[]]
-    acc = 0
-    for g in groups:
-        if out[-1] and acc >= per * len(out):
-            out.append([])
-        out[-1].append(g)
-        acc += sum(sizes[i] for i in g)
-    return out
 
 
 def run(

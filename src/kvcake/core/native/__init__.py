@@ -162,6 +162,7 @@ class Table(Protocol):
     nbytes: int
     tiled: bool
     start: int
+    dense: bool  # no range is empty
 
 
 Ranges = Sequence[tuple[int, memoryview]] | Table
@@ -244,6 +245,8 @@ def _arrays(
             np.fromiter((o - shift for o, _ in live), np.uint64, n),
             np.fromiter((b.nbytes for _, b in live), np.uint64, n),
         )
+    if ranges.dense:
+        return ranges.addrs, ranges.offsets - np.uint64(shift), ranges.lengths
     keep = ranges.lengths > 0
     offsets = ranges.offsets[keep] - np.uint64(shift)
     return ranges.addrs[keep], offsets, ranges.lengths[keep]

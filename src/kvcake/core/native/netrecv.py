@@ -66,15 +66,14 @@ def recv_sum_many(
             if len(value_seeds) != -(-table.nbytes // chunk):
                 raise ValueError(f"{len(value_seeds)} seeds for a span of {table.nbytes} bytes")
             seeds.extend(value_seeds)
-    keep = [t.lengths > 0 for t, _ in values]
-    dst = np.ascontiguousarray(
-        np.concatenate([t.addrs[k] for (t, _), k in zip(values, keep, strict=True)])
-    )
-    ln = np.ascontiguousarray(
-        np.concatenate([t.lengths[k] for (t, _), k in zip(values, keep, strict=True)])
-    )
+    parts = [
+        (t.addrs, t.lengths) if t.dense else (t.addrs[t.lengths > 0], t.lengths[t.lengths > 0])
+        for t, _ in values
+    ]
+    dst = np.ascontiguousarray(np.concatenate([a for a, _ in parts]))
+    ln = np.ascontiguousarray(np.concatenate([n for _, n in parts]))
     rfirst = np.zeros(len(values) + 1, np.uint64)
-    rfirst[1:] = np.cumsum([int(k.sum()) for k in keep])
+    rfirst[1:] = np.cumsum([len(n) for _, n in parts])
     n_arr = np.asarray(ns, np.uint64)
     seed_arr = np.asarray(seeds, np.uint64)
     sfirst_arr = np.asarray(sfirst, np.uint64)  # named: a temporary's memory would be freed

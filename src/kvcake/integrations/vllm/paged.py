@@ -105,7 +105,7 @@ class PagedKV:
         for b in block_ids:
             if not 0 <= b < self.num_blocks:
                 raise LayoutError(f"block id {b} out of range [0, {self.num_blocks})")
-        return [RangeTable.strided(bases, strides, offs, lens, b, self.planes) for b in block_ids]
+        return RangeTable.strided_rows(bases, strides, offs, lens, block_ids, self.planes)
 
     def layer_groups(self, n: int) -> list[list[str]]:
         """The layers in registration (= forward) order, cut into at most ``n`` contiguous
