@@ -212,9 +212,9 @@ long kvc_scatter_sum_many(size_t count, const uint64_t *src, const uint64_t *n, 
  * over unverified 0.92-0.99 at 512 KiB against 0.89-0.92 at 4 MiB (docs/benchmarks.md). */
 #define RECV_CALL_BYTES (512 << 10)
 #define RECV_IOV 256
-/* receives retried before sleeping in poll(): waking a thread from poll costs tens of us on a
- * VM whose idle vCPU halted, about what a busy sender takes to refill the socket */
-#define SPIN_TRIES 200
+/* An empty socket means poll() at once, no spinning: on two cores the sender needs the CPU a
+ * spinning receiver holds (TCP loads over te-read, medians of 4 rounds in alternating runs:
+ * 0.81-0.85 without a spin, 0.75-0.81 with 200 retries; docs/benchmarks.md). */
 
 /* Where the stream stands: range r has rpos bytes, value j has pos bytes (summed in st when
  * seeds is set). One cursor walks the landed bytes, so the ranges and the sums never drift. */
@@ -268,7 +268,6 @@ int kvc_recv_sum_many(int fd, const unsigned char *pre, size_t pre_len, size_t c
     c.chunk = chunk, c.count = count;
     size_t ranges = rfirst[count];
     long last = now_ms();
-    int spins = 0;
     if (chunk == 0)
         return -1;
     for (size_t j = 0, k = 0; j < count; j++) {
@@ -315,16 +314,11 @@ int kvc_recv_sum_many(int fd, const unsigned char *pre, size_t pre_len, size_t c
                 return -5 - errno;
             if (now_ms() - last > timeout_ms)
                 return -3;
-            if (spins++ < SPIN_TRIES) { /* the next bytes are usually microseconds away */
-                _mm_pause();
-                continue;
-            }
             struct pollfd p = {fd, POLLIN, 0};
             poll(&p, 1, 10);
             continue;
         }
         last = now_ms();
-        spins = 0;
         if (cursor_advance(&c, (size_t)got) != 0)
             return -1;
     }
