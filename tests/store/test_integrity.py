@@ -358,7 +358,9 @@ def test_a_tiled_network_read_lands_in_place_and_settles_each_key(pool2: str, ve
         }
         asked = [[(0, b[0]), (1000, b[1]), (1000 + CHUNK, b[2])] for b in bufs.values()]
         got = c.batch_get_into_ranges(keys, asked, ReadGuard())
-        assert sum(direct) == 3, direct  # every key went the direct way first
+        # every key the direct way first; verified, the per-key retries of the two corrupt keys
+        # too (3 replica reads, each into the retry's private scratch, as large TCP reads go)
+        assert sum(direct) == (6 if verify else 3), direct
         good = [keys[0], keys[2]] if verify else keys
         for k in good:
             assert got[keys.index(k)] == size
@@ -368,3 +370,42 @@ def test_a_tiled_network_read_lands_in_place_and_settles_each_key(pool2: str, ve
             assert failures("tcp") == before + 2
             left = c.get_replica_desc(keys[0]).replicas
             assert len(left) == 1 and (left[0].segment, left[0].offset) != (bad.segment, bad.offset)
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_large_network_gets_land_straight_in_their_buffers(
+    pool2: str, verify: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Values of 256 KiB and more over TCP (get, get_into, batch_get) are received straight
+    into the buffer handed back, by the C receive, summed as they land (one scattered read per
+    call); a corrupt replica still falls through to the good one and is dropped."""
+    sizes = [CHUNK + 5000, 300 * 1024, 2 * CHUNK]
+    with Client(ClientConfig(master=pool2, protocol="tcp", verify=verify)) as c:
+        calls: list[int] = []
+        real = c.engine.read_scatter
+
+        def counted(segment, reads, *args, **kwargs):  # type: ignore[no-untyped-def]
+            calls.append(len(reads))
+            return real(segment, reads, *args, **kwargs)
+
+        monkeypatch.setattr(c.engine, "read_scatter", counted)
+        keys = [f"direct/{verify}/{n}" for n in sizes]
+        for k, n in zip(keys, sizes, strict=True):
+            c.put(k, value(k, n), P.PutOptions(replica_num=2))
+        assert c.get(keys[0]) == value(keys[0], sizes[0])
+        buf = bytearray(sizes[1] + 10)
+        assert c.get_into(keys[1], buf) == sizes[1]
+        assert buf[: sizes[1]] == value(keys[1], sizes[1])
+        assert c.batch_get(keys) == [value(k, n) for k, n in zip(keys, sizes, strict=True)]
+        # get, get_into; then the batch: one scattered read per node holding a best replica
+        assert calls[:2] == [1, 1] and sum(calls[2:]) == 3 and len(calls) <= 4, calls
+        if not verify:
+            return
+        corrupt(c, first(c, keys[2]), CHUNK + 1)
+        before = failures("tcp")
+        assert c.batch_get(keys) == [value(k, n) for k, n in zip(keys, sizes, strict=True)]
+        assert failures("tcp") == before + 1  # found by the direct read, reported by the retry
+        assert len(c.get_replica_desc(keys[2]).replicas) == 1
+        corrupt(c, first(c, keys[0]), 7)
+        assert c.get(keys[0]) == value(keys[0], sizes[0])
+        assert failures("tcp") == before + 2

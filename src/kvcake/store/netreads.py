@@ -89,6 +89,17 @@ def fetch_many(
     return out
 
 
+def fetch_direct(engine: TransferEngine, reads: Sequence[NetRead]) -> list[Outcome]:
+    """:func:`_fetch_direct` alone, without a guard (whole values into fresh or caller
+    buffers: ``get``, ``batch_get``); None for a read not done that way (not TCP, a layout it
+    refuses, a failed transfer, a mismatch): the caller reads it the other way, which also
+    tells a corrupt replica from a failed transfer."""
+    out: list[Outcome] = [None] * len(reads)
+    if native.AVAILABLE:
+        _fetch_direct(engine, reads, None, out)
+    return out
+
+
 def _fetch_direct(
     engine: TransferEngine, reads: Sequence[NetRead], guard: ReadGuard | None, out: list[Outcome]
 ) -> list[int]:

@@ -11,7 +11,7 @@ from typing import Any
 from kvcake.core import native
 from kvcake.core.buffers import uninitialized_bytearray
 from kvcake.core.errors import KvcakeError, StoreError
-from kvcake.core.integrity import CHUNK
+from kvcake.core.integrity import CHUNK, checksums
 from kvcake.core.ranges import RangeError, RangeTable
 from kvcake.store import protocol as P
 from kvcake.store.disk import read_remote
@@ -27,7 +27,7 @@ from kvcake.store.errors import (
 from kvcake.store.filewriter import read_file_ranges
 from kvcake.store.landing import RUN as LANDING_MIN
 from kvcake.store.landing import fetch_landing
-from kvcake.store.netreads import NetRead, Scratch, fetch_many
+from kvcake.store.netreads import NetRead, Scratch, fetch_direct, fetch_many
 from kvcake.store.readguard import ReadGuard, commit_under
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
@@ -271,6 +271,8 @@ class ReadPath:
                 check()  # its owner died meanwhile: OwnerGone, not a checksum verdict
             return
         if out.nbytes >= LANDING_MIN:  # summed as it arrives, while in the cache
+            if self._direct(key, res, rep, off, out):
+                return
             fetch_landing(key, sums, size, off, out, partial(self._read_remote_memory, rep))
             return
         read = lambda o, v: self._read_remote_memory(rep, o, v)  # noqa: E731
@@ -305,7 +307,9 @@ class ReadPath:
                 for off, out in ranges:
                     out[:] = own[rep.offset + off : rep.offset + off + out.nbytes]
         elif guard is None and len(ranges) == 1 and rep.tier != "disk":
-            self._read_remote_memory(rep, ranges[0][0], ranges[0][1])
+            off, out = ranges[0]
+            if out.nbytes < LANDING_MIN or not self._direct(key, res, rep, off, out):
+                self._read_remote_memory(rep, off, out)
         elif rep.tier != "disk" and self.engine.reads_by_mapping(rep.segment):
             if native.AVAILABLE and disjoint(ranges):  # the verified read's C copy, no sums
                 self._scatter_mapped(key, res, rep, ranges, guard, verify=False)
@@ -408,26 +412,74 @@ class ReadPath:
         t0: float,
         lease_s: float,
     ) -> None:
-        """One engine batch for several remote values, falling back per key on any failure."""
-        sizes = [results[i].size for i, _ in fast]
-        got: list[bytearray | Exception] = []
-        if self.staging.fits(sizes) and self.staging.lock.acquire(blocking=False):
+        """Several remote values in one go: large ones received straight into fresh buffers
+        (:meth:`_get_direct`), the rest through one engine batch into the staging buffer;
+        a value either way fails is read again alone (which reports a corrupt replica)."""
+        big = [j for j, (i, _) in enumerate(fast) if results[i].size >= LANDING_MIN]
+        got: dict[int, bytearray] = self._get_direct(keys, results, fast, big) if big else {}
+        small = [j for j in range(len(fast)) if j not in set(big)]
+        sub = [fast[j] for j in small]
+        sizes = [results[i].size for i, _ in sub]
+        if sub and self.staging.fits(sizes) and self.staging.lock.acquire(blocking=False):
             try:
-                got = self.staging.read(
-                    [(n, r.segment, r.offset) for n, (_, r) in zip(sizes, fast, strict=True)],
-                    self._staged_taker(keys, results, fast),
+                staged = self.staging.read(
+                    [(n, r.segment, r.offset) for n, (_, r) in zip(sizes, sub, strict=True)],
+                    self._staged_taker(keys, results, sub),
                 )
             finally:
                 self.staging.lock.release()
+            got.update(
+                (j, v) for j, v in zip(small, staged, strict=True) if isinstance(v, bytearray)
+            )
         expired = time.monotonic() - t0 > lease_s
         for j, (i, _) in enumerate(fast):
-            value = got[j] if got else None
-            if isinstance(value, bytearray) and not expired:
+            value = got.get(j)
+            if value is not None and not expired:
                 out[i] = value
-            elif isinstance(value, bytearray):
+            elif value is not None:
                 out[i] = LeaseExpired(f"{keys[i]!r}: read outlived its lease")
             else:
                 out[i] = self._get_one(keys[i], results[i], t0, lease_s)
+
+    def _get_direct(
+        self,
+        keys: Sequence[str],
+        results: list[P.KeyResult],
+        fast: list[tuple[int, P.ReplicaDesc]],
+        which: list[int],
+    ) -> dict[int, bytearray]:
+        """``fast[j]`` for each j of ``which``, each value whole into a fresh buffer, in one
+        scattered TCP read (netreads.fetch_direct: no staging copy, summed as it lands); the
+        ones done (and verified, when this client verifies)."""
+        bufs = {j: uninitialized_bytearray(results[fast[j][0]].size) for j in which}
+        reads = [
+            self._span_read(
+                keys[fast[j][0]], results[fast[j][0]], fast[j][1], 0, memoryview(bufs[j])
+            )
+            for j in which
+        ]
+        got = fetch_direct(self.engine, reads)
+        return {j: bufs[j] for j, g in zip(which, got, strict=True) if isinstance(g, int)}
+
+    def _span_read(
+        self, key: str, res: P.KeyResult, rep: P.ReplicaDesc, off: int, out: memoryview
+    ) -> NetRead:
+        """Bytes ``[off, off + len(out))`` of ``rep`` into ``out`` as a network read,
+        verified when this client verifies."""
+        sums = res.sums if self.verify_reads else None
+        table = RangeTable.of_pairs([(off, out)])
+        return NetRead(key, sums, res.size, off, off + out.nbytes, rep.segment, rep.offset, table)
+
+    def _direct(
+        self, key: str, res: P.KeyResult, rep: P.ReplicaDesc, off: int, out: memoryview
+    ) -> bool:
+        """:meth:`_get_direct` for one read (``get``, ``get_into``). False: not done that way
+        (a replica this process maps, a failed transfer, a mismatch): the caller's own path
+        reads it again, and tells a corrupt replica from a failed read."""
+        if rep.tier != "memory" or self.engine.reads_by_mapping(rep.segment):
+            return False
+        got = fetch_direct(self.engine, [self._span_read(key, res, rep, off, out)])
+        return isinstance(got[0], int)
 
     def _staged_taker(
         self, keys: Sequence[str], results: list[P.KeyResult], fast: list[tuple[int, P.ReplicaDesc]]
@@ -439,6 +491,11 @@ class ReadPath:
 
         def take(j: int, view: memoryview) -> bytearray | Exception:
             i = fast[j][0]
+            if view.nbytes <= CHUNK:  # one chunk: the plain path's copy, summed while hot
+                out = bytearray(view)  # (1-2 us a 64 KB value less than the C loop's call)
+                if checksums(keys[i], out) == list(results[i].sums):
+                    return out
+                return ChecksumMismatch(f"{keys[i]!r}: its one chunk fails its checksum")
             out = uninitialized_bytearray(view.nbytes)
             try:
                 copy_from_view(keys[i], results[i].sums, view.nbytes, 0, memoryview(out), view)
