@@ -409,3 +409,17 @@ def test_large_network_gets_land_straight_in_their_buffers(
         corrupt(c, first(c, keys[0]), 7)
         assert c.get(keys[0]) == value(keys[0], sizes[0])
         assert failures("tcp") == before + 2
+
+
+def test_a_direct_read_of_a_segment_nobody_serves_goes_the_other_way(pool2: str) -> None:
+    """fetch_direct never raises for a read it cannot do (here a segment no node serves): it
+    answers None, and the caller's per-key path reports the failure as that key's error."""
+    from kvcake.core.ranges import RangeTable
+    from kvcake.store.netreads import NetRead, fetch_direct
+
+    with Client(ClientConfig(master=pool2, protocol="tcp")) as c:
+        out = bytearray(CHUNK)
+        table = RangeTable.of_pairs([(0, memoryview(out))])
+        assert fetch_direct(c.engine, [NetRead("k", None, CHUNK, 0, CHUNK, "gone", 0, table)]) == [
+            None
+        ]

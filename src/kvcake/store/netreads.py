@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from kvcake.core import integrity, native
 from kvcake.core.buffers import uninitialized_bytearray
+from kvcake.core.errors import KvcakeError
 from kvcake.core.ranges import RangeTable
 from kvcake.store.errors import TransferFailed
 from kvcake.store.landing import LandingSums
@@ -121,6 +122,8 @@ def _fetch_direct(
             got = engine.read_scatter(segment, todo, guard, integrity.CHUNK)
         except Cancelled:
             got = [TransferFailed("read cancelled")] * len(idx)
+        except KvcakeError:  # e.g. a segment gone from the directory: the keys go the other way
+            got = None
         if got is None:
             rest += idx
             continue
