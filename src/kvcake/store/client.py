@@ -156,12 +156,12 @@ class Client:
     @property
     def disk_reads(self) -> int:
         """Values read from a node's disk tier over its disk service (a stat)."""
-        return self.reads.disk_reads
+        return self.reads.replicas.disk_reads
 
     @property
     def file_reads(self) -> int:
         """Values read from the file tier (a stat)."""
-        return self.reads.file_reads
+        return self.reads.replicas.file_reads
 
     def _call_deadline(self, client_ttl_s: float) -> float:
         """Each try of a master call ends after this (client.master_call_timeout_s)."""
