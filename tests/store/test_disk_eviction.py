@@ -24,7 +24,11 @@ OBJ = 4096
 
 def make() -> tuple[MasterState, Clock]:
     clock = Clock()
-    cfg = MasterConfig(lease_ttl_s=1, client_ttl_s=60, high_watermark=0.9, eviction_ratio=0.5)
+    # evict_step_ms=0: no wall-clock bound on a step, so a preempted step (a loaded machine)
+    # cannot end an eviction round early and make the outcome depend on the machine's load
+    cfg = MasterConfig(
+        lease_ttl_s=1, client_ttl_s=60, high_watermark=0.9, eviction_ratio=0.5, evict_step_ms=0
+    )
     st = MasterState(cfg, clock)
     st.mount(NODE, "h", SegmentName("mem"), 4 * OBJ)
     st.mount(NODE, "h", SegmentName("mem.ssd"), 4 * OBJ, Tier.DISK, "h:9")
@@ -129,7 +133,11 @@ def test_a_dropped_disk_copy_is_journaled_for_ha() -> None:
     from kvcake.store.ha.view import ObjRec
 
     clock = Clock()
-    cfg = MasterConfig(lease_ttl_s=1, client_ttl_s=60, high_watermark=0.9, eviction_ratio=0.5)
+    # evict_step_ms=0: no wall-clock bound on a step, so a preempted step (a loaded machine)
+    # cannot end an eviction round early and make the outcome depend on the machine's load
+    cfg = MasterConfig(
+        lease_ttl_s=1, client_ttl_s=60, high_watermark=0.9, eviction_ratio=0.5, evict_step_ms=0
+    )
     st = JournaledState(cfg, clock)
     st.mount(NODE, "h", SegmentName("mem"), 4 * OBJ)
     st.mount(NODE, "h", SegmentName("mem.ssd"), 4 * OBJ, Tier.DISK, "h:9")
