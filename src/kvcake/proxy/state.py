@@ -106,6 +106,11 @@ class LiveCluster:
             self.mark_dead(iid, str(exc))
             self.last_answer.setdefault(iid, 0.0)
             return
+        except Exception as exc:  # a malformed answer: that instance is down, the poller goes on
+            log.warning("instance %s answered its state badly: %r", iid, exc)
+            self.mark_dead(iid, f"bad state answer: {exc!r}")
+            self.last_answer.setdefault(iid, 0.0)
+            return
         self.last_answer[iid] = time.monotonic()
         if not inst.alive:
             log.warning("instance %s is back", iid)
@@ -125,7 +130,10 @@ class LiveCluster:
     async def run(self, interval: float, stop: asyncio.Event) -> None:
         while not stop.is_set():
             t0 = time.monotonic()
-            await self.poll_once()
+            try:
+                await self.poll_once()
+            except Exception:  # the poller is what marks instances back: it must not end
+                log.exception("polling the instances failed; polling again")
             delay = max(0.0, interval - (time.monotonic() - t0))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
