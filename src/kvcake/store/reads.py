@@ -93,7 +93,6 @@ class ReadPath:
         self.conn, self.id = conn, client_id
         self.segments, self.engine, self.staging = segments, engine, staging
         self.net_scratch = net_scratch
-        self.verify_reads = verify  # client.verify: off only for the cost benchmark
         self.replicas = ReplicaReader(conn, client_id, host, segments, engine, verify)
 
     # --- reads ---------------------------------------------------------------------------------
@@ -162,7 +161,8 @@ class ReadPath:
         a value either way fails is read again alone (which reports a corrupt replica)."""
         big = [j for j, (i, _) in enumerate(fast) if results[i].size >= LANDING_MIN]
         got: dict[int, bytearray] = self._get_direct(keys, results, fast, big) if big else {}
-        small = [j for j in range(len(fast)) if j not in set(big)]
+        direct = set(big)
+        small = [j for j in range(len(fast)) if j not in direct]
         sub = [fast[j] for j in small]
         sizes = [results[i].size for i, _ in sub]
         if sub and self.staging.fits(sizes) and self.staging.lock.acquire(blocking=False):
@@ -211,7 +211,7 @@ class ReadPath:
     ) -> Callable[[int, memoryview], bytearray | Exception] | None:
         """Copies item ``j`` out of the staging buffer, verifying it on the way (a failure is
         retried by :meth:`_get_one`, which reports the replica)."""
-        if not self.verify_reads:
+        if not self.replicas.verify_reads:
             return None
 
         def take(j: int, view: memoryview) -> bytearray | Exception:
@@ -339,7 +339,7 @@ class ReadPath:
         if self.engine.reads_by_mapping(rep.segment):
             return None
         lo, hi = chunk_bounds(res.size, rs)
-        sums = res.sums if self.verify_reads else None
+        sums = res.sums if self.replicas.verify_reads else None
         return NetRead(key, sums, res.size, lo, hi, rep.segment, rep.offset, rs)
 
     def _ranges_remote(
@@ -411,7 +411,7 @@ class ReadPath:
                 continue
             reads.append(MappedRead(keys[i], res.sums, res.size, lo, span, check, rs))
             where.append((i, res, rs))
-        got = scatter_verified_many(reads, guard, verify=self.verify_reads)
+        got = scatter_verified_many(reads, guard, verify=self.replicas.verify_reads)
         expired = time.monotonic() - t0 > lease_s
         for (i, res, rs), r in zip(where, got, strict=True):
             if r is None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kvcake.core import native
 from kvcake.core.errors import TruncatedFrame
@@ -66,10 +67,7 @@ def recv_sum_many(
             if len(value_seeds) != -(-table.nbytes // chunk):
                 raise ValueError(f"{len(value_seeds)} seeds for a span of {table.nbytes} bytes")
             seeds.extend(value_seeds)
-    parts = [
-        (t.addrs, t.lengths) if t.dense else (t.addrs[t.lengths > 0], t.lengths[t.lengths > 0])
-        for t, _ in values
-    ]
+    parts = [(t.addrs, t.lengths) if t.dense else _live(t) for t, _ in values]
     dst = np.ascontiguousarray(np.concatenate([a for a, _ in parts]))
     ln = np.ascontiguousarray(np.concatenate([n for _, n in parts]))
     rfirst = np.zeros(len(values) + 1, np.uint64)
@@ -112,3 +110,9 @@ def _raise_for(code: int) -> None:
     if code == -4:
         raise Stopped("stopped while the data section was arriving")
     raise OSError(-5 - code, f"recvmsg: errno {-5 - code}")
+
+
+def _live(table: Table) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """(addresses, lengths) of a table's non-empty ranges."""
+    keep = table.lengths > 0
+    return table.addrs[keep], table.lengths[keep]
