@@ -66,3 +66,22 @@ def test_copy_verified_copies_and_checks_in_one_pass() -> None:
     bad[-1] ^= 0xFF
     assert I.copy_verified("k", sums, size, 0, out, memoryview(bad)) == [2]
     assert I.copy_verified("k", sums, size, 5, out[: I.CHUNK], v[5 : I.CHUNK + 5]) == [0, 1]
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, 65536, I.CHUNK])
+def test_the_small_value_shortcut_is_the_definition(size: int) -> None:
+    """``one_sum``/``whole_ok`` (the readers' hot path) compute exactly chunk 0's definition."""
+    import xxhash
+
+    v = _value(size, seed=3)
+    want = xxhash.xxh3_64_intdigest(v, seed=I.chunk_seed(I.key_seed("a/b"), 0))
+    assert I.one_sum("a/b", v) == want
+    sums = I.checksums("a/b", v)
+    assert I.whole_ok("a/b", v, sums)
+    assert not I.whole_ok("a/c", v, sums) or size == 0  # bound to the key
+    assert not I.whole_ok("a/b", v, [] if size else [want])  # no sums / sums of nothing
+    if size:
+        flipped = bytearray(v)
+        flipped[size // 2] ^= 1
+        assert not I.whole_ok("a/b", memoryview(flipped), sums)
+        assert not I.whole_ok("a/b", v, sums + sums)  # two sums for one chunk

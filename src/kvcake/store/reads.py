@@ -10,7 +10,7 @@ from typing import Any
 from kvcake.core import native
 from kvcake.core.buffers import uninitialized_bytearray
 from kvcake.core.errors import KvcakeError, StoreError
-from kvcake.core.integrity import CHUNK, checksums
+from kvcake.core.integrity import CHUNK, whole_ok
 from kvcake.core.ranges import RangeError, RangeTable
 from kvcake.core.via import Via
 from kvcake.store import protocol as P
@@ -218,7 +218,7 @@ class ReadPath:
             i = fast[j][0]
             if view.nbytes <= CHUNK:  # one chunk: the plain path's copy, summed while hot
                 out = bytearray(view)  # (1-2 us a 64 KB value less than the C loop's call)
-                if checksums(keys[i], out) == list(results[i].sums):
+                if whole_ok(keys[i], out, results[i].sums):
                     return out
                 return ChecksumMismatch(f"{keys[i]!r}: its one chunk fails its checksum")
             out = uninitialized_bytearray(view.nbytes)

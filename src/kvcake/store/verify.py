@@ -91,14 +91,13 @@ def fetch_verified(
     value's end) through one ``read`` (a network or disk read), then verify them.
     ChecksumMismatch names the bad chunks. Memory this process maps is read with
     :func:`copy_from_view` instead, which sums while it copies."""
-    seed = integrity.key_seed(key)
     read(off, out)
-    if out.nbytes == size and len(sums) == 1:  # a one-chunk value (the small-value hot path)
-        if xxhash.xxh3_64_intdigest(out, seed=integrity.chunk_seed(seed, 0)) == sums[0]:
+    if out.nbytes == size <= integrity.CHUNK:  # a one-chunk value (the small-value hot path)
+        if integrity.whole_ok(key, out, sums):
             return
         bad = [0]
     else:
-        bad = _bad_aligned(seed, sums, off, out)
+        bad = _bad_aligned(integrity.key_seed(key), sums, off, out)
     if bad or len(sums) != integrity.chunk_count(size):
         raise ChecksumMismatch(f"{key!r}: chunks {bad[:4] or 'all'} fail their checksums")
 
