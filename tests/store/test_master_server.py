@@ -184,3 +184,30 @@ def test_connection_and_request_caps() -> None:
             conn.close()
     finally:
         proc.stop()
+
+
+def test_meanwhile_runs_once_between_send_and_reply_and_a_failure_closes_the_link(
+    master_proc: Proc,
+) -> None:
+    """``MasterConnection.call(meanwhile=...)``: a put sums its small values while its PutStart
+    is at the master; the work runs once, after the request left; if it raises, the link (a
+    reply still on its way) is closed so the next call cannot read that stale reply."""
+    conn = MasterConnection(master_proc.info["rpc"], timeout_s=5)
+    seen: list[bool] = []
+
+    def work() -> None:
+        assert conn._sock is not None  # connected: the request went out first
+        seen.append(True)
+
+    r = conn.call(P.GetReplicas("c", ["missing"]), meanwhile=work)
+    assert seen == [True] and r.results[0].code == OBJECT_NOT_FOUND
+
+    def boom() -> None:
+        raise RuntimeError("meanwhile failed")
+
+    with pytest.raises(RuntimeError, match="meanwhile failed"):
+        conn.call(P.GetReplicas("c", ["a"]), meanwhile=boom)
+    assert conn._sock is None  # closed: the GetReplicas reply was never read
+    r = conn.call(P.GetReplicas("c", ["missing", ""]))  # a fresh link, the right reply
+    assert [x.code for x in r.results] == [OBJECT_NOT_FOUND, INVALID_PARAMS]
+    conn.close()

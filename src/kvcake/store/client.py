@@ -308,12 +308,25 @@ class Client:
             return [list(g) for g in given]
         if not self.cfg.verify:
             return [[] for _ in keys]
-        # Large values: None, summed piece by piece while they are copied (_write_all)
-        views = [byte_view(v) for v in values]
-        return [
-            integrity.checksums(k, v) if v.nbytes <= PIECE else None
-            for k, v in zip(keys, views, strict=True)
-        ]
+        # None: computed later, once -- a small value's while its PutStart is at the master
+        # (_sum_small), a large one's piece by piece while it is copied (_write_all)
+        return [None] * len(keys)
+
+    @staticmethod
+    def _sum_small(
+        keys: Sequence[str], views: list[memoryview], sums: list[list[int] | None]
+    ) -> Callable[[], None]:
+        """What a put does while its PutStart is at the master (``MasterConnection.call``'s
+        ``meanwhile``): sum the small values whose sums are not known yet, in place."""
+
+        def run() -> None:
+            # (cannot fail but for memory: a sum left None is computed after the write)
+            with contextlib.suppress(Exception):
+                for i, (key, view) in enumerate(zip(keys, views, strict=True)):
+                    if sums[i] is None and view.nbytes <= PIECE:
+                        sums[i] = integrity.checksums(key, view)
+
+        return run
 
     def _put_many(
         self,
@@ -375,7 +388,7 @@ class Client:
             tenant=self.cfg.tenant if tenant is None else tenant,
         )
         try:
-            reply = self.conn.call(start)
+            reply = self.conn.call(start, meanwhile=self._sum_small(keys, views, sums))
         except RpcFailed:
             # The master may have applied the PutStart before the link failed: revoke whatever
             # it started, so the space is not held until the sweep (one attempt: the master

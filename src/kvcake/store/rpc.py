@@ -17,6 +17,7 @@ import secrets
 import socket
 import struct
 import threading
+from collections.abc import Callable
 
 import msgspec
 
@@ -185,9 +186,16 @@ class MasterConnection:
                 with contextlib.suppress(OSError):
                     _set_rcvtimeo(self._sock, timeout_s)
 
-    def call(self, msg: msgspec.Struct, retries: int | None = None) -> P.Reply:
+    def call(
+        self,
+        msg: msgspec.Struct,
+        retries: int | None = None,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> P.Reply:
         """Send one request; return its reply, raising the typed error of a whole-call failure.
-        ``retries`` overrides the connection's re-send count for this call."""
+        ``retries`` overrides the connection's re-send count for this call. ``meanwhile``: run
+        once, after the request is sent and before its reply is read (work that overlaps the
+        master's); if it raises, the connection is closed and the exception passes through."""
         retries = self.retries if retries is None else retries
         frame: framing.Frame[msgspec.Struct] | None = None
         with self._lock:
@@ -199,6 +207,13 @@ class MasterConnection:
                     self._sock = self._connect()
                 try:
                     send_msg(self._sock, P.REQUEST_CODEC, next(self._ids), msg)
+                    if meanwhile is not None:
+                        run, meanwhile = meanwhile, None
+                        try:
+                            run()
+                        except BaseException:
+                            self._close_locked()  # its reply is on the way: out of step now
+                            raise
                     frame = self._reader.read()
                     if frame is None:
                         raise ConnectionError("master closed the connection")

@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 import msgspec
 
@@ -105,16 +106,20 @@ class FailoverConnection(MasterConnection):
             self.address = ""
             raise
 
-    def call(self, msg: msgspec.Struct, retries: int | None = None) -> P.Reply:
+    def call(
+        self,
+        msg: msgspec.Struct,
+        retries: int | None = None,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> P.Reply:
         """As MasterConnection.call, following the leader for up to ``failover_s``;
-        ``retries=0`` (a best-effort call) makes one attempt and does not wait for a leader."""
+        ``retries=0`` (a best-effort call) makes one attempt and does not wait for a leader.
+        ``meanwhile`` runs with each attempt (it must be idempotent: a put's sums are)."""
         deadline = time.monotonic() + (0 if retries == 0 else self.failover_s)
         waits = pauses(0.05, 0.2)
         while True:
             try:
-                if retries is None:
-                    return super().call(msg)
-                return super().call(msg, retries)  # type: ignore[call-arg,unused-ignore]
+                return super().call(msg, retries, meanwhile)
             except Unauthorized:  # a new leader has the same secret: do not wait for one
                 raise
             except RpcFailed:
