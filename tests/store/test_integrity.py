@@ -6,6 +6,7 @@ replica, and another key's bytes at the right size never verify."""
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Iterator
 
 import msgspec
@@ -245,17 +246,21 @@ def test_ranges_across_chunks_read_exactly(pool2: str, protocol: str) -> None:
 def test_large_puts_sum_while_copying_and_get_the_same_sums(
     pool2: str, where: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Values over one piece are summed as they are copied (own segment, a mapped peer; a
-    one-chunk value right after its copy, from L2) or as each piece is sent (TCP), never in a
-    pass of their own over memory: the master gets exactly core.integrity's sums either way."""
+    """A put sums its values once: up to one chunk of them while its PutStart is at the
+    master (then they are in L2 for the copy), larger ones as they are copied (own segment, a
+    mapped peer) or as each piece is sent (TCP), never in a pass of their own over memory:
+    the master gets exactly core.integrity's sums either way."""
     import kvcake.store.client as client_mod
 
     checksums_of = client_mod.integrity.checksums
+    summed: list[str] = []
+    early: list[bool] = []
 
     def no_second_pass(key: str, view: memoryview) -> list[int]:
-        # a one-chunk value copied into mapped memory is summed right after, from L2
-        if where == "tcp" or memoryview(view).nbytes > CHUNK:
+        if memoryview(view).nbytes > CHUNK or key in summed:
             raise AssertionError(f"{key!r} was summed in a pass of its own")
+        summed.append(key)
+        early.append(sys._getframe(1).f_code.co_name == "run")  # in _sum_small's meanwhile
         return checksums_of(key, view)
 
     monkeypatch.setattr(client_mod.integrity, "checksums", no_second_pass)
@@ -271,6 +276,16 @@ def test_large_puts_sum_while_copying_and_get_the_same_sums(
             assert desc.sums == checksums(key, v)
             assert (desc.replicas[0].segment in c.segments) == (where == "own")
             assert c.get(key) == v
+        assert summed == [f"fused/{where}/{300 * 1024}"] and early == [True]
+        # a batch sums at most one chunk early; the others as they are copied or sent
+        keys = [f"fused3/{where}/{i}" for i in range(3)]
+        vals = [value(k, 600 * 1024) for k in keys]
+        assert c.batch_put(keys, vals, opts) == [None] * 3
+        later = [] if where == "tcp" else keys[1:]  # summed by the copy (mapped) or as sent
+        assert summed[1:] == keys[:1] + later and early[1:] == [True] + [False] * len(later)
+        assert [c.get_replica_desc(k).sums for k in keys] == [
+            checksums(k, v) for k, v in zip(keys, vals)
+        ]
 
 
 @pytest.mark.parametrize("protocol", ["auto", "tcp"])

@@ -43,7 +43,7 @@ from kvcake.store.netreads import Scratch
 from kvcake.store.reads import ReadPath, byte_view
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
-from kvcake.store.verify import PIECE, write_summing
+from kvcake.store.verify import write_summing
 from kvcake.transfer.engine import TransferEngine
 from kvcake.transfer.errors import DirectoryUnreachable
 from kvcake.transfer.metadata import DirectoryClient
@@ -308,8 +308,8 @@ class Client:
             return [list(g) for g in given]
         if not self.cfg.verify:
             return [[] for _ in keys]
-        # None: computed later, once -- a small value's while its PutStart is at the master
-        # (_sum_small), a large one's piece by piece while it is copied (_write_all)
+        # None: computed later, once -- a value of one chunk while its PutStart is at the
+        # master (_sum_small), a larger one piece by piece while it is copied (_write_all)
         return [None] * len(keys)
 
     @staticmethod
@@ -317,14 +317,19 @@ class Client:
         keys: Sequence[str], views: list[memoryview], sums: list[list[int] | None]
     ) -> Callable[[], None]:
         """What a put does while its PutStart is at the master (``MasterConnection.call``'s
-        ``meanwhile``): sum the small values whose sums are not known yet, in place."""
+        ``meanwhile``): sum the values whose sums are not known yet, in place, up to one chunk
+        of bytes in all -- they are in L2 then for the copy or send that follows, and the
+        pass overlaps the master's work; the rest is summed piece by piece while it is copied
+        or sent (_write_all)."""
 
         def run() -> None:
             # (cannot fail but for memory: a sum left None is computed after the write)
+            budget = integrity.CHUNK  # what stays in L2 for the copy that follows
             with contextlib.suppress(Exception):
                 for i, (key, view) in enumerate(zip(keys, views, strict=True)):
-                    if sums[i] is None and view.nbytes <= PIECE:
+                    if sums[i] is None and view.nbytes <= budget:
                         sums[i] = integrity.checksums(key, view)
+                        budget -= view.nbytes
 
         return run
 
