@@ -284,7 +284,7 @@ def test_large_puts_sum_while_copying_and_get_the_same_sums(
         later = [] if where == "tcp" else keys[1:]  # summed by the copy (mapped) or as sent
         assert summed[1:] == keys[:1] + later and early[1:] == [True] + [False] * len(later)
         assert [c.get_replica_desc(k).sums for k in keys] == [
-            checksums(k, v) for k, v in zip(keys, vals)
+            checksums(k, v) for k, v in zip(keys, vals, strict=True)
         ]
 
 
