@@ -294,8 +294,9 @@ class Client:
         values: Sequence[BufferLike],
         given: Sequence[Sequence[int]] | None,
     ) -> list[list[int] | None]:
-        """Each value's checksums: the caller's (checked for shape), else computed once here
-        (the only place a put computes them: re-puts and copies carry them)."""
+        """Each value's checksums: the caller's (checked for shape), else None: computed once
+        later in this put (:meth:`_sum_small`, or while copied or sent), the only place a put
+        computes them (re-puts and copies carry them)."""
         if len(keys) != len(values):
             raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
         if given is not None:
