@@ -195,7 +195,8 @@ class MasterConnection:
         """Send one request; return its reply, raising the typed error of a whole-call failure.
         ``retries`` overrides the connection's re-send count for this call. ``meanwhile``: run
         once, after the request is sent and before its reply is read (work that overlaps the
-        master's); if it raises, the connection is closed and the exception passes through."""
+        master's; it runs under this connection's lock, so other threads' calls wait for it: keep
+        it short); if it raises, the connection is closed and the exception passes through."""
         retries = self.retries if retries is None else retries
         frame: framing.Frame[msgspec.Struct] | None = None
         with self._lock:
