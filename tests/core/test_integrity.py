@@ -85,3 +85,26 @@ def test_the_small_value_shortcut_is_the_definition(size: int) -> None:
         flipped[size // 2] ^= 1
         assert not I.whole_ok("a/b", memoryview(flipped), sums)
         assert not I.whole_ok("a/b", v, sums + sums)  # two sums for one chunk
+
+
+def test_whole_ok_many_is_whole_ok_of_each() -> None:
+    """The batch check (a staged batch's hot path) agrees with ``whole_ok`` value by value:
+    right sums, another key's, a flipped byte, no sums, an empty value."""
+    v = [_value(n, seed=n) for n in (4096, 65536, 1, 0, 300)]
+    keys = ["k0", "k1", "k2", "k3", "k4"]
+    sums = [I.checksums(k, x) for k, x in zip(keys, v, strict=True)]
+    flipped = bytearray(v[1])
+    flipped[7] ^= 0x40
+    cases = [
+        (keys, v, sums),
+        (["k1", "k0", "k2", "k3", "k4"], v, sums),  # keys swapped: 0 and 1 must fail
+        (keys, [v[0], memoryview(flipped), v[2], v[3], v[4]], sums),
+        (keys, v, [[], [], [], [1], sums[4]]),
+    ]
+    for ks, vs, ss in cases:
+        want = [I.whole_ok(k, x, s) for k, x, s in zip(ks, vs, ss, strict=True)]
+        assert I.whole_ok_many(ks, vs, ss) == want
+    assert I.whole_ok_many(*cases[0]) == [True] * 5
+    assert I.whole_ok_many(*cases[1])[:2] == [False, False]
+    assert I.whole_ok_many(*cases[2])[1] is False
+    assert I.whole_ok_many(*cases[3]) == [False, False, False, False, True]

@@ -80,6 +80,20 @@ def whole_ok(key: str, view: memoryview | bytes | bytearray, sums: Sequence[int]
     return len(sums) == 1 and one_sum(key, view) == sums[0]
 
 
+def whole_ok_many(
+    keys: Sequence[str],
+    views: Sequence[memoryview | bytes | bytearray],
+    sums: Sequence[Sequence[int]],
+) -> list[bool]:
+    """:func:`whole_ok` of each (key, value, sums): a batch's values, checked in one pass
+    without a Python call per value (a batch of small values' hot path)."""
+    h = xxhash.xxh3_64_intdigest
+    return [
+        len(s) == 1 and h(v, seed=(h(k.encode()) + _GOLDEN) & _MASK) == s[0] if len(v) else not s
+        for k, v, s in zip(keys, views, sums, strict=True)
+    ]
+
+
 def checksums(key: str, value: memoryview | bytes | bytearray) -> Checksums:
     """The sums of a whole value (a 1-D byte view or bytes)."""
     view = memoryview(value).cast("B") if not isinstance(value, memoryview) else value

@@ -4,18 +4,17 @@ choice, leases, staged batch reads, ``get_into`` straight into caller buffers.""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from kvcake.core import native
 from kvcake.core.buffers import uninitialized_bytearray
 from kvcake.core.errors import KvcakeError, StoreError
-from kvcake.core.integrity import CHUNK, whole_ok
+from kvcake.core.integrity import whole_ok_many
 from kvcake.core.ranges import RangeError, RangeTable
 from kvcake.core.via import Via
 from kvcake.store import protocol as P
 from kvcake.store.errors import (
-    ChecksumMismatch,
     InternalError,
     InvalidParams,
     LeaseExpired,
@@ -31,7 +30,6 @@ from kvcake.store.staging import Staging
 from kvcake.store.verify import (
     MappedRead,
     chunk_bounds,
-    copy_from_view,
     scatter_verified_many,
 )
 from kvcake.transfer.engine import TransferEngine
@@ -168,14 +166,19 @@ class ReadPath:
         if sub and self.staging.fits(sizes) and self.staging.lock.acquire(blocking=False):
             try:
                 staged = self.staging.read(
-                    [(n, r.segment, r.offset) for n, (_, r) in zip(sizes, sub, strict=True)],
-                    self._staged_taker(keys, results, sub),
+                    [(n, r.segment, r.offset) for n, (_, r) in zip(sizes, sub, strict=True)]
                 )
             finally:
                 self.staging.lock.release()
-            got.update(
-                (j, v) for j, v in zip(small, staged, strict=True) if isinstance(v, bytearray)
-            )
+            good = [(j, v) for j, v in zip(small, staged, strict=True) if isinstance(v, bytearray)]
+            if good and self.replicas.verify_reads:  # each one chunk (< LANDING_MIN): one pass
+                ok = whole_ok_many(
+                    [keys[fast[j][0]] for j, _ in good],
+                    [v for _, v in good],
+                    [results[fast[j][0]].sums for j, _ in good],
+                )  # a value that fails is read again alone below, which reports the replica
+                good = [g for g, o in zip(good, ok, strict=True) if o]
+            got.update(good)
         expired = time.monotonic() - t0 > lease_s
         for j, (i, _) in enumerate(fast):
             value = got.get(j)
@@ -205,30 +208,6 @@ class ReadPath:
         ]
         got = fetch_direct(self.engine, reads)
         return {j: bufs[j] for j, g in zip(which, got, strict=True) if isinstance(g, int)}
-
-    def _staged_taker(
-        self, keys: Sequence[str], results: list[P.KeyResult], fast: list[tuple[int, P.ReplicaDesc]]
-    ) -> Callable[[int, memoryview], bytearray | Exception] | None:
-        """Copies item ``j`` out of the staging buffer, verifying it on the way (a failure is
-        retried by :meth:`_get_one`, which reports the replica)."""
-        if not self.replicas.verify_reads:
-            return None
-
-        def take(j: int, view: memoryview) -> bytearray | Exception:
-            i = fast[j][0]
-            if view.nbytes <= CHUNK:  # one chunk: the plain path's copy, summed while hot
-                out = bytearray(view)  # (1-2 us a 64 KB value less than the C loop's call)
-                if whole_ok(keys[i], out, results[i].sums):
-                    return out
-                return ChecksumMismatch(f"{keys[i]!r}: its one chunk fails its checksum")
-            out = uninitialized_bytearray(view.nbytes)
-            try:
-                copy_from_view(keys[i], results[i].sums, view.nbytes, 0, memoryview(out), view)
-            except ChecksumMismatch as exc:
-                return exc
-            return out
-
-        return take
 
     def _get_one(
         self, key: str, res: P.KeyResult, t0: float, lease_s: float
