@@ -87,6 +87,20 @@ def test_the_small_value_shortcut_is_the_definition(size: int) -> None:
         assert not I.whole_ok("a/b", v, sums + sums)  # two sums for one chunk
 
 
+def test_well_formed_one_sum_shortcut_is_the_definition() -> None:
+    """A one-sum list (the master's PutEnd hot path) is judged as the general rule judges it:
+    one unsigned 64-bit value per chunk, whatever the size."""
+    mask = (1 << 64) - 1
+
+    def rule(size: int, sums: list[int]) -> bool:
+        return len(sums) == I.chunk_count(size) and all(0 <= s <= mask for s in sums)
+
+    sizes = [0, 1, 100, I.CHUNK - 1, I.CHUNK, I.CHUNK + 1, 5 * I.CHUNK]
+    lists = [[0], [1], [mask], [mask + 1], [-1], [], [1, 2], [0, mask], [1, -1]]
+    for size, sums in itertools.product(sizes, lists):
+        assert I.well_formed(size, sums) == rule(size, sums), (size, sums)
+
+
 def test_whole_ok_many_is_whole_ok_of_each() -> None:
     """The batch check (a staged batch's hot path) agrees with ``whole_ok`` value by value:
     right sums, another key's, a flipped byte, no sums, an empty value."""

@@ -274,3 +274,23 @@ def test_disk_mount_adopts_verified_copies() -> None:
     assert rejected == ["k", "k2", "old", "bad"]  # size mismatch; invalid size; no/bad sums
     assert st.get_replicas(W, "new")[1][0].tier == "disk"
     assert st.lookup(W, "new")[2] == [1]  # the copy's checksums are the object's
+
+
+def test_putend_sums_are_judged_key_by_key() -> None:
+    """A PutEnd's sums pair with its keys in order; one bad pair fails only its key."""
+    from kvcake.store import protocol as P
+    from kvcake.store.master_server import MasterHandlers
+
+    st, _ = make()
+    handlers = MasterHandlers(st, lambda: "")
+    keys = ["good", "two-sums", "not-started", "negative", "also-good"]
+    started = [k for k in keys if k != "not-started"]
+    handlers.dispatch(P.PutStart(str(W), "hostw", started, [100] * len(started), PutOptions()))
+    sums = [[7], [1, 2], [3], [-1], [(1 << 64) - 1]]
+    reply = handlers.dispatch(P.PutEnd(str(W), keys, sums=sums))
+    codes = [r.code for r in reply.results]
+    bad, missing = InvalidParams.default_code, ObjectNotFound.default_code
+    assert codes == [0, bad, missing, bad, 0]
+    assert st.lookup(W, "good")[2] == [7] and st.lookup(W, "also-good")[2] == [(1 << 64) - 1]
+    assert not st.exist(W, "two-sums") and not st.exist(W, "negative")  # their space freed
+    st.check()

@@ -110,6 +110,8 @@ def checksums(key: str, value: memoryview | bytes | bytearray) -> Checksums:
 
 def well_formed(size: int, sums: Sequence[int]) -> bool:
     """Whether ``sums`` has one unsigned 64-bit value per chunk of a ``size``-byte object."""
+    if len(sums) == 1:  # one chunk (most values): no call, no scan -- a put's hot path
+        return 0 < size <= CHUNK and 0 <= sums[0] <= _MASK
     if len(sums) != chunk_count(size):
         return False
     return not sums or (min(sums) >= 0 and max(sums) <= _MASK)  # (no generator: a put's hot path)

@@ -54,13 +54,15 @@ EVICT_YIELD_S = 0.0001
 _OK = P.KeyResult(0)  # frozen: one shared instance for every successful key
 
 
-def _ok_per_key(keys: list[str], fn: Callable[..., object], *args: Any) -> P.Reply:
-    """``_per_key`` for calls whose per-key result is just success: ``fn(*args, key)``, no
-    wrapper per call."""
+def _ok_per_key(
+    keys: list[str], fn: Callable[..., object], *args: Any, each: list[Any] | None = None
+) -> P.Reply:
+    """``_per_key`` for calls whose per-key result is just success: ``fn(*args, key)``, or
+    ``fn(*args, key, each[i])`` with ``each`` (one per key), no wrapper per call."""
     results = []
-    for key in keys:
+    for key, item in zip(keys, keys if each is None else each, strict=True):
         try:
-            fn(*args, key)
+            fn(*args, key) if each is None else fn(*args, key, item)
             results.append(_OK)
         except StoreError as exc:
             results.append(P.KeyResult(exc.code, message=str(exc)))
@@ -199,9 +201,9 @@ class MasterHandlers:
             return _ok_per_key(m.keys, self.state.put_end, cid)
         if len(m.sums) != len(m.keys):
             return P.Reply(code=INVALID_PARAMS, message="keys and checksum lists differ in length")
-        sums = dict(zip(m.keys, m.sums, strict=True))
-        end = self.state.put_end
-        return _ok_per_key(m.keys, lambda k: end(cid, k, sums[k]))
+        # (the pairs as they came: a dict and a closure per call cost ~1 µs a key, most of
+        # what checksums added to a small put at the master)
+        return _ok_per_key(m.keys, self.state.put_end, cid, each=m.sums)
 
     def put_revoke(self, m: P.PutRevoke) -> P.Reply:
         cid = ClientId(m.client)
