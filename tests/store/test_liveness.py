@@ -82,6 +82,42 @@ def test_a_leader_with_another_directory_is_followed_once() -> None:
     assert not no_directory._directory_moved("127.0.0.1:2")  # an engine without one: nothing
 
 
+def test_a_forgotten_node_cuts_its_transfer_connections_before_it_mounts() -> None:
+    """Forgotten (count 1): ``on_forgotten`` runs, then the remount -- writes still on their
+    way for the dropped objects must not land in ranges the new mount hands out (nemesis,
+    seed 4013). Only moved (a leader that knows us): the connections stay."""
+    events: list[str] = []
+    done = threading.Event()
+
+    def remount() -> None:
+        events.append("remount")
+        done.set()
+
+    hb = Heartbeater(ForgetfulMaster(), "c1", "127.0.0.1", 0.06, [remount],  # type: ignore[arg-type]
+                     on_forgotten=[lambda: events.append("cut")])  # fmt: skip
+    hb.start()
+    try:
+        assert done.wait(5)
+    finally:
+        hb.stop()
+    assert events[:2] == ["cut", "remount"]
+    moved: list[str] = []
+    using = ["127.0.0.1:1"]
+
+    def follow() -> None:
+        moved.append("remount")
+        using[0] = "127.0.0.1:2"
+
+    hb = Heartbeater(MovedMaster(), "c1", "127.0.0.1", 0.06, [follow], lambda: using[0],  # type: ignore[arg-type]
+                     on_forgotten=[lambda: moved.append("cut")])  # fmt: skip
+    hb.start()
+    try:
+        time.sleep(0.3)
+    finally:
+        hb.stop()
+    assert moved == ["remount"]
+
+
 def test_a_failed_round_is_retried_soon_then_backs_off() -> None:
     hb = Heartbeater(ForgetfulMaster(), "c1", "127.0.0.1", 3.0, [])  # type: ignore[arg-type]
     waits = []

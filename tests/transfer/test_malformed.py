@@ -153,3 +153,26 @@ def test_directory_survives_malformed_input(directory: DirectoryService) -> None
     c = DirectoryClient(directory.address)
     assert c.list() == []
     c.close()
+
+
+def test_a_cut_connection_lands_nothing_it_carries_afterwards(target) -> None:  # type: ignore[no-untyped-def]
+    """``cut_inbound`` (a storage node the master forgot, before it mounts again): a write
+    whose bytes arrive after the cut -- TCP's retransmission after a partition -- never
+    reaches the segment, even on the connection its header came by; new connections serve."""
+    e, mem = target
+    before = bytes(mem[4096:8192])
+    stale = connect(e)
+    meta = CODEC.encode(WriteReq("seg", 4096))
+    stale.sendall(framing.pack_header(9, len(meta), 4096) + meta + b"\xee" * 1000)
+    wait_until(lambda: bytes(mem[4096:5096]) == b"\xee" * 1000)  # the handler is mid-write
+    assert e.cut_inbound() >= 1
+    with contextlib.suppress(OSError):  # the rest of the frame, after the cut
+        stale.sendall(b"\xee" * 3096)
+    assert closed_by_peer(stale)
+    stale.close()
+    assert bytes(mem[5096:8192]) == before[1000:]  # nothing after the cut landed
+    with connect(e) as s:  # a new connection writes as before
+        framing.send_frame(s, CODEC, 10, WriteReq("seg", 4096), b"\x01\x02\x03\x04")
+        assert isinstance(reply(s).msg, Ack)
+    assert bytes(mem[4096:4100]) == b"\x01\x02\x03\x04"
+    still_serving(e, mem)

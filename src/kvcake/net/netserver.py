@@ -12,6 +12,7 @@ import contextlib
 import logging
 import socket
 import threading
+import time
 from abc import ABC, abstractmethod
 
 from kvcake.core import auth as _auth
@@ -178,6 +179,28 @@ class ThreadedServer(ABC):
                 s.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 s.close()
+
+    def cut_connections(self, timeout_s: float = 2.0) -> int:
+        """Cut every connection accepted so far (listeners stay) and wait up to ``timeout_s``
+        for their handlers to end; returns how many were cut. After it returns, nothing that
+        arrives on those connections is served -- e.g. a write sent before a partition and
+        delivered by TCP's retransmission after it (store/liveness.py: a storage node the
+        master forgot cuts its transfer connections before it mounts again)."""
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not any(c in self._conns for c in conns):
+                    break
+            time.sleep(0.002)
+        else:
+            log.warning("%s: a cut connection's handler has not ended after %.1f s",
+                        self._name, timeout_s)  # fmt: skip
+        return len(conns)
 
     def reopen_address(self, addr: str) -> None:
         """Listen on ``addr`` again (same host and port) after :meth:`close_address`."""

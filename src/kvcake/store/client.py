@@ -148,7 +148,13 @@ class Client:
         hb_conn = _connection(self.cfg.master, deadline, retries=0, auth=auth)
         ttl_s = hello.client_ttl_ms / 1000
         self.heartbeat = Heartbeater(
-            hb_conn, self.id, self.host, ttl_s, self.remount_hooks, self._directory_in_use
+            hb_conn,
+            self.id,
+            self.host,
+            ttl_s,
+            self.remount_hooks,
+            self._directory_in_use,
+            on_forgotten=[self.engine.cut_inbound],
         )
         self.heartbeat.start()
         self._closed = False

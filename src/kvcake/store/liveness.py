@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from kvcake.core.backoff import backoff_s
@@ -93,6 +93,7 @@ class Heartbeater:
         ttl_s: float,
         on_remount: list[Callable[[], None]],
         directory: Callable[[], str] | None = None,
+        on_forgotten: Sequence[Callable[[], object]] = (),
     ):
         self.conn = conn
         self.directory = directory  # the Transfer Engine directory we publish in now
@@ -100,6 +101,12 @@ class Heartbeater:
         self.host = host
         self.interval = max(0.02, ttl_s / 3)
         self.on_remount = on_remount
+        # Run before the remount when the master forgot us (not when it only moved): it
+        # dropped our objects, so writes still on their way into our memory for them --
+        # a retransmission after a partition, a paused writer's -- must not land in ranges
+        # the new mount hands out again (the nemesis found this, seed 4013 of
+        # docs/benchmarks.md "Nemesis").
+        self.on_forgotten = on_forgotten
         self.master_ok = True
         self._failed = 0  # rounds failed in a row
         self._stop = threading.Event()
@@ -126,6 +133,8 @@ class Heartbeater:
                     log.warning(
                         "store client %s: master forgot us or moved; remounting", self.client
                     )
+                    for fn in self.on_forgotten if reply.count == 1 else ():
+                        fn()
                     for fn in self.on_remount:
                         fn()
             except KvcakeError as exc:

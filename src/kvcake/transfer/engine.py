@@ -127,6 +127,12 @@ class TransferEngine:
         """This engine's transfer-server addresses (one per listen host)."""
         return list(self.server.addresses)
 
+    def cut_inbound(self) -> int:
+        """Cut every connection peers opened to this engine's server (they reconnect); after
+        it returns, no byte that arrives on them reaches a segment. See
+        ``ThreadedServer.cut_connections``."""
+        return self.server.cut_connections()
+
     def register_memory(
         self, name: str, buffer: BufferLike, location: str | None = None
     ) -> SegmentInfo:
