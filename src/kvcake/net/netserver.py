@@ -200,6 +200,8 @@ class ThreadedServer(ABC):
         else:
             log.warning("%s: a cut connection's handler has not ended after %.1f s",
                         self._name, timeout_s)  # fmt: skip
+        if conns:
+            log.warning("%s: cut %d connections", self._name, len(conns))
         return len(conns)
 
     def reopen_address(self, addr: str) -> None:
