@@ -19,14 +19,16 @@ from tests.store.procs import unreadable
 
 
 class ForgetfulMaster:
-    """Answers every heartbeat with "unknown client" (count 1)."""
+    """Answers every heartbeat with "mount again" (``count``: REMOUNT, a new leader that
+    replayed us; FORGOTTEN, a master that dropped everything of ours)."""
 
-    def __init__(self) -> None:
+    def __init__(self, count: int = P.REMOUNT) -> None:
         self.calls = 0
+        self.count = count
 
     def call(self, msg: object) -> P.Reply:
         self.calls += 1
-        return P.Reply(count=1)
+        return P.Reply(count=self.count)
 
     def close(self) -> None:
         pass
@@ -83,39 +85,33 @@ def test_a_leader_with_another_directory_is_followed_once() -> None:
 
 
 def test_a_forgotten_node_cuts_its_transfer_connections_before_it_mounts() -> None:
-    """Forgotten (count 1): ``on_forgotten`` runs, then the remount -- writes still on their
-    way for the dropped objects must not land in ranges the new mount hands out (nemesis,
-    seed 4013). Only moved (a leader that knows us): the connections stay."""
-    events: list[str] = []
-    done = threading.Event()
+    """FORGOTTEN: ``on_forgotten`` runs, then the remount -- writes still on their way for the
+    dropped objects must not land in ranges the new mount hands out (nemesis, seed 4013).
+    REMOUNT (a new leader that replayed our segments) or a moved directory: the objects are
+    still ours, the connections stay."""
 
-    def remount() -> None:
-        events.append("remount")
-        done.set()
+    def run(master: object, using: list[str] | None = None) -> list[str]:
+        events: list[str] = []
 
-    hb = Heartbeater(ForgetfulMaster(), "c1", "127.0.0.1", 0.06, [remount],  # type: ignore[arg-type]
-                     on_forgotten=[lambda: events.append("cut")])  # fmt: skip
-    hb.start()
-    try:
-        assert done.wait(5)
-    finally:
-        hb.stop()
-    assert events[:2] == ["cut", "remount"]
-    moved: list[str] = []
-    using = ["127.0.0.1:1"]
+        def remount() -> None:
+            events.append("remount")
+            if using:
+                using[0] = "127.0.0.1:2"  # what Client._remount's directory follow does
 
-    def follow() -> None:
-        moved.append("remount")
-        using[0] = "127.0.0.1:2"
+        directory = (lambda: using[0]) if using else None
+        hb = Heartbeater(master, "c1", "127.0.0.1", 0.06, [remount], directory,  # type: ignore[arg-type]
+                         on_forgotten=[lambda: events.append("cut")])  # fmt: skip
+        hb.start()
+        try:
+            time.sleep(0.3)  # ~5 heartbeats
+        finally:
+            hb.stop()
+        return events
 
-    hb = Heartbeater(MovedMaster(), "c1", "127.0.0.1", 0.06, [follow], lambda: using[0],  # type: ignore[arg-type]
-                     on_forgotten=[lambda: moved.append("cut")])  # fmt: skip
-    hb.start()
-    try:
-        time.sleep(0.3)
-    finally:
-        hb.stop()
-    assert moved == ["remount"]
+    forgotten = run(ForgetfulMaster(P.FORGOTTEN))
+    assert forgotten[:2] == ["cut", "remount"] and len(forgotten) >= 4
+    assert "cut" not in run(ForgetfulMaster(P.REMOUNT))
+    assert run(MovedMaster(), ["127.0.0.1:1"]) == ["remount"]
 
 
 def test_a_failed_round_is_retried_soon_then_backs_off() -> None:

@@ -294,3 +294,19 @@ def test_putend_sums_are_judged_key_by_key() -> None:
     assert st.lookup(W, "good")[2] == [7] and st.lookup(W, "also-good")[2] == [(1 << 64) - 1]
     assert not st.exist(W, "two-sums") and not st.exist(W, "negative")  # their space freed
     st.check()
+
+
+def test_a_heartbeat_says_whether_the_master_still_has_the_clients_segments() -> None:
+    """FORGOTTEN: a client this master never knew or expired (its objects are gone here);
+    REMOUNT: one it replayed and waits for (its segments are kept); 0: known."""
+    from kvcake.store import protocol as P
+
+    st, clock = make()
+    assert st.heard(A, "host0") == 0  # mounted by make()
+    st.parts.clients.rejoin.add(B)  # as a replay leaves the clients it restored
+    assert st.heard(B, "host1") == P.REMOUNT
+    stranger = ClientId("new")
+    assert st.heard(stranger, "h") == P.FORGOTTEN and st.heard(stranger, "h") == 0
+    clock.t += 100  # A and B fall silent past the TTL and are expired with their segments
+    assert A in st.expire_clients()
+    assert st.heard(A, "host0") == P.FORGOTTEN

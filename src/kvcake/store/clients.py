@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from kvcake.core.ids import ClientId
 from kvcake.store.metadata import ClientInfo
+from kvcake.store.protocol import FORGOTTEN, REMOUNT
 
 
 class ClientTable:
@@ -22,12 +23,18 @@ class ClientTable:
 
     def touch(self, client: ClientId, host: str) -> bool:
         """Record a sign of life; False when the client was unknown or must remount."""
+        return not self.heard(client, host)
+
+    def heard(self, client: ClientId, host: str) -> int:
+        """Record a heartbeat; what it must do: 0, or ``protocol.REMOUNT`` (a client this
+        master replayed, ``rejoin``), or ``protocol.FORGOTTEN`` (one it never knew: nothing of
+        it is left here)."""
         info = self.clients.get(client)
         if info is None:
             self.clients[client] = ClientInfo(client, host, self.clock())
-            return False
+            return FORGOTTEN
         info.last_seen = self.clock()
-        return client not in self.rejoin
+        return REMOUNT if client in self.rejoin else 0
 
     def expired(self, client: ClientId) -> bool:
         """A known client silent for longer than the TTL (not yet expired by housekeeping)."""

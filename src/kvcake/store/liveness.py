@@ -101,8 +101,8 @@ class Heartbeater:
         self.host = host
         self.interval = max(0.02, ttl_s / 3)
         self.on_remount = on_remount
-        # Run before the remount when the master forgot us (not when it only moved): it
-        # dropped our objects, so writes still on their way into our memory for them --
+        # Run before the remount when the master forgot us (not when a new leader replayed
+        # us, nor when it only moved): it dropped our objects, so writes still on their way into our memory for them --
         # a retransmission after a partition, a paused writer's -- must not land in ranges
         # the new mount hands out again (the nemesis found this, seed 4013 of
         # docs/benchmarks.md "Nemesis").
@@ -129,11 +129,11 @@ class Heartbeater:
                 reply = self.conn.call(P.Heartbeat(self.client, self.host))
                 self.master_ok = True
                 self._failed = 0
-                if reply.count == 1 or self._directory_moved(reply.directory):
+                if reply.count or self._directory_moved(reply.directory):
                     log.warning(
                         "store client %s: master forgot us or moved; remounting", self.client
                     )
-                    for fn in self.on_forgotten if reply.count == 1 else ():
+                    for fn in self.on_forgotten if reply.count == P.FORGOTTEN else ():
                         fn()
                     for fn in self.on_remount:
                         fn()

@@ -151,10 +151,10 @@ class MasterHandlers:
             return P.Reply(code=exc.code, message=str(exc))
 
     def heartbeat(self, m: P.Heartbeat) -> P.Reply:
-        known = self.state.touch(ClientId(m.client), m.host) if m.client else True
+        todo = self.state.heard(ClientId(m.client), m.host) if m.client else 0
         ttl = int(self.state.cfg.client_ttl_s * 1000)
         return P.Reply(
-            count=0 if known else 1,
+            count=todo,
             client_ttl_ms=ttl,
             directory=self.directory(),
             events=self.events(),

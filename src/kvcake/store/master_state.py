@@ -96,6 +96,11 @@ class MasterState:
         with self.lock:
             return self.parts.clients.touch(client, host)
 
+    def heard(self, client: ClientId, host: str) -> int:
+        """A heartbeat: :meth:`ClientTable.heard <kvcake.store.clients.ClientTable.heard>`."""
+        with self.lock:
+            return self.parts.clients.heard(client, host)
+
     def mount(
         self,
         client: ClientId,

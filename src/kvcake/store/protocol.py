@@ -249,6 +249,12 @@ Request = (
 
 # --- replies ---------------------------------------------------------------------------------
 
+# A heartbeat's ``count``: mount again. REMOUNT: this master knows the client's segments (a new
+# leader replayed them) but not yet the client; FORGOTTEN: it knows neither -- the client was
+# expired (or the master's state lost) and every object on its segments was dropped.
+REMOUNT = 1
+FORGOTTEN = 2
+
 
 class KeyResult(msgspec.Struct, frozen=True):
     code: int
@@ -264,7 +270,7 @@ class Reply(msgspec.Struct, tag=True):
     code: int = 0
     message: str = ""
     results: list[KeyResult] = []
-    count: int = 0  # remove_all; heartbeat: 1 = "unknown client, remount"
+    count: int = 0  # remove_all; heartbeat: REMOUNT or FORGOTTEN (below), 0 = known
     lease_ms: int = 0
     client_ttl_ms: int = 0
     tasks: list[tuple[str, str, int, int]] = []  # (kind, key, size, mem_offset)
