@@ -102,10 +102,9 @@ class Heartbeater:
         self.interval = max(0.02, ttl_s / 3)
         self.on_remount = on_remount
         # Run before the remount when the master forgot us (not when a new leader replayed
-        # us, nor when it only moved): it dropped our objects, so writes still on their way into our memory for them --
-        # a retransmission after a partition, a paused writer's -- must not land in ranges
-        # the new mount hands out again (the nemesis found this, seed 4013 of
-        # docs/benchmarks.md "Nemesis").
+        # us, nor when it only moved): it dropped our objects, so bytes still on their way
+        # for them (TCP's retransmission after a partition) must not land in ranges the new
+        # mount hands out again (nemesis seed 4013, docs/benchmarks.md "Nemesis").
         self.on_forgotten = on_forgotten
         self.master_ok = True
         self._failed = 0  # rounds failed in a row
