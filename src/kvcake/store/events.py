@@ -113,10 +113,14 @@ class EventPublisher:
         self.sinks = list(sinks)
         self._own = port >= 0
         self._curve = CurveServer(auth) if auth is not None and self._own else None
+        # Its own context either way: stop() terms it, which returns only once the port is
+        # free (a master restarted on a fixed port must be able to bind it at once).
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         if self._curve is not None:
             self._sock = self._curve.socket(zmq.PUB)
         else:
-            self._sock = zmq.Context.instance().socket(zmq.PUB)
+            self._ctx = zmq.Context()
+            self._sock = self._ctx.socket(zmq.PUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 10_000)  # messages; beyond, zmq drops -> a gap
         if not self._own:
@@ -164,3 +168,5 @@ class EventPublisher:
         self._sock.close(0)
         if self._curve is not None:
             self._curve.close()
+        if self._ctx is not None:
+            self._ctx.term()

@@ -193,9 +193,13 @@ class VllmEventStream:
     ):
         self.table = table
         self._topic = topic.encode()
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self._pub = ctx.socket(zmq.XPUB)  # XPUB: it tells when the first subscriber came
-        self._replay = ctx.socket(zmq.ROUTER)
+        # A private context: stop() terms it, which returns only once zmq's I/O thread has
+        # closed the sockets. close() alone hands that to the I/O thread, and a master
+        # restarted on the same fixed port then failed to bind ("Address already in use",
+        # 38 of 300 immediate rebinds here).
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._pub = self._ctx.socket(zmq.XPUB)  # XPUB: it tells when the first subscriber came
+        self._replay = self._ctx.socket(zmq.ROUTER)
         for s in (self._pub, self._replay):
             s.setsockopt(zmq.LINGER, 0)
         self._pub.setsockopt(zmq.SNDHWM, 100_000)
@@ -293,3 +297,4 @@ class VllmEventStream:
             self._thread.join(timeout=2)
         self._pub.close(0)
         self._replay.close(0)
+        self._ctx.term()  # returns once the port is free (see __init__)
