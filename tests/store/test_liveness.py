@@ -114,6 +114,43 @@ def test_a_forgotten_node_cuts_its_transfer_connections_before_it_mounts() -> No
     assert run(MovedMaster(), ["127.0.0.1:1"]) == ["remount"]
 
 
+class ForgetsOnce:
+    """FORGOTTEN once, then a master that knows us again (our first Mount registered us)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def call(self, msg: object) -> P.Reply:
+        self.calls += 1
+        return P.Reply(count=P.FORGOTTEN if self.calls == 1 else 0)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_remount_that_failed_halfway_is_repeated_though_the_master_knows_us() -> None:
+    events: list[str] = []
+    done = threading.Event()
+
+    def remount() -> None:
+        events.append("remount")
+        if events.count("remount") == 1:
+            raise OSError("the disk segment's Mount failed")  # the memory one had succeeded
+        done.set()
+
+    hb = Heartbeater(
+        ForgetsOnce(), "c1", "127.0.0.1", 0.06, [remount],  # type: ignore[arg-type]
+        on_forgotten=[lambda: events.append("cut")],
+    )  # fmt: skip
+    hb.start()
+    try:
+        assert done.wait(5), f"the failed remount was never repeated: {events}"
+        time.sleep(0.2)  # more rounds that know us: no further remounts
+    finally:
+        hb.stop()
+    assert events == ["cut", "remount", "remount"]
+
+
 def test_a_failed_round_is_retried_soon_then_backs_off() -> None:
     hb = Heartbeater(ForgetfulMaster(), "c1", "127.0.0.1", 3.0, [])  # type: ignore[arg-type]
     waits = []

@@ -108,6 +108,7 @@ class Heartbeater:
         self.on_forgotten = on_forgotten
         self.master_ok = True
         self._failed = 0  # rounds failed in a row
+        self._remount_due = False  # a remount raised: the next answered round repeats it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="store-heartbeat", daemon=True)
 
@@ -128,14 +129,7 @@ class Heartbeater:
                 reply = self.conn.call(P.Heartbeat(self.client, self.host))
                 self.master_ok = True
                 self._failed = 0
-                if reply.count or self._directory_moved(reply.directory):
-                    log.warning(
-                        "store client %s: master forgot us or moved; remounting", self.client
-                    )
-                    for fn in self.on_forgotten if reply.count == P.FORGOTTEN else ():
-                        fn()
-                    for fn in self.on_remount:
-                        fn()
+                self._answer(reply)
             except KvcakeError as exc:
                 self.master_ok = False
                 self._failed += 1
@@ -146,6 +140,20 @@ class Heartbeater:
                 self.master_ok = False
                 self._failed += 1
                 log.warning("store client %s: heartbeat round failed", self.client, exc_info=True)
+
+    def _answer(self, reply: P.Reply) -> None:
+        """Mount again when the master asks, or when the last remount did not finish: a
+        remount that failed after its first ``Mount`` made the master know us again, so the
+        next answer says nothing, yet a segment (the disk tier's) would stay unmounted."""
+        if not (reply.count or self._remount_due or self._directory_moved(reply.directory)):
+            return
+        log.warning("store client %s: master forgot us or moved; remounting", self.client)
+        self._remount_due = True  # until every hook has run
+        for fn in self.on_forgotten if reply.count == P.FORGOTTEN else ():
+            fn()
+        for fn in self.on_remount:
+            fn()
+        self._remount_due = False
 
     def _directory_moved(self, where: str) -> bool:
         """A new leader that already knows us (our first data call reached it before this
