@@ -82,7 +82,7 @@ def test_replicas_on_distinct_segments_best_effort() -> None:
 
 
 def test_preempt_abandoned_put_start_and_reclaim_later() -> None:
-    st, clock = make(put_start_timeout_s=1.0, put_start_discard_s=2.0)
+    st, clock = make(put_start_timeout_s=1.0, put_start_discard_s=6.0)
     st.put_start(A, "h", "k", 4096)
     clock.t += 1.5
     st.put_start(B, "h", "k", 4096)  # pre-empts A's abandoned put
@@ -91,9 +91,41 @@ def test_preempt_abandoned_put_start_and_reclaim_later() -> None:
     st.put_end(B, "k")
     used = sum(s.allocator.allocated for s in st.segments.values())
     assert used == 2 * 4096  # the abandoned space is not reused yet (A may still write)
-    clock.t += 2.5
+    clock.t += 6.5
     st.maybe_evict()
     assert sum(s.allocator.allocated for s in st.segments.values()) == 4096
+    st.check()
+
+
+def test_a_revoked_or_dead_writers_range_is_not_handed_out_before_its_grace() -> None:
+    """A put whose write timed out against a paused node is revoked, but its bytes may still
+    sit in the node's sockets and land when it wakes: the range is not given to the next put
+    until the writer's grace (max(put_start_discard_s, client_ttl_s)) has passed. The same for
+    a writer that expired mid-put (it may wake up and write on)."""
+    st, clock = make(capacity=4096, segments=1, put_start_discard_s=3.0)  # client TTL 5 s
+    (rep,) = st.put_start(W, "h", "k1", 4096)
+    st.put_revoke(W, "k1")
+    with pytest.raises(NoSpace):
+        st.put_start(B, "h", "k2", 4096)  # before: k2 got k1's range at once
+    clock.t += 4.9
+    st.maybe_evict()
+    with pytest.raises(NoSpace):
+        st.put_start(B, "h", "k2", 4096)
+    clock.t += 0.2
+    st.maybe_evict()
+    assert st.put_start(B, "h", "k2", 4096)[0].offset == rep.offset
+    st.put_end(B, "k2")
+    st.remove("k2", force=True)  # a COMPLETE object's range is free at once: nobody writes it
+    (rep,) = st.put_start(W, "h", "k3", 4096)
+    clock.t += 6
+    st.touch(A, "host0")
+    st.touch(B, "h")
+    assert st.expire_clients() == [W]
+    with pytest.raises(NoSpace):
+        st.put_start(B, "h", "k4", 4096)
+    clock.t += 5.1
+    st.maybe_evict()
+    assert st.put_start(B, "h", "k4", 4096)[0].offset == rep.offset
     st.check()
 
 

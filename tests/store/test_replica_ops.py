@@ -62,6 +62,14 @@ def test_failed_or_abandoned_copies_free_their_space() -> None:
     st.copy_start(W, "k", [dst])
     st.copy_end(W, "k", ok=False)
     assert segs(st, "k", complete=False) == [src]
+    # The copier may still be writing into its range: it comes back after the writer's grace
+    # (MasterConfig.writer_grace_s: here the client TTL, 60 s), not at once.
+    assert st.segments[SegmentName(dst)].allocator.free < free
+    clock.t += 59
+    st.maybe_evict()
+    assert st.segments[SegmentName(dst)].allocator.free < free
+    clock.t += 2
+    st.maybe_evict()
     assert st.segments[SegmentName(dst)].allocator.free == free
     st.copy_start(W, "k", [dst])
     assert st.sweep_copies(lambda c: True) == 0  # young, client alive
@@ -72,6 +80,9 @@ def test_failed_or_abandoned_copies_free_their_space() -> None:
     assert st.sweep_copies(lambda c: c != W) == 1  # the copying client is gone
     with pytest.raises(InvalidParams):
         st.copy_end(W, "k", ok=True)  # its copy was aborted
+    clock.t += 61
+    st.maybe_evict()
+    assert st.segments[SegmentName(dst)].allocator.free == free
     st.check()
 
 

@@ -147,3 +147,31 @@ def test_recv_adaptive_learns_from_the_wait() -> None:
         threading.Timer(0.01, lambda: b.sendall(b"y")).start()
         assert recv_adaptive(a.recv, (10,), p) == b"y"  # slept in recv
         assert p.spin_ns == 50_000  # a 10 ms gap is an idle client
+
+
+def test_a_broken_endpoint_is_reset_so_the_rest_of_its_write_never_arrives() -> None:
+    """A write that timed out against a peer that reads nothing (a paused storage node) is
+    released unhealthy: the connection is reset, so what the kernel still held to send never
+    reaches the peer when it wakes (its put is revoked by then). With a graceful close the
+    peer received all ~8 MiB the kernel had accepted."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # inherited by the accepted
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    pool = EndpointPool(4, connect_timeout_s=2.0, io_timeout_s=0.3)
+    ep = pool.acquire(f"127.0.0.1:{srv.getsockname()[1]}")
+    peer, _ = srv.accept()
+    with srv, peer:
+        ep.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        with pytest.raises(OSError):  # the kernel-side send timeout (io_timeout_s)
+            ep.sock.sendall(b"x" * (32 << 20))
+        pool.release(ep, healthy=False)  # what the transport does with a failed endpoint
+        got, reset = 0, False
+        peer.settimeout(2.0)
+        try:
+            while data := peer.recv(1 << 20):
+                got += len(data)
+        except ConnectionResetError:
+            reset = True
+    pool.close()
+    assert reset and got < 2 << 20, (got, reset)

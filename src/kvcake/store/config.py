@@ -63,6 +63,14 @@ class MasterConfig:
     root_fs_dir: Path | None = None
     root_fs_quota: int = size_field(0)
 
+    @property
+    def writer_grace_s(self) -> float:
+        """How long a range a writer may still be writing into (a revoked or pre-empted put,
+        an expired writer's, an aborted copy's) stays unused: ``put_start_discard_s``, and at
+        least the client TTL, since a storage node paused shorter than that keeps the bytes
+        queued in its sockets and writes them when it wakes (docs/store.md, "Guarantees")."""
+        return max(self.put_start_discard_s, self.client_ttl_s)
+
     def __post_init__(self) -> None:
         # lazy: CLI start-up
         from kvcake.store.strategy import STRATEGIES

@@ -71,7 +71,9 @@ def wire(
     objects: OrderedDict[ObjectKey, ObjectMeta] = OrderedDict()  # LRU order
     files = FileTier(segs.segments, objects, clock, events)
     offloading: dict[ObjectKey, int] = {}  # key -> memory bytes an in-flight offload will free
-    table = ObjectTable(objects, segs, files.free, tenants, offloading, events, changes, clock)
+    table = ObjectTable(
+        objects, segs, files.free, tenants, offloading, events, changes, clock, cfg.writer_grace_s
+    )
     tiering = Tiering(cfg, table, segs, files.writing, files.unlinks.append, events, changes)
     # Right after a take-over, place on re-registered nodes while any is (SegmentTable.placeable).
     placeable = partial(segs.placeable, clients.rejoin)

@@ -9,6 +9,9 @@ Invariants (every method is called with the state lock held, and takes no lock):
   every replica, forgets an offload in flight and gives its tenant's charge back.
 - A replica a leased reader may still copy from is not freed at once: its range is discarded
   until the lease has run out (:meth:`drop_replica`).
+- A memory range a writer may still be writing into (a PROCESSING object's, a copy in flight)
+  is not freed at once either: its range is discarded for ``writer_grace_s`` (a revoked put's
+  bytes may still sit in a paused node's sockets; a pre-empted writer may wake up).
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ class ObjectTable:
         events: EventLog,
         changes: Changes,
         clock: Callable[[], float],
+        writer_grace_s: float = 0.0,
     ):
         self.objects = objects  # LRU order
+        self.writer_grace_s = writer_grace_s  # MasterConfig.writer_grace_s
         self.processing: OrderedDict[ObjectKey, ObjectMeta] = OrderedDict()
         self.segs = segs
         self.free_file = free_file
@@ -65,6 +70,14 @@ class ObjectTable:
         else:
             self.segs.release(rep)
 
+    def retire(self, obj: ObjectMeta, rep: Replica) -> None:
+        """Free ``rep`` of ``obj`` as it leaves; a memory range its writer may still be
+        writing into is only discarded for ``writer_grace_s``."""
+        if rep.tier is Tier.MEMORY and (obj.status is not _COMPLETE or not rep.complete):
+            self.segs.discard(self.clock() + self.writer_grace_s, rep.segment, rep.offset)
+        else:
+            self.free(rep)
+
     def free_persistent(self, obj: ObjectMeta) -> None:
         """Free ``obj``'s disk and file replicas (a disk copy's node is told to delete it)."""
         for rep in obj.persistent():
@@ -81,7 +94,7 @@ class ObjectTable:
             self.events.emit(event, (obj.key,), MEMORY_V if event is not _REMOVED else "")
         self.offloading.pop(obj.key, None)
         for rep in obj.replicas:
-            self.free(rep)
+            self.retire(obj, rep)
             if rep.tier is Tier.DISK:
                 self.segs.queue_task(rep.segment, NodeTask("delete", obj.key, obj.size, 0))
         obj.replicas = []

@@ -110,8 +110,8 @@ class ReplicaOps:
         for rep in pending:
             if ok:
                 rep.complete = True
-            else:
-                self.table.free(rep)
+            else:  # the copier may still be writing it
+                self.table.retire(obj, rep)
                 obj.replicas.remove(rep)
         if ok and pending:
             self.events.emit(StoreEventKind.STORED, (obj.key,), Tier.MEMORY.value)

@@ -127,7 +127,7 @@ class Writes:
         if obj.status is _PROCESSING:
             if now - obj.put_started <= self.cfg.put_start_timeout_s:
                 raise ObjectAlreadyExists(f"{obj.key!r} is being written")
-            self._preempt(obj, now)
+            self.table.drop(obj)  # pre-empted: its space is reused only after the writer's grace
             return None
         if not upsert:
             raise ObjectAlreadyExists(f"{obj.key!r} exists (put never overwrites; use upsert)")
@@ -145,15 +145,6 @@ class Writes:
             return obj
         self.table.drop(obj)
         return None
-
-    def _preempt(self, obj: ObjectMeta, now: float) -> None:
-        """Pre-empt an abandoned writer; it may still write, so its space is reused later."""
-        for rep in obj.replicas:
-            self.segs.discard(now + self.cfg.put_start_discard_s, rep.segment, rep.offset)
-        obj.replicas = []
-        self.objects.pop(obj.key)
-        self.tenants.release(obj.tenant, obj.size)
-        self.processing.pop(obj.key, None)
 
     def _apply_pins(self, obj: ObjectMeta, opts: PutOptions) -> None:
         obj.hard_pin = obj.hard_pin or opts.hard_pin

@@ -47,6 +47,19 @@ class Endpoint:
         with contextlib.suppress(OSError):
             self.sock.close()
 
+    def abort(self) -> None:
+        """Close with a reset: what the kernel still holds to send is thrown away. A graceful
+        close of a write that timed out against a paused or cut-off peer lets the kernel
+        deliver the rest when the peer wakes or the link heals, after the put was revoked
+        and its range perhaps given to another object."""
+        with contextlib.suppress(OSError):
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST
+
 
 def set_io_timeout(sock: socket.socket, seconds: float) -> None:
     """Kernel-side send/receive timeouts on a *blocking* socket: a stalled peer fails the call
@@ -164,7 +177,8 @@ class EndpointPool:
             self._cond.notify_all()
 
     def release(self, ep: Endpoint, healthy: bool = True) -> None:
-        """Return ``ep``; an unhealthy one (I/O error, unknown stream state) is closed."""
+        """Return ``ep``; an unhealthy one (I/O error, unknown stream state) is reset
+        (:meth:`Endpoint.abort`)."""
         with self._lock:
             self._busy.discard(ep)
             if healthy and not self._closed and ep in self._sieve:
@@ -172,7 +186,10 @@ class EndpointPool:
             else:
                 if ep in self._sieve:
                     self._sieve.remove(ep)
-                ep.close()
+                if healthy:
+                    ep.close()
+                else:
+                    ep.abort()
             if self._waiters:
                 self._cond.notify_all()
 
