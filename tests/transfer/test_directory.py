@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from kvcake.core.config import load_config
@@ -18,6 +20,8 @@ from kvcake.transfer import (
     TransferError,
     UnknownSegment,
 )
+
+from kvcake.transfer.errors import DirectoryUnreachable
 
 from .conftest import EngineFactory
 
@@ -84,6 +88,30 @@ def test_client_reconnects_after_service_restart() -> None:
     finally:
         c.close()
         svc2.stop()
+
+
+def test_a_frozen_directory_is_waited_for_once_not_twice() -> None:
+    """A directory host that accepts but never answers (a paused leader: the kernel still
+    completes the handshake) costs one timeout, not a second try: the nemesis saw outages of
+    11 s after a leader pause, a lookup being 2 x the master call deadline."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)  # never accepted: connects complete in the kernel, nothing is ever read
+    with srv:
+        c = DirectoryClient(f"127.0.0.1:{srv.getsockname()[1]}", timeout_s=0.3)
+        with pytest.raises(DirectoryUnreachable, match="timed out"):
+            c.lookup("a")
+        queued = 0
+        srv.setblocking(False)
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except BlockingIOError:
+                break
+            conn.close()
+            queued += 1
+        c.close()
+    assert queued == 1  # one connection: no second wait on the frozen host
 
 
 def test_transfer_config_validation(tmp_path) -> None:  # type: ignore[no-untyped-def]

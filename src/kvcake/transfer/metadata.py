@@ -251,7 +251,10 @@ class DirectoryClient:
                     raise AuthFailed(f"directory {self.address}: {exc}") from exc
                 except (OSError, FramingError) as exc:
                     self._drop()
-                    if attempt:
+                    # Once more only for a connection found broken (a restarted service): a
+                    # timeout means a frozen host, and a second wait doubled the outage of a
+                    # paused leader's directory (every lookup 2 x the master call deadline).
+                    if attempt or isinstance(exc, TimeoutError):
                         raise DirectoryUnreachable(
                             f"directory {self.address} unreachable: {exc}"
                         ) from exc
