@@ -20,7 +20,6 @@ from kvcake.transfer import (
     TransferError,
     UnknownSegment,
 )
-
 from kvcake.transfer.errors import DirectoryUnreachable
 
 from .conftest import EngineFactory
