@@ -20,15 +20,17 @@ from tests.store.procs import unreadable
 
 class ForgetfulMaster:
     """Answers every heartbeat with "mount again" (``count``: REMOUNT, a new leader that
-    replayed us; FORGOTTEN, a master that dropped everything of ours)."""
+    replayed us; FORGOTTEN, a master that dropped everything of ours); with ``once`` only the
+    first, then 0 (it knows us again)."""
 
-    def __init__(self, count: int = P.REMOUNT) -> None:
+    def __init__(self, count: int = P.REMOUNT, once: bool = False) -> None:
         self.calls = 0
         self.count = count
+        self.once = once
 
     def call(self, msg: object) -> P.Reply:
         self.calls += 1
-        return P.Reply(count=self.count)
+        return P.Reply(count=0 if self.once and self.calls > 1 else self.count)
 
     def close(self) -> None:
         pass
@@ -114,20 +116,6 @@ def test_a_forgotten_node_cuts_its_transfer_connections_before_it_mounts() -> No
     assert run(MovedMaster(), ["127.0.0.1:1"]) == ["remount"]
 
 
-class ForgetsOnce:
-    """FORGOTTEN once, then a master that knows us again (our first Mount registered us)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def call(self, msg: object) -> P.Reply:
-        self.calls += 1
-        return P.Reply(count=P.FORGOTTEN if self.calls == 1 else 0)
-
-    def close(self) -> None:
-        pass
-
-
 def test_a_remount_that_failed_halfway_is_repeated_though_the_master_knows_us() -> None:
     events: list[str] = []
     done = threading.Event()
@@ -139,7 +127,7 @@ def test_a_remount_that_failed_halfway_is_repeated_though_the_master_knows_us() 
         done.set()
 
     hb = Heartbeater(
-        ForgetsOnce(), "c1", "127.0.0.1", 0.06, [remount],  # type: ignore[arg-type]
+        ForgetfulMaster(P.FORGOTTEN, once=True), "c1", "127.0.0.1", 0.06, [remount],  # type: ignore[arg-type]
         on_forgotten=[lambda: events.append("cut")],
     )  # fmt: skip
     hb.start()
