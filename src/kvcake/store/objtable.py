@@ -42,7 +42,7 @@ class ObjectTable:
         events: EventLog,
         changes: Changes,
         clock: Callable[[], float],
-        writer_grace_s: float = 0.0,
+        writer_grace_s: float,
     ):
         self.objects = objects  # LRU order
         self.writer_grace_s = writer_grace_s  # MasterConfig.writer_grace_s
