@@ -84,6 +84,18 @@ def wait_alive(c: Cluster, instance: str, alive: bool, timeout: float = 60.0) ->
     wait_until(seen, timeout=timeout, what=f"{instance} alive={alive}")
 
 
+def settle(c: Cluster) -> None:
+    """Until the proxy's view of the instances (pulled every poll interval, so it lags a
+    response) includes everything they did before now: two more completed polls. Only then is
+    where a prompt goes a question of the caches, not of the view's age."""
+
+    def polls() -> int:
+        return int(httpx.get(c.url + "/v1/cluster", timeout=10).json()["polls"])
+
+    start = polls()
+    wait_until(lambda: polls() >= start + 2, timeout=30, what="two polls of the instances")
+
+
 def kill(c: Cluster, instance: str) -> None:
     """SIGKILL an instance: the proxy drops it (and its cached blocks) at its next poll."""
     c.child(instance).proc.kill()  # type: ignore[union-attr]
@@ -98,6 +110,7 @@ def test_first_request_is_computed_never_seen(cl: Cluster) -> None:
 
 
 def test_repeat_is_served_from_the_local_cache(cl: Cluster) -> None:
+    settle(cl)
     doc = post(cl, P1)
     a = kv(doc)
     assert doc["_prefill"] == RESPONSES[0]["_prefill"]
@@ -168,7 +181,7 @@ def test_blocks_read_from_the_ssd_tier_are_ssd_tokens(
             post(cl, p4[:BT] + [(20000 + k * 400 + i) % 31000 for i in range(288)], 1)
             time.sleep(0.3)  # let the housekeeper offload
             k += 1
-        time.sleep(0.3)
+        settle(cl)
         a = kv(post(cl, p4))
         assert a["ssd_tokens"] >= 32 and a["ssd_tokens_by_node"] == {"ssd-0": a["ssd_tokens"]}, (
             json.dumps(a)
@@ -193,7 +206,7 @@ def test_evicted_blocks_are_reported_as_evicted(cl: Cluster) -> None:
         assert time.monotonic() < end, "P2 was never evicted from the pool"
         post(cl, p2[:BT] + [(10000 + k * 400 + i) % 31000 for i in range(288)], 1)
         k += 1
-    time.sleep(0.3)
+    settle(cl)
     a = kv(post(cl, p2))
     reasons = a["miss_reasons"]
     assert reasons.get("evicted", 0) >= 160 and "never_seen" not in reasons, a

@@ -232,6 +232,9 @@ def _cluster_view(st: ProxyState) -> dict[str, Any]:
     conf = asdict(cfg) if is_dataclass(cfg) and not isinstance(cfg, type) else {}  # [conductor]
     return {"ready": st.ready(), "health": st.health.report() if st.health else None,
             "indexed_blocks": len(st.cluster.kv_index), "instances": rows,
+            # completed polls of the instances: a caller that waits for two more knows the
+            # view above includes everything the instances had done when it started waiting
+            "polls": st.cluster.polls,
             "conductor": conf}  # fmt: skip
 
 
