@@ -16,4 +16,10 @@ class Changes:
         """The object ``key`` changed (its record must be logged again)."""
 
     def segment(self, name: str) -> None:
-        """The segment ``name`` was mounted or dropped."""
+        """The segment ``name`` was mounted or dropped, or its ranges in the writer's grace
+        changed."""
+
+    def writing(self, key: str, size: int) -> None:
+        """A put of ``key`` (``size`` bytes) was given ranges (a ``PutStart``): its record, the
+        hold on those ranges, must be logged, but its reply waits for that only when the
+        request's puts are large (a copy that may still run when a new leader takes over)."""

@@ -67,7 +67,7 @@ def wire(
     events = EventLog(cfg.events_buffer)
     tenants = TenantQuotas(parse_quotas(cfg.tenant_quotas), cfg.tenant_quota)
     clients = ClientTable(clock, cfg.client_ttl_s)
-    segs = SegmentTable()
+    segs = SegmentTable(changes)
     objects: OrderedDict[ObjectKey, ObjectMeta] = OrderedDict()  # LRU order
     files = FileTier(segs.segments, objects, clock, events)
     offloading: dict[ObjectKey, int] = {}  # key -> memory bytes an in-flight offload will free

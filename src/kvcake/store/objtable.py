@@ -74,7 +74,7 @@ class ObjectTable:
         """Free ``rep`` of ``obj`` as it leaves; a memory range its writer may still be
         writing into is only discarded for ``writer_grace_s``."""
         if rep.tier is Tier.MEMORY and (obj.status is not _COMPLETE or not rep.complete):
-            self.segs.discard(self.clock() + self.writer_grace_s, rep.segment, rep.offset)
+            self.segs.discard(self.clock() + self.writer_grace_s, rep.segment, rep.offset, rep.size)
         else:
             self.free(rep)
 
@@ -88,8 +88,7 @@ class ObjectTable:
     def drop(self, obj: ObjectMeta, event: StoreEventKind | None = _REMOVED) -> None:
         """Forget ``obj`` and free its replicas; ``event`` is published if it was readable
         (``None``: the caller publishes)."""
-        if obj.status is _COMPLETE:  # a PROCESSING object was never logged
-            self.changes.object(obj.key)
+        self.changes.object(obj.key)  # a PROCESSING one was logged as its writer's hold
         if event is not None and obj.status is _COMPLETE and obj.readable():
             self.events.emit(event, (obj.key,), MEMORY_V if event is not _REMOVED else "")
         self.offloading.pop(obj.key, None)

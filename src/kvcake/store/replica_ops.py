@@ -80,6 +80,7 @@ class ReplicaOps:
         obj.replicas.extend(new)
         obj.copying = True
         self.copies[obj.key] = (client, self.clock())
+        self.changes.writing(obj.key, obj.size * len(new))  # the targets are held (ObjRec.held)
         return [self.segs.describe(r) for r in new]
 
     def _copy_target(self, obj: ObjectMeta, name: SegmentName) -> Segment:

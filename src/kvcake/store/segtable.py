@@ -3,8 +3,10 @@
 
 Invariants: called with the state lock held. Owns ``segments`` (each with the allocator of its
 ranges: the memory of a replica belongs to its segment's allocator), ``tasks`` (node tasks per
-client, drained by the node's heartbeat) and ``discarded`` (ranges a pre-empted writer or a
-leased reader may still touch: released only once their time has come).
+client, drained by the node's heartbeat), ``discarded`` (ranges a pre-empted writer or a
+leased reader may still touch: released only once their time has come) and ``held`` (those of
+them a writer may still write into, per segment: offset -> size; logged with the segment so a
+new leader keeps them out of use too, store/ha/view.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvcake.core.ids import ClientId, SegmentName
+from kvcake.store.changes import Changes
 from kvcake.store.filetier import file_path
 from kvcake.store.metadata import NodeTask, Replica, Segment, Tier
 from kvcake.store.protocol import ReplicaDesc
@@ -20,10 +23,12 @@ MEMORY, DISK, FILE = Tier.MEMORY, Tier.DISK, Tier.FILE
 
 
 class SegmentTable:
-    def __init__(self) -> None:
+    def __init__(self, changes: Changes | None = None) -> None:
         self.segments: dict[SegmentName, Segment] = {}
         self.tasks: dict[ClientId, list[NodeTask]] = {}
         self.discarded: list[tuple[float, SegmentName, int]] = []  # (free at, segment, offset)
+        self.held: dict[SegmentName, dict[int, int]] = {}  # in the writer's grace: offset -> size
+        self.changes = changes if changes is not None else Changes()
         self._memory: list[Segment] | None = None
 
     def add(self, seg: Segment) -> None:
@@ -35,6 +40,7 @@ class SegmentTable:
         del self.segments[seg.name]
         self._memory = None
         self.discarded[:] = [d for d in self.discarded if d[1] != seg.name]
+        self.held.pop(seg.name, None)
 
     def memory(self) -> list[Segment]:
         """Memory-tier segments (cached: rebuilt only when a segment is mounted/unmounted)."""
@@ -84,9 +90,13 @@ class SegmentTable:
         if seg is not None:
             seg.allocator.release(rep.offset)
 
-    def discard(self, free_at: float, segment: SegmentName, offset: int) -> None:
-        """Release the range at ``offset`` of ``segment`` once ``free_at`` has passed."""
+    def discard(self, free_at: float, segment: SegmentName, offset: int, held: int = 0) -> None:
+        """Release the range at ``offset`` of ``segment`` once ``free_at`` has passed; ``held``:
+        its size, when a writer may still write into it (the hold is logged)."""
         self.discarded.append((free_at, segment, offset))
+        if held:
+            self.held.setdefault(segment, {})[offset] = held
+            self.changes.segment(segment)
 
     def reclaim(self, now: float, force: bool, file_unlink: Callable[[int], None]) -> None:
         """Release the discarded ranges whose time has come (all with ``force``); a file-tier
@@ -99,6 +109,14 @@ class SegmentTable:
                     file_unlink(off)
                 else:
                     seg.allocator.release(off)
+                    self._unhold(seg_name, off)
             elif seg is not None:
                 keep.append((free_at, seg_name, off))
         self.discarded[:] = keep
+
+    def _unhold(self, segment: SegmentName, offset: int) -> None:
+        held = self.held.get(segment)
+        if held is not None and held.pop(offset, None) is not None:
+            self.changes.segment(segment)
+            if not held:
+                del self.held[segment]

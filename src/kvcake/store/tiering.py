@@ -228,6 +228,7 @@ class Tiering:
             return
         obj.replicas.append(Replica(mem.name, off, obj.size, Tier.MEMORY, complete=False))
         obj.copying = True
+        self.changes.writing(obj.key, 0)  # the node writes it: held (a read does not wait)
         self.segs.queue(owner, NodeTask("promote", obj.key, obj.size, off, tuple(obj.sums)))
         self.promotions += 1
 

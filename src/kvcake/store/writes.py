@@ -105,6 +105,7 @@ class Writes:
             if reuse is not None:
                 self._apply_pins(reuse, opts)
                 self.files.reserve(reuse)
+                self.changes.writing(okey, size)  # rewritten in place: its ranges are held
                 return [self.segs.describe(r) for r in reuse.replicas]
         self.tenants.admit(tenant, size)  # before _place: never evict for an over-quota put
         reps = self._place(size, opts, host)
@@ -115,6 +116,7 @@ class Writes:
         self.files.reserve(obj)
         self.objects[okey] = obj
         self.processing[okey] = obj
+        self.changes.writing(okey, size)  # a new leader must not hand these ranges out at once
         return [self.segs.describe(r) for r in reps]
 
     def _replace(

@@ -290,3 +290,45 @@ def test_directory_publish_follows_a_dead_leader(etcd: EtcdServer) -> None:
         for m in masters:
             m.stop()
         ectl.close()
+
+
+def test_a_put_still_copying_across_a_restart_keeps_its_range(tmp_path: Path) -> None:
+    """A put whose ``PutStart`` the master logged is still copying when the master is SIGKILLed
+    and restarted from its log (what a new leader does too): its range is not handed out until
+    the writer's grace (here max(3 s, 3 s)) has passed. Before, it was free at once and the old
+    writer's bytes landed in the next put's range."""
+    from kvcake.store import protocol as P
+    from kvcake.store.rpc import MasterConnection
+
+    flags = ("--port", "0", "--http-port", "-1", "--client-ttl-s", "3",
+             "--put-start-discard-s", "3", "--state-dir", str(tmp_path))  # fmt: skip
+    master = spawn("master", *flags, ready="master")
+    port = master.info["rpc"].rsplit(":", 1)[1]
+    node = spawn("store-server", "--master", master.info["rpc"], "--segment-size", "32MiB",
+                 ready="store-server")  # fmt: skip
+    half = 16 << 20  # at HOLD_WAIT_BYTES: its PutStart is answered once its hold is logged
+
+    def put_start(key: str) -> P.KeyResult:
+        conn = MasterConnection(master.info["rpc"], timeout_s=10)
+        try:
+            return conn.call(P.PutStart("writer/1", "127.0.0.1", [key], [half])).results[0]
+        finally:
+            conn.close()
+
+    try:
+        first = put_start("k1")
+        assert first.code == 0, first
+        held = first.replicas[0].offset
+        master.stop(signal.SIGKILL)  # its writer copies on; its PutEnd will fail
+        master = spawn("master", *flags[:1], port, *flags[2:], ready="master")
+        p = wait_until(lambda: put_start("p"), timeout=30, every_s=0.2, ignore=(Exception,),
+                       what="the restarted master answering")  # fmt: skip
+        assert p.code == 0 and p.replicas[0].offset != held, p  # the free half
+        b = put_start("b")
+        assert b.code != 0, b  # before: b got k1's half while k1's writer was still copying
+        c = wait_until(lambda: (r := put_start("c")).code == 0 and r, timeout=30, every_s=0.5,
+                       what="k1's half handed out after the grace")  # fmt: skip
+        assert c.replicas[0].offset == held
+    finally:
+        node.stop()
+        master.stop()

@@ -33,12 +33,13 @@ MUTATING: frozenset[type] = frozenset(
     (
         P.Mount,
         P.Unmount,
-        P.PutStart,
+        P.PutStart,  # its holds (store/ha/journal.py: waited for only when large)
         P.PutEnd,
         P.PutRevoke,
         P.Remove,
         P.RemoveAll,
         P.TaskDone,
+        P.ReplicaCopyStart,  # its targets' holds, as a PutStart's
         P.ReplicaCopyEnd,
         P.ReplicaDrop,
         P.ReplicaBad,

@@ -26,10 +26,19 @@ from kvcake.core.ids import ObjectKey, SegmentName
 from kvcake.store.changes import Changes
 from kvcake.store.config import MasterConfig
 from kvcake.store.ha.oplog import OpLog
-from kvcake.store.ha.view import ObjGone, ObjRec, Record, SegGone, SegRec
+from kvcake.store.ha.view import ObjGone, ObjHeld, ObjRec, Record, SegGone, SegRec
 from kvcake.store.master_state import MasterState
 from kvcake.store.membership import OwnerDead
-from kvcake.store.metadata import ObjectMeta, Segment, Status
+from kvcake.store.metadata import ObjectMeta, Segment, Status, Tier
+
+MEMORY = Tier.MEMORY
+
+
+# A PutStart's reply waits for its holds to be durable only from this many bytes (its batch
+# in all): the copy after a smaller one ends long before a new leader could hand its ranges
+# out (a take-over takes seconds), unless its writer pauses -- which the grace does not cover
+# either. Waiting on every PutStart would add a log round trip to every HA put (issue 15).
+HOLD_WAIT_BYTES = 16 << 20
 
 
 class Journal(Changes):
@@ -49,7 +58,10 @@ class Journal(Changes):
         self.local.changed = True
 
     def records(
-        self, segments: Mapping[SegmentName, Segment], objects: Mapping[ObjectKey, ObjectMeta]
+        self,
+        segments: Mapping[SegmentName, Segment],
+        objects: Mapping[ObjectKey, ObjectMeta],
+        held: Mapping[SegmentName, Mapping[int, int]],
     ) -> list[Record]:
         """Drain the marks into records of the current state (segments first)."""
         marks = list(self.dirty)
@@ -58,35 +70,48 @@ class Journal(Changes):
         out: list[Record] = []
         for kind, name in marks:
             if kind == "s":
-                out.append(seg_record(name, segments.get(SegmentName(name))))
+                seg = SegmentName(name)
+                out.append(seg_record(name, segments.get(seg), held.get(seg, {})))
             else:
                 out.append(obj_record(name, objects.get(ObjectKey(name))))
         return out
 
+    def writing(self, key: str, size: int) -> None:
+        self.dirty[("o", key)] = None
+        self.local.writing = getattr(self.local, "writing", 0) + size
+
     def take_changed(self) -> bool:
-        """Whether the calling thread marked anything since it last asked (and reset)."""
-        if not getattr(self.local, "changed", False):
-            return False
-        self.local.changed = False
-        return True
+        """Whether the calling thread marked anything its reply must wait for since it last
+        asked (and reset): a change, or puts of ``HOLD_WAIT_BYTES`` or more in all."""
+        local = self.local
+        writing, changed = getattr(local, "writing", 0), getattr(local, "changed", False)
+        local.writing, local.changed = 0, False
+        return changed or writing >= HOLD_WAIT_BYTES
 
 
-def seg_record(name: str, seg: Segment | None) -> Record:
+def seg_record(name: str, seg: Segment | None, held: Mapping[int, int]) -> Record:
     if seg is None:
         return SegGone(name)
     cap = seg.allocator.capacity
-    return SegRec(seg.name, seg.client, seg.host, seg.tier.value, cap, seg.endpoint, seg.host_id)
+    return SegRec(
+        seg.name, seg.client, seg.host, seg.tier.value, cap, seg.endpoint, seg.host_id,
+        sorted(held.items()),
+    )  # fmt: skip
 
 
 def obj_record(key: str, obj: ObjectMeta | None) -> Record:
-    if obj is None or obj.status is not Status.COMPLETE:
+    if obj is None:
         return ObjGone(key)
+    if obj.status is not Status.COMPLETE:
+        ranges = [(str(r.segment), r.offset, r.size) for r in obj.replicas if r.tier is MEMORY]
+        return ObjHeld(key, ranges) if ranges else ObjGone(key)
     reps: list[tuple[str, int, str]] = [
         (r.segment, r.offset, r.tier.value) for r in obj.replicas if r.complete
     ]
     if not reps:
         return ObjGone(key)
-    return ObjRec(key, obj.size, obj.hard_pin, reps, obj.tenant, obj.sums)
+    held = [(str(r.segment), r.offset) for r in obj.replicas if not r.complete and r.tier is MEMORY]
+    return ObjRec(key, obj.size, obj.hard_pin, reps, obj.tenant, obj.sums, held)
 
 
 class JournaledState(MasterState):
@@ -103,7 +128,7 @@ class JournaledState(MasterState):
 
     def records(self) -> list[Record]:
         """Drain the dirty marks into records (segments first); caller holds the lock."""
-        return self.journal.records(self.segments, self.objects)
+        return self.journal.records(self.segments, self.objects, self.parts.segs.held)
 
     def flush(self, log: OpLog) -> int:
         """Log what changed; return the ticket covering everything this thread touched."""

@@ -6,6 +6,11 @@ pins and LRU history reset). The owners of recorded segments get a client entry 
 expired after ``client_ttl_s`` if they never come back) and are asked to remount on their next
 heartbeat. A replica on a segment the view does not know, or one overlapping another replica
 (a log that lies), costs its object: the object is dropped, never served from a wrong range.
+
+Every recorded *hold* (store/ha/view.py: a range a writer of the old leader may still be
+writing into) is allocated too and released only after the writer's grace, counted from now:
+a put still copying when its leader died cannot land in another object's range. A hold the
+view cannot place (unknown segment, overlapping a replica) is skipped with a warning.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from kvcake.core.ids import ClientId, ObjectKey, SegmentName
 from kvcake.store.allocator import RangeAllocator, aligned
 from kvcake.store.config import MasterConfig
 from kvcake.store.ha.journal import JournaledState
-from kvcake.store.ha.view import ObjRec, View
+from kvcake.store.ha.view import ObjHeld, ObjRec, View
 from kvcake.store.metadata import ClientInfo, ObjectMeta, Replica, Segment, Status, Tier
 
 log = logging.getLogger(__name__)
@@ -45,17 +50,54 @@ def restore_allocator(capacity: int, ranges: Iterable[tuple[int, int]]) -> Range
     return alloc
 
 
+def _records(view: View) -> list[ObjRec]:
+    return [o for o in view.objects.values() if isinstance(o, ObjRec)]
+
+
+def _holds(view: View) -> list[tuple[str, int, int]]:
+    """Every recorded hold: (segment, offset, size)."""
+    out: list[tuple[str, int, int]] = []
+    for rec in view.objects.values():
+        if isinstance(rec, ObjHeld):
+            out += rec.ranges
+        else:
+            out += [(seg, off, rec.size) for seg, off in rec.held]
+    for seg in view.segments.values():
+        out += [(seg.name, off, size) for off, size in seg.held]
+    return out
+
+
+def _placed_holds(view: View, live: dict[str, list[tuple[int, int]]]) -> list[tuple[str, int, int]]:
+    """The holds that fit their segment and overlap no kept replica nor another hold."""
+    taken = {name: sorted(ranges) for name, ranges in live.items()}
+    kept: list[tuple[str, int, int]] = []
+    for seg_name, off, size in sorted(set(_holds(view))):
+        seg = view.segments.get(seg_name)
+        if seg is None or off % 64 or size <= 0 or off + aligned(size) > seg.capacity:
+            continue
+        end = off + aligned(size)
+        if any(o < end and off < o + n for o, n in taken[seg_name]):
+            continue
+        taken[seg_name].append((off, aligned(size)))
+        kept.append((seg_name, off, size))
+    if len(kept) < len(set(_holds(view))):
+        log.warning("replay: %d writer holds skipped (outside or overlapping)",
+                    len(set(_holds(view))) - len(kept))  # fmt: skip
+    return kept
+
+
 def _valid(view: View) -> tuple[list[ObjRec], dict[str, list[tuple[int, int]]]]:
     """Objects whose replicas all fit their segments without overlaps, and per segment the
     ranges they hold."""
+    records = _records(view)
     # Logged before objects carried checksums (or put without them): no reader could verify
     # them, so they are discarded -- a cache misses them, it never serves them unverified.
-    bad = {o.key for o in view.objects.values() if not integrity.well_formed(o.size, o.sums)}
+    bad = {o.key for o in records if not integrity.well_formed(o.size, o.sums)}
     if bad:
         log.warning("replay: %d objects without valid checksums discarded", len(bad))
     unsummed = len(bad)
     per_seg: dict[str, list[tuple[int, int, str]]] = {name: [] for name in view.segments}
-    for obj in view.objects.values():
+    for obj in records:
         for seg_name, offset, _tier in obj.replicas:
             seg = view.segments.get(seg_name)
             if seg is None or offset % 64 or offset + aligned(obj.size) > seg.capacity:
@@ -76,7 +118,7 @@ def _valid(view: View) -> tuple[list[ObjRec], dict[str, list[tuple[int, int]]]]:
         log.warning(
             "replay: %d objects dropped (replicas outside or overlapping)", len(bad) - unsummed
         )
-    good = [o for o in view.objects.values() if o.key not in bad]
+    good = [o for o in records if o.key not in bad]
     live = {n: [(o, s) for o, s, k in r if k not in bad] for n, r in per_seg.items()}
     return good, live
 
@@ -90,6 +132,9 @@ def build_state(
     )
     now = state.clock()
     objects, live = _valid(view)
+    holds = _placed_holds(view, live)
+    for seg_name, off, size in holds:
+        live[seg_name].append((off, aligned(size)))
     for rec in view.segments.values():
         cid = ClientId(rec.client)
         alloc = restore_allocator(rec.capacity, live[rec.name])
@@ -114,5 +159,18 @@ def build_state(
         meta.sums = list(obj.sums)
         state.tenants.charge(obj.tenant, obj.size)
         state.objects[key] = meta
+    _keep_holds(state, view, holds, now + config.writer_grace_s)
     state.check()
     return state
+
+
+def _keep_holds(
+    state: JournaledState, view: View, holds: list[tuple[str, int, int]], until: float
+) -> None:
+    """The holds wait out the writer's grace as this state's own (logged with their segment);
+    the records that carried them are logged again without them (a held put is gone here)."""
+    for seg_name, off, size in holds:
+        state.parts.segs.discard(until, SegmentName(seg_name), off, size)
+    for rec in view.objects.values():
+        if isinstance(rec, ObjHeld) or rec.held:
+            state.journal.writing(rec.key, 0)  # marks it: its current record is logged

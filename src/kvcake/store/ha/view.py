@@ -2,9 +2,13 @@
 
 A record states the *current* durable form of one segment or one object (or that it is gone),
 never a delta, so replaying a record twice or a snapshot plus records it already covers yields
-the same view. Only COMPLETE objects and their complete replicas are recorded: leases, soft
-pins, LRU order, PROCESSING puts and in-flight tier copies reset on a new leader (as in
-Mooncake). Wire form: msgpack (msgspec), one batch of records per log entry.
+the same view. COMPLETE objects are recorded with their complete replicas; leases, soft pins
+and LRU order reset on a new leader (as in Mooncake). What a writer may still be writing into
+is recorded as a *hold*, so a new leader does not hand it out at once: a PROCESSING put's
+memory ranges (:class:`ObjHeld`), the target of a copy in flight (``ObjRec.held``) and the
+ranges waiting out the writer's grace (``SegRec.held``). A new leader keeps every hold for the
+writer's grace from its take-over, then frees it (docs/store.md, "The writer's grace").
+Wire form: msgpack (msgspec), one batch of records per log entry.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ class SegRec(msgspec.Struct, tag="seg", array_like=True, frozen=True):
     capacity: int
     endpoint: str = ""
     host_id: str = ""  # records before it was kept decode with ""
+    held: list[tuple[int, int]] = []  # (offset, size) in the writer's grace; older records: none
 
 
 class SegGone(msgspec.Struct, tag="unseg", array_like=True, frozen=True):
@@ -33,19 +38,28 @@ class ObjRec(msgspec.Struct, tag="obj", array_like=True, frozen=True):
     replicas: list[tuple[str, int, str]]  # (segment, offset, tier); the size is the object's
     tenant: str = ""  # charged with the size (store/tenants.py); older records: none
     sums: list[int] = []  # the object's checksums (core/integrity.py); older records: none
+    held: list[tuple[str, int]] = []  # (segment, offset) of memory copies still being written
+
+
+class ObjHeld(msgspec.Struct, tag="held", array_like=True, frozen=True):
+    """A PROCESSING put (not readable; gone on a new leader): the memory ranges its writer
+    may still be writing into."""
+
+    key: str
+    ranges: list[tuple[str, int, int]]  # (segment, offset, size)
 
 
 class ObjGone(msgspec.Struct, tag="del", array_like=True, frozen=True):
     key: str
 
 
-Record = SegRec | SegGone | ObjRec | ObjGone
+Record = SegRec | SegGone | ObjRec | ObjHeld | ObjGone
 
 
 class Snapshot(msgspec.Struct, frozen=True):
     seq: int  # the last log entry it covers
     segments: list[SegRec]
-    objects: list[ObjRec]
+    objects: list[ObjRec | ObjHeld]
 
 
 _ENC = msgspec.msgpack.Encoder()
@@ -76,10 +90,10 @@ class View:
     def __init__(self) -> None:
         self.seq = 0
         self.segments: dict[str, SegRec] = {}
-        self.objects: dict[str, ObjRec] = {}
+        self.objects: dict[str, ObjRec | ObjHeld] = {}
 
     def apply(self, rec: Record) -> None:
-        if isinstance(rec, ObjRec):
+        if isinstance(rec, (ObjRec, ObjHeld)):
             self.objects.pop(rec.key, None)
             self.objects[rec.key] = rec
         elif isinstance(rec, ObjGone):
