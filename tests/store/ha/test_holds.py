@@ -26,17 +26,10 @@ from kvcake.store.ha.view import (
     encode_snapshot,
 )
 from kvcake.store.metadata import Status
+from tests.store.test_master_state import Clock
 
 CAP = 4096
 A, B, W = ClientId("node-a"), ClientId("node-b"), ClientId("writer")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def config() -> MasterConfig:
