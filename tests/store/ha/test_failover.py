@@ -14,14 +14,17 @@ import signal
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from kvcake.store import protocol as P
 from kvcake.store.client import Client
 from kvcake.store.errors import ObjectNotFound
 from kvcake.store.ha.election import read_leader
 from kvcake.store.ha.etcd import Etcd
+from kvcake.store.rpc import MasterConnection
 from tests.store.ha.conftest import EtcdServer, Relay, leader_proc, spawn_master, wait_line
 from tests.store.procs import Proc, spawn
 from tests.waits import wait_until
@@ -292,43 +295,75 @@ def test_directory_publish_follows_a_dead_leader(etcd: EtcdServer) -> None:
         ectl.close()
 
 
-def test_a_put_still_copying_across_a_restart_keeps_its_range(tmp_path: Path) -> None:
-    """A put whose ``PutStart`` the master logged is still copying when the master is SIGKILLed
-    and restarted from its log (what a new leader does too): its range is not handed out until
-    the writer's grace (here max(3 s, 3 s)) has passed. Before, it was free at once and the old
-    writer's bytes landed in the next put's range."""
-    from kvcake.store import protocol as P
-    from kvcake.store.rpc import MasterConnection
+HALF = 16 << 20  # half a node; HOLD_WAIT_BYTES: its PutStart is answered once its hold is logged
 
+
+def _put_start(rpc: str, key: str) -> P.KeyResult:
+    conn = MasterConnection(rpc, timeout_s=10)
+    try:
+        return conn.call(P.PutStart("writer/1", "127.0.0.1", [key], [HALF])).results[0]
+    finally:
+        conn.close()
+
+
+def _held_across(rpc: Callable[[], str], take_over: Callable[[], None]) -> None:
+    """A put of half a 32 MiB node is still copying (``PutStart`` answered, no ``PutEnd``)
+    when ``take_over`` replaces the master; whoever serves next (``rpc()``) gives the other
+    half, then nothing until the writer's grace (3 s here) has passed, then k1's half. Before
+    holds, k1's half was free at once and its writer's bytes landed in the next put's range."""
+    first = wait_until(lambda: (r := _put_start(rpc(), "k1")).code == 0 and r, timeout=30,
+                       every_s=0.2, ignore=(Exception,), what="the node mounted")  # fmt: skip
+    held = first.replicas[0].offset
+    take_over()
+    p = wait_until(lambda: _put_start(rpc(), "p"), timeout=30, every_s=0.2, ignore=(Exception,),
+                   what="the next master answering")  # fmt: skip
+    assert p.code == 0 and p.replicas[0].offset != held, p
+    b = _put_start(rpc(), "b")
+    assert b.code != 0, b  # before: b got k1's half while k1's writer was still copying
+    c = wait_until(lambda: (r := _put_start(rpc(), "c")).code == 0 and r, timeout=30,
+                   every_s=0.5, what="k1's half handed out after the grace")  # fmt: skip
+    assert c.replicas[0].offset == held
+
+
+def test_a_put_still_copying_across_a_restart_keeps_its_range(tmp_path: Path) -> None:
+    """``--state-dir``: the master SIGKILLed and restarted from its log."""
     flags = ("--port", "0", "--http-port", "-1", "--client-ttl-s", "3",
              "--put-start-discard-s", "3", "--state-dir", str(tmp_path))  # fmt: skip
     master = spawn("master", *flags, ready="master")
     port = master.info["rpc"].rsplit(":", 1)[1]
     node = spawn("store-server", "--master", master.info["rpc"], "--segment-size", "32MiB",
                  ready="store-server")  # fmt: skip
-    half = 16 << 20  # at HOLD_WAIT_BYTES: its PutStart is answered once its hold is logged
 
-    def put_start(key: str) -> P.KeyResult:
-        conn = MasterConnection(master.info["rpc"], timeout_s=10)
-        try:
-            return conn.call(P.PutStart("writer/1", "127.0.0.1", [key], [half])).results[0]
-        finally:
-            conn.close()
+    def restart() -> None:
+        nonlocal master
+        master.stop(signal.SIGKILL)
+        master = spawn("master", *flags[:1], port, *flags[2:], ready="master")
 
     try:
-        first = put_start("k1")
-        assert first.code == 0, first
-        held = first.replicas[0].offset
-        master.stop(signal.SIGKILL)  # its writer copies on; its PutEnd will fail
-        master = spawn("master", *flags[:1], port, *flags[2:], ready="master")
-        p = wait_until(lambda: put_start("p"), timeout=30, every_s=0.2, ignore=(Exception,),
-                       what="the restarted master answering")  # fmt: skip
-        assert p.code == 0 and p.replicas[0].offset != held, p  # the free half
-        b = put_start("b")
-        assert b.code != 0, b  # before: b got k1's half while k1's writer was still copying
-        c = wait_until(lambda: (r := put_start("c")).code == 0 and r, timeout=30, every_s=0.5,
-                       what="k1's half handed out after the grace")  # fmt: skip
-        assert c.replicas[0].offset == held
+        _held_across(lambda: master.info["rpc"], restart)
     finally:
         node.stop()
         master.stop()
+
+
+def test_a_put_still_copying_across_a_leader_change_keeps_its_range(etcd: EtcdServer) -> None:
+    """HA: the leader SIGKILLed, a standby takes over from the etcd log."""
+    cluster = "t-hold"
+    ectl = Etcd(etcd.url)
+    masters = [spawn_master(etcd.url, cluster, "--put-start-discard-s", "3") for _ in range(2)]
+    started = list(masters)
+
+    def rpc() -> str:
+        info = read_leader(ectl, cluster)
+        assert info is not None and info.rpc, "no leader"
+        return info.rpc
+
+    try:
+        leader = leader_proc(ectl, cluster, masters)
+        started.append(spawn("store-server", "--master", f"etcd://{etcd.hostport}/{cluster}",
+                             "--segment-size", "32MiB", ready="store-server"))  # fmt: skip
+        _held_across(rpc, lambda: leader.stop(signal.SIGKILL))
+    finally:
+        for p in reversed(started):
+            p.stop()
+        ectl.close()
