@@ -4,7 +4,7 @@
 * ``copy`` -- ``core.native.copy``: the plain copy the store takes from 256 KiB up (non-temporal
   stores into the destination);
 * ``sum`` -- ``core.native.copy_sum`` with flags 0: ``memcpy`` per 4 KiB piece, then its sum;
-* ``sum-stream`` -- the same, streamed (a put: the writer's own value summed, then streamed);
+* ``sum-stream`` -- the same, streamed (a put: the writer's own value streamed, then summed from L1);
 * ``sum-bounce`` -- streamed through an L1 buffer that is summed (a read out of a peer's memory).
 
 Sources and destinations rotate through ``--buffers`` buffers of each size, so most copies
