@@ -162,3 +162,15 @@ def test_records_from_before_holds_still_decode() -> None:
     (seg,) = decode_records(old_seg)
     assert isinstance(obj, ObjRec) and obj.held == [] and obj.sums == [3]
     assert isinstance(seg, SegRec) and seg.held == []
+
+
+def test_a_hold_the_log_cannot_place_is_skipped_and_the_object_kept() -> None:
+    view = View()
+    view.apply(SegRec("seg0", "node-a", "host0", "memory", CAP))
+    view.apply(ObjRec("k", 1000, False, [("seg0", 1024, "memory")], sums=[1]))
+    view.apply(ObjHeld("over", [("seg0", 1024 + 64, 128)]))  # inside k's range: a lying log
+    view.apply(ObjHeld("fine", [("seg0", 0, 1000)]))
+    view.apply(ObjHeld("gone", [("nowhere", 0, 64)]))
+    st = build_state(config(), view, clock=Clock())
+    assert "k" in st.objects
+    assert free_of(st, "seg0") == CAP - 1024 - 1024  # k and "fine", not "over"

@@ -15,6 +15,7 @@ view cannot place (unknown segment, overlapping a replica) is skipped with a war
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -68,21 +69,26 @@ def _holds(view: View) -> list[tuple[str, int, int]]:
 
 
 def _placed_holds(view: View, live: dict[str, list[tuple[int, int]]]) -> list[tuple[str, int, int]]:
-    """The holds that fit their segment and overlap no kept replica nor another hold."""
+    """The holds that fit their segment and overlap no kept replica nor another hold (each
+    checked against its neighbours in the segment's sorted ranges: a take-over replays every
+    object, so no scan of all of them per hold)."""
     taken = {name: sorted(ranges) for name, ranges in live.items()}
+    holds = sorted(set(_holds(view)))
     kept: list[tuple[str, int, int]] = []
-    for seg_name, off, size in sorted(set(_holds(view))):
+    for seg_name, off, size in holds:
         seg = view.segments.get(seg_name)
         if seg is None or off % 64 or size <= 0 or off + aligned(size) > seg.capacity:
             continue
-        end = off + aligned(size)
-        if any(o < end and off < o + n for o, n in taken[seg_name]):
+        ranges, end = taken[seg_name], off + aligned(size)
+        i = bisect.bisect_left(ranges, (off, 0))
+        if (i and sum(ranges[i - 1]) > off) or (i < len(ranges) and ranges[i][0] < end):
             continue
-        taken[seg_name].append((off, aligned(size)))
+        ranges.insert(i, (off, aligned(size)))
         kept.append((seg_name, off, size))
-    if len(kept) < len(set(_holds(view))):
-        log.warning("replay: %d writer holds skipped (outside or overlapping)",
-                    len(set(_holds(view))) - len(kept))  # fmt: skip
+    if len(kept) < len(holds):
+        log.warning(
+            "replay: %d writer holds skipped (outside or overlapping)", len(holds) - len(kept)
+        )
     return kept
 
 
