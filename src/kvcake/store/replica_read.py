@@ -274,8 +274,8 @@ class ReplicaReader:
             self.file_reads += 1
         elif own is not None:
             with commit_under(guard):
-                for off, out in ranges:
-                    out[:] = own[rep.offset + off : rep.offset + off + out.nbytes]
+                for off, out in ranges:  # split like the verified copy (core/native/halves.py)
+                    native.copy(out, own[rep.offset + off : rep.offset + off + out.nbytes], False)
         elif guard is None and len(ranges) == 1 and rep.tier != "disk":
             off, out = ranges[0]
             if out.nbytes < LANDING_MIN or not self._direct(key, res, rep, off, out):

@@ -187,7 +187,7 @@ class ShmTransport(Transport):
         if op is Op.WRITE:  # into a segment nobody here reads soon: streamed (core.native)
             native.copy(span, local)
         else:  # the reader uses what it read: into its cache
-            local[:] = span
+            native.copy(local, span, stream=False)
         check()  # after the copy: bytes read while (or after) the owner died are not handed out
 
     def tasks(self, batch: Batch, jobs: list[Job]) -> list[Task]:

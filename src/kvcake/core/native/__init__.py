@@ -16,6 +16,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from kvcake.core.native import halves
+
 _PATH = Path(__file__).with_name("_copysum.so")
 
 
@@ -75,16 +77,31 @@ def address(view: memoryview) -> int:
 _address = address
 
 
-def copy(dst: memoryview, src: memoryview) -> None:
-    """``dst[:] = src`` (same length), streamed through C from :data:`STREAM_MIN` bytes up
-    when the helper is built: the plain copy the checksummed ones are measured against."""
+def copy(dst: memoryview, src: memoryview, stream: bool = True) -> None:
+    """``dst[:] = src`` (same length): the plain copy the checksummed ones are measured
+    against. ``stream``: through C with non-temporal stores from :data:`STREAM_MIN` bytes up
+    (into memory not read back soon: a segment); else into the cache (a reader's buffer).
+    From ``halves.SPLIT_MIN`` up either is split in two halves (core/native/halves.py), as the
+    summing copies are."""
     n = src.nbytes
-    if _LIB is None or n < STREAM_MIN:
+    if _LIB is None or n < (STREAM_MIN if stream else halves.SPLIT_MIN):
         dst[:] = src
         return
     if dst.nbytes != n:
         raise ValueError(f"copy of {n} bytes into {dst.nbytes}")
-    if _LIB.kvc_copy_sum(_address(dst), _address(src), n, n, None, None, STREAM) != 0:
+    flags = STREAM if stream else 0
+    if n >= halves.SPLIT_MIN:
+        h = n // 2 // 4096 * 4096
+        first = lambda: _copy(dst[:h], src[:h], flags)  # noqa: E731
+        if halves.in_halves(first, lambda: _copy(dst[h:], src[h:], flags)):
+            return
+    _copy(dst, src, flags)
+
+
+def _copy(dst: memoryview, src: memoryview, flags: int) -> None:
+    assert _LIB is not None
+    n = src.nbytes
+    if _LIB.kvc_copy_sum(_address(dst), _address(src), n, n, None, None, flags) != 0:
         raise ValueError("kvc_copy_sum refused its arguments")
 
 
@@ -106,6 +123,27 @@ def copy_sum(
         raise ValueError(f"{len(seeds)} seeds for {count} chunks, or dst of another size")
     if n == 0:
         return []
+    if n >= halves.SPLIT_MIN and count >= 2:
+        h = count // 2
+        both = halves.in_halves(
+            lambda: _copy_sum(_part(dst, 0, h * chunk), src[: h * chunk], chunk, seeds[:h], flags),
+            lambda: _copy_sum(_part(dst, h * chunk, n), src[h * chunk :], chunk, seeds[h:], flags),
+        )
+        if both is not None:
+            return both[0] + both[1]
+    return _copy_sum(dst, src, chunk, seeds, flags)
+
+
+def _part(dst: memoryview | None, start: int, end: int) -> memoryview | None:
+    return dst[start:end] if dst is not None else None
+
+
+def _copy_sum(
+    dst: memoryview | None, src: memoryview, chunk: int, seeds: Sequence[int], flags: int
+) -> list[int]:
+    assert _LIB is not None
+    n = src.nbytes
+    count = len(seeds)
     seed_arr = array.array("Q", seeds)
     out = array.array("Q", bytes(8 * count))
     dst_addr = _address(dst) if dst is not None else None
