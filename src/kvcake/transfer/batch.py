@@ -37,6 +37,7 @@ class Job:
     remaining: int = 0
     error: BaseException | None = None
     landed: Landed | None = None  # a read's progress, in offsets of ``local`` (types.Landed)
+    fence: int = 0  # a write's allocation (transfer/fences.py); 0 = not fenced
 
 
 @dataclass(eq=False, slots=True)

@@ -149,6 +149,7 @@ class TransferEngine:
     def unregister(self, name: str) -> None:
         """Unpublish ``name``; engine-owned shm memory is unlinked."""
         self.registry.unregister(name)
+        self.server.fences.forget(name)
 
     def segment_info(self, name: str) -> SegmentInfo:
         """Where segment ``name`` lives (this engine's or any peer's), asked afresh from the
@@ -199,14 +200,14 @@ class TransferEngine:
         """Validate each request (failing bad ones alone), coalesce, group per transport and
         owner, and return the tasks that execute the rest. Requests are grouped by (op,
         local segment, target segment) first, so each segment is looked up once per batch."""
-        groups: dict[tuple[Op, str, str], list[Item]] = {}
+        groups: dict[tuple[Op, str, str, int], list[Item]] = {}
         for i, r in enumerate(requests):
             try:
                 if not isinstance(r.op, Op):
                     raise InvalidRequest(f"op must be Op.READ or Op.WRITE, got {r.op!r}")
                 if r.length <= 0:
                     raise InvalidRequest(f"length must be > 0, got {r.length}")
-                key = (r.op, r.local_segment, r.target_segment)
+                key = (r.op, r.local_segment, r.target_segment, r.fence)  # (no merge across)
                 item = (r.target_offset, r.local_offset, r.length, i)
             except TransferError as exc:
                 batch.fail_request(i, exc)
@@ -216,7 +217,7 @@ class TransferEngine:
                 g = groups[key] = []
             g.append(item)
         by_owner: dict[tuple[str, str, tuple[PathInfo, ...]], list[Job]] = {}
-        for (op, lname, tname), items in groups.items():
+        for (op, lname, tname, fence), items in groups.items():
             valid = self._check_group(batch, lname, tname, items)
             if not valid:
                 continue
@@ -230,7 +231,7 @@ class TransferEngine:
             local = self._segments.get(lname).view
             jobs = by_owner.setdefault((transport.name, target.owner, target.paths), [])
             for lo, to, n, members in merge(valid):
-                jobs.append(Job(op, local[lo : lo + n], target, to, n, members, batch))
+                jobs.append(Job(op, local[lo : lo + n], target, to, n, members, batch, fence=fence))
         return self._owner_tasks(batch, by_owner)
 
     def _owner_tasks(
@@ -385,7 +386,7 @@ class TransferEngine:
         rows: list[int] = []
         for _, to, n, _ in runs:
             rows += (0, to, n)
-        return VectorPlan(transport, op, views, target, rows, total, runs)
+        return VectorPlan(transport, op, views, target, rows, total, runs, r0.fence)
 
     def _run_to_end(self, batch: Batch, tasks: list[Task]) -> BatchResult:
         """Run ``tasks`` inline, wait for every outcome and free the batch id."""
@@ -422,6 +423,7 @@ class TransferEngine:
         target: SegmentInfo,
         offset: int,
         landed: Landed | None = None,
+        fence: int = 0,
     ) -> bool:
         """One request in the caller's thread, without the batch machinery: a same-host copy
         through the mapping (any size), or one small TCP request (the 4 KB latency path).
@@ -430,7 +432,7 @@ class TransferEngine:
             transport = self._transport_for(target)
         except TransferError:
             return False
-        return transport.run_single(op, view, target, offset, landed)
+        return transport.run_single(op, view, target, offset, landed, fence)
 
     def transfer_sync_write(
         self,
@@ -461,16 +463,19 @@ class TransferEngine:
         target_offset: int,
         buf: BufferLike,
         landed: Landed | None = None,
+        fence: int = 0,
     ) -> None:
         view = as_byte_view(buf)
         if op is Op.READ and view.readonly:
             raise InvalidRequest("read_into needs a writable buffer")
         target = self.registry.target(target_segment)
         check_range(target_segment, target.size, target_offset, view.nbytes)
-        if self._try_fast(op, view, target, target_offset, landed):
+        if self._try_fast(op, view, target, target_offset, landed, fence):
             return
         batch = self._new_batch(1, collectable=False)
-        job = Job(op, view, target, target_offset, view.nbytes, [0], batch, landed=landed)
+        job = Job(
+            op, view, target, target_offset, view.nbytes, [0], batch, landed=landed, fence=fence
+        )
         tasks = self._transport_for(target).tasks(batch, [job])
         self._run_to_end(batch, tasks).raise_for_errors()
 
@@ -480,10 +485,12 @@ class TransferEngine:
         target_offset: int,
         data: BufferLike,
         landed: Landed | None = None,
+        fence: int = 0,
     ) -> None:
         """Write any (unregistered, possibly read-only) buffer to a target segment.
-        ``landed``: told of each piece right after it is sent over TCP (``types.Landed``)."""
-        self._unregistered(Op.WRITE, target_segment, target_offset, data, landed)
+        ``landed``: told of each piece right after it is sent over TCP (``types.Landed``);
+        ``fence``: the allocation written for (transfer/fences.py; 0: not fenced)."""
+        self._unregistered(Op.WRITE, target_segment, target_offset, data, landed, fence)
 
     def read_into(
         self, target_segment: str, target_offset: int, out: BufferLike, landed: Landed | None = None
@@ -523,15 +530,16 @@ class TransferEngine:
         return scatter.striped(self._executor, read, runs, len(reads))
 
     def write_many(
-        self, items: Sequence[tuple[str, int, BufferLike, Landed | None]]
+        self, items: Sequence[tuple[str, int, BufferLike, Landed | None]], fence: int = 0
     ) -> BatchResult:
         """Write each unregistered buffer to ``(segment, offset)`` in ONE batch (a batch put's
         values pipelined over the lanes, each summed by its ``landed`` while the others are on
-        the wire); a bad item fails alone. ``landed`` as for :meth:`write`."""
-        return self._many(Op.WRITE, items)
+        the wire); a bad item fails alone. ``landed`` and ``fence`` (every item's) as for
+        :meth:`write`."""
+        return self._many(Op.WRITE, items, fence)
 
     def _many(
-        self, op: Op, items: Sequence[tuple[str, int, BufferLike, Landed | None]]
+        self, op: Op, items: Sequence[tuple[str, int, BufferLike, Landed | None]], fence: int = 0
     ) -> BatchResult:
         batch = self._new_batch(len(items), collectable=False)
         by_owner: dict[tuple[str, str, tuple[PathInfo, ...]], list[Job]] = {}
@@ -546,7 +554,7 @@ class TransferEngine:
             except TransferError as exc:
                 batch.fail_request(i, exc)
                 continue
-            job = Job(op, view, target, offset, view.nbytes, [i], batch, landed=landed)
+            job = Job(op, view, target, offset, view.nbytes, [i], batch, landed=landed, fence=fence)
             by_owner.setdefault((name, target.owner, target.paths), []).append(job)
         return self._run_to_end(batch, self._owner_tasks(batch, by_owner))
 

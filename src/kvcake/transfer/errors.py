@@ -84,3 +84,8 @@ class TooManyBatches(TransferError):
 
 class TransferTimeout(TransferError, TimeoutError):
     """``wait`` gave up before the batch finished."""
+
+
+class StaleWrite(TransferError):
+    """A write carrying an older allocation's fence into a range the master has since handed
+    to a newer one (transfer/fences.py): refused, nothing of it lands."""

@@ -69,10 +69,10 @@ def uniform_runs(
     requests: Sequence[TransferRequest], local_size: int, target_size: int
 ) -> tuple[Op, Merged, int] | None:
     """``(op, merged runs, total bytes)`` when every request has the first one's op, local
-    and target segment and is in bounds of both (sizes given); ``None`` otherwise (the batch
+    and target segment and fence and is in bounds of both (sizes given); ``None`` otherwise (the batch
     then goes through the general planner, which fails bad requests alone)."""
     r0 = requests[0]
-    op, lname, tname = r0.op, r0.local_segment, r0.target_segment
+    op, lname, tname, fence = r0.op, r0.local_segment, r0.target_segment, r0.fence
     if not isinstance(op, Op):
         return None
     items: list[Item] = []
@@ -83,6 +83,7 @@ def uniform_runs(
             r.op is not op
             or r.local_segment != lname
             or r.target_segment != tname
+            or r.fence != fence
             or not (n > 0 and lo >= 0 and lo + n <= local_size and to >= 0)
             or to + n > target_size
         ):

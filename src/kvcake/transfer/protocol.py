@@ -1,11 +1,11 @@
 """Wire messages of the transfer server (``core.framing`` frames).
 
-    WriteReq{segment, offset}          + data section (the bytes; length = data_len)
+    WriteReq{segment, offset, fence}   + data section (the bytes; length = data_len)
         -> Ack{length}                  (after the bytes are in segment memory)
     ReadReq{segment, offset, length}
         -> Ack{length}                  + data section (straight from segment memory)
     Probe{}  -> Ack{length=0}           (path liveness check)
-    WriteV{segments, desc}             + data section (every entry's bytes, in entry order)
+    WriteV{segments, desc, fences}     + data section (every entry's bytes, in entry order)
         -> AckV{failed}                 (after the bytes are in segment memory)
     ReadV{segments, desc}
         -> AckV{failed}                 + data section (the bytes of every entry that did not fail)
@@ -15,6 +15,9 @@
 ``int64`` array of ``(segment index, offset, length)`` rows (decoded through one numpy view),
 ``segments`` the names the indices refer to. Each entry succeeds or fails alone: ``failed``
 lists ``(entry index, kind, message)`` of the refused ones (their write bytes are drained).
+A write's ``fence`` (``fences``: one int64 per entry, or empty) names the allocation it writes
+for; the server refuses one that a newer allocation of the same bytes supersedes
+(``StaleWrite``, transfer/fences.py). 0 (or no ``fences``) is not fenced.
 
 The reply's ``request_id`` echoes the request's, so a pipelining client can match them. A
 malformed or oversized frame closes the connection (the stream cannot be resynchronised).
@@ -31,6 +34,7 @@ from kvcake.core import framing
 class WriteReq(msgspec.Struct, tag=True, array_like=True):
     segment: str
     offset: int
+    fence: int = 0  # the writer's allocation (transfer/fences.py); 0 = not fenced
 
 
 class ReadReq(msgspec.Struct, tag=True, array_like=True):
@@ -55,6 +59,7 @@ class Fail(msgspec.Struct, tag=True, array_like=True):
 class WriteV(msgspec.Struct, tag=True, array_like=True):
     segments: list[str]
     desc: bytes
+    fences: bytes = b""  # one little-endian int64 per entry (transfer/fences.py); b"": none
 
 
 class ReadV(msgspec.Struct, tag=True, array_like=True):
@@ -79,6 +84,17 @@ DESC = np.dtype("<i8")
 def encode_desc(rows: np.ndarray) -> bytes:
     """``rows``: an ``(n, 3)`` integer array of (segment index, offset, length)."""
     return np.ascontiguousarray(rows, dtype=DESC).tobytes()
+
+
+def decode_fences(fences: bytes, entries: int) -> list[int]:
+    """The per-entry fences of a ``WriteV`` (zeros when it carries none); ValueError when
+    malformed."""
+    if not fences:
+        return [0] * entries
+    if len(fences) != 8 * entries:
+        raise ValueError(f"{len(fences)} bytes of fences for {entries} entries")
+    out: list[int] = np.frombuffer(fences, dtype=DESC).tolist()
+    return out
 
 
 def decode_desc(desc: bytes) -> np.ndarray:

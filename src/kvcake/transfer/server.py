@@ -16,6 +16,7 @@ from kvcake.core.auth import Authenticator
 from kvcake.core.errors import MalformedFrame, TransferError
 from kvcake.net.netserver import ThreadedServer
 from kvcake.transfer.errors import InvalidRequest
+from kvcake.transfer.fences import FenceBook
 from kvcake.transfer.protocol import (
     CODEC,
     MAX_ENTRIES,
@@ -28,6 +29,7 @@ from kvcake.transfer.protocol import (
     WriteReq,
     WriteV,
     decode_desc,
+    decode_fences,
     request_limits,
 )
 from kvcake.transfer.segments import SegmentTable, check_range
@@ -53,9 +55,11 @@ class TransferServer(ThreadedServer):
         busy_poll_us: float = 0.0,
         auth: Authenticator | None = None,
         port: int = 0,
+        fences: FenceBook | None = None,
     ):
         super().__init__(hosts, port, name="transfer", auth=auth)
         self.segments = segments
+        self.fences = fences if fences is not None else FenceBook()
         self.busy_poll_us = busy_poll_us
         self.limits = request_limits(max_data)
 
@@ -105,6 +109,7 @@ class TransferServer(ThreadedServer):
         elif isinstance(msg, WriteReq):
             try:
                 view = self.segments.resolve(msg.segment, msg.offset, data_len)
+                self.fences.check(msg.segment, msg.offset, data_len, msg.fence)
             except TransferError as exc:
                 reader.skip(data_len)
                 writer.queue(_head(rid, Fail(type(exc).__name__, str(exc))))
@@ -170,13 +175,20 @@ class TransferServer(ThreadedServer):
             rows = self._entries(msg)
             if sum(max(r[2], 0) for r in rows) != data_len:
                 raise InvalidRequest("entry lengths do not add up to the data section")
-        except TransferError as exc:
+            fences = decode_fences(msg.fences, len(rows))
+        except (TransferError, ValueError) as exc:
             reader.skip(data_len)
-            writer.queue(_head(rid, Fail(type(exc).__name__, str(exc))))
+            err = exc if isinstance(exc, TransferError) else InvalidRequest(str(exc))
+            writer.queue(_head(rid, Fail(type(err).__name__, str(err))))
             return
         failed: list[tuple[int, str, str]] = []
         run: list[memoryview] = []
         for i, v in enumerate(self._views(msg, rows)):
+            if isinstance(v, memoryview) and fences[i]:
+                try:
+                    self.fences.check(msg.segments[rows[i][0]], rows[i][1], v.nbytes, fences[i])
+                except TransferError as exc:
+                    v = exc
             if isinstance(v, memoryview):
                 run.append(v)
                 continue

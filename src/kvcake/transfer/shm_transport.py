@@ -201,6 +201,7 @@ class ShmTransport(Transport):
         target: SegmentInfo,
         offset: int,
         landed: Landed | None = None,
+        fence: int = 0,
     ) -> bool:
         """One copy in the caller's thread (no batch, task or thread hand-off). Raises
         OwnerGone for a dead owner; False when it cannot be done here otherwise (the general

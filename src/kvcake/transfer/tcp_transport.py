@@ -118,6 +118,7 @@ class VectorPlan:
     rows: list[int]
     total: int
     runs: Merged
+    fence: int = 0  # every entry's (transfer/fences.py)
 
     def run(self) -> Outcome:
         """The frame, in the caller's thread (:meth:`TcpTransport.run_vectors`)."""
@@ -220,13 +221,14 @@ class TcpTransport(Transport):
         target: SegmentInfo,
         offset: int,
         landed: Landed | None = None,
+        fence: int = 0,
     ) -> bool:
         """Fast path for one request of at most one slice in the caller's thread, without
         batch machinery. Returns False when the path failed (see :meth:`_inline`) or the
         request is larger; raises the remote refusal."""
         if local.nbytes > self.cfg.slice_size:
             return False
-        err = self._inline(target, self._single, op, local, target, offset, landed)
+        err = self._inline(target, self._single, op, local, target, offset, landed, fence)
         if err is PATH_FAILED:
             return False
         if err is not None:
@@ -241,12 +243,13 @@ class TcpTransport(Transport):
         target: SegmentInfo,
         offset: int,
         landed: Landed | None,
+        fence: int = 0,
     ) -> TransferError | None:
         ep.rid += 1
         rid = ep.rid
         n = local.nbytes
         if op is Op.WRITE:
-            meta = CODEC.encode(WriteReq(target.name, offset))
+            meta = CODEC.encode(WriteReq(target.name, offset, fence))
             send_all(ep.sock, [framing.pack_header(rid, len(meta), n) + meta, local])
             if landed is not None:  # summed while the peer takes the bytes in (types.Landed)
                 landed(0, n)
@@ -275,7 +278,8 @@ class TcpTransport(Transport):
             parts: list[Buffer] = []
             for p in plans:
                 rids.append(ep.next_rid())
-                add_request(parts, rids[-1], p.op, [target.name], p.rows, p.views, p.total)
+                fences = [p.fence] * len(p.views) if p.fence else None
+                add_request(parts, rids[-1], p.op, [target.name], p.rows, p.views, p.total, fences)
             send_all(ep.sock, parts)
             if self.hooks.after_send is not None:
                 for p in plans:
@@ -451,9 +455,11 @@ class TcpTransport(Transport):
         """One vectored request for a frame of slices (see :func:`.vector.add_request`)."""
         segs: dict[str, int] = {}
         rows: list[int] = []
+        fences: list[int] = []
         total = 0
         for s in frame:
             job = s.job
+            fences.append(job.fence)
             name = job.target.name
             idx = segs.get(name)
             if idx is None:
@@ -462,7 +468,7 @@ class TcpTransport(Transport):
             total += s.length
         op = frame[0].job.op
         data = [s.local for s in frame] if op is Op.WRITE else []
-        add_request(parts, rid, op, list(segs), rows, data, total)
+        add_request(parts, rid, op, list(segs), rows, data, total, fences if any(fences) else None)
 
     def _vrecv(
         self, reader: FrameReader, rid: int, frame: list[Slice]

@@ -35,10 +35,12 @@ class Transport(ABC):
         target: SegmentInfo,
         offset: int,
         landed: Landed | None = None,
+        fence: int = 0,
     ) -> bool:
         """One request in the caller's thread without batch bookkeeping, if this transport
         has such a path for it; False: take the general path (which also reports errors).
-        ``landed``: see ``types.Landed`` (a transport may ignore it)."""
+        ``landed``: see ``types.Landed`` (a transport may ignore it); ``fence``: a write's
+        allocation (transfer/fences.py; a transport without a server in between ignores it)."""
         return False
 
     def close(self) -> None:  # noqa: B027  (optional hook)

@@ -41,6 +41,7 @@ class TransferRequest:
     target_segment: SegmentName
     target_offset: int
     length: int
+    fence: int = 0  # a write's allocation (transfer/fences.py); 0 = not fenced
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from kvcake.transfer.errors import (
     InvalidRequest,
     OutOfRange,
     RemoteError,
+    StaleWrite,
     TransferError,
     UnknownSegment,
 )
@@ -30,6 +31,7 @@ REMOTE_ERRORS: dict[str, type[TransferError]] = {
     "OutOfRange": OutOfRange,
     "UnknownSegment": UnknownSegment,
     "InvalidRequest": InvalidRequest,
+    "StaleWrite": StaleWrite,
 }
 REPLY_LIMITS = request_limits(2**40)
 
@@ -49,13 +51,16 @@ def add_request(
     rows: list[int],
     data: list[memoryview],
     total: int,
+    fences: list[int] | None = None,
 ) -> None:
     """Append one vectored request to ``parts``: header + meta (segment table ``names``,
-    flattened ``(segment index, offset, length)`` ``rows``) and, for a write, ``data`` (one
-    part per entry, sent straight from initiator memory; ``total`` bytes)."""
+    flattened ``(segment index, offset, length)`` ``rows``, a write's per-entry ``fences``)
+    and, for a write, ``data`` (one part per entry, sent straight from initiator memory;
+    ``total`` bytes)."""
     desc = struct.pack(f"<{len(rows)}q", *rows)
     if op is Op.WRITE:
-        meta = CODEC.encode(WriteV(names, desc))
+        fenced = struct.pack(f"<{len(fences)}q", *fences) if fences else b""
+        meta = CODEC.encode(WriteV(names, desc, fenced))
         parts.append(framing.pack_header(rid, len(meta), total) + meta)
         parts.extend(data)
     else:
