@@ -21,6 +21,7 @@ from kvcake.store.client import Client
 from kvcake.store.config import MasterConfig
 from kvcake.store.dedup import DedupTable
 from kvcake.store.errors import INVALID_PARAMS, NoSpace
+from kvcake.store.fences import Fences
 from kvcake.store.master_server import MasterHandlers
 from kvcake.store.master_state import MasterState
 from kvcake.store.metadata import Status
@@ -38,6 +39,7 @@ CLIENTS = ["c0", "c1"]
 def _fresh() -> tuple[MasterState, MasterHandlers]:
     clock = Clock()
     state = MasterState(MasterConfig(seed=7), clock)
+    state.parts.segs.fences = Fences(base=1)  # (the clock's: runs compared must agree)
     state.mount(ClientId("node"), "h", SegmentName("seg"), 1 << 16)
     return state, MasterHandlers(state, lambda: "")
 

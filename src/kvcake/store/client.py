@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from kvcake.core import auth as _auth
 from kvcake.core import integrity, native
 from kvcake.core.backoff import pauses
+from kvcake.core.clocks import boottime
 from kvcake.core.errors import KvcakeError, StoreError
 from kvcake.core.via import Via
 from kvcake.store import protocol as P
@@ -32,8 +33,10 @@ from kvcake.store.errors import (
     RpcFailed,
     SpacePending,
     TransferFailed,
+    WriteLeaseExpired,
     error_for,
 )
+from kvcake.store.fences import write_deadline
 from kvcake.store.filewriter import FileWriter
 from kvcake.store.ha.resolve import FailoverConnection
 from kvcake.store.landing import LandingSums
@@ -155,6 +158,7 @@ class Client:
             self.remount_hooks,
             self._directory_in_use,
             on_forgotten=[self.engine.cut_inbound],
+            fences=self.engine.server.fences,
         )
         self.heartbeat.start()
         self._closed = False
@@ -399,6 +403,7 @@ class Client:
             upsert,
             tenant=self.cfg.tenant if tenant is None else tenant,
         )
+        sent = boottime()
         try:
             reply = self.conn.call(start, meanwhile=self._sum_small(keys, views, sums))
         except RpcFailed:
@@ -409,7 +414,8 @@ class Client:
             raise
         started = [k for k, r in zip(keys, reply.results, strict=True) if r.code == 0]
         try:
-            return self._finish_puts(keys, views, reply, started, sums)
+            deadline = write_deadline(sent, reply.write_lease_ms)
+            return self._finish_puts(keys, views, reply, started, sums, deadline)
         except BaseException:
             self._revoke(started)  # e.g. PutEnd lost, or interrupted mid-copy: undo half a put
             raise
@@ -426,6 +432,7 @@ class Client:
         reply: P.Reply,
         started: list[str],
         sums: list[list[int] | None],
+        deadline: float,
     ) -> list[Result]:
         by_key: dict[str, list[int] | None] = dict(zip(keys, sums, strict=True))
         errors: dict[str, Exception] = {}
@@ -439,12 +446,12 @@ class Client:
                 files.append((key, view, reps[-1]))
                 reps = reps[:-1]
             writes += [(key, view, rep) for rep in reps]
-        failed_writes = self._write_all(writes, by_key)
+        failed_writes = self._write_all(writes, by_key, deadline)
         if failed_writes:  # stale cached locations (a node restarted under its name): retry once
             again = [w for w in writes if w[0] in failed_writes]
             for seg in {rep.segment for _, _, rep in again}:
                 self.engine.registry.forget(seg)
-            failed_writes = self._write_all(again, by_key)
+            failed_writes = self._write_all(again, by_key, deadline)
         for key, exc in failed_writes.items():
             errors[key] = TransferFailed(f"{key!r}: {exc}")
         failed = [k for k in started if k in errors]
@@ -486,6 +493,7 @@ class Client:
         self,
         writes: list[tuple[str, memoryview, P.ReplicaDesc]],
         sums: dict[str, list[int] | None] | None = None,
+        deadline: float = float("inf"),
     ) -> dict[str, Exception]:
         """Copy every (key, value, replica); returns the keys that failed. ``sums[key]`` None:
         the value's checksums are computed while it is copied into memory this process maps
@@ -494,7 +502,9 @@ class Client:
         failed: dict[str, Exception] = {}
         remote = []
         for key, view, rep in writes:
-            if rep.segment in self.segments or self.engine.reads_by_mapping(rep.segment):
+            if boottime() > deadline:  # paused past its lease: the range may be another's
+                failed[key] = WriteLeaseExpired(f"{key!r}: its write lease passed before its copy")
+            elif rep.segment in self.segments or self.engine.reads_by_mapping(rep.segment):
                 self._write_mapped(key, view, rep, sums, failed)
             else:
                 remote.append((key, view, rep))
@@ -502,7 +512,7 @@ class Client:
             blocking=False
         ):
             try:
-                errs = self.staging.write([(v, r.segment, r.offset) for _, v, r in remote])
+                errs = self.staging.write([(v, r.segment, r.offset, r.fence) for _, v, r in remote])
             finally:
                 self.staging.lock.release()
             failed.update({k: e for (k, _, _), e in zip(remote, errs, strict=True) if e})
@@ -527,14 +537,26 @@ class Client:
         failed: dict[str, Exception] = {}
         if len(items) == 1:  # one value: the engine's inline path, no batch machinery
             try:
-                self.engine.write(*items[0])
+                self.engine.write(*items[0], fence=remote[0][2].fence)
             except KvcakeError as exc:
                 failed[remote[0][0]] = exc
-        else:
-            result = self.engine.write_many(items)
-            for (key, _, _), res in zip(remote, result.results, strict=True):
+            return self._summed(landings, failed, sums)
+        by_fence: dict[int, list[int]] = {}  # (one per master request: a put batch shares one)
+        for i, (_, _, r) in enumerate(remote):
+            by_fence.setdefault(r.fence, []).append(i)
+        for fence, idx in by_fence.items():
+            result = self.engine.write_many([items[i] for i in idx], fence)
+            for i, res in zip(idx, result.results, strict=True):
                 if not res.ok:
-                    failed[key] = TransferFailed(f"{res.error_type}: {res.error}")
+                    failed[remote[i][0]] = TransferFailed(f"{res.error_type}: {res.error}")
+        return self._summed(landings, failed, sums)
+
+    @staticmethod
+    def _summed(
+        landings: dict[str, LandingSums],
+        failed: dict[str, Exception],
+        sums: dict[str, list[int] | None] | None,
+    ) -> dict[str, Exception]:
         if sums is not None:
             for key, landing in landings.items():
                 if key not in failed:
@@ -557,7 +579,7 @@ class Client:
             else:
                 mapped = self.engine.mapped_span(rep.segment, rep.offset, view.nbytes)
                 if mapped is None:  # no longer mappable (a restarted peer): the general path
-                    self.engine.write(rep.segment, rep.offset, view)
+                    self.engine.write(rep.segment, rep.offset, view, fence=rep.fence)
                     return
                 span, check = mapped
             if sums is not None and sums.get(key, []) is None:
@@ -575,12 +597,15 @@ class Client:
         """Copy ``key`` onto each memory segment of ``targets`` (store/replica_ops.py): the new
         replicas are readable once this returns; on any failure none of them is."""
         value = memoryview(self.get(key))
+        sent = boottime()
         reply = self.conn.call(P.ReplicaCopyStart(self.id, key, list(targets)))
         if reply.code:
             raise error_for(reply.code, f"{key!r}: {reply.message}")
         failed: dict[str, Exception] = {}
+        deadline = write_deadline(sent, reply.write_lease_ms)
         try:
-            failed = self._write_all([(key, value, rep) for rep in reply.results[0].replicas])
+            writes = [(key, value, rep) for rep in reply.results[0].replicas]
+            failed = self._write_all(writes, None, deadline)
         finally:
             end = self.conn.call(P.ReplicaCopyEnd(self.id, key, not failed))
         if failed:

@@ -86,6 +86,11 @@ class TransferFailed(InternalError):
     default_code = TRANSFER_FAIL
 
 
+class WriteLeaseExpired(TransferFailed):
+    """A writer's copy would start later than its write lease allows (store/fences.py): its
+    range may belong to another put by now, so it writes nothing."""
+
+
 class ChecksumMismatch(InternalError):
     default_code = CHECKSUM_MISMATCH
 

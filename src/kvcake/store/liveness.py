@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from kvcake.core.backoff import backoff_s
+from kvcake.core.clocks import boottime
 from kvcake.core.errors import KvcakeError
 from kvcake.store import protocol as P
 from kvcake.store.rpc import MasterConnection
+from kvcake.transfer.fences import FenceBook
 
 if TYPE_CHECKING:
     from kvcake.store.master_state import MasterState
@@ -62,11 +63,11 @@ class PauseWatch:
     def __init__(self, state: MasterState, interval_s: float):
         self.state = state
         self.interval_s = interval_s
-        self._last = _boottime()
+        self._last = boottime()
 
     def tick(self) -> float:
         """Call once per housekeeping round, before expiring anyone; the pause found (s)."""
-        now = _boottime()
+        now = boottime()
         gap, self._last = now - self._last, now
         if gap <= PAUSE_S + self.interval_s:
             return 0.0
@@ -80,10 +81,6 @@ class PauseWatch:
         return pause
 
 
-def _boottime() -> float:
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
 class Heartbeater:
     def __init__(
         self,
@@ -94,8 +91,12 @@ class Heartbeater:
         on_remount: list[Callable[[], None]],
         directory: Callable[[], str] | None = None,
         on_forgotten: Sequence[Callable[[], object]] = (),
+        fences: FenceBook | None = None,
     ):
         self.conn = conn
+        # The transfer server's book of write fences: each reply's allocations are noted in
+        # it, and the next heartbeat acknowledges them (store/fences.py).
+        self.fences = fences if fences is not None else FenceBook()
         self.directory = directory  # the Transfer Engine directory we publish in now
         self.client = client
         self.host = host
@@ -126,7 +127,8 @@ class Heartbeater:
     def _run(self) -> None:
         while not self._stop.wait(self._pause()):
             try:
-                reply = self.conn.call(P.Heartbeat(self.client, self.host))
+                reply = self.conn.call(P.Heartbeat(self.client, self.host, self.fences.newest))
+                self.fences.note(reply.fences)
                 self.master_ok = True
                 self._failed = 0
                 self._answer(reply)

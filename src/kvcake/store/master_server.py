@@ -90,6 +90,7 @@ class MasterHandlers:
         blocks: BlockTable | None = None,
     ):
         self.state = state
+        self.write_lease_ms = int(state.cfg.writer_grace_s * 1000)  # (store/fences.py)
         self.blocks = blocks  # writers' block lineage for the vLLM-format events (or None)
         self.directory = directory
         self.events = events
@@ -158,6 +159,7 @@ class MasterHandlers:
             client_ttl_ms=ttl,
             directory=self.directory(),
             events=self.events(),
+            fences=self.state.fence_notes(ClientId(m.client), m.fenced) if m.client else [],
         )
 
     def mount(self, m: P.Mount) -> P.Reply:
@@ -193,7 +195,7 @@ class MasterHandlers:
                 results.append(P.KeyResult(0, size, reps))
             except StoreError as exc:
                 results.append(P.KeyResult(exc.code, message=str(exc)))
-        return P.Reply(results=results)
+        return P.Reply(results=results, write_lease_ms=self.write_lease_ms)
 
     def put_end(self, m: P.PutEnd) -> P.Reply:
         cid = ClientId(m.client)
@@ -259,7 +261,8 @@ class MasterHandlers:
 
     def copy_start(self, m: P.ReplicaCopyStart) -> P.Reply:
         reps = self.state.copy_start(ClientId(m.client), m.key, list(m.targets))
-        return P.Reply(results=[P.KeyResult(0, reps[0].size if reps else 0, reps)])
+        result = P.KeyResult(0, reps[0].size if reps else 0, reps)
+        return P.Reply(results=[result], write_lease_ms=self.write_lease_ms)
 
     def copy_end(self, m: P.ReplicaCopyEnd) -> P.Reply:
         self.state.copy_end(ClientId(m.client), m.key, m.ok)

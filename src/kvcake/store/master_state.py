@@ -101,6 +101,11 @@ class MasterState:
         with self.lock:
             return self.parts.clients.heard(client, host)
 
+    def fence_notes(self, client: ClientId, acked: int) -> list[tuple[str, int, int, int]]:
+        """The allocations in ``client``'s segments it has not noted yet (store/fences.py)."""
+        with self.lock:
+            return self.parts.segs.fences.take(client, acked)
+
     def mount(
         self,
         client: ClientId,

@@ -48,6 +48,7 @@ class Replica:
     size: int
     tier: Tier
     complete: bool  # a replica copy in flight (offload, promotion) is not read from
+    fence: int = 0  # its writer's allocation (store/fences.py); 0: none (replayed, disk)
 
 
 @dataclass

@@ -23,6 +23,7 @@ class ReplicaDesc(msgspec.Struct, frozen=True):
     size: int
     tier: str  # "memory" | "disk" | "file"
     endpoint: str = ""  # disk tier: the node's disk service host:port; file tier: the file path
+    fence: int = 0  # a memory range's allocation, sent with its writes (store/fences.py)
 
 
 class PutOptions(msgspec.Struct, frozen=True):
@@ -53,6 +54,7 @@ class Heartbeat(msgspec.Struct, tag=True):
 
     client: str
     host: str
+    fenced: int = 0  # the highest write fence this client's transfer server has noted
 
 
 class Mount(msgspec.Struct, tag=True):
@@ -278,6 +280,12 @@ class Reply(msgspec.Struct, tag=True):
     rejected: list[str] = []  # mount(disk): copies the node must delete
     directory: str = ""  # heartbeat: the Transfer Engine directory the master hosts
     events: str = ""  # heartbeat: the zmq PUB endpoint of the master's KV events ("" = none)
+    # heartbeat: (segment, offset, size, fence) of ranges of the client's segments allocated
+    # since its ``fenced`` (store/fences.py)
+    fences: list[tuple[str, int, int, int]] = []
+    # PutStart / ReplicaCopyStart: the writer's grace in ms; the writer starts no copy later
+    # than that after it sent the request (store/fences.py, write_deadline)
+    write_lease_ms: int = 0
     snapshot: StoreSnapshot | None = None  # KvSnapshot
     # The answering master's term (its etcd election revision; 0 without HA): a client drops
     # a reply from an older term than it has seen (docs/store.md, "Leader leases").

@@ -77,6 +77,7 @@ class ReplicaOps:
                     self.table.free(rep)
                 raise NoSpace(f"no room for {obj.size} B on {seg.name!r}")
             new.append(Replica(seg.name, off, obj.size, Tier.MEMORY, complete=False))
+        self.segs.fence(new)
         obj.replicas.extend(new)
         obj.copying = True
         self.copies[obj.key] = (client, self.clock())

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from kvcake.core.ids import ClientId, SegmentName
 from kvcake.store.changes import Changes
+from kvcake.store.fences import Fences
 from kvcake.store.filetier import file_path
 from kvcake.store.metadata import NodeTask, Replica, Segment, Tier
 from kvcake.store.protocol import ReplicaDesc
@@ -29,6 +30,7 @@ class SegmentTable:
         self.discarded: list[tuple[float, SegmentName, int]] = []  # (free at, segment, offset)
         self.held: dict[SegmentName, dict[int, int]] = {}  # in the writer's grace: offset -> size
         self.changes = changes if changes is not None else Changes()
+        self.fences = Fences()
         self._memory: list[Segment] | None = None
 
     def add(self, seg: Segment) -> None:
@@ -41,6 +43,18 @@ class SegmentTable:
         self._memory = None
         self.discarded[:] = [d for d in self.discarded if d[1] != seg.name]
         self.held.pop(seg.name, None)
+        if not any(s.client == seg.client for s in self.segments.values()):
+            self.fences.forget(seg.client)
+
+    def fence(self, reps: list[Replica]) -> None:
+        """Give the memory ranges of ``reps`` (one request's) a new fence and queue their notes
+        for their owners (store/fences.py)."""
+        fence = self.fences.next()
+        for rep in reps:
+            seg = self.segments.get(rep.segment)
+            if rep.tier is MEMORY and seg is not None:
+                rep.fence = fence
+                self.fences.note(seg.client, (rep.segment, rep.offset, rep.size, fence))
 
     def memory(self) -> list[Segment]:
         """Memory-tier segments (cached: rebuilt only when a segment is mounted/unmounted)."""
@@ -82,7 +96,9 @@ class SegmentTable:
     def describe(self, rep: Replica) -> ReplicaDesc:
         seg = self.segments[rep.segment]
         where = seg.endpoint if rep.tier is not FILE else file_path(seg.endpoint, rep.offset)
-        return ReplicaDesc(rep.segment, seg.host, rep.offset, rep.size, rep.tier._value_, where)
+        return ReplicaDesc(
+            rep.segment, seg.host, rep.offset, rep.size, rep.tier._value_, where, rep.fence
+        )
 
     def release(self, rep: Replica) -> None:
         """Give the range of a memory or disk replica back to its segment (if still mounted)."""

@@ -42,14 +42,16 @@ class Staging:
             pos += aligned(s)
         return offs
 
-    def write(self, items: list[tuple[memoryview, str, int]]) -> list[Exception | None]:
-        """Copy each (data, target segment, target offset); per-item outcome."""
-        offs = self._layout([v.nbytes for v, _, _ in items])
+    def write(self, items: list[tuple[memoryview, str, int, int]]) -> list[Exception | None]:
+        """Copy each (data, target segment, target offset, fence); per-item outcome."""
+        offs = self._layout([v.nbytes for v, _, _, _ in items])
         reqs = []
-        for (view, seg, toff), off in zip(items, offs, strict=True):
+        for (view, seg, toff, fence), off in zip(items, offs, strict=True):
             self.view[off : off + view.nbytes] = view
             reqs.append(
-                TransferRequest(Op.WRITE, self.name, off, SegmentName(seg), toff, view.nbytes)
+                TransferRequest(
+                    Op.WRITE, self.name, off, SegmentName(seg), toff, view.nbytes, fence
+                )
             )
         return self._run(reqs)
 

@@ -226,7 +226,9 @@ class Tiering:
         off = mem.allocator.allocate(obj.size) if mem is not None else None
         if mem is None or off is None:
             return
-        obj.replicas.append(Replica(mem.name, off, obj.size, Tier.MEMORY, complete=False))
+        rep = Replica(mem.name, off, obj.size, Tier.MEMORY, complete=False)
+        self.segs.fence([rep])  # the node copies in place, but a stale writer must not
+        obj.replicas.append(rep)
         obj.copying = True
         self.changes.writing(obj.key, 0)  # the node writes it: held (a read does not wait)
         self.segs.queue(owner, NodeTask("promote", obj.key, obj.size, off, tuple(obj.sums)))

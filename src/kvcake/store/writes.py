@@ -105,10 +105,12 @@ class Writes:
             if reuse is not None:
                 self._apply_pins(reuse, opts)
                 self.files.reserve(reuse)
+                self.segs.fence(reuse.replicas)  # a new writer: the old one's writes are stale
                 self.changes.writing(okey, size)  # rewritten in place: its ranges are held
                 return [self.segs.describe(r) for r in reuse.replicas]
         self.tenants.admit(tenant, size)  # before _place: never evict for an over-quota put
         reps = self._place(size, opts, host)
+        self.segs.fence(reps)
         obj = ObjectMeta(okey, size, Status.PROCESSING, client, self.clock(), reps)
         obj.tenant = tenant
         self.tenants.charge(tenant, size)

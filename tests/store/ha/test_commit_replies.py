@@ -192,12 +192,15 @@ def test_a_retry_is_not_acknowledged_before_its_first_try_is_durable() -> None:
     from kvcake.store.config import MasterConfig
     from kvcake.store.errors import RpcFailed
     from kvcake.store.ha.durable import DurableMaster
+    from kvcake.store.ha.view import FenceRec
     from kvcake.store.rpc import MasterConnection
 
     log = GatedLog()
     view = log.load()
     master = DurableMaster(MasterConfig(port=0, http_port=-1, events_port=-1), view, log)
     master.start()
+    assert [type(r) for _, recs in log.entries for r in recs] == [FenceRec]  # before serving
+    log.entries.clear()
     conn = MasterConnection(master.rpc_address, timeout_s=0.5, retries=1)
     try:
         log.gate.clear()  # the log takes nothing durable now

@@ -118,7 +118,7 @@ class Sessions:
                     if own is not None:
                         own[rep.offset + off : rep.offset + off + n] = data
                     else:
-                        c.engine.write(rep.segment, rep.offset + off, data)
+                        c.engine.write(rep.segment, rep.offset + off, data, fence=rep.fence)
                 except KvcakeError:
                     return E.TRANSFER_FAIL
             if sess.sums is not None:

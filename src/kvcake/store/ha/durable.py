@@ -21,7 +21,7 @@ from kvcake.store.errors import RPC_FAIL
 from kvcake.store.ha.journal import JournaledState
 from kvcake.store.ha.oplog import LogFailed, OpLog
 from kvcake.store.ha.replay import build_state
-from kvcake.store.ha.view import View
+from kvcake.store.ha.view import FenceRec, View
 from kvcake.store.liveness import inherited_grace_s
 from kvcake.store.master_server import Master
 
@@ -113,6 +113,9 @@ class DurableMaster(Master):
             seen = self.jstate.clock() + grace - self.cfg.client_ttl_s
             for info in self.jstate.clients.values():
                 info.last_seen = seen
+            floor = self.jstate.parts.segs.fences.base
+        # Durable before any fence is handed out: the next leader starts above it (fences.py).
+        self.oplog.wait(self.oplog.append([FenceRec(floor)]))
         super().start()
 
     def stop(self) -> None:

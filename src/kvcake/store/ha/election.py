@@ -15,14 +15,13 @@ is no earlier than our deadline).
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 import msgspec
 
+from kvcake.core import clocks
 from kvcake.store.ha.etcd import Etcd, EtcdError, cmp_create, op_get, op_put
 from kvcake.store.ha.etcdlog import cluster_prefix
 
@@ -63,7 +62,7 @@ def read_leader_term(etcd: Etcd, cluster: str) -> tuple[LeaderInfo, int] | None:
 
 # Seconds on ``CLOCK_BOOTTIME`` (counts time stopped and suspended too); a partial of the
 # builtin: it is read before every reply.
-boottime: Callable[[], float] = functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)
+boottime: Callable[[], float] = clocks.boottime
 
 
 def lease_margin(ttl_s: float) -> float:

@@ -24,6 +24,7 @@ from kvcake.core import integrity
 from kvcake.core.ids import ClientId, ObjectKey, SegmentName
 from kvcake.store.allocator import RangeAllocator, aligned
 from kvcake.store.config import MasterConfig
+from kvcake.store.fences import first_fence
 from kvcake.store.ha.journal import JournaledState
 from kvcake.store.ha.view import ObjHeld, ObjRec, View
 from kvcake.store.metadata import ClientInfo, ObjectMeta, Replica, Segment, Status, Tier
@@ -136,6 +137,7 @@ def build_state(
     state = (
         JournaledState(config, clock, **kw) if clock is not None else JournaledState(config, **kw)
     )
+    state.parts.segs.fences.restart_at(first_fence(view.fence))
     now = state.clock()
     objects, live = _valid(view)
     holds = _placed_holds(view, live)

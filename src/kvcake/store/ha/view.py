@@ -53,13 +53,21 @@ class ObjGone(msgspec.Struct, tag="del", array_like=True, frozen=True):
     key: str
 
 
-Record = SegRec | SegGone | ObjRec | ObjHeld | ObjGone
+class FenceRec(msgspec.Struct, tag="fence", array_like=True, frozen=True):
+    """Where a leader's write fences start (store/fences.py), logged before it hands out any:
+    the next leader starts ``FENCE_GAP`` above the highest."""
+
+    floor: int
+
+
+Record = SegRec | SegGone | ObjRec | ObjHeld | ObjGone | FenceRec
 
 
 class Snapshot(msgspec.Struct, frozen=True):
     seq: int  # the last log entry it covers
     segments: list[SegRec]
     objects: list[ObjRec | ObjHeld]
+    fence: int = 0  # the highest FenceRec floor (older snapshots: none)
 
 
 _ENC = msgspec.msgpack.Encoder()
@@ -91,9 +99,12 @@ class View:
         self.seq = 0
         self.segments: dict[str, SegRec] = {}
         self.objects: dict[str, ObjRec | ObjHeld] = {}
+        self.fence = 0
 
     def apply(self, rec: Record) -> None:
-        if isinstance(rec, (ObjRec, ObjHeld)):
+        if isinstance(rec, FenceRec):
+            self.fence = max(self.fence, rec.floor)
+        elif isinstance(rec, (ObjRec, ObjHeld)):
             self.objects.pop(rec.key, None)
             self.objects[rec.key] = rec
         elif isinstance(rec, ObjGone):
@@ -109,7 +120,8 @@ class View:
         self.seq = max(self.seq, seq)
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(self.seq, list(self.segments.values()), list(self.objects.values()))
+        segs, objs = list(self.segments.values()), list(self.objects.values())
+        return Snapshot(self.seq, segs, objs, self.fence)
 
     @staticmethod
     def of(snap: Snapshot) -> View:
@@ -117,4 +129,5 @@ class View:
         view.seq = snap.seq
         view.segments = {s.name: s for s in snap.segments}
         view.objects = {o.key: o for o in snap.objects}
+        view.fence = snap.fence
         return view

@@ -1,0 +1,144 @@
+"""Write fences end to end (docs/store.md, "Write fences"): a writer whose put was revoked
+writes on after its range has waited out the writer's grace and gone to another put. Real
+master and storage-node processes; the writer is a client over TCP. With its fence the node
+refuses the write and the other put reads back intact; the same write without a fence (what
+every write was before) lands and turns the other put into an ``IntegrityError``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import msgspec
+import pytest
+
+from kvcake.core.clocks import boottime
+from kvcake.core.errors import TransferError
+from kvcake.store import protocol as P
+from kvcake.store.client import Client, ClientConfig
+from kvcake.store.errors import IntegrityError, WriteLeaseExpired
+from kvcake.store.fences import FENCE_GAP, Fences, first_fence, write_deadline
+from tests.store.procs import Proc, spawn
+
+SIZE = 256 << 10
+GRACE_S = 2.0  # the master's writer's grace here (client TTL and put-start discard)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[str]:
+    master = spawn("master", "--port", "0", "--http-port", "-1", "--client-ttl-s", str(GRACE_S),
+                   "--put-start-discard-s", str(GRACE_S), ready="master")  # fmt: skip
+    node: Proc | None = None
+    try:
+        node = spawn("store-server", "--master", master.info["rpc"], "--segment-size", "8MiB",
+                     ready="store-server")  # fmt: skip
+        yield master.info["rpc"]
+    finally:
+        if node is not None:
+            node.stop()
+        master.stop()
+
+
+def _start(c: Client, key: str) -> P.ReplicaDesc:
+    reply = c.conn.call(P.PutStart(c.id, c.host, [key], [SIZE], P.PutOptions(), False))
+    assert reply.results[0].code == 0, reply
+    return reply.results[0].replicas[0]
+
+
+def _reused(pool: str, writer: Client, other: Client, key: str) -> P.ReplicaDesc:
+    """``writer`` starts a put of ``key`` and revokes it (its write timed out, say) without
+    ever writing; once the grace has passed ``other`` puts ``key + '-b'`` into the same range
+    and the node has heard of it. Returns the revoked put's replica."""
+    stale = _start(writer, key)
+    writer.conn.call(P.PutRevoke(writer.id, [key]))
+    time.sleep(GRACE_S + 0.5)
+    other.put(key + "-b", b"\xbb" * SIZE)
+    got = other.conn.call(P.GetReplicas(other.id, [key + "-b"])).results[0].replicas[0]
+    assert (got.segment, got.offset) == (stale.segment, stale.offset), "not the same range"
+    assert got.fence > stale.fence > 0
+    time.sleep(2 * GRACE_S / 3 + 0.5)  # the node's next heartbeat brought the allocation
+    return stale
+
+
+def test_a_stale_writer_is_refused_and_the_new_put_survives(pool: str) -> None:
+    with (
+        Client(ClientConfig(master=pool, protocol="tcp")) as writer,
+        Client(ClientConfig(master=pool)) as other,
+    ):
+        stale = _reused(pool, writer, other, "k1")
+        with pytest.raises(TransferError, match="newer allocation"):
+            writer.engine.write(stale.segment, stale.offset, b"\xaa" * SIZE, fence=stale.fence)
+        # the put path sends the fence too: one value (the engine's inline path), a staged
+        # batch of small ones (one vectored frame), values in slices over the lanes
+        half = msgspec.structs.replace(stale, offset=stale.offset + SIZE // 2, size=SIZE // 2)
+        bad = memoryview(b"\xaa" * SIZE)
+        for writes in (
+            [("k1", bad, stale)],
+            [("k1", bad[: SIZE // 2], stale), ("k1x", bad[: SIZE // 2], half)],
+        ):
+            failed = writer._write_all(writes, None)
+            assert sorted(failed) == sorted({k for k, _, _ in writes}), failed
+        assert other.get("k1-b") == b"\xbb" * SIZE
+
+
+def test_without_its_fence_the_same_write_destroys_the_new_put(pool: str) -> None:
+    """The control: what the fence prevents happens (the checksums then refuse the read)."""
+    with (
+        Client(ClientConfig(master=pool, protocol="tcp")) as writer,
+        Client(ClientConfig(master=pool)) as other,
+    ):
+        stale = _reused(pool, writer, other, "k2")
+        writer.engine.write(stale.segment, stale.offset, b"\xaa" * SIZE)  # fence 0: unchecked
+        with pytest.raises(IntegrityError):
+            other.get("k2-b")
+
+
+def test_a_same_host_writer_past_its_write_lease_copies_nothing(pool: str) -> None:
+    """No server stands between a same-host writer and the node's memory, so no fence is
+    checked there; its write lease is: a copy is not started once the writer's grace has
+    passed since its PutStart was sent. The control (no deadline) destroys the other put."""
+    with Client(ClientConfig(master=pool)) as writer, Client(ClientConfig(master=pool)) as other:
+        sent = boottime()
+        stale = _reused(pool, writer, other, "k3")  # (sleeps past the grace: the "pause")
+        assert writer.engine.reads_by_mapping(stale.segment), "not a same-host copy"
+        deadline = write_deadline(sent, int(GRACE_S * 1000))
+        failed = writer._write_all([("k3", memoryview(b"\xaa" * SIZE), stale)], None, deadline)
+        assert isinstance(failed.get("k3"), WriteLeaseExpired)
+        assert other.get("k3-b") == b"\xbb" * SIZE
+        assert not writer._write_all([("k3", memoryview(b"\xaa" * SIZE), stale)], None)
+        with pytest.raises(IntegrityError):
+            other.get("k3-b")
+
+
+def test_current_writers_are_never_refused(pool: str) -> None:
+    """Puts over TCP (single, a staged batch of small values, a batch in slices) after the
+    node has noted newer allocations than theirs elsewhere in its segment: a fence is checked
+    only against the bytes it writes."""
+    with Client(ClientConfig(master=pool, protocol="tcp")) as c:
+        slow = _start(c, "slow")  # allocated first, written last
+        for i in range(3):
+            c.put(f"p{i}", bytes([i]) * SIZE)
+        time.sleep(2 * GRACE_S / 3 + 0.5)  # the node has noted them all
+        assert not c.batch_put([f"q{i}" for i in range(4)], [b"q" * 4096] * 4)[0]
+        c.engine.write(slow.segment, slow.offset, b"s" * SIZE, fence=slow.fence)
+        c.conn.call(P.PutEnd(c.id, ["slow"]))
+        assert c.get("q3") == b"q" * 4096 and c.get("p2") == b"\x02" * SIZE
+
+
+def test_fences_only_grow_across_restarts_and_leaders() -> None:
+    """A master starts at the clock or FENCE_GAP above the floor its log remembers, and a
+    batch's ranges share one fence."""
+    before = Fences()
+    issued = [before.next() for _ in range(5)]
+    assert issued == sorted(set(issued))
+    again = Fences(first_fence(before.base))  # a new leader that replayed ``before``'s floor
+    assert again.next() > before.base + FENCE_GAP - 1 >= issued[-1]
+    far = before.base + 10 * FENCE_GAP  # a floor far ahead of this clock (a skewed leader)
+    assert Fences(first_fence(far)).next() > far
+    notes = Fences()
+    notes.note("n1", ("s", 0, 10, 5))  # type: ignore[arg-type]
+    notes.note("n1", ("s", 10, 10, 6))  # type: ignore[arg-type]
+    assert notes.take("n1", 5) == [("s", 10, 10, 6)]  # type: ignore[arg-type]
+    assert notes.take("n1", 6) == [] and notes.pending() == 0  # type: ignore[arg-type]
+    assert write_deadline(10.0, 0) == float("inf")  # a master that sets no lease
+    assert write_deadline(10.0, 2000) == pytest.approx(11.9)
