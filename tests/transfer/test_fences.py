@@ -67,6 +67,19 @@ def test_the_book_is_bounded_and_forgets_the_oldest_half() -> None:
     assert book.ranges("s") == 0
 
 
+def test_a_write_below_its_segments_floor_is_refused_wherever_it_goes() -> None:
+    book = FenceBook()
+    book.floor([("s", 100)])
+    book.floor([("s", 50)])  # never lowered
+    book.check("s", 0, 10, 100)
+    book.check("t", 0, 10, 99)  # another segment
+    with pytest.raises(StaleWrite, match="floor 100"):
+        book.check("s", 123456, 10, 99)
+    assert book.newest == 100
+    book.forget("s")
+    book.check("s", 0, 10, 99)
+
+
 # --- on the wire ------------------------------------------------------------------------------
 
 

@@ -182,7 +182,8 @@ class Client:
 
     def _mount(self, name: str) -> None:
         cap = self.segments[name].nbytes
-        self.conn.call(P.Mount(self.id, self.host, name, cap, host_id=host_identity()))
+        reply = self.conn.call(P.Mount(self.id, self.host, name, cap, host_id=host_identity()))
+        self.engine.server.fences.floor(reply.floors)  # before any stale write lands (fences.py)
 
     def _remount(self) -> None:
         """Publish our segments in the leader's directory, then mount them. A failover in

@@ -128,6 +128,7 @@ class Heartbeater:
         while not self._stop.wait(self._pause()):
             try:
                 reply = self.conn.call(P.Heartbeat(self.client, self.host, self.fences.newest))
+                self.fences.floor(reply.floors)
                 self.fences.note(reply.fences)
                 self.master_ok = True
                 self._failed = 0

@@ -154,12 +154,16 @@ class MasterHandlers:
     def heartbeat(self, m: P.Heartbeat) -> P.Reply:
         todo = self.state.heard(ClientId(m.client), m.host) if m.client else 0
         ttl = int(self.state.cfg.client_ttl_s * 1000)
+        notes, floors = (
+            self.state.fence_notes(ClientId(m.client), m.fenced) if m.client else ([], [])
+        )
         return P.Reply(
             count=todo,
             client_ttl_ms=ttl,
             directory=self.directory(),
             events=self.events(),
-            fences=self.state.fence_notes(ClientId(m.client), m.fenced) if m.client else [],
+            fences=notes,
+            floors=floors,
         )
 
     def mount(self, m: P.Mount) -> P.Reply:
@@ -176,7 +180,9 @@ class MasterHandlers:
             m.existing_sums,
             m.host_id,
         )
-        return P.Reply(rejected=rejected, client_ttl_ms=int(self.state.cfg.client_ttl_s * 1000))
+        _, floors = self.state.fence_notes(ClientId(m.client), 0)  # (its notes: by heartbeat)
+        ttl_ms = int(self.state.cfg.client_ttl_s * 1000)
+        return P.Reply(rejected=rejected, client_ttl_ms=ttl_ms, floors=floors)
 
     def unmount(self, m: P.Unmount) -> P.Reply:
         self.state.unmount(ClientId(m.client), SegmentName(m.segment))

@@ -101,10 +101,14 @@ class MasterState:
         with self.lock:
             return self.parts.clients.heard(client, host)
 
-    def fence_notes(self, client: ClientId, acked: int) -> list[tuple[str, int, int, int]]:
-        """The allocations in ``client``'s segments it has not noted yet (store/fences.py)."""
+    def fence_notes(
+        self, client: ClientId, acked: int
+    ) -> tuple[list[tuple[str, int, int, int]], list[tuple[str, int]]]:
+        """The noted allocations in ``client``'s segments it has not acknowledged, and its
+        segments' fence floors (store/fences.py)."""
         with self.lock:
-            return self.parts.segs.fences.take(client, acked)
+            segs = self.parts.segs
+            return segs.fences.take(client, acked), segs.floors(client)
 
     def mount(
         self,

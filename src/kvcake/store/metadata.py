@@ -36,6 +36,8 @@ class Segment:
     allocator: RangeAllocator
     endpoint: str = ""  # disk tier: host:port of the node's disk service
     host_id: str = ""  # the owner's transfer.registry.host_identity(): can its pid be checked here?
+    # Writes with an older fence are stale: allocated by an earlier master or mount (fences.py)
+    fence_floor: int = 0
 
     def free_ratio(self) -> float:
         return self.allocator.free / self.allocator.capacity

@@ -283,6 +283,8 @@ class Reply(msgspec.Struct, tag=True):
     # heartbeat: (segment, offset, size, fence) of ranges of the client's segments allocated
     # since its ``fenced`` (store/fences.py)
     fences: list[tuple[str, int, int, int]] = []
+    # heartbeat, mount: (segment, fence floor) of the client's segments (store/fences.py)
+    floors: list[tuple[str, int]] = []
     # PutStart / ReplicaCopyStart: the writer's grace in ms; the writer starts no copy later
     # than that after it sent the request (store/fences.py, write_deadline)
     write_lease_ms: int = 0

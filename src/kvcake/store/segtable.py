@@ -34,6 +34,8 @@ class SegmentTable:
         self._memory: list[Segment] | None = None
 
     def add(self, seg: Segment) -> None:
+        if seg.name not in self.segments:  # (a new mount, or replayed: no writer of ours yet)
+            seg.fence_floor = self.fences.next()
         self.segments[seg.name] = seg
         self._memory = None
 
@@ -43,18 +45,25 @@ class SegmentTable:
         self._memory = None
         self.discarded[:] = [d for d in self.discarded if d[1] != seg.name]
         self.held.pop(seg.name, None)
+        self.fences.forget_segment(seg.name)
         if not any(s.client == seg.client for s in self.segments.values()):
             self.fences.forget(seg.client)
 
     def fence(self, reps: list[Replica]) -> None:
-        """Give the memory ranges of ``reps`` (one request's) a new fence and queue their notes
-        for their owners (store/fences.py)."""
+        """Give the memory ranges of ``reps`` (one request's) a new fence; a range that
+        overlaps one a stale writer may still write into is noted for its owner
+        (store/fences.py)."""
         fence = self.fences.next()
         for rep in reps:
             seg = self.segments.get(rep.segment)
             if rep.tier is MEMORY and seg is not None:
                 rep.fence = fence
-                self.fences.note(seg.client, (rep.segment, rep.offset, rep.size, fence))
+                if self.fences.untaint(rep.segment, rep.offset, rep.size):
+                    self.fences.note(seg.client, (rep.segment, rep.offset, rep.size, fence))
+
+    def floors(self, client: ClientId) -> list[tuple[str, int]]:
+        """The fence floor of each of ``client``'s segments (store/fences.py)."""
+        return [(s.name, s.fence_floor) for s in self.segments.values() if s.client == client]
 
     def memory(self) -> list[Segment]:
         """Memory-tier segments (cached: rebuilt only when a segment is mounted/unmounted)."""
@@ -125,14 +134,19 @@ class SegmentTable:
                     file_unlink(off)
                 else:
                     seg.allocator.release(off)
-                    self._unhold(seg_name, off)
+                    size = self._unhold(seg_name, off)
+                    if size:  # a writer may still write into it: its next user is noted
+                        self.fences.taint(seg_name, off, size)
             elif seg is not None:
                 keep.append((free_at, seg_name, off))
         self.discarded[:] = keep
 
-    def _unhold(self, segment: SegmentName, offset: int) -> None:
+    def _unhold(self, segment: SegmentName, offset: int) -> int:
+        """Forget the hold at ``offset``; its size (0: none)."""
         held = self.held.get(segment)
-        if held is not None and held.pop(offset, None) is not None:
+        size = held.pop(offset, 0) if held is not None else 0
+        if size:
             self.changes.segment(segment)
             if not held:
                 del self.held[segment]
+        return size

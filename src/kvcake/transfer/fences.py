@@ -1,16 +1,19 @@
 """Write fences: which allocation each range of this process's segments was last handed to.
 
 The store's master gives every memory range it allocates a *fence*, a number that only grows
-(across leaders too: store/fences.py), and tells the range's owner by its heartbeat replies
-(``note``). A writer sends its allocation's fence with each write; the transfer server refuses
-(``StaleWrite``) a write into bytes that a range with a *newer* fence covers: a writer that was
-paused or cut off past its writer's grace, whose range the master gave to another put meanwhile,
-cannot overwrite that put. A write with fence 0 is not fenced (other users of the engine).
+(across leaders too: store/fences.py), and tells the range's owner, by its heartbeat and mount
+replies, each segment's *floor* (``floor``: writes with an older fence come from an earlier
+master or mount of the segment) and the allocations that reused a range a stale writer may
+still write into (``note``). A writer sends its allocation's fence with each write; the transfer
+server refuses (``StaleWrite``) one below its segment's floor or into bytes that a noted range
+with a *newer* fence covers: a writer that was paused or cut off past its writer's grace, whose
+range the master gave to another put meanwhile, cannot overwrite that put. A write with fence
+0 is not fenced (other users of the engine).
 
 Invariants: ranges noted for one segment never overlap (a newer note drops the ranges it
 overlaps; the master never hands out overlapping live ranges); ``newest`` is the highest fence
-noted, so a write whose fence is at least that passes without a lookup (the usual case: a
-writer's own range is noted only after its write, by the next heartbeat). Bounded: at most
+noted or floor, so a write whose fence is at least that passes without a lookup (the usual
+case: notes are rare and arrive after the writes they cover). Bounded: at most
 ``max_ranges`` per segment; beyond, the oldest half is forgotten (a range's protection then
 lapses; the notes arrive seconds after the allocation, so the dropped ones are long written).
 Thread-safe (one lock; heartbeat thread notes, server threads check).
@@ -72,6 +75,7 @@ class FenceBook:
     def __init__(self, max_ranges: int = MAX_RANGES) -> None:
         self._lock = threading.Lock()
         self._segs: dict[str, _Ranges] = {}
+        self._floors: dict[str, int] = {}
         self.max_ranges = max_ranges
         self.newest = 0  # the highest fence noted (what a heartbeat acknowledges)
         self.refused = 0
@@ -88,11 +92,27 @@ class FenceBook:
                     ranges.forget_oldest()
                 self.newest = max(self.newest, fence)
 
+    def floor(self, floors: Iterable[tuple[str, int]]) -> None:
+        """``(segment, fence)``: writes with an older fence are stale (never lowered)."""
+        with self._lock:
+            for segment, fence in floors:
+                if fence > self._floors.get(segment, 0):
+                    self._floors[segment] = fence
+                    self.newest = max(self.newest, fence)
+
     def check(self, segment: str, offset: int, length: int, fence: int) -> None:
-        """Raise :class:`StaleWrite` when a newer allocation covers any byte of the write."""
+        """Raise :class:`StaleWrite` when the write's fence is below its segment's floor or a
+        newer allocation covers any byte of it."""
         if fence <= 0 or fence >= self.newest:
             return
         with self._lock:
+            floor = self._floors.get(segment, 0)
+            if fence < floor:
+                self.refused += 1
+                raise StaleWrite(
+                    f"write into {segment!r} with fence {fence}: allocated before the segment's "
+                    f"current master or mount (floor {floor}); its put is gone"
+                )
             ranges = self._segs.get(segment)
             newer = ranges.newest_over(offset, offset + length) if ranges is not None else 0
             if newer <= fence:
@@ -107,6 +127,7 @@ class FenceBook:
         """A segment unregistered here: its ranges mean nothing any more."""
         with self._lock:
             self._segs.pop(segment, None)
+            self._floors.pop(segment, None)
 
     def ranges(self, segment: str) -> int:
         with self._lock:
