@@ -72,7 +72,7 @@ def test_call_deadline_and_inherited_grace() -> None:
 
 def test_a_pause_of_the_master_is_not_its_clients_silence(monkeypatch: pytest.MonkeyPatch) -> None:
     clock, boot = Clock(1000.0), Clock(50.0)
-    monkeypatch.setattr(liveness, "_boottime", boot)
+    monkeypatch.setattr(liveness, "boottime", boot)
     state = MasterState(MasterConfig(client_ttl_s=3), clock=clock)
     state.touch(ClientId("quiet"), "h")
     clock.t += 1
