@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import msgspec
 import pytest
 
@@ -27,6 +28,9 @@ SIZE = 256 << 10
 GRACE_S = 2.0  # the master's writer's grace here (client TTL and put-start discard)
 
 
+NODE_HTTP: list[str] = []
+
+
 @pytest.fixture(scope="module")
 def pool() -> Iterator[str]:
     master = spawn("master", "--port", "0", "--http-port", "-1", "--client-ttl-s", str(GRACE_S),
@@ -35,11 +39,19 @@ def pool() -> Iterator[str]:
     try:
         node = spawn("store-server", "--master", master.info["rpc"], "--segment-size", "8MiB",
                      ready="store-server")  # fmt: skip
+        NODE_HTTP[:] = [node.info["http"]]
         yield master.info["rpc"]
     finally:
         if node is not None:
             node.stop()
         master.stop()
+
+
+def _refused() -> float:
+    """The node's ``kvcake_store_node_stale_writes_refused_total``."""
+    text = httpx.get(f"http://{NODE_HTTP[0]}/metrics", timeout=5).text
+    line = next(x for x in text.splitlines() if x.startswith("kvcake_store_node_stale_writes_"))
+    return float(line.split()[-1])
 
 
 def _start(c: Client, key: str) -> P.ReplicaDesc:
@@ -69,6 +81,7 @@ def test_a_stale_writer_is_refused_and_the_new_put_survives(pool: str) -> None:
         Client(ClientConfig(master=pool)) as other,
     ):
         stale = _reused(pool, writer, other, "k1")
+        refused = _refused()
         with pytest.raises(TransferError, match="newer allocation"):
             writer.engine.write(stale.segment, stale.offset, b"\xaa" * SIZE, fence=stale.fence)
         # the put path sends the fence too: one value (the engine's inline path), a staged
@@ -82,6 +95,7 @@ def test_a_stale_writer_is_refused_and_the_new_put_survives(pool: str) -> None:
             failed = writer._write_all(writes, None)
             assert sorted(failed) == sorted({k for k, _, _ in writes}), failed
         assert other.get("k1-b") == b"\xbb" * SIZE
+        assert _refused() >= refused + 3  # counted by the node (its metrics)
 
 
 def test_without_its_fence_the_same_write_destroys_the_new_put(pool: str) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kvcake.store.verify import FAILURES
@@ -35,6 +35,12 @@ class _NodeCollector(Collector):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], float(value))
             yield g
+        refused = n.client.engine.server.fences.refused if n.client is not None else 0
+        yield CounterMetricFamily(
+            "kvcake_store_node_stale_writes_refused",
+            "writes refused by their fence: a stale writer's (docs/store.md, Write fences)",
+            value=refused,
+        )
 
 
 class NodeMetrics:
