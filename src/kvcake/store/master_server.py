@@ -194,10 +194,11 @@ class MasterHandlers:
         cid = ClientId(m.client)
         start = self.state.put_start
         host, opts, upsert, tenant = m.host, m.options, m.upsert, m.tenant
+        fence = self.state.new_fence()  # one per request: a batch's writes go as one frame
         results = []
         for key, size in zip(m.keys, m.sizes, strict=True):
             try:
-                reps = start(cid, host, key, size, opts, upsert, tenant)
+                reps = start(cid, host, key, size, opts, upsert, tenant, fence)
                 results.append(P.KeyResult(0, size, reps))
             except StoreError as exc:
                 results.append(P.KeyResult(exc.code, message=str(exc)))

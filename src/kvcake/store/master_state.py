@@ -158,14 +158,22 @@ class MasterState:
         opts: PutOptions = PutOptions(),
         upsert: bool = False,
         tenant: str = "",
+        fence: int = 0,
     ) -> list[ReplicaDesc]:
         """Allocate replicas for ``key`` (status PROCESSING) and return where to write them.
-        A put that would take ``tenant`` past its quota is refused before any allocation."""
+        A put that would take ``tenant`` past its quota is refused before any allocation.
+        ``fence``: its ranges' write fence (:meth:`new_fence`: one per request; 0: a new one)."""
         okey = check_key(key)
         check_put(self.cfg, size, opts, tenant)
         with self.lock:
             self.parts.clients.touch(client, host)
-            return self.parts.writes.put_start(client, host, okey, size, opts, upsert, tenant)
+            writes = self.parts.writes
+            return writes.put_start(client, host, okey, size, opts, upsert, tenant, fence)
+
+    def new_fence(self) -> int:
+        """A write fence for one request's allocations (store/fences.py)."""
+        with self.lock:
+            return self.parts.segs.fences.next()
 
     def put_end(self, client: ClientId, key: str, sums: list[int] | None = None) -> None:
         """``sums``: the writer's checksums of the value (None or [] = none); malformed ones

@@ -49,11 +49,11 @@ class SegmentTable:
         if not any(s.client == seg.client for s in self.segments.values()):
             self.fences.forget(seg.client)
 
-    def fence(self, reps: list[Replica]) -> None:
-        """Give the memory ranges of ``reps`` (one request's) a new fence; a range that
-        overlaps one a stale writer may still write into is noted for its owner
+    def fence(self, reps: list[Replica], fence: int = 0) -> None:
+        """Give the memory ranges of ``reps`` the request's ``fence`` (0: a new one); a range
+        that overlaps one a stale writer may still write into is noted for its owner
         (store/fences.py)."""
-        fence = self.fences.next()
+        fence = fence or self.fences.next()
         for rep in reps:
             seg = self.segments.get(rep.segment)
             if rep.tier is MEMORY and seg is not None:

@@ -97,20 +97,22 @@ class Writes:
         opts: PutOptions,
         upsert: bool,
         tenant: str,
+        fence: int = 0,
     ) -> list[ReplicaDesc]:
-        """Allocate replicas for ``okey`` (status PROCESSING); arguments already checked."""
+        """Allocate replicas for ``okey`` (status PROCESSING); arguments already checked.
+        ``fence``: the request's write fence (0: a new one)."""
         obj = self.objects.get(okey)
         if obj is not None:
             reuse = self._replace(obj, client, size, upsert)
             if reuse is not None:
                 self._apply_pins(reuse, opts)
                 self.files.reserve(reuse)
-                self.segs.fence(reuse.replicas)  # a new writer: the old one's writes are stale
+                self.segs.fence(reuse.replicas, fence)  # a new writer: the old one's are stale
                 self.changes.writing(okey, size)  # rewritten in place: its ranges are held
                 return [self.segs.describe(r) for r in reuse.replicas]
         self.tenants.admit(tenant, size)  # before _place: never evict for an over-quota put
         reps = self._place(size, opts, host)
-        self.segs.fence(reps)
+        self.segs.fence(reps, fence)
         obj = ObjectMeta(okey, size, Status.PROCESSING, client, self.clock(), reps)
         obj.tenant = tenant
         self.tenants.charge(tenant, size)
