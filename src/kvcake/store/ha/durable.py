@@ -11,6 +11,7 @@ every later mutating reply into ``RpcFailed`` (-900; clients retry elsewhere) an
 from __future__ import annotations
 
 import logging
+import time
 
 import msgspec
 
@@ -79,6 +80,7 @@ class DurableMaster(Master):
         self.jstate: JournaledState = self.state
         self.oplog = oplog
         self.failover_s = 0.0  # HA: a failover's length (the election lease TTL)
+        self.floor_wait_s = 0.0  # how long start() waited for the fence floor to be durable
         handlers = self.rpc.handlers
         plain = handlers.dispatch
         jstate = self.jstate
@@ -115,7 +117,9 @@ class DurableMaster(Master):
                 info.last_seen = seen
             floor = self.jstate.parts.segs.fences.base
         # Durable before any fence is handed out: the next leader starts above it (fences.py).
+        t0 = time.monotonic()
         self.oplog.wait(self.oplog.append([FenceRec(floor)]))
+        self.floor_wait_s = time.monotonic() - t0
         super().start()
 
     def stop(self) -> None:

@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 from kvcake.store.config import MasterConfig
@@ -107,19 +108,29 @@ class HaMaster:
             commit_siblings=self.ha.commit_siblings,
         )
         oplog.on_failure = lambda exc: self._term_over.set()
+        t0 = time.monotonic()
         view = oplog.load()
+        t1 = time.monotonic()
         master = DurableMaster(self.cfg, view, oplog, self.ha.cluster)
+        t2 = time.monotonic()
         master.leadership = self.election  # every reply checks the lease, carries the term
         master.failover_s = self.ha.ha_lease_ttl_s  # the inherited clients' grace includes it
         try:
             master.start()
+            t3 = time.monotonic()
             info = LeaderInfo(self.name, master.rpc_address, master.http_address)
             if not self.election.announce(info):
                 raise RuntimeError("lost the leader key before announcing")
         except BaseException:
             master.stop()
             raise
-        log.warning("ha: replayed %d segments, %d objects", len(view.segments), len(view.objects))
+        # Each step's time: a slow take-over says where it went (docs/benchmarks.md, "Nemesis").
+        log.warning(
+            "ha: replayed %d segments, %d objects in %.2fs (log %.2fs, state %.2fs, start %.2fs"
+            " of which the fence floor %.2fs, announce %.2fs)",
+            len(view.segments), len(view.objects), time.monotonic() - t0, t1 - t0, t2 - t1,
+            t3 - t2, master.floor_wait_s, time.monotonic() - t3,
+        )  # fmt: skip
         return master
 
 
