@@ -209,5 +209,8 @@ def test_fences_only_grow_across_restarts_and_leaders() -> None:
     notes.note("n1", ("s", 10, 10, 6))  # type: ignore[arg-type]
     assert notes.take("n1", 5) == [("s", 10, 10, 6)]  # type: ignore[arg-type]
     assert notes.take("n1", 6) == [] and notes.pending() == 0  # type: ignore[arg-type]
+    notes.note("n1", ("s", 0, 10, 9))  # type: ignore[arg-type]
+    notes.note("n1", ("s", 10, 10, 8))  # type: ignore[arg-type]  # (taken first, noted last)
+    assert [n[3] for n in notes.take("n1", 0)] == [8, 9]  # type: ignore[arg-type]
     assert write_deadline(10.0, 0) == float("inf")  # a master that sets no lease
     assert write_deadline(10.0, 2000) == pytest.approx(11.9)

@@ -34,6 +34,7 @@ state lock held.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 
@@ -107,10 +108,15 @@ class Fences:
         return hit
 
     def note(self, owner: ClientId, note: Note) -> None:
+        """Queue ``note`` in fence order: an owner acknowledges the highest fence it applied,
+        which must not drop a lower one it was not sent yet (two requests' fences are taken
+        in one order and their allocations may be noted in the other)."""
         notes = self._notes.get(owner)
         if notes is None:
             notes = self._notes[owner] = deque(maxlen=MAX_NOTES)
-        notes.append(note)
+        if len(notes) == MAX_NOTES:
+            notes.popleft()  # the oldest goes unnoted (module docstring: bounds)
+        notes.insert(bisect.bisect_right(notes, note[3], key=lambda n: n[3]), note)
 
     def take(self, owner: ClientId, acked: int) -> list[Note]:
         """The notes for ``owner`` it has not acknowledged (``acked``: the highest fence it
