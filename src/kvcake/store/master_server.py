@@ -180,7 +180,7 @@ class MasterHandlers:
             m.existing_sums,
             m.host_id,
         )
-        _, floors = self.state.fence_notes(ClientId(m.client), 0)  # (its notes: by heartbeat)
+        floors = self.state.fence_floors(ClientId(m.client))  # (its notes come by heartbeat)
         ttl_ms = int(self.state.cfg.client_ttl_s * 1000)
         return P.Reply(rejected=rejected, client_ttl_ms=ttl_ms, floors=floors)
 

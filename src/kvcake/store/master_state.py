@@ -170,6 +170,11 @@ class MasterState:
             writes = self.parts.writes
             return writes.put_start(client, host, okey, size, opts, upsert, tenant, fence)
 
+    def fence_floors(self, client: ClientId) -> list[tuple[str, int]]:
+        """``client``'s segments' fence floors (store/fences.py): a mount's reply."""
+        with self.lock:
+            return self.parts.segs.floors(client)
+
     def new_fence(self) -> int:
         """A write fence for one request's allocations (store/fences.py)."""
         with self.lock:
