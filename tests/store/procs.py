@@ -9,7 +9,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,12 +34,21 @@ class Proc:
             return self.popen.wait(5)
 
 
-def spawn(command: str, *flags: str, ready: str, timeout: float = 30) -> Proc:
+def spawn(
+    command: str,
+    *flags: str,
+    ready: str,
+    timeout: float = 30,
+    wrap: Callable[[list[str]], list[str]] | None = None,
+    env: dict[str, str] | None = None,
+) -> Proc:
     """Start ``python -m kvcake <command> <flags>`` and wait for its ready line (``key=value``
-    pairs after the word ``ready``)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    pairs after the word ``ready``). ``wrap``: the command as run elsewhere (an emulated
+    host's ``Network.command``); ``env``: added to the environment."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    argv = [sys.executable, "-m", "kvcake", command, *flags]
     popen = subprocess.Popen(
-        [sys.executable, "-m", "kvcake", command, *flags],
+        wrap(argv) if wrap is not None else argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -56,8 +66,12 @@ def spawn(command: str, *flags: str, ready: str, timeout: float = 30) -> Proc:
                 proc.info = dict(re.findall(r"(\w+)=(\S*)", line))
                 got.set()
 
-    threading.Thread(target=pump, daemon=True).start()
-    if not got.wait(timeout):
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    while not got.wait(0.05) and reader.is_alive() and time.monotonic() < deadline:
+        pass  # (a process that exited without its line is reported at once, not at timeout)
+    if not got.is_set():
         with contextlib.suppress(ProcessLookupError):
             popen.kill()
         popen.wait(5)

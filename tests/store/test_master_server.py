@@ -97,6 +97,10 @@ def test_bad_requests_get_typed_errors(master_proc: Proc) -> None:
     r = conn.call(P.TaskDone("c", "offload", "never-existed", True))  # unknown task: harmless
     with pytest.raises(SegmentNotFound):
         conn.call(P.Unmount("c", "x"))
+    # a dead-predecessor report about garbage, the reporter itself, or an owner nobody knows
+    for owner in ("garbage", "", "h/1/x" * 1000, "c"):
+        with pytest.raises(InvalidParams, match="not known to have run"):
+            conn.call(P.OwnerGone("c", "host-id", owner))
     conn.close()
     _alive(master_proc.info["rpc"])
 

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +26,7 @@ from kvcake.store.fences import Fences
 from kvcake.store.master_server import MasterHandlers
 from kvcake.store.master_state import MasterState
 from kvcake.store.metadata import Status
-from kvcake.store.owners import ReleasingBackend, pid_of, process_gone, process_of
+from kvcake.store.owners import ReleasingBackend, Successors, pid_of, process_gone, process_of
 from kvcake.transfer.errors import SegmentExists
 from kvcake.transfer.metadata import SegEntry
 from kvcake.transfer.registry import host_identity
@@ -252,6 +253,49 @@ def test_sigkilled_node_restarts_under_its_name(procs: Factory) -> None:
         assert not c.is_exist("before")  # the dead node's objects went with its segment
         c.put("after", b"y" * 1000)
         assert c.get_replica_desc("after").replicas[0].segment == "node-a"
+
+
+def test_node_restarted_while_its_predecessor_is_paused_waits_for_its_lease(
+    procs: Factory,
+) -> None:
+    """A paused predecessor is alive (its pid exists): its name is not taken from it. The new
+    node waits (--name-wait-s) until the master expired the silent predecessor, then mounts;
+    with no wait it is refused with Mooncake's SEGMENT_ALREADY_EXISTS message."""
+    master = procs("master", "--port", "0", "--http-port", "-1", "--client-ttl-s", "6")
+    rpc = master.info["rpc"]
+    flags = ("--master", rpc, "--segment-size", "4MiB", "--name", "node-a", "--http-port", "-1")
+    old = procs("store-server", *flags)
+    old.popen.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="which is alive|already owned"):
+            procs("store-server", *flags, "--name-wait-s", "0")
+        new = procs("store-server", *flags, "--name-wait-s", "30")
+        waited = time.monotonic() - t0
+        assert 5.0 < waited < 25, waited  # until the predecessor's 6 s lease ran out
+        assert any("waiting for its lease" in line for line in new.lines), new.lines
+        with Client(master=rpc) as c:
+            c.put("after", b"y" * 1000)
+            assert c.get_replica_desc("after").replicas[0].segment == "node-a"
+    finally:
+        old.popen.send_signal(signal.SIGCONT)
+
+
+def test_successors_believe_only_reports_about_their_own_host() -> None:
+    """P.OwnerGone is believed only about an owner the master knows ran on the reporter's
+    host, and never about the reporter's own process."""
+    known = {"10.0.0.5/41/aa": "host-b"}
+    s = Successors(known.get, bound=2)
+    assert not s.report("10.0.0.5/77/bb", "host-c", "10.0.0.5/41/aa")  # another host's
+    assert not s.report("10.0.0.5/77/bb", "host-b", "10.0.0.9/50/cc")  # nowhere known
+    assert not s.report("10.0.0.5/41/bb", "host-b", "10.0.0.5/41/aa")  # its own process
+    assert not s.report("10.0.0.5/77/bb", "", "10.0.0.5/41/aa")
+    assert "10.0.0.5/41/aa" not in s
+    assert s.report("10.0.0.5/77/bb", "host-b", "10.0.0.5/41/aa")
+    assert "10.0.0.5/41/aa" in s
+    known.update({"h/1/x": "host-b", "h/2/x": "host-b"})
+    assert s.report("r/9/z", "host-b", "h/1/x") and s.report("r/9/z", "host-b", "h/2/x")
+    assert "10.0.0.5/41/aa" not in s and "h/2/x" in s  # bounded: the oldest went first
 
 
 def test_node_killed_before_it_rejoined_a_restarted_master(procs: Factory, tmp_path) -> None:

@@ -43,12 +43,13 @@ from kvcake.store.landing import LandingSums
 from kvcake.store.liveness import DEFAULT_CLIENT_TTL_S, Heartbeater, call_deadline_s
 from kvcake.store.memtune import tune_malloc
 from kvcake.store.netreads import Scratch
+from kvcake.store.owners import dead_here
 from kvcake.store.reads import ReadPath, byte_view
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
 from kvcake.store.verify import write_summing
 from kvcake.transfer.engine import TransferEngine
-from kvcake.transfer.errors import DirectoryUnreachable
+from kvcake.transfer.errors import DirectoryUnreachable, TransferError
 from kvcake.transfer.metadata import DirectoryClient
 from kvcake.transfer.registry import host_identity
 from kvcake.transfer.segments import BufferLike
@@ -138,6 +139,7 @@ class Client:
                 # client's segment "host:port" after its engine's port).
                 name = name.replace("{port}", self.engine.addresses[0].rsplit(":", 1)[1])
                 size = self.cfg.segment_size
+                self._report_dead_holder(name)
                 self.segments[name] = self._through_failover(
                     lambda: self.engine.allocate_segment(name, size)
                 )
@@ -179,6 +181,23 @@ class Client:
         return call_deadline_s(client_ttl_s, cfg.rpc_timeout_s, cfg.master_call_timeout_s)
 
     # --- segments -----------------------------------------------------------------------------
+
+    def _report_dead_holder(self, name: str) -> None:
+        """A node restarted at once after a SIGKILL finds its name still held by its dead
+        predecessor. A master on another host cannot check that pid; this process can, on its
+        own host: it tells the master (``P.OwnerGone``; store/owners.py), which then frees the
+        name at once instead of after the predecessor's lease (StoreServer waits for that)."""
+        directory = self.engine.directory
+        if directory is None:
+            return
+        try:
+            holder = directory.lookup(name)
+        except TransferError:  # no holder (the usual case), or no directory to ask
+            return
+        if dead_here(holder.owner, holder.host_id, self.id):
+            with contextlib.suppress(StoreError):  # not believed: the lease's expiry frees it
+                self.conn.call(P.OwnerGone(self.id, host_identity(), holder.owner))
+                log.warning("store client %s: %r was held by %s, gone", self.id, name, holder.owner)
 
     def _mount(self, name: str) -> None:
         cap = self.segments[name].nbytes

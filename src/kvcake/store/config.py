@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvcake.core.config import require, size_field
@@ -175,9 +175,18 @@ class StoreServerConfig:
     # of the master's client TTL): a frozen leader must not hold the node's heartbeat until
     # the new leader expired it.
     master_call_timeout_s: float = 0.0
+    name_wait_s: float = field(
+        default=60.0,
+        metadata={
+            "help": "seconds a node restarted under its --name waits for the name's previous "
+            "holder to be released (it is at once when that holder ran on this host and is "
+            "gone; else when its lease, the master's client TTL, expires)"
+        },
+    )
 
     def __post_init__(self) -> None:
         require(":" in self.master, f"store.master must be host:port, got {self.master!r}")
+        require(0 <= self.name_wait_s <= 3600, "store.name_wait_s must be in [0, 3600]")
         require(
             0 <= self.master_call_timeout_s <= 3600,
             "store.master_call_timeout_s must be in [0, 3600]",

@@ -8,6 +8,7 @@ from kvcake.core.errors import StoreError as StoreError  # re-exported: the stor
 OK = 0
 INTERNAL_ERROR = -1
 SEGMENT_NOT_FOUND = -101
+SEGMENT_ALREADY_EXISTS = -102
 CLIENT_NOT_FOUND = -103
 NO_AVAILABLE_HANDLE = -200
 INVALID_KEY = -400
@@ -34,6 +35,13 @@ class InternalError(StoreError):
 
 class SegmentNotFound(InternalError):
     default_code = SEGMENT_NOT_FOUND
+
+
+class SegmentAlreadyExists(InternalError):
+    """A segment of that name is mounted by another client the master believes alive (its
+    lease holds, and no pid check or same-host successor said it died). Mooncake's -102."""
+
+    default_code = SEGMENT_ALREADY_EXISTS
 
 
 class NoSpace(InternalError):
@@ -116,6 +124,7 @@ _BY_CODE: dict[int, type[InternalError]] = {
     for c in (
         InternalError,
         SegmentNotFound,
+        SegmentAlreadyExists,
         NoSpace,
         SpacePending,
         QuotaExceeded,

@@ -20,7 +20,7 @@ from kvcake.store.changes import Changes
 from kvcake.store.clients import ClientTable
 from kvcake.store.config import MasterConfig
 from kvcake.store.dedup import DedupTable
-from kvcake.store.errors import InvalidParams
+from kvcake.store.errors import InvalidParams, SegmentAlreadyExists
 from kvcake.store.events import EventLog
 from kvcake.store.filetier import FILE_SEGMENT, FileTier
 from kvcake.store.metadata import ObjectMeta, Replica, Segment, Status, Tier
@@ -84,7 +84,7 @@ class Membership:
             self.drop_client(seg.client)
             seg = None
         if seg is not None and seg.client != client:
-            raise InvalidParams(
+            raise SegmentAlreadyExists(
                 f"segment {name!r} is mounted by another client ({seg.client}), which is alive"
             )
         rejected: list[str] = []

@@ -9,6 +9,13 @@ engine of the same ``<hostname>/<pid>``): when the master expires the process's 
 client, :meth:`ReleasingBackend.delete_process` drops their entries too. That is what frees an
 instance's names on *another* host, where no pid can be checked. A live owner is never
 released: a reused pid makes a dead owner look alive (safe side), never the reverse.
+
+A master on another host than a restarted node cannot check its predecessor's pid, and without
+help refuses the name until the predecessor's lease expires (``client_ttl_s``). The successor
+can check it -- it runs on the same host -- and says so (``OwnerGone``); :class:`Successors`
+believes it only about an owner known to have run on the reporter's own host. That assumes the
+processes of one host identity share one pid namespace (containers of one host get their own
+hostname, and so their own identity).
 """
 
 from __future__ import annotations
@@ -31,6 +38,43 @@ def pid_of(owner: str) -> int | None:
     if len(parts) < 3 or not parts[-2].isdigit():
         return None
     return int(parts[-2])
+
+
+def dead_here(owner: str, owner_host: str, me: str) -> bool:
+    """Whether ``owner`` (which ran on ``owner_host``), another process than ``me`` (both owner
+    ids), ran on this host and is gone: what a successor checks before it reports its
+    predecessor (``P.OwnerGone``)."""
+    return process_of(owner) != process_of(me) and process_gone(owner, owner_host)
+
+
+class Successors:
+    """Owners reported gone by a successor on their own host (``P.OwnerGone``), believed only
+    when ``host_of(owner)`` -- where the master knows the owner ran -- is the reporter's host.
+    Bounded (the oldest reports are forgotten first); thread safe."""
+
+    def __init__(self, host_of: Callable[[str], str | None], bound: int = 4096):
+        self._host_of = host_of
+        self._gone: OrderedDict[str, None] = OrderedDict()
+        self._bound = bound
+        self._lock = threading.Lock()
+
+    def report(self, reporter: str, host_id: str, owner: str) -> bool:
+        """Take the report; False (nothing believed) when ``owner`` is not known to have run on
+        ``host_id``, or is the reporter's own process."""
+        if not host_id or process_of(owner) is None or process_of(owner) == process_of(reporter):
+            return False
+        if self._host_of(owner) != host_id:
+            return False
+        with self._lock:
+            self._gone[owner] = None
+            self._gone.move_to_end(owner)
+            while len(self._gone) > self._bound:
+                self._gone.popitem(last=False)
+        return True
+
+    def __contains__(self, owner: object) -> bool:
+        with self._lock:
+            return owner in self._gone
 
 
 def process_of(owner: str) -> str | None:

@@ -196,6 +196,19 @@ class ReplicaDrop(msgspec.Struct, tag=True):
     rid: ReqId | None = None  # set by MasterConnection; None = not deduplicated
 
 
+class OwnerGone(msgspec.Struct, tag=True):
+    """``client``, starting on the host ``host_id`` (``transfer.registry.host_identity``),
+    found that ``owner`` -- the holder of a segment name it is about to take -- ran on this
+    same host and its process is gone (a node SIGKILLed and restarted at once). A master on
+    another host cannot check that pid itself; it believes the claim only when ``owner`` is
+    known to have run on ``host_id``, and then releases the owner's names as if its lease had
+    expired (docs/store.md, "A restarted node"). Idempotent: not deduplicated."""
+
+    client: str
+    host_id: str
+    owner: str
+
+
 class ReplicaBad(msgspec.Struct, tag=True):
     """A reader found the replica of ``key`` at ``segment``/``offset`` failing ``sums`` (the
     checksums it verified against): the master drops exactly that replica if the object still
@@ -247,6 +260,7 @@ Request = (
     | ReplicaCopyEnd
     | ReplicaDrop
     | ReplicaBad
+    | OwnerGone
 )
 
 # --- replies ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 
 from kvcake.core import auth as _auth
 from kvcake.core.errors import KvcakeError
@@ -19,13 +20,16 @@ from kvcake.store import protocol as P
 from kvcake.store.client import Client
 from kvcake.store.config import ClientConfig, StoreServerConfig
 from kvcake.store.disk import DiskService, DiskTier
-from kvcake.store.errors import ChecksumMismatch
+from kvcake.store.errors import ChecksumMismatch, SegmentAlreadyExists
 from kvcake.store.server_http import NodeMetrics, build_app
 from kvcake.store.verify import integrity_failed, report_bad
+from kvcake.transfer.errors import SegmentExists
 from kvcake.transfer.registry import host_identity
 
 log = logging.getLogger(__name__)
 POLL_S = 0.02
+NAME_RETRY_S = 0.5  # a held name is asked for again this often (store-server --name-wait-s)
+NAME_SAY_S = 5.0  # and the wait said this often
 
 
 class StoreServer:
@@ -69,7 +73,7 @@ class StoreServer:
                 self.disk, self.cfg.hostname, self.cfg.disk_port, self.auth
             )
             self.disk_service.start()
-        self.client = Client(ccfg, segment_name=self.segment_name, auth=self.auth or _auth.DISABLED)
+        self.client = self._connect(ccfg)
         if self.disk is not None:
             self._mount_disk(self.disk.scan())
             self.client.remount_hooks.append(lambda: self._mount_disk(self._disk_copies()))
@@ -83,6 +87,29 @@ class StoreServer:
                 self.auth,
             )
             self.http.start()
+
+    def _connect(self, ccfg: ClientConfig) -> Client:
+        """The node's store client. A name still held by a predecessor the master believes
+        alive (one on another host than the master, whose pid it cannot check, before its
+        lease expired) is asked for again until ``name_wait_s`` has passed."""
+        deadline = time.monotonic() + self.cfg.name_wait_s
+        said = 0.0
+        while True:
+            try:
+                return Client(
+                    ccfg, segment_name=self.segment_name, auth=self.auth or _auth.DISABLED
+                )
+            except (SegmentExists, SegmentAlreadyExists) as exc:
+                now = time.monotonic()
+                if now >= deadline:
+                    raise
+                if now - said >= NAME_SAY_S:
+                    said = now
+                    log.warning(
+                        "store-server: %s; waiting for its lease to expire (%.0f s left of "
+                        "--name-wait-s)", exc, deadline - now,
+                    )  # fmt: skip
+                time.sleep(NAME_RETRY_S)
 
     def _disk_copies(self) -> list[tuple[str, int, list[int]]]:
         if self.disk is None:
