@@ -58,7 +58,8 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
              f"{sum(r['lost_objects'] for r in results)} (excused by dead nodes "
              f"{sum(r['excused_losses'] for r in results)}), reads that found an acknowledged "
              f"object gone {sum(r.get('vanished_reads', 0) for r in results)}, evicted "
-             f"{sum(r['evicted'] for r in results)}",
+             f"{sum(r['evicted'] for r in results)}; storage nodes down at the end "
+             f"{sum(len(r.get('stores_down', [])) for r in results)}",
              f"{'fault':22s} {'n':>3s} {'outage p50':>10s} {'p95':>6s} {'max':>6s}   "
              f"{'first answer p50':>16s} {'max':>6s}"]  # fmt: skip
     leader = [g for k, v in gaps.items() if "leader" in k for g in v]
@@ -128,7 +129,8 @@ def main() -> int:
         say(f"  seed {seed}: {r['ops']} calls in {time.monotonic() - t:.0f} s, wrong reads "
             f"{r['wrong_reads']}, lost {r['lost_objects']} (excused {r['excused_losses']}), "
             f"vanished {r['vanished_reads']}, "
-            f"evicted {r['evicted']} ({r['eviction_scrapes']} reads of the counters)")  # fmt: skip
+            f"evicted {r['evicted']} ({r['eviction_scrapes']} reads of the counters), "
+            f"storage nodes down at the end {r.get('stores_down', [])}")  # fmt: skip
         for p in r["problems"][:5]:
             say(f"    {p['kind']} {p['key']}: {p['detail']}")
     lines = summary(results)

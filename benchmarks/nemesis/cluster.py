@@ -176,6 +176,14 @@ class Cluster:
                 preexec_fn=die_with_parent,
             )  # fmt: skip
 
+    def stores_down(self) -> list[str]:
+        """Storage nodes not serving at the end: exited, or never ready since their last
+        (re)start -- a restarted node that did not get its name back (docs/store.md, "A
+        restarted node"). The run goes on without them (a killed node counts as dead)."""
+        return [n for n in self.stores
+                if self.procs[n].popen is None or self.procs[n].popen.poll() is not None
+                or "store-server segment=" not in self.procs[n].log.read_text(errors="replace")]  # fmt: skip
+
     def wait_ready(self, p: Proc, ready: str, timeout: float = 120) -> None:
         self.wait(lambda: ready in p.log.read_text(errors="replace"), timeout,
                   f"{p.name} did not start", p)  # fmt: skip

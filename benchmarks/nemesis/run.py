@@ -79,12 +79,13 @@ def run_schedule(s: Settings, run: Path, duration_s: float, netns: bool, max_hol
         t_end = time.monotonic()
         final = final_read(cl, say)
         cl.scrape_evictions()
-        evicted = {"evicted": sum(cl.evicted.values()), "eviction_scrapes": cl.scrapes}
+        evicted = {"evicted": sum(cl.evicted.values()), "eviction_scrapes": cl.scrapes,
+                   "stores_down": cl.stores_down()}  # fmt: skip
     return evaluate(run, s, faults, final, t_end - t_start, t_end, evicted, netns)
 
 
 def evaluate(run: Path, s: Settings, faults: list[Fault], final: dict[str, Any],
-             seconds: float, t_end: float, evicted: dict[str, int], netns: bool) -> dict[str, Any]:  # fmt: skip
+             seconds: float, t_end: float, evicted: dict[str, Any], netns: bool) -> dict[str, Any]:  # fmt: skip
     ops = checker.load_history(sorted(run.glob("hist-*.jsonl")))
     wrong = checker.wrong_reads(ops)
     stores = [f"s{i}" for i in range(s.stores)]
@@ -125,6 +126,7 @@ def recheck(run: Path) -> dict[str, Any]:
         final[rec["k"]] = rec["read"]
     ops = checker.load_history(sorted(run.glob("hist-*.jsonl")))
     t_end = old.get("t_end") or max(o.complete for o in ops if o.complete < float("inf"))
-    evicted = {"evicted": old["evicted"], "eviction_scrapes": old.get("eviction_scrapes", 0)}
+    evicted = {"evicted": old["evicted"], "eviction_scrapes": old.get("eviction_scrapes", 0),
+               "stores_down": old.get("stores_down", [])}  # fmt: skip
     s = Settings(seed=old["seed"])
     return evaluate(run, s, faults, final, old["seconds"], t_end, evicted, old["netns"])

@@ -44,6 +44,7 @@ def test_seeded_schedule_reads_no_wrong_bytes_and_loses_no_acknowledged_object(
     assert res["lost_objects"] == 0, problems
     assert res["vanished_reads"] == 0, problems  # (b) during the run: gone, then rewritten
     assert res["evicted"] == 0 and res["eviction_scrapes"] > 0  # the counters were read
+    assert res["stores_down"] == [], "a restarted storage node did not come back"  # (healing)
     # The run did something: faults were injected, and calls of every kind were answered.
     assert len(res["faults"]) >= 3
     counts = res["counts"]
