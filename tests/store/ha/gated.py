@@ -20,15 +20,16 @@ class GatedLog(GroupCommitLog):
         self.entries: list[tuple[int, list[Record]]] = []
         self.writer_threads: set[str] = set()
 
-    def _read_all(self) -> tuple[Snapshot | None, list[tuple[int, list[Record]]]]:
-        return None, []
+    def _read_all(self) -> tuple[Snapshot | None, list[tuple[int, list[Record]]], int]:
+        return None, [], 0
 
-    def _write_entry(self, number: int, records: list[Record]) -> None:
+    def _write_entry(self, number: int, records: list[Record]) -> int:
         self.writer_threads.add(threading.current_thread().name)
         assert self.gate.wait(10)
         if self.broken:
             raise OSError("storage gone")
         self.entries.append((number, records))
+        return 0
 
     def _write_snapshot(self, snap: Snapshot) -> None:
         pass

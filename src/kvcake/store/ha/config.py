@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvcake.core.config import require
+from kvcake.core.config import require, size_field
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,11 @@ class HaConfig:
     snapshot_every: int = field(
         default=20_000,
         metadata={"help": "logged records between two snapshots (each compacts etcd's history)"},
+    )
+    snapshot_bytes: int = size_field(
+        "8MiB",
+        "a snapshot also once the log since the last one holds this many bytes (what a "
+        "take-over reads: ~50 ms a MiB from etcd here)",
     )
     # etcd transactions in flight. 1 measured best (benchmarks/ha_bench.py, 16 clients: 851-930
     # vs 613-651 put/s at 4): one transaction at a time gathers ~2x the records each.
@@ -68,6 +73,7 @@ class HaConfig:
         )
         require(2 <= self.ha_lease_ttl_s <= 60, "ha.ha_lease_ttl_s must be in [2, 60]")
         require(self.snapshot_every >= 100, "ha.snapshot_every must be >= 100")
+        require(self.snapshot_bytes >= 1 << 16, "ha.snapshot_bytes must be >= 64KiB")
         require(1 <= self.commit_depth <= 16, "ha.commit_depth must be in [1, 16]")
         require(0 <= self.commit_delay_us <= 100_000, "ha.commit_delay_us must be in [0, 100000]")
         require(1 <= self.commit_siblings <= 1024, "ha.commit_siblings must be in [1, 1024]")

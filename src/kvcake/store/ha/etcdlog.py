@@ -61,7 +61,7 @@ class EtcdOpLog(GroupCommitLog):
     def _log_key(self, n: int) -> bytes:
         return self.root + b"log/%020d" % n
 
-    def _read_all(self) -> tuple[Snapshot | None, list[tuple[int, list[Record]]]]:
+    def _read_all(self) -> tuple[Snapshot | None, list[tuple[int, list[Record]]], int]:
         snap = None
         meta = self.etcd.get(self.root + b"snap/meta")
         if meta is not None:
@@ -72,9 +72,11 @@ class EtcdOpLog(GroupCommitLog):
             snap = decode_snapshot(b"".join(v for _, v in parts))
         entries = []
         prefix = self.root + b"log/"
+        nbytes = 0
         for key, value in self.etcd.get_prefix(prefix):
             entries.append((int(key[len(prefix) :]), decode_records(value)))
-        return snap, entries
+            nbytes += len(value)
+        return snap, entries, nbytes
 
     def _fenced(self, ops: list[dict[str, object]]) -> int:
         """Run ``ops`` if we still lead; returns etcd's revision after them."""
@@ -104,8 +106,10 @@ class EtcdOpLog(GroupCommitLog):
     def _truncate(self, first: int) -> None:
         self._fenced([op_delete(self._log_key(first), prefix_end(self.root + b"log/"))])
 
-    def _write_entry(self, number: int, records: list[Record]) -> None:
-        self._fenced([op_put(self._log_key(number), encode_records(records))])
+    def _write_entry(self, number: int, records: list[Record]) -> int:
+        data = encode_records(records)
+        self._fenced([op_put(self._log_key(number), data)])
+        return len(data)
 
     def _write_snapshot(self, snap: Snapshot) -> None:
         data = encode_snapshot(snap)

@@ -50,7 +50,7 @@ class FileOpLog(GroupCommitLog):
         self.snap_path = self.dir / "snapshot"
         self._fh: BinaryIO | None = None
 
-    def _read_all(self) -> tuple[Snapshot | None, list[tuple[int, list[Record]]]]:
+    def _read_all(self) -> tuple[Snapshot | None, list[tuple[int, list[Record]]], int]:
         snap = decode_snapshot(self.snap_path.read_bytes()) if self.snap_path.exists() else None
         entries: list[tuple[int, list[Record]]] = []
         data = self.log_path.read_bytes() if self.log_path.exists() else b""
@@ -72,14 +72,15 @@ class FileOpLog(GroupCommitLog):
         with open(self.log_path, "ab") as fh:
             fh.truncate(pos)
         self._fh = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the master's life)
-        return snap, entries
+        return snap, entries, pos
 
-    def _write_entry(self, number: int, records: list[Record]) -> None:
+    def _write_entry(self, number: int, records: list[Record]) -> int:
         assert self._fh is not None
         body = _ENC.encode((number, records))
         self._fh.write(_HEAD.pack(len(body), zlib.crc32(body)) + body)
         self._fh.flush()
         os.fsync(self._fh.fileno())
+        return _HEAD.size + len(body)
 
     def _write_snapshot(self, snap: Snapshot) -> None:
         tmp = self.snap_path.with_suffix(".tmp")

@@ -38,6 +38,7 @@ def open_state_dir(cfg: MasterConfig, ha: HaConfig) -> DurableMaster:
     """A master that logs to ``ha.state_dir`` and starts from what it holds (not started)."""
     assert ha.state_dir is not None
     oplog = FileOpLog(ha.state_dir, ha.snapshot_every, ha.commit_delay_us / 1e6, ha.commit_siblings)
+    oplog.snapshot_bytes = ha.snapshot_bytes
     view = oplog.load()
     log.warning(
         "master: state dir %s: %d segments, %d objects",
@@ -108,6 +109,7 @@ class HaMaster:
             commit_siblings=self.ha.commit_siblings,
         )
         oplog.on_failure = lambda exc: self._term_over.set()
+        oplog.snapshot_bytes = self.ha.snapshot_bytes
         t0 = time.monotonic()
         view = oplog.load()
         t1 = time.monotonic()

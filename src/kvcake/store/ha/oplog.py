@@ -28,6 +28,7 @@ from kvcake.store.ha.view import Record, Snapshot, View
 log = logging.getLogger(__name__)
 LINGER_S = 0.002  # a writer waits this long for more records before it gives its slot back
 MAX_ENTRY_RECORDS = 2048  # one log entry (one etcd txn / one file frame) stays well under 1 MiB
+SNAPSHOT_BYTES = 8 << 20  # also snapshot after this many logged bytes (ha.snapshot_bytes)
 GROUP_HISTORY = 64  # entries whose group sizes bound how many requests a gathering writer awaits
 
 
@@ -139,6 +140,11 @@ class GroupCommitLog(OpLog):
         self._dispatched = 0  # ticket at the end of the last dispatched batch
         self._snapshotting = False
         self._since_snapshot = 0
+        # A snapshot also once the entries since the last one hold this many bytes: a record
+        # that grows (a segment's held ranges while its puts keep failing) made every entry
+        # larger, and a take-over then read hundreds of MB (docs/benchmarks.md, "Nemesis").
+        self.snapshot_bytes = SNAPSHOT_BYTES
+        self._since_bytes = 0
         self._failed: Exception | None = None
         self.entries_written = 0  # statistics: entries, and seconds spent writing them
         self.write_s = 0.0
@@ -148,12 +154,13 @@ class GroupCommitLog(OpLog):
     # --- backend ------------------------------------------------------------------------------
 
     @abstractmethod
-    def _read_all(self) -> tuple[Snapshot | None, list[tuple[int, list[Record]]]]:
-        """The stored snapshot and the entries (number, records) in order."""
+    def _read_all(self) -> tuple[Snapshot | None, list[tuple[int, list[Record]]], int]:
+        """The stored snapshot, the entries (number, records) in order, and their bytes."""
 
     @abstractmethod
-    def _write_entry(self, number: int, records: list[Record]) -> None:
-        """Make one entry durable (raise LogFailed if fenced, another error if transient)."""
+    def _write_entry(self, number: int, records: list[Record]) -> int:
+        """Make one entry durable (raise LogFailed if fenced, another error if transient);
+        returns its size in bytes."""
 
     @abstractmethod
     def _write_snapshot(self, snap: Snapshot) -> None:
@@ -166,7 +173,7 @@ class GroupCommitLog(OpLog):
     # --- OpLog ---------------------------------------------------------------------------------
 
     def load(self) -> View:
-        snap, entries = self._read_all()
+        snap, entries, self._since_bytes = self._read_all()
         self.view = View.of(snap) if snap is not None else View()
         self._entry = self.view.seq
         for number, records in entries:
@@ -306,7 +313,7 @@ class GroupCommitLog(OpLog):
         number, batch, end = job
         t0 = time.perf_counter()
         try:
-            self._write_entry(number, batch)
+            nbytes = self._write_entry(number, batch)
         except Exception as exc:
             log.error("operation log: write failed, stepping down: %s", exc)
             self.fail(exc)
@@ -315,6 +322,7 @@ class GroupCommitLog(OpLog):
         with self._cv:
             self.entries_written += 1
             self.write_s += time.perf_counter() - t0
+            self._since_bytes += nbytes
             self._done[number] = (batch, end)
             while self._next in self._done:  # commit in order, whatever finished first
                 done, ticket = self._done.pop(self._next)
@@ -323,7 +331,8 @@ class GroupCommitLog(OpLog):
                 self._since_snapshot += len(done)
                 self._next += 1
             woken = self._claim_committed()
-            if self._since_snapshot >= self.snapshot_every and not self._snapshotting:
+            due = self._since_snapshot >= self.snapshot_every
+            if (due or self._since_bytes >= self.snapshot_bytes) and not self._snapshotting:
                 self._snapshotting = True
                 snap = self.view.snapshot()
         # Every reply first, then the wake-ups: a request thread woken early competes with
@@ -392,13 +401,14 @@ class GroupCommitLog(OpLog):
         try:
             self._write_snapshot(snap)
             with self._cv:
-                self._since_snapshot = 0
+                self._since_snapshot = self._since_bytes = 0
         except LogFailed as exc:
             self.fail(exc)
         except Exception:  # the log itself is intact: try again after more entries
             log.exception("operation log: snapshot failed")
             with self._cv:
                 self._since_snapshot = self.snapshot_every // 2
+                self._since_bytes = self.snapshot_bytes // 2
         finally:
             self._snapshotting = False
 
@@ -407,7 +417,7 @@ class GroupCommitLog(OpLog):
         self.wait(self.appended)
         with self._cv:
             self._write_snapshot(self.view.snapshot())
-            self._since_snapshot = 0
+            self._since_snapshot = self._since_bytes = 0
 
     def close(self) -> None:
         with self._cv:
