@@ -40,7 +40,7 @@ from kvcake.store.master_state import MasterState
 from kvcake.store.metadata import Tier
 from kvcake.store.metadata_http import MetadataKV
 from kvcake.store.metrics import MasterMetrics
-from kvcake.store.owners import ReleasingBackend, Successors, process_gone, process_of
+from kvcake.store.owners import OwnerWatch, ReleasingBackend, process_of
 from kvcake.store.rpc import BufferedFrames, send_msg
 from kvcake.store.vllm_events import BlockTable, VllmEventStream
 from kvcake.transfer.metadata import DirectoryService
@@ -393,16 +393,18 @@ class Master:
         # One shared secret for the RPC, the directory and the HTTP (None: the environment's).
         self.auth = auth = _auth.resolve(auth)
         # store/ha passes a factory of a journaled state rebuilt from its operation log.
-        self.state = state_factory(config, owner_dead=self._segment_owner_dead)
+        self.owners = OwnerWatch(
+            lambda c: self.state.lease_expired(ClientId(c)), lambda: self.state.segments
+        )
+        self.state = state_factory(config, owner_dead=self.owners.segment_owner_dead)
         self.metrics = MasterMetrics(self.state)
         if config.root_fs_dir is not None:
             mount_file_tier(self.state, config, cluster)
         self.directory: DirectoryService | None = None
-        self._owners: ReleasingBackend | None = None  # the directory's backend (host_of)
         if with_directory:
             # Lookups answer only while the lease holds, as the RPC does (store/leadership.py).
-            self._owners = backend = ReleasingBackend(
-                self._owner_gone, lambda: self.leadership.held()
+            self.owners.directory = backend = ReleasingBackend(
+                self.owners.holder_gone, lambda: self.leadership.held()
             )
             self.directory = DirectoryService(
                 config.host, config.directory_port, backend, auth or _auth.DISABLED
@@ -426,7 +428,6 @@ class Master:
             auth,
         )
         self.http: MasterHttp | None = None
-        self.successors = Successors(self._host_of)  # owners reported gone by their successor
         self.rpc.handlers.table[P.OwnerGone] = self._reported_gone
 
         self.metadata_kv = MetadataKV(self.directory.backend if self.directory else None)
@@ -486,35 +487,8 @@ class Master:
             self.http.start()
         self._housekeeper.start()
 
-    def _owner_gone(self, owner: str, host_id: str) -> bool:
-        """A directory name's holder is gone: its pid is gone on this host, its successor on
-        its own host said so, or it is a store client whose heartbeat lease expired."""
-        return (
-            process_gone(owner, host_id)
-            or owner in self.successors
-            or self.state.lease_expired(ClientId(owner))
-        )
-
-    def _segment_owner_dead(self, client: ClientId, segment: SegmentName) -> bool:
-        """The segment's owner ran on this host and its pid is gone, or its successor on its
-        own host said so. Its host comes from the directory or, before a restored owner
-        re-published there, from the segment record."""
-        if client in self.successors:
-            return True
-        host_id = self._owners.host_of(client) if self._owners is not None else None
-        seg = self.state.segments.get(segment)
-        host_id = host_id or (seg.host_id if seg is not None else None)
-        return bool(host_id) and process_gone(client, host_id or "")
-
-    def _host_of(self, owner: str) -> str | None:
-        """Where ``owner`` ran, as this master knows it: from the directory, else from a
-        segment it mounted (a replayed one, before it re-published)."""
-        known = self._owners.host_of(owner) if self._owners is not None else None
-        segs = list(self.state.segments.values())
-        return known or next((s.host_id for s in segs if s.client == owner and s.host_id), None)
-
     def _reported_gone(self, m: P.OwnerGone) -> P.Reply:
-        if not self.successors.report(m.client, m.host_id, m.owner):
+        if not self.owners.successors.report(m.client, m.host_id, m.owner):
             why = f"{m.owner!r} is not known to have run on the reporter's host {m.host_id!r}"
             return P.Reply(code=INVALID_PARAMS, message=why)
         log.warning(

@@ -24,8 +24,10 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+from kvcake.core.ids import ClientId, SegmentName
+from kvcake.store.metadata import Segment
 from kvcake.transfer.errors import DirectoryUnreachable, SegmentExists
 from kvcake.transfer.metadata import MemoryBackend, SegEntry
 from kvcake.transfer.registry import host_identity
@@ -75,6 +77,47 @@ class Successors:
     def __contains__(self, owner: object) -> bool:
         with self._lock:
             return owner in self._gone
+
+
+class OwnerWatch:
+    """The master's "is this holder gone?": its pid is gone on this host, its successor on its
+    own host said so (``successors``), or -- for a directory name -- it is a store client whose
+    heartbeat lease expired. Where an owner ran comes from the directory (``directory``, set
+    once the master has one) or, before a replayed owner re-published there, from the segment
+    it mounted."""
+
+    def __init__(
+        self,
+        lease_expired: Callable[[str], bool],
+        segments: Callable[[], Mapping[SegmentName, Segment]],
+    ):
+        self._lease_expired = lease_expired
+        self._segments = segments
+        self.directory: ReleasingBackend | None = None
+        self.successors = Successors(self.host_of)
+
+    def holder_gone(self, owner: str, host_id: str) -> bool:
+        """A directory name's holder (``ReleasingBackend``'s ``owner_gone``)."""
+        return (
+            process_gone(owner, host_id) or owner in self.successors or self._lease_expired(owner)
+        )
+
+    def segment_owner_dead(self, client: ClientId, segment: SegmentName) -> bool:
+        """A mounted segment's owner (the master state's ``owner_dead``)."""
+        if client in self.successors:
+            return True
+        seg = self._segments().get(segment)
+        host_id = self._directory_host(client) or (seg.host_id if seg is not None else None)
+        return bool(host_id) and process_gone(client, host_id or "")
+
+    def host_of(self, owner: str) -> str | None:
+        segs = list(self._segments().values())
+        return self._directory_host(owner) or next(
+            (s.host_id for s in segs if s.client == owner and s.host_id), None
+        )
+
+    def _directory_host(self, owner: str) -> str | None:
+        return self.directory.host_of(owner) if self.directory is not None else None
 
 
 def process_of(owner: str) -> str | None:
