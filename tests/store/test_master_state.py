@@ -13,6 +13,7 @@ from kvcake.store.errors import (
     ObjectHasLease,
     ObjectNotFound,
     ReplicaNotReady,
+    SegmentAlreadyExists,
 )
 from kvcake.store.master_state import MasterState
 from kvcake.store.metadata import Tier
@@ -265,7 +266,7 @@ def test_bad_input_is_typed() -> None:
         st.put_start(W, "h", "k", 1 << 62)
     with pytest.raises(InvalidParams):
         st.mount(A, "h", SegmentName("x"), -1)
-    with pytest.raises(InvalidParams):
+    with pytest.raises(SegmentAlreadyExists):  # Mooncake's -102
         st.mount(B, "h", SegmentName("seg0"), 100)  # someone else's segment name
     st.check()
 
