@@ -261,7 +261,8 @@ def test_node_restarted_while_its_predecessor_is_paused_waits_for_its_lease(
     """A paused predecessor is alive (its pid exists): its name is not taken from it. The new
     node waits (--name-wait-s) until the master expired the silent predecessor, then mounts;
     with no wait it is refused with Mooncake's SEGMENT_ALREADY_EXISTS message."""
-    master = procs("master", "--port", "0", "--http-port", "-1", "--client-ttl-s", "6")
+    # A lease long enough that both starts below begin inside it on a loaded machine.
+    master = procs("master", "--port", "0", "--http-port", "-1", "--client-ttl-s", "15")
     rpc = master.info["rpc"]
     flags = ("--master", rpc, "--segment-size", "4MiB", "--name", "node-a", "--http-port", "-1")
     old = procs("store-server", *flags)
@@ -272,7 +273,7 @@ def test_node_restarted_while_its_predecessor_is_paused_waits_for_its_lease(
             procs("store-server", *flags, "--name-wait-s", "0")
         new = procs("store-server", *flags, "--name-wait-s", "30")
         waited = time.monotonic() - t0
-        assert 5.0 < waited < 25, waited  # until the predecessor's 6 s lease ran out
+        assert 13.0 < waited < 45, waited  # until the predecessor's 15 s lease ran out
         assert any("waiting for its lease" in line for line in new.lines), new.lines
         with Client(master=rpc) as c:
             c.put("after", b"y" * 1000)
