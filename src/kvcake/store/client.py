@@ -139,7 +139,8 @@ class Client:
                 # client's segment "host:port" after its engine's port).
                 name = name.replace("{port}", self.engine.addresses[0].rsplit(":", 1)[1])
                 size = self.cfg.segment_size
-                self._report_dead_holder(name)
+                if segment_name:  # (a default name carries this client's id: never held)
+                    self._report_dead_holder(name)
                 self.segments[name] = self._through_failover(
                     lambda: self.engine.allocate_segment(name, size)
                 )
