@@ -266,8 +266,9 @@ def test_bad_input_is_typed() -> None:
         st.put_start(W, "h", "k", 1 << 62)
     with pytest.raises(InvalidParams):
         st.mount(A, "h", SegmentName("x"), -1)
-    with pytest.raises(SegmentAlreadyExists):  # Mooncake's -102
+    with pytest.raises(SegmentAlreadyExists) as refused:  # Mooncake's -102
         st.mount(B, "h", SegmentName("seg0"), 100)  # someone else's segment name
+    assert refused.value.holder is not None and refused.value.holder[0] == A  # (for a successor)
     st.check()
 
 

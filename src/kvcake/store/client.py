@@ -31,6 +31,7 @@ from kvcake.store.errors import (
     InvalidParams,
     NoSpace,
     RpcFailed,
+    SegmentAlreadyExists,
     SpacePending,
     TransferFailed,
     WriteLeaseExpired,
@@ -187,7 +188,9 @@ class Client:
         """A node restarted at once after a SIGKILL finds its name still held by its dead
         predecessor. A master on another host cannot check that pid; this process can, on its
         own host: it tells the master (``P.OwnerGone``; store/owners.py), which then frees the
-        name at once instead of after the predecessor's lease (StoreServer waits for that)."""
+        name at once instead of after the predecessor's lease (StoreServer waits for that).
+        Here the directory names the holder; after a leader change it may not (the new leader's
+        directory starts empty), and the refused mount names it instead (:meth:`_mount`)."""
         directory = self.engine.directory
         if directory is None:
             return
@@ -195,14 +198,31 @@ class Client:
             holder = directory.lookup(name)
         except TransferError:  # no holder (the usual case), or no directory to ask
             return
-        if dead_here(holder.owner, holder.host_id, self.id):
-            with contextlib.suppress(StoreError):  # not believed: the lease's expiry frees it
-                self.conn.call(P.OwnerGone(self.id, host_identity(), holder.owner))
-                log.warning("store client %s: %r was held by %s, gone", self.id, name, holder.owner)
+        self._report_if_gone(name, holder.owner, holder.host_id)
+
+    def _report_if_gone(self, name: str, owner: str, owner_host: str) -> bool:
+        """Tell the master ``owner`` is gone if it ran on this host and its pid is; whether
+        the master believed it."""
+        if not dead_here(owner, owner_host, self.id):
+            return False
+        try:
+            self.conn.call(P.OwnerGone(self.id, host_identity(), owner))
+        except StoreError:  # not believed: the lease's expiry frees it
+            return False
+        log.warning("store client %s: %r was held by %s, gone", self.id, name, owner)
+        return True
 
     def _mount(self, name: str) -> None:
         cap = self.segments[name].nbytes
-        reply = self.conn.call(P.Mount(self.id, self.host, name, cap, host_id=host_identity()))
+        mount = lambda: P.Mount(self.id, self.host, name, cap, host_id=host_identity())  # noqa: E731
+        try:
+            reply = self.conn.call(mount())
+        except SegmentAlreadyExists as exc:
+            if exc.holder is None or not self._report_if_gone(name, *exc.holder):
+                raise
+            # The master believed it: the name is free now. (A new request: the refused one's
+            # id would be answered from the master's dedup table.)
+            reply = self.conn.call(mount())
         self.engine.server.fences.floor(reply.floors)  # before any stale write lands (fences.py)
 
     def _remount(self) -> None:

@@ -42,6 +42,9 @@ class SegmentAlreadyExists(InternalError):
     lease holds, and no pid check or same-host successor said it died). Mooncake's -102."""
 
     default_code = SEGMENT_ALREADY_EXISTS
+    # (owner, host_id) of the name's holder, when the master said (a refused mount): what a
+    # restarted node checks before it reports its dead predecessor (store/owners.py)
+    holder: tuple[str, str] | None = None
 
 
 class NoSpace(InternalError):

@@ -29,7 +29,7 @@ from kvcake.store.config import MasterConfig
 from kvcake.store.dedup import StaleRequest
 from kvcake.store.deferred_reply import DeferredReply, ReplySender
 from kvcake.store.disk import close_gracefully
-from kvcake.store.errors import INTERNAL_ERROR, INVALID_PARAMS
+from kvcake.store.errors import INTERNAL_ERROR, INVALID_PARAMS, SegmentAlreadyExists
 from kvcake.store.events import EventPublisher
 from kvcake.store.events_policy import ecosystem_events_host, own_events_host
 from kvcake.store.filetier import default_quota
@@ -169,17 +169,20 @@ class MasterHandlers:
     def mount(self, m: P.Mount) -> P.Reply:
         if m.tier not in ("memory", "disk"):
             return P.Reply(code=INVALID_PARAMS, message=f"unknown tier {m.tier!r}")
-        rejected = self.state.mount(
-            ClientId(m.client),
-            m.host,
-            SegmentName(m.segment),
-            m.capacity,
-            Tier(m.tier),
-            m.endpoint,
-            m.existing,
-            m.existing_sums,
-            m.host_id,
-        )
+        try:
+            rejected = self.state.mount(
+                ClientId(m.client),
+                m.host,
+                SegmentName(m.segment),
+                m.capacity,
+                Tier(m.tier),
+                m.endpoint,
+                m.existing,
+                m.existing_sums,
+                m.host_id,
+            )
+        except SegmentAlreadyExists as exc:  # who holds it: a successor may know it is gone
+            return P.Reply(code=exc.code, message=str(exc), holder=list(exc.holder or ()))
         floors = self.state.fence_floors(ClientId(m.client))  # (its notes come by heartbeat)
         ttl_ms = int(self.state.cfg.client_ttl_s * 1000)
         return P.Reply(rejected=rejected, client_ttl_ms=ttl_ms, floors=floors)

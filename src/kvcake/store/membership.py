@@ -84,9 +84,11 @@ class Membership:
             self.drop_client(seg.client)
             seg = None
         if seg is not None and seg.client != client:
-            raise SegmentAlreadyExists(
+            refused = SegmentAlreadyExists(
                 f"segment {name!r} is mounted by another client ({seg.client}), which is alive"
             )
+            refused.holder = (seg.client, seg.host_id)
+            raise refused
         rejected: list[str] = []
         if seg is None:  # else an idempotent remount
             seg = Segment(name, client, host, tier, RangeAllocator(capacity), endpoint, host_id)

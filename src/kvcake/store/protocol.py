@@ -303,6 +303,9 @@ class Reply(msgspec.Struct, tag=True):
     # than that after it sent the request (store/fences.py, write_deadline)
     write_lease_ms: int = 0
     snapshot: StoreSnapshot | None = None  # KvSnapshot
+    # a refused mount (SegmentAlreadyExists): [owner, host_id] of the name's holder, so a
+    # successor on that host can check its pid (docs/store.md, "A restarted node")
+    holder: list[str] = []
     # The answering master's term (its etcd election revision; 0 without HA): a client drops
     # a reply from an older term than it has seen (docs/store.md, "Leader leases").
     term: int = 0

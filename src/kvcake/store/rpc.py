@@ -25,7 +25,7 @@ from kvcake.core import auth as _auth
 from kvcake.core import framing
 from kvcake.core.errors import FramingError, TruncatedFrame
 from kvcake.store import protocol as P
-from kvcake.store.errors import RpcFailed, Unauthorized, error_for
+from kvcake.store.errors import RpcFailed, SegmentAlreadyExists, Unauthorized, error_for
 from kvcake.transfer.stream import Poller
 
 # Replies can be large (a KvSnapshot of a big pool); requests are capped by the master.
@@ -243,7 +243,10 @@ class MasterConnection:
             raise error_for(reply.code, reply.message)
         assert isinstance(reply, P.Reply)
         if reply.code != 0:
-            raise error_for(reply.code, reply.message)
+            refused = error_for(reply.code, reply.message)
+            if isinstance(refused, SegmentAlreadyExists) and len(reply.holder) == 2:
+                refused.holder = (reply.holder[0], reply.holder[1])
+            raise refused
         return reply
 
     def _close_locked(self) -> None:
