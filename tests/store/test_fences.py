@@ -92,7 +92,7 @@ def test_a_stale_writer_is_refused_and_the_new_put_survives(pool: str) -> None:
             [("k1", bad, stale)],
             [("k1", bad[: SIZE // 2], stale), ("k1x", bad[: SIZE // 2], half)],
         ):
-            failed = writer._write_all(writes, None)
+            failed = writer.writes.write_all(writes, None)
             assert sorted(failed) == sorted({k for k, _, _ in writes}), failed
         assert other.get("k1-b") == b"\xbb" * SIZE
         assert _refused() >= refused + 3  # counted by the node (its metrics)
@@ -119,10 +119,12 @@ def test_a_same_host_writer_past_its_write_lease_copies_nothing(pool: str) -> No
         stale = _reused(pool, writer, other, "k3")  # (sleeps past the grace: the "pause")
         assert writer.engine.reads_by_mapping(stale.segment), "not a same-host copy"
         deadline = write_deadline(sent, int(GRACE_S * 1000))
-        failed = writer._write_all([("k3", memoryview(b"\xaa" * SIZE), stale)], None, deadline)
+        failed = writer.writes.write_all(
+            [("k3", memoryview(b"\xaa" * SIZE), stale)], None, deadline
+        )
         assert isinstance(failed.get("k3"), WriteLeaseExpired)
         assert other.get("k3-b") == b"\xbb" * SIZE
-        assert not writer._write_all([("k3", memoryview(b"\xaa" * SIZE), stale)], None)
+        assert not writer.writes.write_all([("k3", memoryview(b"\xaa" * SIZE), stale)], None)
         with pytest.raises(IntegrityError):
             other.get("k3-b")
 

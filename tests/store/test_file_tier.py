@@ -64,7 +64,7 @@ def test_puts_write_files_and_evicted_objects_read_back_exactly(
         keys = [f"k/{i}" for i in range(40)]  # 2.5x the memory segment
         for i, k in enumerate(keys):
             c.put(k, value(i))
-        assert c._writer is not None and c._writer.flush()
+        assert c.writes.writer is not None and c.writes.writer.flush()
         assert all(p.is_relative_to(tmp_path / "poolA") for p in files(m))
         wait_until(lambda: any(not o.memory() for o in m.state.objects.values()), every_s=0.02,
                    what="an object offloaded from memory")  # fmt: skip
@@ -90,7 +90,7 @@ def test_remove_deletes_the_file(live: tuple[Master, StoreServer]) -> None:
     with Client(ClientConfig(master=m.rpc_address)) as c:
         c.put("gone", value(1))
         c.put("kept", value(2))
-        assert c._writer is not None and c._writer.flush()
+        assert c.writes.writer is not None and c.writes.writer.flush()
         assert len(files(m)) == 2
         c.remove("gone")
         wait_until(lambda: len(files(m)) == 1, every_s=0.02, what="one file in the tier")
@@ -108,7 +108,7 @@ def test_missing_or_corrupt_file_is_a_typed_error(live: tuple[Master, StoreServe
         for k in ("missing", "flipped", "truncated", "swapped"):
             c.put(k, value(3))
         c.put("other", value(4))
-        assert c._writer is not None and c._writer.flush()
+        assert c.writes.writer is not None and c.writes.writer.flush()
         paths = {k: Path(file_only(c, k, node.segment_name).endpoint) for k in
                  ("missing", "flipped", "truncated", "swapped")}  # fmt: skip
         paths["missing"].unlink()
@@ -144,7 +144,7 @@ def test_malformed_input(tmp_path: Path, live: tuple[Master, StoreServer]) -> No
         with pytest.raises(InvalidParams, match="reserved"):
             c.conn.call(P.Mount(c.id, c.host, FILE_SEGMENT, 1 << 20))
         c.put("k", value(5))
-        assert c._writer is not None and c._writer.flush()
+        assert c.writes.writer is not None and c.writes.writer.flush()
         for bogus in (P.TaskDone(c.id, "persist", "k", True, offset=-1),
                       P.TaskDone(c.id, "persist", "nope", True, offset=0),
                       P.TaskDone("someone-else", "persist", "k", False, offset=0)):  # fmt: skip

@@ -250,7 +250,7 @@ def test_large_puts_sum_while_copying_and_get_the_same_sums(
     master (then they are in L2 for the copy), larger ones as they are copied (own segment, a
     mapped peer) or as each piece is sent (TCP), never in a pass of their own over memory:
     the master gets exactly core.integrity's sums either way."""
-    import kvcake.store.client as client_mod
+    import kvcake.store.puts as client_mod
 
     checksums_of = client_mod.integrity.checksums
     summed: list[str] = []

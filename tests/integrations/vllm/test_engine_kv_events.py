@@ -153,9 +153,11 @@ def test_saved_blocks_arrive_on_vllms_stream_in_its_wire_format(rig: Rig) -> Non
     assert [e.token_ids for e in mine] == [prompt[i * BS : (i + 1) * BS] for i in range(6)]
     assert {(e.block_size, e.lora_id, e.lora_name) for e in mine} == {(BS, None, None)}
     assert pooled(rig, prompt) == [True] * 6  # what the events announce is in the pool
-    # vLLM's own events for the same prompt: the same block boundaries, in its GPU medium.
+    # vLLM's own events for the same prompt: the same block boundaries, in its GPU medium
+    # (after the blocks of the probes that made sure the stream was live).
     gpu = [t for e in rig.stream.stored("GPU") for t in e.token_ids]
-    assert prompt[: 6 * BS] == gpu[: 6 * BS]
+    want = prompt[: 6 * BS]
+    assert any(gpu[i : i + 6 * BS] == want for i in range(0, len(gpu), BS)), len(gpu)
     # The stream itself: one sequence, consecutive from the first batch this socket got.
     assert rig.stream.seqs == list(
         range(rig.stream.seqs[0], rig.stream.seqs[0] + len(rig.stream.seqs))

@@ -162,7 +162,7 @@ class Conn:
             return codes
         sub_k, sub_v = [keys[i] for i in ok], [views[i] for i in ok]
         if upsert:
-            results = self.c._put_many(sub_k, sub_v, opts, upsert=True)
+            results = self.c.writes.put_many(sub_k, sub_v, opts, upsert=True)
         else:
             results = self.c.batch_put(sub_k, sub_v, opts)
         for i, res in zip(ok, results, strict=True):

@@ -184,9 +184,9 @@ class Sessions:
             value = c.get(key)
         except KvcakeError:
             with contextlib.suppress(KvcakeError):  # the master drops the file replica
-                c._file_writer().report(key, rep.offset, False)
+                c.writes.file_writer().report(key, rep.offset, False)
             return
-        c._file_writer().submit(key, memoryview(value), rep, sums)
+        c.writes.file_writer().submit(key, memoryview(value), rep, sums)
 
     @returns([])
     def batch_put_session_end(self, keys: list[str]) -> list[int]:

@@ -93,7 +93,7 @@ class Session:
         c, keys = self.client, msg.keys
         if msg.op in ("put", "upsert"):
             views = self._views(msg.locs, len(keys))
-            results = c._put_many(
+            results = c.writes.put_many(
                 keys, views, msg.options, upsert=msg.op == "upsert", checksums=msg.sums or None
             )
             return W.Reply(codes=[0 if r is None else r.code for r in results]), []
