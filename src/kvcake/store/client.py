@@ -83,7 +83,7 @@ class Client:
         ``transfer_port``: the port this client's Transfer Engine listens on (0: the OS picks)."""
 
         self.cfg = config or ClientConfig(**kw)
-        self.auth = auth = _auth.resolve(auth) or _auth.DISABLED
+        self.auth = _auth.resolve(auth) or _auth.DISABLED
         if self.cfg.tune_malloc:
             tune_malloc()
         self.conn = _connection(
@@ -91,74 +91,95 @@ class Client:
             self._call_deadline(DEFAULT_CLIENT_TTL_S),
             self.cfg.busy_poll_us,
             self.cfg.rpc_retries,
-            auth=auth,
+            auth=self.auth,
         )
-        hello = self.conn.call(P.Heartbeat("", self.cfg.hostname))
-        self.client_ttl_s = hello.client_ttl_ms / 1000 or DEFAULT_CLIENT_TTL_S
-        self.conn.set_timeout(self._call_deadline(self.client_ttl_s))
-        if not hello.directory:
-            raise StoreError("the master hosts no Transfer Engine directory", -1)
-        self.engine = TransferEngine(  # listens where peers reach this host (not only loopback)
-            hello.directory,
-            self.cfg.hostname,
-            (self.cfg.hostname,),
-            protocol=self.cfg.protocol,
-            auth=auth,
-            listen_port=transfer_port,
-        )
-        if self.engine.directory is not None:
-            self.engine.directory.set_timeout(self._call_deadline(self.client_ttl_s))
+        try:
+            hello = self.conn.call(P.Heartbeat("", self.cfg.hostname))
+            self.client_ttl_s = hello.client_ttl_ms / 1000 or DEFAULT_CLIENT_TTL_S
+            self.conn.set_timeout(self._call_deadline(self.client_ttl_s))
+            self.engine = self._start_engine(hello.directory, transfer_port)
+        except BaseException:
+            self.conn.close()
+            raise
         self.id = self.engine.owner
         self.host = self.cfg.hostname
         self.segments: dict[str, memoryview] = {}
         self.remount_hooks: list[Callable[[], None]] = [self._remount]
         self._closed = True
         try:
-            staging = f"staging-{self.id.replace('/', '-')}"
-            self.staging = self._through_failover(lambda: Staging(self.engine, staging))
-            self.reads = ReadPath(
-                self.conn,
-                self.id,
-                self.host,
-                self.segments,
-                self.engine,
-                self.staging,
-                Scratch(),
-                self.cfg.verify,
-            )
-            self.writes = WritePath(
-                self.conn,
-                self.id,
-                self.cfg,
-                self.segments,
-                self.engine,
-                self.staging,
-                lambda: _connection(
-                    self.cfg.master, self._call_deadline(self.client_ttl_s), auth=self.auth
-                ),
-            )
+            self._make_parts()
             self.conn.call(P.Heartbeat(self.id, self.host))
             if self.cfg.segment_size:
-                name = segment_name or f"seg-{self.id.replace('/', '-')}"
-                # "{port}": the port this client's Transfer Engine listens on (Mooncake names a
-                # client's segment "host:port" after its engine's port).
-                name = name.replace("{port}", self.engine.addresses[0].rsplit(":", 1)[1])
-                size = self.cfg.segment_size
-                if segment_name:  # (a default name carries this client's id: never held)
-                    self._report_dead_holder(name)
-                self.segments[name] = self._through_failover(
-                    lambda: self.engine.allocate_segment(name, size)
-                )
-                self._mount(name)
+                self._own_segment(segment_name)
         except BaseException:
             self.segments.clear()
             self.engine.close()  # releases the shm segment it may have created
             self.conn.close()
             raise
+        self.heartbeat = self._heartbeater(hello.client_ttl_ms / 1000)
+        self.heartbeat.start()
+        self._closed = False
+
+    def _start_engine(self, directory: str, transfer_port: int) -> TransferEngine:
+        if not directory:
+            raise StoreError("the master hosts no Transfer Engine directory", -1)
+        engine = TransferEngine(  # listens where peers reach this host (not only loopback)
+            directory,
+            self.cfg.hostname,
+            (self.cfg.hostname,),
+            protocol=self.cfg.protocol,
+            auth=self.auth,
+            listen_port=transfer_port,
+        )
+        if engine.directory is not None:
+            engine.directory.set_timeout(self._call_deadline(self.client_ttl_s))
+        return engine
+
+    def _make_parts(self) -> None:
+        """The staging buffer, and the read and write paths that share it."""
+        staging = f"staging-{self.id.replace('/', '-')}"
+        self.staging = self._through_failover(lambda: Staging(self.engine, staging))
+        self.reads = ReadPath(
+            self.conn,
+            self.id,
+            self.host,
+            self.segments,
+            self.engine,
+            self.staging,
+            Scratch(),
+            self.cfg.verify,
+        )
+        self.writes = WritePath(
+            self.conn,
+            self.id,
+            self.cfg,
+            self.segments,
+            self.engine,
+            self.staging,
+            lambda: _connection(
+                self.cfg.master, self._call_deadline(self.client_ttl_s), auth=self.auth
+            ),
+        )
+
+    def _own_segment(self, segment_name: str) -> None:
+        """Allocate, publish and mount this client's memory segment (``config.segment_size``)."""
+        name = segment_name or f"seg-{self.id.replace('/', '-')}"
+        # "{port}": the port this client's Transfer Engine listens on (Mooncake names a
+        # client's segment "host:port" after its engine's port).
+        name = name.replace("{port}", self.engine.addresses[0].rsplit(":", 1)[1])
+        size = self.cfg.segment_size
+        if segment_name:  # (a default name carries this client's id: never held)
+            self._report_dead_holder(name)
+        self.segments[name] = self._through_failover(
+            lambda: self.engine.allocate_segment(name, size)
+        )
+        self._mount(name)
+
+    def _heartbeater(self, ttl_s: float) -> Heartbeater:
+        """Heartbeats on a connection of their own (no retries: the next beat is the retry)."""
         deadline = self._call_deadline(self.client_ttl_s)
-        hb_conn = _connection(self.cfg.master, deadline, retries=0, auth=auth)
-        ttl_s = hello.client_ttl_ms / 1000
-        self.heartbeat = Heartbeater(
+        hb_conn = _connection(self.cfg.master, deadline, retries=0, auth=self.auth)
+        return Heartbeater(
             hb_conn,
             self.id,
             self.host,
@@ -168,8 +189,6 @@ class Client:
             on_forgotten=[self.engine.cut_inbound],
             fences=self.engine.server.fences,
         )
-        self.heartbeat.start()
-        self._closed = False
 
     @property
     def disk_reads(self) -> int:
