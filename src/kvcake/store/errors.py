@@ -42,9 +42,14 @@ class SegmentAlreadyExists(InternalError):
     lease holds, and no pid check or same-host successor said it died). Mooncake's -102."""
 
     default_code = SEGMENT_ALREADY_EXISTS
-    # (owner, host_id) of the name's holder, when the master said (a refused mount): what a
-    # restarted node checks before it reports its dead predecessor (store/owners.py)
-    holder: tuple[str, str] | None = None
+
+    def __init__(
+        self, message: str, code: int | None = None, holder: tuple[str, str] | None = None
+    ):
+        super().__init__(message, code)
+        # (owner, host_id) of the name's holder, when the master said (a refused mount): what
+        # a restarted node checks before it reports its dead predecessor (store/owners.py)
+        self.holder = holder
 
 
 class NoSpace(InternalError):

@@ -84,11 +84,10 @@ class Membership:
             self.drop_client(seg.client)
             seg = None
         if seg is not None and seg.client != client:
-            refused = SegmentAlreadyExists(
-                f"segment {name!r} is mounted by another client ({seg.client}), which is alive"
+            raise SegmentAlreadyExists(
+                f"segment {name!r} is mounted by another client ({seg.client}), which is alive",
+                holder=(seg.client, seg.host_id),
             )
-            refused.holder = (seg.client, seg.host_id)
-            raise refused
         rejected: list[str] = []
         if seg is None:  # else an idempotent remount
             seg = Segment(name, client, host, tier, RangeAllocator(capacity), endpoint, host_id)

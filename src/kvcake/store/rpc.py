@@ -243,10 +243,9 @@ class MasterConnection:
             raise error_for(reply.code, reply.message)
         assert isinstance(reply, P.Reply)
         if reply.code != 0:
-            refused = error_for(reply.code, reply.message)
-            if isinstance(refused, SegmentAlreadyExists) and len(reply.holder) == 2:
-                refused.holder = (reply.holder[0], reply.holder[1])
-            raise refused
+            if reply.code == SegmentAlreadyExists.default_code and len(reply.holder) == 2:
+                raise SegmentAlreadyExists(reply.message, holder=(reply.holder[0], reply.holder[1]))
+            raise error_for(reply.code, reply.message)
         return reply
 
     def _close_locked(self) -> None:
