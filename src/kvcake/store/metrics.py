@@ -20,69 +20,63 @@ class _PoolCollector(Collector):
         self.state = state
 
     def collect(self) -> Iterator[Metric]:
-        cap = GaugeMetricFamily(
-            "kvcake_store_segment_capacity_bytes", "", labels=["segment", "tier"]
-        )
-        used = GaugeMetricFamily("kvcake_store_segment_used_bytes", "", labels=["segment", "tier"])
-        frag = GaugeMetricFamily(
-            "kvcake_store_segment_fragmentation",
-            "1 - largest free / free",
-            labels=["segment", "tier"],
-        )
-        with self.state.lock:
-            for seg in self.state.segments.values():
-                lbl = [seg.name, seg.tier.value]
-                cap.add_metric(lbl, seg.allocator.capacity)
-                used.add_metric(lbl, seg.allocator.allocated)
-                frag.add_metric(lbl, seg.allocator.fragmentation())
-            n_obj = len(self.state.objects)
-            n_cli = len(self.state.clients)
-            tenant_used = GaugeMetricFamily(
-                "kvcake_store_tenant_used_bytes", "bytes charged per tenant", labels=["tenant"]
-            )
-            tenant_quota = GaugeMetricFamily(
-                "kvcake_store_tenant_quota_bytes",
-                "byte quota per tenant (0 = none)",
-                labels=["tenant"],
-            )
-            for tenant, st in self.state.tenants.stats().items():
-                tenant_used.add_metric([tenant], st["used"])
-                tenant_quota.add_metric([tenant], st["quota"])
-            refused_q = self.state.tenants.refused
-            ev_o, ev_b = self.state.evicted_objects, self.state.evicted_bytes
-            off, pro = self.state.offloads, self.state.promotions
-            dd, ev, fs = self.state.dedup, self.state.events, self.state
-            extra = [
-                (
-                    "kvcake_store_dedup_replays",
-                    "retried requests answered from the table",
-                    dd.replays,
-                ),
-                ("kvcake_store_dedup_stale", "stale duplicates refused", dd.stale),
-                ("kvcake_store_dedup_sessions", "client sessions remembered", dd.sessions),
-                ("kvcake_store_swept_puts", "unfinished puts swept (total)", self.state.swept),
-                ("kvcake_store_events_seq", "last KV event sequence number", ev.seq),
-                ("kvcake_store_events_dropped", "KV events dropped (queue full)", ev.dropped),
-                # the file tier (store/filetier.py)
-                ("kvcake_store_file_writes", "file-tier writes in flight", len(fs.file_writes)),
-                ("kvcake_store_file_unlinks", "file-tier files to unlink", len(fs.file_unlinks)),
-                ("kvcake_store_file_full", "puts without a file replica: quota full", fs.file_full),
-                ("kvcake_store_file_failed", "file-tier writes failed or given up", fs.file_failed),
-            ]
-        yield from (cap, used, frag, tenant_used, tenant_quota)
-        for name, doc, value in (
-            ("kvcake_store_objects", "objects in the pool", n_obj),
-            ("kvcake_store_clients", "live clients", n_cli),
-            ("kvcake_store_evicted_objects", "objects evicted from memory (total)", ev_o),
-            ("kvcake_store_evicted_bytes", "bytes evicted from memory (total)", ev_b),
-            ("kvcake_store_offloads", "offloads to disk started (total)", off),
-            ("kvcake_store_promotions", "promotions to memory started (total)", pro),
-            ("kvcake_store_quota_refusals", "puts refused by tenant quotas (total)", refused_q),
-            *extra,
-        ):
+        with self.state.lock:  # one consistent view of the state per scrape
+            families = [*self._segments(), *self._tenants()]
+            scalars = self._scalars()
+        yield from families
+        for name, doc, value in scalars:
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)
             yield g
+
+    def _segments(self) -> list[Metric]:
+        labels = ["segment", "tier"]
+        cap = GaugeMetricFamily("kvcake_store_segment_capacity_bytes", "", labels=labels)
+        used = GaugeMetricFamily("kvcake_store_segment_used_bytes", "", labels=labels)
+        frag = GaugeMetricFamily(
+            "kvcake_store_segment_fragmentation", "1 - largest free / free", labels=labels
+        )
+        for seg in self.state.segments.values():
+            lbl = [seg.name, seg.tier.value]
+            cap.add_metric(lbl, seg.allocator.capacity)
+            used.add_metric(lbl, seg.allocator.allocated)
+            frag.add_metric(lbl, seg.allocator.fragmentation())
+        return [cap, used, frag]
+
+    def _tenants(self) -> list[Metric]:
+        used = GaugeMetricFamily(
+            "kvcake_store_tenant_used_bytes", "bytes charged per tenant", labels=["tenant"]
+        )
+        quota = GaugeMetricFamily(
+            "kvcake_store_tenant_quota_bytes", "byte quota per tenant (0 = none)", labels=["tenant"]
+        )
+        for tenant, st in self.state.tenants.stats().items():
+            used.add_metric([tenant], st["used"])
+            quota.add_metric([tenant], st["quota"])
+        return [used, quota]
+
+    def _scalars(self) -> list[tuple[str, str, float]]:
+        st, dd, ev = self.state, self.state.dedup, self.state.events
+        return [
+            ("kvcake_store_objects", "objects in the pool", len(st.objects)),
+            ("kvcake_store_clients", "live clients", len(st.clients)),
+            ("kvcake_store_evicted_objects", "objects evicted from memory (total)", st.evicted_objects),
+            ("kvcake_store_evicted_bytes", "bytes evicted from memory (total)", st.evicted_bytes),
+            ("kvcake_store_offloads", "offloads to disk started (total)", st.offloads),
+            ("kvcake_store_promotions", "promotions to memory started (total)", st.promotions),
+            ("kvcake_store_quota_refusals", "puts refused by tenant quotas (total)", st.tenants.refused),
+            ("kvcake_store_dedup_replays", "retried requests answered from the table", dd.replays),
+            ("kvcake_store_dedup_stale", "stale duplicates refused", dd.stale),
+            ("kvcake_store_dedup_sessions", "client sessions remembered", dd.sessions),
+            ("kvcake_store_swept_puts", "unfinished puts swept (total)", st.swept),
+            ("kvcake_store_events_seq", "last KV event sequence number", ev.seq),
+            ("kvcake_store_events_dropped", "KV events dropped (queue full)", ev.dropped),
+            # the file tier (store/filetier.py)
+            ("kvcake_store_file_writes", "file-tier writes in flight", len(st.file_writes)),
+            ("kvcake_store_file_unlinks", "file-tier files to unlink", len(st.file_unlinks)),
+            ("kvcake_store_file_full", "puts without a file replica: quota full", st.file_full),
+            ("kvcake_store_file_failed", "file-tier writes failed or given up", st.file_failed),
+        ]  # fmt: skip
 
 
 class MasterMetrics:

@@ -33,7 +33,7 @@ from kvcake.store.errors import (
 from kvcake.store.fences import write_deadline
 from kvcake.store.filewriter import FileWriter
 from kvcake.store.reads import byte_view
-from kvcake.store.replica_write import ReplicaWriter
+from kvcake.store.replica_write import ReplicaWriter, Write
 from kvcake.store.rpc import MasterConnection
 from kvcake.store.staging import Staging
 from kvcake.transfer.engine import TransferEngine
@@ -268,48 +268,56 @@ class WritePath:
         sums: list[list[int] | None],
         deadline: float,
     ) -> list[Result]:
+        """The bytes into the replicas the master placed, then ``PutEnd`` for the keys whose
+        every replica was written (``PutRevoke`` for the others), then the file tier's copies."""
         by_key: dict[str, list[int] | None] = dict(zip(keys, sums, strict=True))
-        errors: dict[str, Exception] = {}
-        writes: list[tuple[str, memoryview, P.ReplicaDesc]] = []
-        files: list[tuple[str, memoryview, P.ReplicaDesc]] = []
-        for key, view, res in zip(keys, views, reply.results, strict=True):
-            if res.code != 0:
-                errors[key] = error_for(res.code, f"{key!r}: {res.message}")
-            reps = res.replicas
-            if reps and reps[-1].tier == "file":  # written after PutEnd (store/filewriter.py)
-                files.append((key, view, reps[-1]))
-                reps = reps[:-1]
-            writes += [(key, view, rep) for rep in reps]
-        failed_writes = self.write_all(writes, by_key, deadline)
-        if failed_writes:  # stale cached locations (a node restarted under its name): retry once
-            again = [w for w in writes if w[0] in failed_writes]
-            for seg in {rep.segment for _, _, rep in again}:
-                self.engine.registry.forget(seg)
-            failed_writes = self.write_all(again, by_key, deadline)
-        for key, exc in failed_writes.items():
+        errors, writes, files = _placed(keys, views, reply)
+        for key, exc in self._write_retrying(writes, by_key, deadline).items():
             errors[key] = TransferFailed(f"{key!r}: {exc}")
         failed = [k for k in started if k in errors]
-        done = [k for k in started if k not in errors]
-        results: list[Result] = [errors.get(k) for k in keys]  # type: ignore[misc]
         if failed:
             self.revoke(failed)
         for key, view in zip(keys, views, strict=True):  # not summed while written (e.g. TCP)
             if by_key[key] is None:
                 by_key[key] = integrity.checksums(key, view)
+        results: list[Result] = [errors.get(k) for k in keys]  # type: ignore[misc]
+        done = [k for k in started if k not in errors]
         if done:
-            done_sums = [by_key[k] or [] for k in done] if any(by_key.values()) else []
-            end = self.conn.call(P.PutEnd(self.id, done, sums=done_sums))
-            codes = dict(zip(done, end.results, strict=True))
-            results = [
-                error_for(codes[k].code, codes[k].message) if k in codes and codes[k].code else r
-                for k, r in zip(keys, results, strict=True)
-            ]
-        if files:
-            ok = {k for k, r in zip(keys, results, strict=True) if r is None}
-            for key, view, rep in files:
-                if key in ok:
-                    self.file_writer().submit(key, view, rep, by_key[key] or [])
+            results = self._end(keys, done, by_key, results)
+        ok = {k for k, r in zip(keys, results, strict=True) if r is None}
+        for key, view, rep in files:
+            if key in ok:
+                self.file_writer().submit(key, view, rep, by_key[key] or [])
         return results
+
+    def _write_retrying(
+        self, writes: list[Write], by_key: dict[str, list[int] | None], deadline: float
+    ) -> dict[str, Exception]:
+        """``write_all``, and once more for the keys that failed: a failure may be a stale
+        cached location (a node restarted under its name), forgotten before the retry."""
+        failed = self.write_all(writes, by_key, deadline)
+        if failed:
+            again = [w for w in writes if w[0] in failed]
+            for seg in {rep.segment for _, _, rep in again}:
+                self.engine.registry.forget(seg)
+            failed = self.write_all(again, by_key, deadline)
+        return failed
+
+    def _end(
+        self,
+        keys: Sequence[str],
+        done: list[str],
+        by_key: dict[str, list[int] | None],
+        results: list[Result],
+    ) -> list[Result]:
+        """``PutEnd`` of ``done`` with their sums; ``results`` with the master's refusals."""
+        done_sums = [by_key[k] or [] for k in done] if any(by_key.values()) else []
+        end = self.conn.call(P.PutEnd(self.id, done, sums=done_sums))
+        codes = dict(zip(done, end.results, strict=True))
+        return [
+            error_for(codes[k].code, codes[k].message) if k in codes and codes[k].code else r
+            for k, r in zip(keys, results, strict=True)
+        ]
 
     def file_writer(self) -> FileWriter:
         """The file tier's writer (store/filewriter.py), made on first use, with its own master
@@ -328,3 +336,22 @@ class WritePath:
         if self.writer is not None and self._writer_conn is not None:
             self.writer.close()
             self._writer_conn.close()
+
+
+def _placed(
+    keys: Sequence[str], views: list[memoryview], reply: P.Reply
+) -> tuple[dict[str, Exception], list[Write], list[Write]]:
+    """A ``PutStart`` reply as (refused keys' errors, memory replicas to write, file replicas
+    to write after ``PutEnd``: store/filewriter.py)."""
+    errors: dict[str, Exception] = {}
+    writes: list[Write] = []
+    files: list[Write] = []
+    for key, view, res in zip(keys, views, reply.results, strict=True):
+        if res.code != 0:
+            errors[key] = error_for(res.code, f"{key!r}: {res.message}")
+        reps = res.replicas
+        if reps and reps[-1].tier == "file":
+            files.append((key, view, reps[-1]))
+            reps = reps[:-1]
+        writes += [(key, view, rep) for rep in reps]
+    return errors, writes, files

@@ -198,38 +198,14 @@ class MasterConnection:
         master's; it runs under this connection's lock, so other threads' calls wait for it: keep
         it short); if it raises, the connection is closed and the exception passes through."""
         retries = self.retries if retries is None else retries
-        frame: framing.Frame[msgspec.Struct] | None = None
         with self._lock:
             if type(msg).__name__ in P.MUTATING and getattr(msg, "rid", None) is None:
                 self._seq += 1
                 msg.rid = P.ReqId(self.session, self._seq, self._acked)  # type: ignore[attr-defined]
-            for attempt in range(retries + 1):
-                if self._sock is None:
-                    self._sock = self._connect()
-                try:
-                    send_msg(self._sock, P.REQUEST_CODEC, next(self._ids), msg)
-                    if meanwhile is not None:
-                        run, meanwhile = meanwhile, None
-                        try:
-                            run()
-                        except BaseException:
-                            self._close_locked()  # its reply is on the way: out of step now
-                            raise
-                    frame = self._reader.read()
-                    if frame is None:
-                        raise ConnectionError("master closed the connection")
-                    break
-                except _auth.AuthError as exc:  # (AuthRequired is a FramingError: first)
-                    self._close_locked()
-                    raise Unauthorized(f"master {self.address}: {exc}") from exc
-                except (OSError, ConnectionError, FramingError) as exc:
-                    self._close_locked()
-                    if attempt == retries:
-                        raise RpcFailed(f"master {self.address}: {exc}") from exc
+            frame = self._exchange(msg, retries, meanwhile)
             rid = getattr(msg, "rid", None)
             if rid is not None:
                 self._acked = max(self._acked, rid.seq)
-            assert frame is not None
             if isinstance(frame.msg, P.ErrorReply):
                 self._close_locked()  # the master closes after an ErrorReply: so do we
             if not self.terms.accept(frame.msg.term):  # type: ignore[attr-defined]
@@ -238,15 +214,37 @@ class MasterConnection:
                     f"master {self.address}: dropped a reply of term {frame.msg.term} "  # type: ignore[attr-defined]
                     f"(term {self.terms.highest} leads)"
                 )
-        reply = frame.msg
-        if isinstance(reply, P.ErrorReply):
-            raise error_for(reply.code, reply.message)
-        assert isinstance(reply, P.Reply)
-        if reply.code != 0:
-            if reply.code == SegmentAlreadyExists.default_code and len(reply.holder) == 2:
-                raise SegmentAlreadyExists(reply.message, holder=(reply.holder[0], reply.holder[1]))
-            raise error_for(reply.code, reply.message)
-        return reply
+        return _reply_of(frame.msg)
+
+    def _exchange(
+        self, msg: msgspec.Struct, retries: int, meanwhile: Callable[[], None] | None
+    ) -> framing.Frame[msgspec.Struct]:
+        """Send ``msg`` and read its reply frame, on a new connection after a failure, at most
+        ``retries`` times more (the lock is held)."""
+        for attempt in range(retries + 1):
+            if self._sock is None:
+                self._sock = self._connect()
+            try:
+                send_msg(self._sock, P.REQUEST_CODEC, next(self._ids), msg)
+                if meanwhile is not None:
+                    run, meanwhile = meanwhile, None
+                    try:
+                        run()
+                    except BaseException:
+                        self._close_locked()  # its reply is on the way: out of step now
+                        raise
+                frame = self._reader.read()
+                if frame is None:
+                    raise ConnectionError("master closed the connection")
+                return frame
+            except _auth.AuthError as exc:  # (AuthRequired is a FramingError: first)
+                self._close_locked()
+                raise Unauthorized(f"master {self.address}: {exc}") from exc
+            except (OSError, ConnectionError, FramingError) as exc:
+                self._close_locked()
+                if attempt == retries:
+                    raise RpcFailed(f"master {self.address}: {exc}") from exc
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _close_locked(self) -> None:
         if self._sock is not None:
@@ -257,6 +255,18 @@ class MasterConnection:
     def close(self) -> None:
         with self._lock:
             self._close_locked()
+
+
+def _reply_of(msg: object) -> P.Reply:
+    """A reply message as a Reply, or the typed error it carries."""
+    if isinstance(msg, P.ErrorReply):
+        raise error_for(msg.code, msg.message)
+    assert isinstance(msg, P.Reply)
+    if msg.code != 0:
+        if msg.code == SegmentAlreadyExists.default_code and len(msg.holder) == 2:
+            raise SegmentAlreadyExists(msg.message, holder=(msg.holder[0], msg.holder[1]))
+        raise error_for(msg.code, msg.message)
+    return msg
 
 
 def _set_rcvtimeo(sock: socket.socket, timeout_s: float) -> None:
