@@ -25,6 +25,7 @@ from kvcake.transfer.batch import Batch, Claimable, Job, failure
 from kvcake.transfer.batchtable import BatchTable
 from kvcake.transfer.config import TransferConfig
 from kvcake.transfer.errors import InvalidRequest, TransferError, TransferTimeout
+from kvcake.transfer.lanes import TransferHooks
 from kvcake.transfer.metadata import DirectoryClient
 from kvcake.transfer.paths import PathHealth
 from kvcake.transfer.pipeline import FramePipeline, PipeItem
@@ -39,7 +40,6 @@ from kvcake.transfer.tcp_transport import (
     PATH_FAILED,
     Outcome,
     TcpTransport,
-    TransferHooks,
     VectorPlan,
     probe,
 )
