@@ -284,10 +284,11 @@ class WritePath:
         done = [k for k in started if k not in errors]
         if done:
             results = self._end(keys, done, by_key, results)
-        ok = {k for k, r in zip(keys, results, strict=True) if r is None}
-        for key, view, rep in files:
-            if key in ok:
-                self.file_writer().submit(key, view, rep, by_key[key] or [])
+        if files:  # (most puts have none: no set built on the hot path)
+            ok = {k for k, r in zip(keys, results, strict=True) if r is None}
+            for key, view, rep in files:
+                if key in ok:
+                    self.file_writer().submit(key, view, rep, by_key[key] or [])
         return results
 
     def _write_retrying(
